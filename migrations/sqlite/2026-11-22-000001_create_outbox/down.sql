@@ -1,0 +1,2 @@
+DROP TABLE async_task;
+DROP TABLE async_node;

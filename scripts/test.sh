@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The one test command of the project (README and CI both call it):
+#
+#   scripts/test.sh [ARGS...]     ARGS are passed to `cargo test`,
+#                                 e.g. scripts/test.sh -- --nocapture
+#
+# Runs rustfmt, clippy and the whole test suite (unit tests, doctests and the
+# integration suite) against a PostgreSQL given by OUTBOX_TEST_PG_URL, or a
+# throwaway local cluster started by scripts/pg.sh and stopped on exit.
+set -euo pipefail
+
+# Work from the repo root whatever the caller's cwd, so cargo finds the
+# workspace and scripts/pg.sh hashes the same repo path as a manual run.
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+repo_root=$PWD
+
+step() { printf '\n==> %s\n' "$*" >&2; }
+
+# Full backtraces from panicking tests make CI failures diagnosable.
+export RUST_BACKTRACE=1
+
+if [[ -n ${OUTBOX_TEST_PG_URL:-} ]]; then
+    step "using PostgreSQL at OUTBOX_TEST_PG_URL"
+    # pg.sh start would have made sure libpq-dev is there; with an external
+    # server nobody did, and the build (diesel -> pq-sys) links libpq.
+    "$repo_root/scripts/pg.sh" ensure-libpq
+elif url=$("$repo_root/scripts/pg.sh" url 2>/dev/null); then
+    # Someone (a developer, a benchmark) already runs this clone's cluster:
+    # reuse it and leave it running, it is not ours to stop.
+    step "reusing running local PostgreSQL $url"
+    export OUTBOX_TEST_PG_URL=$url
+else
+    step "starting throwaway PostgreSQL (scripts/pg.sh start)"
+    # Install the trap before starting so a half-started cluster is cleaned up
+    # too.  `|| true`: a failing cleanup must not mask the test result.
+    trap '"$repo_root/scripts/pg.sh" stop || true' EXIT
+    url=$("$repo_root/scripts/pg.sh" start)
+    export OUTBOX_TEST_PG_URL=$url
+    printf '    %s\n' "$url" >&2
+fi
+
+step "cargo fmt"
+cargo fmt --all -- --check
+
+step "cargo clippy"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "cargo test"
+cargo test --workspace --locked "$@"
+
+step "all checks passed"

@@ -1,0 +1,294 @@
+//! Connections: the backend chosen from the URL, the connection enum handlers receive, the
+//! r2d2 pool, and write transactions that are `IMMEDIATE` on SQLite.
+
+use std::time::Duration;
+
+use diesel::connection::{AnsiTransactionManager, SimpleConnection, TransactionManager};
+use diesel::pg::PgConnection;
+use diesel::r2d2::{ConnectionManager, CustomizeConnection};
+use diesel::sqlite::SqliteConnection;
+use diesel::Connection;
+
+use crate::error::{Error, MaskedUrl, Result};
+
+pub use multi::DbConnection;
+
+// The derive generates public helper types without docs; they live in their own module.
+#[allow(missing_docs)]
+mod multi {
+    use diesel::pg::PgConnection;
+    use diesel::sqlite::SqliteConnection;
+
+    /// A connection to either backend: what handlers receive, inside the task's transaction.
+    ///
+    /// Code written with diesel's DSL runs on both variants; where a handler needs SQL that only
+    /// one backend has, it matches on the variant.
+    ///
+    /// ```no_run
+    /// use outbox::DbConnection;
+    /// use diesel::prelude::*;
+    ///
+    /// fn backend_name(conn: &mut DbConnection) -> &'static str {
+    ///     match conn {
+    ///         DbConnection::Pg(_) => "postgres",
+    ///         DbConnection::Sqlite(_) => "sqlite",
+    ///     }
+    /// }
+    /// ```
+    #[derive(diesel::MultiConnection)]
+    pub enum DbConnection {
+        /// A PostgreSQL connection (the fleet backend).
+        Pg(PgConnection),
+        /// An SQLite connection (the embedded backend).
+        Sqlite(SqliteConnection),
+    }
+}
+
+/// A pool of [`DbConnection`]s.
+pub type DbPool = r2d2::Pool<ConnectionManager<DbConnection>>;
+
+/// A connection checked out of a [`DbPool`].
+pub type PooledConnection = r2d2::PooledConnection<ConnectionManager<DbConnection>>;
+
+/// How long SQLite waits for a competing writer before it reports `database is locked`.
+pub const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long taking a connection from the pool may wait before it fails.
+pub const DEFAULT_CHECKOUT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The database URL used when neither `--database-url` nor `DATABASE_URL` is given.
+pub const DEFAULT_DATABASE_URL: &str = "outbox.db";
+
+/// Which database a URL names. Chosen from the scheme alone: there is no fallback from one
+/// backend to the other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// `postgres://` or `postgresql://`.
+    Postgres,
+    /// `sqlite://PATH`, `sqlite:PATH`, or a plain file path.
+    Sqlite,
+}
+
+impl Backend {
+    /// The backend's name as printed in reports: `postgres` or `sqlite`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Postgres => "postgres",
+            Backend::Sqlite => "sqlite",
+        }
+    }
+}
+
+/// A validated database URL: the backend and the string to hand to the driver.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DatabaseUrl {
+    backend: Backend,
+    /// The URL for PostgreSQL, the file path for SQLite.
+    target: String,
+    original: String,
+}
+
+impl DatabaseUrl {
+    /// Parses a URL: `postgres://…`/`postgresql://…` select PostgreSQL; `sqlite://PATH`,
+    /// `sqlite:PATH` or a plain path select an SQLite file. Any other `scheme://` is refused,
+    /// and so is an in-memory SQLite database, which the worker's pooled connections could
+    /// not share.
+    ///
+    /// ```
+    /// use outbox::db::{Backend, DatabaseUrl};
+    /// assert_eq!(DatabaseUrl::parse("postgres://u@h/db").unwrap().backend(), Backend::Postgres);
+    /// assert_eq!(DatabaseUrl::parse("outbox.db").unwrap().backend(), Backend::Sqlite);
+    /// assert!(DatabaseUrl::parse("mysql://u@h/db").is_err());
+    /// ```
+    pub fn parse(url: &str) -> Result<DatabaseUrl> {
+        let invalid = |reason: &str| Error::InvalidDatabaseUrl {
+            url: MaskedUrl(url).to_string(),
+            reason: reason.to_owned(),
+        };
+        let url_trimmed = url.trim();
+        if url_trimmed.is_empty() {
+            return Err(invalid("it is empty"));
+        }
+        let (backend, target) =
+            if url_trimmed.starts_with("postgres://") || url_trimmed.starts_with("postgresql://") {
+                (Backend::Postgres, url_trimmed.to_owned())
+            } else if let Some(path) = url_trimmed
+                .strip_prefix("sqlite://")
+                .or_else(|| url_trimmed.strip_prefix("sqlite:"))
+            {
+                (Backend::Sqlite, path.to_owned())
+            } else if let Some(scheme_end) = url_trimmed.find("://") {
+                return Err(invalid(&format!(
+                "unsupported scheme {:?}; use postgres://, postgresql://, sqlite:// or a file path",
+                &url_trimmed[..scheme_end]
+            )));
+            } else {
+                (Backend::Sqlite, url_trimmed.to_owned())
+            };
+        if backend == Backend::Sqlite {
+            if target.is_empty() {
+                return Err(invalid("the SQLite path is empty"));
+            }
+            if target == ":memory:" || target.contains("mode=memory") {
+                return Err(invalid(
+                    "an in-memory SQLite database cannot be shared by the worker's connections; use a file",
+                ));
+            }
+        }
+        Ok(DatabaseUrl {
+            backend,
+            target,
+            original: url_trimmed.to_owned(),
+        })
+    }
+
+    /// The backend the URL selects.
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// The URL with its password masked, for messages.
+    pub fn masked(&self) -> String {
+        MaskedUrl(&self.original).to_string()
+    }
+
+    /// Opens one connection, configured as the pool configures its own.
+    ///
+    /// Fails with [`Error::Connect`] at once when the server is down; an SQLite file is created
+    /// if it does not exist.
+    pub fn connect(&self) -> Result<DbConnection> {
+        let mut conn = match self.backend {
+            Backend::Postgres => PgConnection::establish(&self.target).map(DbConnection::Pg),
+            Backend::Sqlite => SqliteConnection::establish(&self.target).map(DbConnection::Sqlite),
+        }
+        .map_err(|e| Error::Connect {
+            url: self.masked(),
+            source: Box::new(e),
+        })?;
+        configure(&mut conn).map_err(|e| Error::Connect {
+            url: self.masked(),
+            source: Box::new(e),
+        })?;
+        Ok(conn)
+    }
+
+    /// Builds a pool of at most `max_size` connections.
+    ///
+    /// One connection is opened first so that an unreachable server fails here, at once, with
+    /// [`Error::Connect`]. Connections are not re-tested on every checkout (that would cost a
+    /// round trip per task); a connection that failed is discarded by the pool.
+    pub fn pool(&self, max_size: u32) -> Result<DbPool> {
+        if max_size == 0 {
+            return Err(Error::InvalidConfig(
+                "the pool needs at least one connection".into(),
+            ));
+        }
+        drop(self.connect()?);
+        r2d2::Pool::builder()
+            .max_size(max_size)
+            .min_idle(Some(0))
+            .test_on_check_out(false)
+            .connection_timeout(DEFAULT_CHECKOUT_TIMEOUT)
+            .connection_customizer(Box::new(Configure))
+            .build(ConnectionManager::<DbConnection>::new(self.target.clone()))
+            .map_err(|e| Error::Connect {
+                url: self.masked(),
+                source: Box::new(e),
+            })
+    }
+}
+
+/// Session settings applied to every new connection.
+///
+/// SQLite: WAL so readers never block the writer, `synchronous=NORMAL` (durable at
+/// checkpoints, never corrupt), a busy timeout so that competing writers queue instead of
+/// failing, and foreign keys on.
+fn configure(conn: &mut DbConnection) -> diesel::QueryResult<()> {
+    match conn {
+        DbConnection::Pg(_) => Ok(()),
+        DbConnection::Sqlite(c) => c.batch_execute(&format!(
+            "PRAGMA busy_timeout = {}; PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON;",
+            SQLITE_BUSY_TIMEOUT.as_millis()
+        )),
+    }
+}
+
+#[derive(Debug)]
+struct Configure;
+
+impl CustomizeConnection<DbConnection, diesel::r2d2::Error> for Configure {
+    fn on_acquire(&self, conn: &mut DbConnection) -> std::result::Result<(), diesel::r2d2::Error> {
+        configure(conn).map_err(diesel::r2d2::Error::QueryError)
+    }
+}
+
+/// Runs `f` in a write transaction: `BEGIN IMMEDIATE` on SQLite (a deferred transaction that
+/// later writes gets `SQLITE_BUSY` whatever the busy timeout), a plain `BEGIN` on PostgreSQL.
+///
+/// Commits when `f` returns `Ok`, rolls back when it returns `Err`. A nested
+/// `conn.transaction(…)` inside `f` becomes a savepoint, as with diesel's own transactions.
+pub fn write_transaction<T, E, F>(conn: &mut DbConnection, f: F) -> std::result::Result<T, E>
+where
+    F: FnOnce(&mut DbConnection) -> std::result::Result<T, E>,
+    E: From<diesel::result::Error>,
+{
+    match conn {
+        DbConnection::Sqlite(c) => {
+            AnsiTransactionManager::begin_transaction_sql(c, "BEGIN IMMEDIATE")?
+        }
+        DbConnection::Pg(c) => AnsiTransactionManager::begin_transaction(c)?,
+    }
+    match f(conn) {
+        Ok(value) => {
+            <DbConnection as Connection>::TransactionManager::commit_transaction(conn)?;
+            Ok(value)
+        }
+        Err(e) => {
+            if let Err(rollback) =
+                <DbConnection as Connection>::TransactionManager::rollback_transaction(conn)
+            {
+                // The original error matters more; the broken connection is discarded by the
+                // pool, and the server aborts a transaction whose connection went away.
+                log::warn!("rollback failed: {rollback}");
+            }
+            Err(e)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn url_schemes() {
+        let pg = DatabaseUrl::parse("postgresql://u:p@h/db").unwrap();
+        assert_eq!(pg.backend(), Backend::Postgres);
+        assert_eq!(pg.masked(), "postgresql://u:***@h/db");
+        let s = DatabaseUrl::parse("sqlite:///tmp/x.db").unwrap();
+        assert_eq!(
+            (s.backend(), s.target.as_str()),
+            (Backend::Sqlite, "/tmp/x.db")
+        );
+        let s = DatabaseUrl::parse("sqlite:x.db").unwrap();
+        assert_eq!(s.target, "x.db");
+        let s = DatabaseUrl::parse("./data/outbox.db").unwrap();
+        assert_eq!(s.target, "./data/outbox.db");
+        for bad in [
+            "",
+            "  ",
+            "mysql://h/db",
+            "sqlite://",
+            ":memory:",
+            "sqlite::memory:",
+        ] {
+            assert!(
+                matches!(
+                    DatabaseUrl::parse(bad),
+                    Err(Error::InvalidDatabaseUrl { .. })
+                ),
+                "{bad:?} must be refused"
+            );
+        }
+    }
+}

@@ -1,0 +1,158 @@
+//! The one interface between the engine and the database. Each backend implements it with
+//! its own SQL (`postgres.rs`, `sqlite.rs`): diesel's `MultiConnection` covers only what both
+//! share, and the claim needs `SKIP LOCKED` on PostgreSQL and nothing of the kind on SQLite.
+//!
+//! Operations are named entity first (`task_claim_page`, `node_register`) so that they sort
+//! by table. Every write to a claimed task is fenced: it names the task's id, owner and claim
+//! token and requires `state = 'running'`, so a node whose claim was taken over writes nothing.
+//!
+//! The items here are `pub` only so that the sealed [`crate::EnqueueConnection`] can name
+//! them; the module itself is private.
+
+mod postgres;
+mod sqlite;
+
+use diesel::backend::Backend;
+use diesel::sql_types::{BigInt, Double, HasSqlType, Integer, Nullable, Text};
+use diesel::QueryResult;
+use serde::Serialize;
+
+use crate::db::DbConnection;
+use crate::sql::Statement;
+
+/// The database interface of the engine.
+pub trait Driver {
+    /// Inserts the tasks of `rows` (a JSON array of [`InsertRow`]), skipping those whose
+    /// `(keyword, biz_id)` exists; returns the keys of the rows it created.
+    fn task_insert_many(&mut self, rows_json: &str) -> QueryResult<Vec<TaskKey>>;
+
+    /// The ids of the existing tasks among `keys` (a JSON array of `{"k":…, "b":…}`).
+    fn task_find_many(&mut self, keys_json: &str) -> QueryResult<Vec<TaskKey>>;
+
+    /// Claims up to `limit` due pending tasks of `keywords` for `owner`, in one statement:
+    /// state running, owner set, claim token bumped.
+    fn task_claim_page(
+        &mut self,
+        owner: i64,
+        keywords: &[String],
+        limit: i64,
+    ) -> QueryResult<Vec<ClaimRow>>;
+
+    /// Marks a claimed task done (fenced); returns the rows touched, 0 or 1.
+    fn task_complete(&mut self, claim: &Claim) -> QueryResult<usize>;
+
+    /// Records a failure and schedules the next attempt `delay_ms` from now (fenced).
+    fn task_fail_retry(&mut self, claim: &Claim, error: &str, delay_ms: i64) -> QueryResult<usize>;
+
+    /// Records a failure and marks the task dead (fenced).
+    fn task_fail_dead(&mut self, claim: &Claim, error: &str) -> QueryResult<usize>;
+
+    /// Puts a claimed task back to pending without counting a failure (fenced).
+    fn task_release(&mut self, claim: &Claim) -> QueryResult<usize>;
+
+    /// Task counts per keyword and state, with the age of the oldest due pending task.
+    fn task_count_by_keyword_state(&mut self) -> QueryResult<Vec<KeywordStateCount>>;
+
+    /// Registers a worker process; returns its node id.
+    fn node_register(&mut self, name: &str) -> QueryResult<i64>;
+
+    /// Marks a node gone (clean exit).
+    fn node_mark_gone(&mut self, node_id: i64) -> QueryResult<usize>;
+}
+
+/// The channel on which enqueues of due tasks notify idle workers (PostgreSQL).
+pub(crate) const NOTIFY_CHANNEL: &str = "outbox_task";
+
+/// Appends the fence of a claimed task to an `UPDATE async_task SET …` statement.
+fn fence<DB>(set: Statement<DB>, claim: &Claim) -> Statement<DB>
+where
+    DB: Backend + HasSqlType<BigInt>,
+    i64: diesel::serialize::ToSql<BigInt, DB>,
+{
+    set.sql(" WHERE id = ")
+        .bind::<BigInt, _>(claim.id)
+        .sql(" AND owner = ")
+        .bind::<BigInt, _>(claim.owner)
+        .sql(" AND claim_token = ")
+        .bind::<BigInt, _>(claim.token)
+        .sql(" AND state = 'running'")
+}
+
+/// The driver behind a connection.
+pub(crate) fn driver(conn: &mut DbConnection) -> &mut dyn Driver {
+    match conn {
+        DbConnection::Pg(c) => c,
+        DbConnection::Sqlite(c) => c,
+    }
+}
+
+/// The fence of a claimed task.
+#[derive(Debug, Clone, Copy)]
+pub struct Claim {
+    pub id: i64,
+    pub owner: i64,
+    pub token: i64,
+}
+
+/// One task to insert, as a JSON object with short keys (the batch is one JSON document, so
+/// that any number of rows is one statement with one bind).
+#[derive(Debug, Serialize)]
+pub struct InsertRow<'a> {
+    pub k: &'a str,
+    pub b: &'a str,
+    /// The payload as JSON text.
+    pub d: &'a str,
+    pub t: Option<&'a str>,
+    pub p: i16,
+    pub m: Option<i32>,
+    /// Delay in milliseconds.
+    pub ms: i64,
+}
+
+/// A task's id and unique key.
+#[derive(Debug, Clone, diesel::QueryableByName)]
+pub struct TaskKey {
+    #[diesel(sql_type = BigInt)]
+    pub id: i64,
+    #[diesel(sql_type = Text)]
+    pub keyword: String,
+    #[diesel(sql_type = Text)]
+    pub biz_id: String,
+}
+
+/// A claimed row, as the claim statement returns it.
+#[derive(Debug, diesel::QueryableByName)]
+pub struct ClaimRow {
+    #[diesel(sql_type = BigInt)]
+    pub id: i64,
+    #[diesel(sql_type = Text)]
+    pub keyword: String,
+    #[diesel(sql_type = Text)]
+    pub biz_id: String,
+    #[diesel(sql_type = Text)]
+    pub biz_data: String,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub tenant: Option<String>,
+    #[diesel(sql_type = Integer)]
+    pub failures: i32,
+    #[diesel(sql_type = Nullable<Integer>)]
+    pub max_attempts: Option<i32>,
+    #[diesel(sql_type = BigInt)]
+    pub claim_token: i64,
+    #[diesel(sql_type = Integer)]
+    pub priority: i32,
+}
+
+/// One line of the task statistics.
+#[derive(Debug, Clone, diesel::QueryableByName)]
+pub struct KeywordStateCount {
+    #[diesel(sql_type = Text)]
+    pub keyword: String,
+    #[diesel(sql_type = Text)]
+    pub state: String,
+    #[diesel(sql_type = BigInt)]
+    pub count: i64,
+    /// Seconds since the oldest due pending task became due.
+    #[diesel(sql_type = Nullable<Double>)]
+    pub oldest_due_secs: Option<f64>,
+}

@@ -1,0 +1,141 @@
+//! The driver on PostgreSQL: `SKIP LOCKED` claims, `jsonb` payloads, `NOTIFY` on enqueue.
+
+use diesel::pg::{Pg, PgConnection};
+use diesel::sql_types::{Array, BigInt, Text};
+use diesel::{QueryResult, RunQueryDsl};
+
+use super::{fence, Claim, ClaimRow, Driver, KeywordStateCount, TaskKey};
+use crate::sql::Statement;
+
+impl Driver for PgConnection {
+    fn task_insert_many(&mut self, rows_json: &str) -> QueryResult<Vec<TaskKey>> {
+        // The notification is sent only if the producer's transaction commits, and only for
+        // tasks that are due now; PostgreSQL folds identical notifications of a transaction.
+        Statement::<Pg>::new(
+            "WITH input AS (
+                SELECT * FROM jsonb_to_recordset(",
+        )
+        .bind::<Text, _>(rows_json.to_owned())
+        .sql(
+            "::jsonb) AS x(k text, b text, d text, t text, p smallint, m integer, ms bigint)
+            ), created AS (
+                INSERT INTO async_task (keyword, biz_id, biz_data, tenant, priority, max_attempts, run_at)
+                SELECT k, b, d::jsonb, t, p, m, now() + ms * interval '1 millisecond' FROM input
+                ON CONFLICT (keyword, biz_id) DO NOTHING
+                RETURNING id, keyword, biz_id, run_at
+            )
+            SELECT id, keyword, biz_id,
+                   CASE WHEN run_at <= now() THEN pg_notify('outbox_task', keyword)::text END AS notified
+            FROM created",
+        )
+        .load(self)
+    }
+
+    fn task_find_many(&mut self, keys_json: &str) -> QueryResult<Vec<TaskKey>> {
+        Statement::<Pg>::new(
+            "SELECT id, keyword, biz_id FROM async_task
+             WHERE (keyword, biz_id) IN (SELECT k, b FROM jsonb_to_recordset(",
+        )
+        .bind::<Text, _>(keys_json.to_owned())
+        .sql("::jsonb) AS x(k text, b text))")
+        .load(self)
+    }
+
+    fn task_claim_page(
+        &mut self,
+        owner: i64,
+        keywords: &[String],
+        limit: i64,
+    ) -> QueryResult<Vec<ClaimRow>> {
+        // The ids are materialised in a CTE first: `SKIP LOCKED` skips rows that a concurrent
+        // claim has locked, so two nodes never wait on each other nor claim the same row.
+        Statement::<Pg>::new(
+            "WITH picked AS (
+                SELECT id FROM async_task
+                WHERE state = 'pending' AND run_at <= now() AND keyword = ANY(",
+        )
+        .bind::<Array<Text>, _>(keywords.to_vec())
+        .sql(
+            ")
+                ORDER BY priority, run_at, id
+                LIMIT ",
+        )
+        .bind::<BigInt, _>(limit)
+        .sql(
+            "
+                FOR UPDATE SKIP LOCKED
+            )
+            UPDATE async_task t
+            SET state = 'running', owner = ",
+        )
+        .bind::<BigInt, _>(owner)
+        .sql(
+            ", claim_token = t.claim_token + 1, claimed_at = now(), updated_at = now()
+            FROM picked WHERE t.id = picked.id
+            RETURNING t.id, t.keyword, t.biz_id, t.biz_data::text AS biz_data, t.tenant,
+                      t.failures, t.max_attempts, t.claim_token, t.priority::integer AS priority",
+        )
+        .load(self)
+    }
+
+    fn task_complete(&mut self, claim: &Claim) -> QueryResult<usize> {
+        let set = "UPDATE async_task SET state = 'done', finished_at = now(), updated_at = now()";
+        fence(Statement::new(set), claim).execute(self)
+    }
+
+    fn task_fail_retry(&mut self, claim: &Claim, error: &str, delay_ms: i64) -> QueryResult<usize> {
+        let set = Statement::<Pg>::new(
+            "UPDATE async_task SET state = 'pending', owner = NULL, failures = failures + 1, last_error = ",
+        )
+        .bind::<Text, _>(error.to_owned())
+        .sql(", run_at = now() + ")
+        .bind::<BigInt, _>(delay_ms)
+        .sql(" * interval '1 millisecond', updated_at = now()");
+        fence(set, claim).execute(self)
+    }
+
+    fn task_fail_dead(&mut self, claim: &Claim, error: &str) -> QueryResult<usize> {
+        let set = Statement::<Pg>::new(
+            "UPDATE async_task SET state = 'dead', failures = failures + 1, last_error = ",
+        )
+        .bind::<Text, _>(error.to_owned())
+        .sql(", finished_at = now(), updated_at = now()");
+        fence(set, claim).execute(self)
+    }
+
+    fn task_release(&mut self, claim: &Claim) -> QueryResult<usize> {
+        let set = "UPDATE async_task SET state = 'pending', owner = NULL, updated_at = now()";
+        fence(Statement::new(set), claim).execute(self)
+    }
+
+    fn task_count_by_keyword_state(&mut self) -> QueryResult<Vec<KeywordStateCount>> {
+        Statement::<Pg>::new(
+            "SELECT keyword, state, count(*) AS count,
+                    EXTRACT(EPOCH FROM now() - min(run_at) FILTER (
+                        WHERE state = 'pending' AND run_at <= now()))::float8 AS oldest_due_secs
+             FROM async_task GROUP BY keyword, state ORDER BY keyword, state",
+        )
+        .load(self)
+    }
+
+    fn node_register(&mut self, name: &str) -> QueryResult<i64> {
+        #[derive(diesel::QueryableByName)]
+        struct Id {
+            #[diesel(sql_type = BigInt)]
+            id: i64,
+        }
+        let row: Id = Statement::<Pg>::new("INSERT INTO async_node (name) VALUES (")
+            .bind::<Text, _>(name.to_owned())
+            .sql(") RETURNING id")
+            .get_result(self)?;
+        Ok(row.id)
+    }
+
+    fn node_mark_gone(&mut self, node_id: i64) -> QueryResult<usize> {
+        Statement::<Pg>::new(
+            "UPDATE async_node SET state = 'gone', heartbeat_at = now() WHERE id = ",
+        )
+        .bind::<BigInt, _>(node_id)
+        .execute(self)
+    }
+}

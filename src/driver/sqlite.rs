@@ -1,0 +1,162 @@
+//! The driver on SQLite: one writer at a time, so the claim needs no `SKIP LOCKED`; times
+//! are text written by SQLite's own clock.
+
+use diesel::sql_types::{BigInt, Text};
+use diesel::sqlite::{Sqlite, SqliteConnection};
+use diesel::{QueryResult, RunQueryDsl};
+
+use super::{fence, Claim, ClaimRow, Driver, KeywordStateCount, TaskKey};
+use crate::sql::Statement;
+
+// Every time column is written with this expression (millisecond precision, UTC), so that
+// times compare correctly as text. The migration's column defaults use the same.
+macro_rules! now {
+    () => {
+        "strftime('%Y-%m-%d %H:%M:%f', 'now')"
+    };
+}
+
+impl Driver for SqliteConnection {
+    fn task_insert_many(&mut self, rows_json: &str) -> QueryResult<Vec<TaskKey>> {
+        // `WHERE true` keeps SQLite's parser from reading ON CONFLICT as a join constraint.
+        Statement::<Sqlite>::new(concat!(
+            "INSERT INTO async_task (keyword, biz_id, biz_data, tenant, priority, max_attempts, run_at)
+             SELECT value ->> 'k', value ->> 'b', value ->> 'd', value ->> 't', value ->> 'p', value ->> 'm',
+                    strftime('%Y-%m-%d %H:%M:%f', 'now', printf('+%.3f seconds', (value ->> 'ms') / 1000.0))
+             FROM json_each(",
+        ))
+        .bind::<Text, _>(rows_json.to_owned())
+        .sql(
+            ") WHERE true
+             ON CONFLICT (keyword, biz_id) DO NOTHING
+             RETURNING id, keyword, biz_id",
+        )
+        .load(self)
+    }
+
+    fn task_find_many(&mut self, keys_json: &str) -> QueryResult<Vec<TaskKey>> {
+        Statement::<Sqlite>::new(
+            "SELECT id, keyword, biz_id FROM async_task
+             WHERE (keyword, biz_id) IN (SELECT value ->> 'k', value ->> 'b' FROM json_each(",
+        )
+        .bind::<Text, _>(keys_json.to_owned())
+        .sql("))")
+        .load(self)
+    }
+
+    fn task_claim_page(
+        &mut self,
+        owner: i64,
+        keywords: &[String],
+        limit: i64,
+    ) -> QueryResult<Vec<ClaimRow>> {
+        // A single UPDATE takes SQLite's write lock before it reads, so two claimers are
+        // serialised by the lock (waiting out the busy timeout) and never see the same row
+        // pending. The keyword list is one JSON bind.
+        let keywords = serde_json::to_string(keywords).expect("a list of strings serialises");
+        Statement::<Sqlite>::new(concat!(
+            "UPDATE async_task SET state = 'running', owner = "
+        ))
+        .bind::<BigInt, _>(owner)
+        .sql(concat!(
+            ", claim_token = claim_token + 1, claimed_at = ",
+            now!(),
+            ", updated_at = ",
+            now!(),
+            " WHERE id IN (
+                SELECT id FROM async_task
+                WHERE state = 'pending' AND run_at <= ",
+            now!(),
+            " AND keyword IN (SELECT value FROM json_each("
+        ))
+        .bind::<Text, _>(keywords)
+        .sql(
+            "))
+                ORDER BY priority, run_at, id
+                LIMIT ",
+        )
+        .bind::<BigInt, _>(limit)
+        .sql(
+            ")
+            RETURNING id, keyword, biz_id, biz_data, tenant, failures, max_attempts, claim_token, priority",
+        )
+        .load(self)
+    }
+
+    fn task_complete(&mut self, claim: &Claim) -> QueryResult<usize> {
+        let set = concat!(
+            "UPDATE async_task SET state = 'done', finished_at = ",
+            now!(),
+            ", updated_at = ",
+            now!()
+        );
+        fence(Statement::new(set), claim).execute(self)
+    }
+
+    fn task_fail_retry(&mut self, claim: &Claim, error: &str, delay_ms: i64) -> QueryResult<usize> {
+        let set = Statement::<Sqlite>::new(
+            "UPDATE async_task SET state = 'pending', owner = NULL, failures = failures + 1, last_error = ",
+        )
+        .bind::<Text, _>(error.to_owned())
+        .sql(", run_at = strftime('%Y-%m-%d %H:%M:%f', 'now', printf('+%.3f seconds', ")
+        .bind::<BigInt, _>(delay_ms)
+        .sql(concat!(" / 1000.0)), updated_at = ", now!()));
+        fence(set, claim).execute(self)
+    }
+
+    fn task_fail_dead(&mut self, claim: &Claim, error: &str) -> QueryResult<usize> {
+        let set = Statement::<Sqlite>::new(
+            "UPDATE async_task SET state = 'dead', failures = failures + 1, last_error = ",
+        )
+        .bind::<Text, _>(error.to_owned())
+        .sql(concat!(
+            ", finished_at = ",
+            now!(),
+            ", updated_at = ",
+            now!()
+        ));
+        fence(set, claim).execute(self)
+    }
+
+    fn task_release(&mut self, claim: &Claim) -> QueryResult<usize> {
+        let set = concat!(
+            "UPDATE async_task SET state = 'pending', owner = NULL, updated_at = ",
+            now!()
+        );
+        fence(Statement::new(set), claim).execute(self)
+    }
+
+    fn task_count_by_keyword_state(&mut self) -> QueryResult<Vec<KeywordStateCount>> {
+        Statement::<Sqlite>::new(concat!(
+            "SELECT keyword, state, count(*) AS count,
+                    (julianday('now') - julianday(min(CASE WHEN state = 'pending' AND run_at <= ",
+            now!(),
+            " THEN run_at END))) * 86400.0 AS oldest_due_secs
+             FROM async_task GROUP BY keyword, state ORDER BY keyword, state"
+        ))
+        .load(self)
+    }
+
+    fn node_register(&mut self, name: &str) -> QueryResult<i64> {
+        #[derive(diesel::QueryableByName)]
+        struct Id {
+            #[diesel(sql_type = BigInt)]
+            id: i64,
+        }
+        let row: Id = Statement::<Sqlite>::new("INSERT INTO async_node (name) VALUES (")
+            .bind::<Text, _>(name.to_owned())
+            .sql(") RETURNING id")
+            .get_result(self)?;
+        Ok(row.id)
+    }
+
+    fn node_mark_gone(&mut self, node_id: i64) -> QueryResult<usize> {
+        Statement::<Sqlite>::new(concat!(
+            "UPDATE async_node SET state = 'gone', heartbeat_at = ",
+            now!(),
+            " WHERE id = "
+        ))
+        .bind::<BigInt, _>(node_id)
+        .execute(self)
+    }
+}

@@ -1,0 +1,209 @@
+//! The library's error type.
+
+use std::fmt;
+
+/// Everything that can go wrong in an outbox operation, named after the operation that failed.
+///
+/// Input errors ([`Error::InvalidKeyword`], [`Error::InvalidBizId`], [`Error::InvalidPayload`],
+/// [`Error::PayloadTooLarge`], [`Error::InvalidTask`]) are detected before anything is written:
+/// a failed enqueue leaves the caller's transaction as it was.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The keyword is empty, longer than 64 characters, or has a character outside
+    /// `[a-z0-9._:-]`.
+    #[error("invalid keyword {keyword:?}: {reason}")]
+    InvalidKeyword {
+        /// The keyword as given.
+        keyword: String,
+        /// Which rule it breaks.
+        reason: &'static str,
+    },
+
+    /// The biz_id is empty or longer than 128 bytes.
+    #[error("invalid biz_id for keyword {keyword:?}: {reason}")]
+    InvalidBizId {
+        /// The keyword of the task whose biz_id is invalid.
+        keyword: String,
+        /// Which rule it breaks.
+        reason: &'static str,
+    },
+
+    /// The payload is not valid JSON, or holds a `\u0000` character, which PostgreSQL's
+    /// `jsonb` rejects.
+    #[error("invalid payload for {keyword}/{biz_id}: {reason}")]
+    InvalidPayload {
+        /// The task's keyword.
+        keyword: String,
+        /// The task's biz_id.
+        biz_id: String,
+        /// What is wrong with it (the parser's message, never the payload itself).
+        reason: String,
+    },
+
+    /// The payload is larger than the configured limit.
+    #[error("payload for {keyword}/{biz_id} is {size} bytes, over the limit of {limit} bytes")]
+    PayloadTooLarge {
+        /// The task's keyword.
+        keyword: String,
+        /// The task's biz_id.
+        biz_id: String,
+        /// The payload's size in bytes.
+        size: usize,
+        /// The configured limit in bytes.
+        limit: usize,
+    },
+
+    /// Another field of a task is out of range (max attempts below 1, a tenant too long…).
+    #[error("invalid task {keyword}/{biz_id}: {reason}")]
+    InvalidTask {
+        /// The task's keyword.
+        keyword: String,
+        /// The task's biz_id.
+        biz_id: String,
+        /// Which rule it breaks.
+        reason: String,
+    },
+
+    /// The database URL is malformed or names an unsupported scheme.
+    #[error("invalid database URL {url}: {reason}")]
+    InvalidDatabaseUrl {
+        /// The URL with any password masked.
+        url: String,
+        /// Why it was refused.
+        reason: String,
+    },
+
+    /// A configuration value is out of range.
+    #[error("invalid configuration: {0}")]
+    InvalidConfig(String),
+
+    /// Connecting to the database failed (server down, bad credentials, unreadable file).
+    #[error("cannot connect to {url}: {source}")]
+    Connect {
+        /// The URL with any password masked.
+        url: String,
+        /// What the driver or the pool said.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+
+    /// Applying or checking the embedded migrations failed.
+    #[error("migration failed: {0}")]
+    Migration(String),
+
+    /// The schema is older than this build: `outbox migrate` has not been run.
+    #[error("the database schema is not up to date ({pending} pending migration(s)); run `outbox migrate`")]
+    NotMigrated {
+        /// How many migrations are pending.
+        pending: usize,
+    },
+
+    /// A database statement failed.
+    #[error("{operation} failed: {source}")]
+    Database {
+        /// The operation, entity first (`task claim`, `task enqueue`, `node register`…).
+        operation: &'static str,
+        /// diesel's error.
+        #[source]
+        source: diesel::result::Error,
+    },
+
+    /// Taking a connection from the pool failed (timeout, database unreachable).
+    #[error("{operation} failed: no database connection: {source}")]
+    Pool {
+        /// The operation that needed the connection.
+        operation: &'static str,
+        /// r2d2's error.
+        #[source]
+        source: r2d2::Error,
+    },
+
+    /// The demo's exactly-once check found orders credited or granted a number of times other
+    /// than one.
+    #[error("demo check failed: {0}")]
+    DemoCheck(String),
+}
+
+/// The library's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Attach an operation name to diesel errors: `.op("task claim")?`.
+pub(crate) trait OpContext<T> {
+    fn op(self, operation: &'static str) -> Result<T>;
+}
+
+impl<T> OpContext<T> for std::result::Result<T, diesel::result::Error> {
+    fn op(self, operation: &'static str) -> Result<T> {
+        self.map_err(|source| Error::Database { operation, source })
+    }
+}
+
+impl<T> OpContext<T> for std::result::Result<T, r2d2::Error> {
+    fn op(self, operation: &'static str) -> Result<T> {
+        self.map_err(|source| Error::Pool { operation, source })
+    }
+}
+
+/// Shortens a message to at most `max` bytes on a character boundary, marking the cut.
+pub(crate) fn truncate(message: &str, max: usize) -> String {
+    if message.len() <= max {
+        return message.to_owned();
+    }
+    let mut end = max.saturating_sub(3);
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &message[..end])
+}
+
+/// Displays a URL with its password replaced by `***`, for error messages and logs.
+pub(crate) struct MaskedUrl<'a>(pub &'a str);
+
+impl fmt::Display for MaskedUrl<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let url = self.0;
+        if let Some(scheme_end) = url.find("://") {
+            let rest = &url[scheme_end + 3..];
+            let authority_end = rest.find('/').unwrap_or(rest.len());
+            if let Some(at) = rest[..authority_end].rfind('@') {
+                if let Some(colon) = rest[..at].find(':') {
+                    return write!(
+                        f,
+                        "{}{}:***{}",
+                        &url[..scheme_end + 3],
+                        &rest[..colon],
+                        &rest[at..]
+                    );
+                }
+            }
+        }
+        f.write_str(url)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn masks_password_only() {
+        assert_eq!(
+            MaskedUrl("postgres://u:secret@h:5432/db").to_string(),
+            "postgres://u:***@h:5432/db"
+        );
+        assert_eq!(
+            MaskedUrl("postgres://u@h/db").to_string(),
+            "postgres://u@h/db"
+        );
+        assert_eq!(MaskedUrl("outbox.db").to_string(), "outbox.db");
+    }
+
+    #[test]
+    fn truncates_on_char_boundary() {
+        assert_eq!(truncate("hello", 10), "hello");
+        assert_eq!(truncate("hello world", 8), "hello...");
+        let cut = truncate("ééééé", 6);
+        assert!(cut.len() <= 6 && cut.ends_with("..."), "{cut}");
+    }
+}

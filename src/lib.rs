@@ -1,0 +1,46 @@
+//! # outbox
+//!
+//! Runs business side-effects reliably, after the fact. A producer records "do X for
+//! business object Y" as a row of `async_task` **inside its own business transaction**
+//! ([`enqueue`]); workers claim due tasks a page at a time with one `UPDATE`, run the handler
+//! registered for each task's keyword in a rayon pool, and record the completion **in the
+//! same transaction as the handler's side-effect**.
+//!
+//! ## Guarantees
+//!
+//! - A task exists if and only if the producer's transaction committed.
+//! - `(keyword, biz_id)` is unique: enqueueing the same pair twice yields one task.
+//! - **Exactly once** for effects a handler writes through the connection it is given: the
+//!   completion is fenced by owner and claim token and commits with them, so a handler whose
+//!   claim was taken over, or that failed, leaves no effect.
+//! - **At least once** for effects outside the database (HTTP calls, files, e-mail): make them
+//!   idempotent by `biz_id`.
+//!
+//! Backends: PostgreSQL (`postgres://…`, any number of worker processes on any number of
+//! machines) and SQLite (a file, one machine), chosen by the URL scheme, never one in place of
+//! the other.
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod backoff;
+pub mod cli;
+pub mod db;
+pub mod demo;
+mod driver;
+pub mod enqueue;
+pub mod error;
+pub mod migrate;
+pub mod registry;
+mod sql;
+pub mod stats;
+pub mod task;
+pub mod worker;
+
+pub use backoff::Backoff;
+pub use db::{write_transaction, Backend, DatabaseUrl, DbConnection, DbPool};
+pub use enqueue::{enqueue, enqueue_batch, EnqueueConnection, EnqueueOptions, Enqueued};
+pub use error::{Error, Result};
+pub use migrate::run_migrations;
+pub use registry::{Handler, HandlerError, HandlerResult, Registry};
+pub use task::{validate_keyword, ClaimedTask, NewTask, TaskContext, TaskState};
+pub use worker::{Report, Tally, Worker, WorkerConfig};

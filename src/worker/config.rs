@@ -1,0 +1,96 @@
+//! The worker's settings and their defaults.
+
+use std::time::Duration;
+
+use crate::backoff::Backoff;
+use crate::error::{Error, Result};
+
+/// Tasks claimed per claim statement by default.
+pub const DEFAULT_PAGE_SIZE: usize = 100;
+/// Attempts a task gets by default before it is dead.
+pub const DEFAULT_MAX_ATTEMPTS: i32 = 20;
+/// How often an idle `run` worker looks for due tasks by default (jittered by ±10%).
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
+/// The longest error message stored in `last_error`, in bytes.
+pub const MAX_ERROR_LEN: usize = 2000;
+
+/// The default number of execution threads: twice the cores, because a task spends most of
+/// its time waiting for database round trips.
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get() * 2)
+}
+
+/// How a [`crate::Worker`] claims and runs tasks.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// Execution threads in the rayon pool (default: twice the cores).
+    pub threads: usize,
+    /// Tasks waiting for a thread beyond those running (default: as many as `threads`). When
+    /// `threads + queue` tasks are in flight, the claiming thread runs the next one itself.
+    pub queue: usize,
+    /// Tasks claimed per claim statement, at most (default 100). Never more than a page is
+    /// held in memory.
+    pub page_size: usize,
+    /// Attempts for tasks that do not set their own (default 20).
+    pub max_attempts: i32,
+    /// Delay between attempts.
+    pub backoff: Backoff,
+    /// How often an idle `run` worker polls (default 1 s, jittered).
+    pub poll_interval: Duration,
+    /// Whether `run` listens for `NOTIFY` on PostgreSQL to wake early (default on; turn it off
+    /// behind PgBouncer in transaction mode).
+    pub listen: bool,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        let threads = default_threads();
+        WorkerConfig {
+            threads,
+            queue: threads,
+            page_size: DEFAULT_PAGE_SIZE,
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            backoff: Backoff::default(),
+            poll_interval: DEFAULT_POLL_INTERVAL,
+            listen: true,
+        }
+    }
+}
+
+impl WorkerConfig {
+    /// Checks every setting, naming the one out of range.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |what: String| Err(Error::InvalidConfig(what));
+        if !(1..=1024).contains(&self.threads) {
+            return bad(format!(
+                "threads must be between 1 and 1024, not {}",
+                self.threads
+            ));
+        }
+        if self.queue > 100_000 {
+            return bad(format!("queue must be at most 100000, not {}", self.queue));
+        }
+        if !(1..=10_000).contains(&self.page_size) {
+            return bad(format!(
+                "page size must be between 1 and 10000, not {}",
+                self.page_size
+            ));
+        }
+        if self.max_attempts < 1 {
+            return bad(format!(
+                "max attempts must be at least 1, not {}",
+                self.max_attempts
+            ));
+        }
+        if self.poll_interval < Duration::from_millis(10) {
+            return bad("poll interval must be at least 10ms".into());
+        }
+        self.backoff.validate().map_err(Error::InvalidConfig)
+    }
+
+    /// Connections the worker's pool needs: one per thread, one for the claiming thread
+    /// (which also runs tasks when the pool is full), one to spare.
+    pub fn pool_size(&self) -> u32 {
+        u32::try_from(self.threads + 2).unwrap_or(u32::MAX)
+    }
+}

@@ -1,0 +1,241 @@
+//! One task, one transaction: the handler and the fenced completion commit together, or
+//! neither does.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::Duration;
+
+use diesel::connection::{TransactionManager, TransactionManagerStatus};
+use diesel::Connection;
+
+use super::Worker;
+use crate::db::{write_transaction, DbConnection};
+use crate::driver::{driver, Claim};
+use crate::error::truncate;
+use crate::registry::HandlerError;
+use crate::task::ClaimedTask;
+use crate::worker::config::MAX_ERROR_LEN;
+
+/// How a task's attempt ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// The handler succeeded and the completion committed with its effects.
+    Done,
+    /// The handler failed; the task is pending again after a backoff.
+    Retried,
+    /// The handler failed permanently or at max attempts; the task is dead.
+    Dead,
+    /// The claim was taken over before the completion: effects rolled back, nothing written.
+    Lost,
+    /// Not run (shutdown) or not recorded (database error): back to pending, no failure.
+    Released,
+    /// The database could not be reached to record anything; rescue will recover it.
+    Abandoned,
+}
+
+/// Why a task's transaction rolled back.
+enum Rollback {
+    Handler(HandlerError),
+    Fenced,
+    Database(diesel::result::Error),
+}
+
+impl From<diesel::result::Error> for Rollback {
+    fn from(e: diesel::result::Error) -> Self {
+        Rollback::Database(e)
+    }
+}
+
+/// Attempts at an engine write (failure, release) before the task is left to rescue.
+const WRITE_ATTEMPTS: u32 = 5;
+/// The first pause between two such attempts; it doubles each time.
+const WRITE_RETRY_PAUSE: Duration = Duration::from_millis(20);
+
+impl Worker {
+    /// Runs one claimed task to its outcome.
+    pub(crate) fn execute_task(&self, task: &ClaimedTask) -> Outcome {
+        let claim = Claim {
+            id: task.context.id,
+            owner: task.owner,
+            token: task.claim_token,
+        };
+        if self.is_stopping() {
+            return self.record(
+                &claim,
+                "release (shutdown)",
+                |c| driver(c).task_release(&claim),
+                Outcome::Released,
+            );
+        }
+        let Some(handler) = self.registry.get(&task.context.keyword) else {
+            // Only registered keywords are claimed; reaching this is a bug, not a task failure.
+            log::error!(
+                "task {}: no handler for {:?}",
+                claim.id,
+                task.context.keyword
+            );
+            return self.record(
+                &claim,
+                "release",
+                |c| driver(c).task_release(&claim),
+                Outcome::Released,
+            );
+        };
+        let mut conn = match self.pool.get() {
+            Ok(conn) => conn,
+            Err(e) => {
+                log::warn!("task {}: no connection to run it: {e}", claim.id);
+                return self.record(
+                    &claim,
+                    "release",
+                    |c| driver(c).task_release(&claim),
+                    Outcome::Released,
+                );
+            }
+        };
+        let result = write_transaction(&mut conn, |conn| {
+            match catch_unwind(AssertUnwindSafe(|| handler.handle(&task.context, conn))) {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(Rollback::Handler(e)),
+                Err(panic) => {
+                    return Err(Rollback::Handler(HandlerError::retry(anyhow::anyhow!(
+                        "handler panicked: {}",
+                        panic_message(&*panic)
+                    ))))
+                }
+            }
+            match driver(conn).task_complete(&claim)? {
+                0 => Err(Rollback::Fenced),
+                _ => Ok(()),
+            }
+        });
+        // A handler that panicked inside a nested transaction leaves savepoints open; roll them
+        // back so that the connection goes back to the pool clean (the pool discards it if
+        // that fails).
+        unwind_transactions(&mut conn);
+        drop(conn);
+        match result {
+            Ok(()) => Outcome::Done,
+            Err(Rollback::Handler(error)) => self.fail(task, &claim, &error),
+            Err(Rollback::Fenced) => {
+                log::warn!(
+                    "task {}: its claim was taken over before completion; effects rolled back",
+                    claim.id
+                );
+                Outcome::Lost
+            }
+            Err(Rollback::Database(e)) => {
+                // Not the handler's fault: no failure is counted.
+                log::warn!("task {}: database error while running it: {e}", claim.id);
+                self.record(
+                    &claim,
+                    "release",
+                    |c| driver(c).task_release(&claim),
+                    Outcome::Released,
+                )
+            }
+        }
+    }
+
+    /// Records a handler failure: the next attempt after a backoff, or dead.
+    fn fail(&self, task: &ClaimedTask, claim: &Claim, error: &HandlerError) -> Outcome {
+        let failures = task.failures.saturating_add(1);
+        let max_attempts = task.max_attempts.unwrap_or(self.config.max_attempts);
+        // The stored message is the handler's error chain, never the payload.
+        let message = truncate(&error.to_string(), MAX_ERROR_LEN);
+        if error.is_permanent() || failures >= max_attempts {
+            log::warn!(
+                "task {} ({} {}) is dead after {failures} attempt(s): {message}",
+                claim.id,
+                task.context.keyword,
+                task.context.biz_id
+            );
+            self.record(
+                claim,
+                "task fail",
+                |c| driver(c).task_fail_dead(claim, &message),
+                Outcome::Dead,
+            )
+        } else {
+            let delay = self.config.backoff.delay(failures as u32, fastrand::f64());
+            let delay_ms = i64::try_from(delay.as_millis()).unwrap_or(i64::MAX);
+            log::info!(
+                "task {} ({} {}) failed attempt {failures}, retry in {delay:?}: {message}",
+                claim.id,
+                task.context.keyword,
+                task.context.biz_id
+            );
+            self.record(
+                claim,
+                "task fail",
+                |c| driver(c).task_fail_retry(claim, &message, delay_ms),
+                Outcome::Retried,
+            )
+        }
+    }
+
+    /// Runs a fenced engine write, retrying database errors with a fresh connection. One row
+    /// touched → `success`; none → the claim was taken over (`Lost`); unreachable → left to
+    /// rescue (`Abandoned`).
+    fn record(
+        &self,
+        claim: &Claim,
+        what: &str,
+        write: impl Fn(&mut DbConnection) -> diesel::QueryResult<usize>,
+        success: Outcome,
+    ) -> Outcome {
+        let mut pause = WRITE_RETRY_PAUSE;
+        for attempt in 1..=WRITE_ATTEMPTS {
+            let result = match self.pool.get() {
+                Ok(mut conn) => write(&mut conn).map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            match result {
+                Ok(0) => {
+                    log::warn!("task {}: {what}: its claim was taken over", claim.id);
+                    return Outcome::Lost;
+                }
+                Ok(_) => return success,
+                Err(e) if attempt < WRITE_ATTEMPTS => {
+                    log::warn!(
+                        "task {}: {what} failed (attempt {attempt}), retrying: {e}",
+                        claim.id
+                    );
+                    std::thread::sleep(pause);
+                    pause *= 2;
+                }
+                Err(e) => {
+                    log::error!(
+                        "task {}: {what} failed {WRITE_ATTEMPTS} times, leaving it to rescue: {e}",
+                        claim.id
+                    );
+                }
+            }
+        }
+        Outcome::Abandoned
+    }
+}
+
+fn unwind_transactions(conn: &mut DbConnection) {
+    for _ in 0..64 {
+        let status =
+            <DbConnection as Connection>::TransactionManager::transaction_manager_status_mut(conn);
+        let open = match status {
+            TransactionManagerStatus::Valid(valid) => valid.transaction_depth().is_some(),
+            TransactionManagerStatus::InError => return,
+        };
+        if !open {
+            return;
+        }
+        if <DbConnection as Connection>::TransactionManager::rollback_transaction(conn).is_err() {
+            return;
+        }
+    }
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(non-string panic payload)")
+}

@@ -1,0 +1,348 @@
+//! The worker: claims pages of due tasks and runs them in a rayon pool.
+
+mod config;
+mod dispatch;
+mod execute;
+mod listen;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub use config::{
+    default_threads, WorkerConfig, DEFAULT_MAX_ATTEMPTS, DEFAULT_PAGE_SIZE, DEFAULT_POLL_INTERVAL,
+    MAX_ERROR_LEN,
+};
+use dispatch::Dispatcher;
+use execute::Outcome;
+use listen::Listener;
+
+use crate::db::{Backend, DatabaseUrl, DbPool};
+use crate::driver::driver;
+use crate::error::{Error, OpContext, Result};
+use crate::migrate::ensure_migrated;
+use crate::registry::Registry;
+use crate::task::{ClaimedTask, TaskContext};
+
+/// Counts of what a worker did with the tasks it claimed.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Tally {
+    /// Tasks claimed.
+    pub claimed: u64,
+    /// Handlers succeeded; completions committed.
+    pub done: u64,
+    /// Handlers failed; the tasks will run again after a backoff.
+    pub retried: u64,
+    /// Handlers failed permanently or at max attempts.
+    pub dead: u64,
+    /// Claims taken over before completion (effects rolled back, nothing recorded).
+    pub lost: u64,
+    /// Put back to pending without a failure (shutdown, database error).
+    pub released: u64,
+    /// Left running because the database could not be reached; rescue recovers them.
+    pub abandoned: u64,
+}
+
+impl Tally {
+    fn count(&mut self, outcome: Outcome) {
+        let counter = match outcome {
+            Outcome::Done => &mut self.done,
+            Outcome::Retried => &mut self.retried,
+            Outcome::Dead => &mut self.dead,
+            Outcome::Lost => &mut self.lost,
+            Outcome::Released => &mut self.released,
+            Outcome::Abandoned => &mut self.abandoned,
+        };
+        *counter += 1;
+    }
+
+    /// Adds another tally to this one.
+    pub fn merge(&mut self, other: Tally) {
+        self.claimed += other.claimed;
+        self.done += other.done;
+        self.retried += other.retried;
+        self.dead += other.dead;
+        self.lost += other.lost;
+        self.released += other.released;
+        self.abandoned += other.abandoned;
+    }
+}
+
+/// What a `drain` or `run` did, and how long it took.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Report {
+    /// The counts.
+    pub tally: Tally,
+    /// Wall time from start to finish.
+    pub elapsed: Duration,
+}
+
+impl Report {
+    /// Finished tasks (done, retried, dead) per second.
+    pub fn tasks_per_sec(&self) -> f64 {
+        let finished = self.tally.done + self.tally.retried + self.tally.dead;
+        finished as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+}
+
+/// A worker process's engine: a node row, a connection pool and an execution pool.
+///
+/// [`Worker::run_once`] claims one page of due tasks with one `UPDATE` and runs it;
+/// [`Worker::drain`] repeats until nothing is due; [`Worker::run`] keeps polling until
+/// stopped.
+///
+/// ```no_run
+/// use outbox::{DatabaseUrl, Registry, Worker, WorkerConfig};
+///
+/// # fn main() -> outbox::Result<()> {
+/// let mut registry = Registry::new();
+/// registry.register("points.credit", |_task: &outbox::TaskContext, _conn: &mut outbox::DbConnection| Ok(()));
+/// let url = DatabaseUrl::parse("outbox.db")?;
+/// let worker = Worker::new(&url, registry, WorkerConfig::default())?;
+/// let report = worker.drain()?;
+/// println!("{} done", report.tally.done);
+/// # Ok(())
+/// # }
+/// ```
+pub struct Worker {
+    url: DatabaseUrl,
+    pool: DbPool,
+    registry: Registry,
+    keywords: Vec<String>,
+    config: WorkerConfig,
+    node_id: i64,
+    dispatcher: Dispatcher,
+    stopping: Arc<AtomicBool>,
+    totals: Mutex<Tally>,
+}
+
+impl Worker {
+    /// Connects, checks that the schema is migrated, and registers this process as a node.
+    ///
+    /// Fails when the configuration is out of range, the registry is empty, the database is
+    /// unreachable, or `outbox migrate` has not been run.
+    pub fn new(url: &DatabaseUrl, registry: Registry, config: WorkerConfig) -> Result<Worker> {
+        config.validate()?;
+        if registry.is_empty() {
+            return Err(Error::InvalidConfig("no handler is registered".into()));
+        }
+        let pool = url.pool(config.pool_size())?;
+        let mut conn = pool.get().op("worker start")?;
+        ensure_migrated(&mut conn)?;
+        let name = node_name();
+        let node_id = driver(&mut conn).node_register(&name).op("node register")?;
+        drop(conn);
+        let dispatcher = Dispatcher::new(config.threads, config.queue).map_err(|e| {
+            Error::InvalidConfig(format!("cannot start {} threads: {e}", config.threads))
+        })?;
+        log::info!(
+            "node {node_id} ({name}) started on {}: keywords {:?}, {} threads",
+            url.backend().name(),
+            registry.keywords().collect::<Vec<_>>(),
+            config.threads
+        );
+        Ok(Worker {
+            url: url.clone(),
+            keywords: registry.keywords().map(str::to_owned).collect(),
+            pool,
+            registry,
+            config,
+            node_id,
+            dispatcher,
+            stopping: Arc::new(AtomicBool::new(false)),
+            totals: Mutex::new(Tally::default()),
+        })
+    }
+
+    /// This worker's node id: the `owner` of the tasks it claims.
+    pub fn node_id(&self) -> i64 {
+        self.node_id
+    }
+
+    /// The connection pool, shared with handlers' own needs.
+    pub fn pool(&self) -> &DbPool {
+        &self.pool
+    }
+
+    /// A flag that stops [`Worker::run`] and [`Worker::drain`] when set: no new claims, the
+    /// current page finishes, and tasks of the page that have not started are released back
+    /// to pending without a failure.
+    pub fn stop_flag(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.stopping)
+    }
+
+    fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::Relaxed)
+    }
+
+    /// How many tasks the claiming thread ran itself because the pool was full (CallerRuns).
+    pub fn caller_runs(&self) -> u64 {
+        self.dispatcher.caller_runs()
+    }
+
+    /// Everything this worker has done since it started.
+    pub fn totals(&self) -> Tally {
+        *self.totals.lock().expect("tally lock")
+    }
+
+    /// Claims one page of due tasks for registered keywords, in one statement: state
+    /// running, owner this node, claim token bumped. The first half of [`Worker::run_once`].
+    pub fn claim(&self) -> Result<Vec<ClaimedTask>> {
+        let mut conn = self.pool.get().op("task claim")?;
+        let limit = i64::try_from(self.config.page_size).unwrap_or(i64::MAX);
+        let rows = driver(&mut conn)
+            .task_claim_page(self.node_id, &self.keywords, limit)
+            .op("task claim")?;
+        let mut rows = rows;
+        // RETURNING gives no order; run in claim order (priority first, then age).
+        rows.sort_by_key(|row| (row.priority, row.id));
+        let page = rows
+            .into_iter()
+            .map(|row| ClaimedTask {
+                context: TaskContext {
+                    id: row.id,
+                    keyword: row.keyword,
+                    biz_id: row.biz_id,
+                    tenant: row.tenant,
+                    attempt: row.failures.saturating_add(1),
+                    payload: row.biz_data,
+                },
+                failures: row.failures,
+                max_attempts: row.max_attempts,
+                claim_token: row.claim_token,
+                owner: self.node_id,
+            })
+            .collect();
+        Ok(page)
+    }
+
+    /// Runs a claimed page in the execution pool and waits for all of it. The second half
+    /// of [`Worker::run_once`].
+    pub fn execute(&self, page: Vec<ClaimedTask>) -> Tally {
+        let tally = Mutex::new(Tally {
+            claimed: page.len() as u64,
+            ..Tally::default()
+        });
+        self.dispatcher.run_all(page, |task| {
+            let outcome = self.execute_task(&task);
+            tally.lock().expect("tally lock").count(outcome);
+        });
+        let tally = tally.into_inner().expect("tally lock");
+        self.totals.lock().expect("tally lock").merge(tally);
+        tally
+    }
+
+    /// Claims one page and runs it; returns what happened to it. An empty tally means
+    /// nothing was due.
+    pub fn run_once(&self) -> Result<Tally> {
+        let page = self.claim()?;
+        Ok(self.execute(page))
+    }
+
+    /// Works until nothing is due (or the stop flag is set), then returns. For cron.
+    pub fn drain(&self) -> Result<Report> {
+        let started = Instant::now();
+        let mut tally = Tally::default();
+        while !self.is_stopping() {
+            let page = self.run_once()?;
+            tally.merge(page);
+            if page.claimed == 0 {
+                break;
+            }
+        }
+        Ok(Report {
+            tally,
+            elapsed: started.elapsed(),
+        })
+    }
+
+    /// Works until the stop flag is set: claims while there is work, otherwise waits for the
+    /// poll interval (±10% jitter, so that a fleet does not poll in step) or, on PostgreSQL
+    /// with `listen`, until a producer's `NOTIFY`. A database outage is waited out with
+    /// capped exponential backoff, logging once when it starts and once when it ends.
+    pub fn run(&self) -> Result<Report> {
+        let started = Instant::now();
+        let mut tally = Tally::default();
+        let mut listener: Option<Listener> = None;
+        let mut outage: Option<(Instant, Duration)> = None;
+        while !self.is_stopping() {
+            if listener.is_none() && self.config.listen && self.url.backend() == Backend::Postgres {
+                listener = Listener::connect(&self.url)
+                    .map_err(|e| log::debug!("LISTEN not available yet: {e}"))
+                    .ok();
+            }
+            match self.run_once() {
+                Ok(page) => {
+                    if let Some((since, _)) = outage.take() {
+                        log::warn!("database reachable again after {:?}", since.elapsed());
+                    }
+                    tally.merge(page);
+                    if page.claimed as usize >= self.config.page_size {
+                        continue;
+                    }
+                    let jitter = 0.9 + 0.2 * fastrand::f64();
+                    let wait = self.config.poll_interval.mul_f64(jitter);
+                    match listener.as_mut() {
+                        Some(l) => {
+                            if let Err(e) = l.wait(wait, &self.stopping) {
+                                log::debug!("LISTEN connection lost: {e}");
+                                listener = None;
+                            }
+                        }
+                        None => sleep_unless(wait, &self.stopping),
+                    }
+                }
+                Err(e) => {
+                    let pause = match outage {
+                        None => {
+                            log::error!("database unavailable, retrying with backoff: {e}");
+                            Duration::from_millis(100)
+                        }
+                        Some((_, last)) => (last * 2).min(Duration::from_secs(30)),
+                    };
+                    outage = Some((outage.map_or_else(Instant::now, |(since, _)| since), pause));
+                    listener = None;
+                    sleep_unless(pause, &self.stopping);
+                }
+            }
+        }
+        Ok(Report {
+            tally,
+            elapsed: started.elapsed(),
+        })
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        match self.pool.get() {
+            Ok(mut conn) => {
+                if let Err(e) = driver(&mut conn).node_mark_gone(self.node_id) {
+                    log::warn!("node {}: could not mark it gone: {e}", self.node_id);
+                }
+            }
+            Err(e) => log::warn!("node {}: could not mark it gone: {e}", self.node_id),
+        }
+    }
+}
+
+/// Sleeps for `total`, waking early when `stop` is set.
+fn sleep_unless(total: Duration, stop: &AtomicBool) {
+    let deadline = Instant::now() + total;
+    while !stop.load(Ordering::Relaxed) {
+        let now = Instant::now();
+        if now >= deadline {
+            return;
+        }
+        std::thread::sleep((deadline - now).min(Duration::from_millis(20)));
+    }
+}
+
+/// `host:pid`, the node's name in `async_node`.
+fn node_name() -> String {
+    format!(
+        "{}:{}",
+        gethostname::gethostname().to_string_lossy(),
+        std::process::id()
+    )
+}
