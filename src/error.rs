@@ -128,6 +128,18 @@ pub enum Error {
 /// The library's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// A bare diesel error reaching the library's error type comes from a transaction's own
+/// `BEGIN`, `COMMIT` or `ROLLBACK` (see [`crate::db::write_transaction`]); statements name
+/// their operation through `.op(…)`.
+impl From<diesel::result::Error> for Error {
+    fn from(source: diesel::result::Error) -> Self {
+        Error::Database {
+            operation: "transaction",
+            source,
+        }
+    }
+}
+
 /// Attach an operation name to diesel errors: `.op("task claim")?`.
 pub(crate) trait OpContext<T> {
     fn op(self, operation: &'static str) -> Result<T>;

@@ -1,0 +1,24 @@
+//! `coupon.grant`: grant a coupon for an order (the campaign of seed 003).
+
+use anyhow::Context;
+use diesel::prelude::*;
+use outbox::demo::{schema::demo_coupon, OrderPayload};
+use outbox::{DbConnection, HandlerError, HandlerResult, TaskContext};
+
+/// Writes one coupon row in the task's transaction, so each order gets exactly one coupon.
+pub fn handle(task: &TaskContext, conn: &mut DbConnection) -> HandlerResult {
+    let order: OrderPayload = task.payload()?;
+    let order_id: i64 = task
+        .biz_id()
+        .parse()
+        .map_err(|e| HandlerError::permanent(anyhow::anyhow!("biz_id is not an order number: {e}")))?;
+    diesel::insert_into(demo_coupon::table)
+        .values((
+            demo_coupon::order_id.eq(order_id),
+            demo_coupon::user_id.eq(order.user_id),
+            demo_coupon::code.eq(format!("CPN-{order_id}")),
+        ))
+        .execute(conn)
+        .context("inserting the coupon")?;
+    Ok(())
+}

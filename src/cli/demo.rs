@@ -1,0 +1,97 @@
+//! `outbox demo`: the quick start.
+
+use std::time::Instant;
+
+use clap::Args;
+
+use super::WorkerArgs;
+use crate::db::{Backend, DatabaseUrl};
+use crate::demo::{check, place_orders, setup, COUPON_GRANT, POINTS_CREDIT};
+use crate::error::Error;
+use crate::migrate::run_migrations;
+use crate::registry::Registry;
+use crate::worker::Worker;
+
+#[derive(Debug, Args)]
+pub(super) struct DemoArgs {
+    /// How many orders to place.
+    #[arg(long, default_value_t = 1000)]
+    tasks: u64,
+    /// Only place the orders (and enqueue their tasks); drain them with `outbox drain` or a
+    /// fleet of `outbox run`, then verify with `outbox demo --check`.
+    #[arg(long, conflicts_with = "check")]
+    enqueue_only: bool,
+    /// Only verify that every order was credited exactly once and got exactly one coupon.
+    #[arg(long)]
+    check: bool,
+    #[command(flatten)]
+    worker: WorkerArgs,
+}
+
+pub(super) fn run(url: &DatabaseUrl, registry: Registry, args: DemoArgs) -> crate::Result<()> {
+    for keyword in [POINTS_CREDIT, COUPON_GRANT] {
+        if registry.get(keyword).is_none() && !args.enqueue_only && !args.check {
+            return Err(Error::InvalidConfig(format!(
+                "the demo needs a handler for {keyword}; this binary registers {:?}",
+                registry.keywords().collect::<Vec<_>>()
+            )));
+        }
+    }
+    let mut conn = url.connect()?;
+    run_migrations(&mut conn)?;
+    setup(&mut conn)?;
+    let backend = match url.backend() {
+        Backend::Postgres => "PostgreSQL",
+        Backend::Sqlite => "SQLite",
+    };
+    if args.check {
+        return report_check(&mut conn);
+    }
+    if args.tasks == 0 {
+        return Err(Error::InvalidConfig("--tasks must be at least 1".into()));
+    }
+    println!("outbox demo on {backend} ({})", url.masked());
+
+    let started = Instant::now();
+    let orders = place_orders(&mut conn, args.tasks)?;
+    let placing = started.elapsed();
+    println!(
+        "placed {} orders in {:.2}s, each in one transaction with its {POINTS_CREDIT} and {COUPON_GRANT} tasks",
+        orders.len(),
+        placing.as_secs_f64()
+    );
+    if args.enqueue_only {
+        println!("tasks enqueued; drain them, then run `outbox demo --check`");
+        return Ok(());
+    }
+    let config = args.worker.config();
+    let threads = config.threads;
+    let worker = Worker::new(url, registry, config)?;
+    let report = worker.drain()?;
+    let t = report.tally;
+    println!(
+        "drained {} tasks with {threads} threads in {:.2}s ({:.0} tasks/s): {} done, {} retried, {} dead",
+        t.claimed,
+        report.elapsed.as_secs_f64(),
+        report.tasks_per_sec(),
+        t.done,
+        t.retried,
+        t.dead
+    );
+    println!(
+        "claiming thread ran {} tasks itself when the pool was full (CallerRuns)",
+        worker.caller_runs()
+    );
+    drop(worker);
+    report_check(&mut conn)
+}
+
+fn report_check(conn: &mut crate::DbConnection) -> crate::Result<()> {
+    let report = check(conn)?;
+    report.verify()?;
+    println!(
+        "check: all {} orders credited exactly once and granted exactly one coupon: OK",
+        report.orders
+    );
+    Ok(())
+}

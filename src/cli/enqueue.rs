@@ -1,0 +1,71 @@
+//! `outbox enqueue`.
+
+use std::time::Duration;
+
+use clap::Args;
+
+use crate::db::DatabaseUrl;
+use crate::enqueue::enqueue;
+use crate::migrate::ensure_migrated;
+use crate::task::NewTask;
+
+#[derive(Debug, Args)]
+pub(super) struct EnqueueArgs {
+    /// The handler's keyword: 1 to 64 characters of a-z 0-9 . _ : -
+    keyword: String,
+    /// The business key (such as an order number); enqueueing it twice yields one task.
+    biz_id: String,
+    /// The payload, as JSON.
+    #[arg(long, default_value = "{}")]
+    data: String,
+    /// Run no earlier than this long from now (e.g. 30s, 10m).
+    #[arg(long, value_parser = super::parse_duration)]
+    delay: Option<Duration>,
+    /// The tenant, the unit of quotas.
+    #[arg(long)]
+    tenant: Option<String>,
+    /// Lower runs first.
+    #[arg(long, default_value_t = 0)]
+    priority: i16,
+    /// Attempts before the task is dead [default: the worker's].
+    #[arg(long)]
+    max_attempts: Option<i32>,
+    /// Print the result as one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+pub(super) fn run(url: &DatabaseUrl, args: EnqueueArgs) -> crate::Result<()> {
+    let mut task = NewTask::new(args.keyword, args.biz_id)
+        .payload_json(args.data)
+        .priority(args.priority)
+        .delay(args.delay.unwrap_or_default());
+    if let Some(tenant) = args.tenant {
+        task = task.tenant(tenant);
+    }
+    if let Some(max) = args.max_attempts {
+        task = task.max_attempts(max);
+    }
+    // Validate before connecting: bad input is reported as such even when the database is
+    // down, and nothing is written.
+    task.validate(crate::task::DEFAULT_MAX_PAYLOAD_BYTES)?;
+    let mut conn = url.connect()?;
+    ensure_migrated(&mut conn)?;
+    let result = enqueue(&mut conn, &task)?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::json!({"id": result.id, "created": result.created, "keyword": task.keyword(), "biz_id": task.biz_id()})
+        );
+    } else if result.created {
+        println!("created task {} ({} {})", result.id, task.keyword(), task.biz_id());
+    } else {
+        println!(
+            "task {} already exists for {} {}; nothing written",
+            result.id,
+            task.keyword(),
+            task.biz_id()
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,56 @@
+//! `outbox stats`.
+
+use clap::Args;
+
+use crate::db::DatabaseUrl;
+use crate::migrate::ensure_migrated;
+use crate::registry::Registry;
+use crate::stats::keyword_stats;
+
+#[derive(Debug, Args)]
+pub(super) struct StatsArgs {
+    /// One JSON object per keyword per line.
+    #[arg(long)]
+    json: bool,
+}
+
+pub(super) fn run(url: &DatabaseUrl, registry: &Registry, args: StatsArgs) -> crate::Result<()> {
+    let mut conn = url.connect()?;
+    ensure_migrated(&mut conn)?;
+    let stats = keyword_stats(&mut conn, registry)?;
+    if args.json {
+        for line in &stats {
+            println!("{}", serde_json::to_string(line).expect("stats serialise"));
+        }
+        return Ok(());
+    }
+    if stats.is_empty() {
+        println!("no tasks");
+        return Ok(());
+    }
+    println!(
+        "{:<32} {:>8} {:>8} {:>8} {:>10} {:>8} {:>9} {:>12}",
+        "keyword", "blocked", "pending", "running", "done", "dead", "cancelled", "oldest due"
+    );
+    for s in &stats {
+        let oldest = s
+            .oldest_due_secs
+            .map_or_else(|| "-".to_owned(), |secs| format!("{secs:.1}s"));
+        println!(
+            "{:<32} {:>8} {:>8} {:>8} {:>10} {:>8} {:>9} {:>12}",
+            s.keyword, s.blocked, s.pending, s.running, s.done, s.dead, s.cancelled, oldest
+        );
+    }
+    let unserved: Vec<&str> = stats
+        .iter()
+        .filter(|s| !s.served && (s.pending > 0 || s.blocked > 0))
+        .map(|s| s.keyword.as_str())
+        .collect();
+    if !unserved.is_empty() {
+        println!(
+            "\nno handler in this binary for: {} (their tasks stay pending)",
+            unserved.join(", ")
+        );
+    }
+    Ok(())
+}

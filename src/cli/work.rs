@@ -1,0 +1,91 @@
+//! `outbox drain` and `outbox run`.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+use signal_hook::consts::{SIGINT, SIGTERM};
+
+use super::WorkerArgs;
+use crate::db::DatabaseUrl;
+use crate::error::Error;
+use crate::registry::Registry;
+use crate::worker::{Report, Worker, DEFAULT_POLL_INTERVAL};
+
+#[derive(Debug, Args)]
+pub(super) struct RunArgs {
+    #[command(flatten)]
+    worker: WorkerArgs,
+    /// How often to look for due tasks when idle (jittered by ±10%).
+    #[arg(long, value_parser = super::parse_duration, default_value = "1s")]
+    poll_interval: Duration,
+    /// Do not LISTEN for NOTIFY on PostgreSQL; poll only (for PgBouncer in transaction mode).
+    #[arg(long)]
+    no_listen: bool,
+}
+
+/// The first SIGINT/SIGTERM sets `stop`; a second one exits at once with status 1 (rescue
+/// recovers what that process had claimed).
+fn install_signal_handlers(stop: &Arc<AtomicBool>) -> crate::Result<()> {
+    for signal in [SIGINT, SIGTERM] {
+        // Order matters: the conditional exit is checked before the flag is set.
+        signal_hook::flag::register_conditional_shutdown(signal, 1, Arc::clone(stop))
+            .and_then(|_| signal_hook::flag::register(signal, Arc::clone(stop)))
+            .map_err(|e| Error::InvalidConfig(format!("cannot install signal handler: {e}")))?;
+    }
+    Ok(())
+}
+
+pub(super) fn drain(url: &DatabaseUrl, registry: Registry, args: WorkerArgs) -> crate::Result<()> {
+    let worker = Worker::new(url, registry, args.config())?;
+    install_signal_handlers(&worker.stop_flag())?;
+    let report = worker.drain()?;
+    print_report("drained", &report, args.json);
+    Ok(())
+}
+
+pub(super) fn run(url: &DatabaseUrl, registry: Registry, args: RunArgs) -> crate::Result<()> {
+    let mut config = args.worker.config();
+    config.poll_interval = args.poll_interval;
+    config.listen = !args.no_listen;
+    if config.poll_interval < Duration::from_millis(10) {
+        config.poll_interval = DEFAULT_POLL_INTERVAL;
+    }
+    let worker = Worker::new(url, registry, config)?;
+    install_signal_handlers(&worker.stop_flag())?;
+    log::info!("node {} running; SIGINT or SIGTERM stops it", worker.node_id());
+    let report = worker.run()?;
+    print_report("ran", &report, args.worker.json);
+    Ok(())
+}
+
+fn print_report(verb: &str, report: &Report, json: bool) {
+    let t = report.tally;
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "claimed": t.claimed, "done": t.done, "retried": t.retried, "dead": t.dead,
+                "lost": t.lost, "released": t.released, "abandoned": t.abandoned,
+                "seconds": report.elapsed.as_secs_f64(), "tasks_per_s": report.tasks_per_sec(),
+            })
+        );
+        return;
+    }
+    println!(
+        "{verb} {} tasks in {:.2}s ({:.0} tasks/s): {} done, {} retried, {} dead",
+        t.claimed,
+        report.elapsed.as_secs_f64(),
+        report.tasks_per_sec(),
+        t.done,
+        t.retried,
+        t.dead
+    );
+    if t.lost + t.released + t.abandoned > 0 {
+        println!(
+            "  {} lost their claim, {} released to pending, {} left to rescue",
+            t.lost, t.released, t.abandoned
+        );
+    }
+}
