@@ -210,7 +210,12 @@ impl CheckReport {
             .offenders
             .iter()
             .take(20)
-            .map(|o| format!("order {} ({} credits, {} coupons)", o.order_id, o.credits, o.coupons))
+            .map(|o| {
+                format!(
+                    "order {} ({} credits, {} coupons)",
+                    o.order_id, o.credits, o.coupons
+                )
+            })
             .collect();
         Err(Error::DemoCheck(format!(
             "{} of {} orders not applied exactly once: {}",

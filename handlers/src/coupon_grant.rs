@@ -8,10 +8,9 @@ use outbox::{DbConnection, HandlerError, HandlerResult, TaskContext};
 /// Writes one coupon row in the task's transaction, so each order gets exactly one coupon.
 pub fn handle(task: &TaskContext, conn: &mut DbConnection) -> HandlerResult {
     let order: OrderPayload = task.payload()?;
-    let order_id: i64 = task
-        .biz_id()
-        .parse()
-        .map_err(|e| HandlerError::permanent(anyhow::anyhow!("biz_id is not an order number: {e}")))?;
+    let order_id: i64 = task.biz_id().parse().map_err(|e| {
+        HandlerError::permanent(anyhow::anyhow!("biz_id is not an order number: {e}"))
+    })?;
     diesel::insert_into(demo_coupon::table)
         .values((
             demo_coupon::order_id.eq(order_id),

@@ -9,10 +9,9 @@ use outbox::{DbConnection, HandlerError, HandlerResult, TaskContext};
 /// so the order is credited exactly once.
 pub fn handle(task: &TaskContext, conn: &mut DbConnection) -> HandlerResult {
     let order: OrderPayload = task.payload()?;
-    let order_id: i64 = task
-        .biz_id()
-        .parse()
-        .map_err(|e| HandlerError::permanent(anyhow::anyhow!("biz_id is not an order number: {e}")))?;
+    let order_id: i64 = task.biz_id().parse().map_err(|e| {
+        HandlerError::permanent(anyhow::anyhow!("biz_id is not an order number: {e}"))
+    })?;
     diesel::insert_into(demo_points_ledger::table)
         .values((
             demo_points_ledger::order_id.eq(order_id),

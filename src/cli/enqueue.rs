@@ -58,7 +58,12 @@ pub(super) fn run(url: &DatabaseUrl, args: EnqueueArgs) -> crate::Result<()> {
             serde_json::json!({"id": result.id, "created": result.created, "keyword": task.keyword(), "biz_id": task.biz_id()})
         );
     } else if result.created {
-        println!("created task {} ({} {})", result.id, task.keyword(), task.biz_id());
+        println!(
+            "created task {} ({} {})",
+            result.id,
+            task.keyword(),
+            task.biz_id()
+        );
     } else {
         println!(
             "task {} already exists for {} {}; nothing written",

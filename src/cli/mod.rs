@@ -147,7 +147,11 @@ fn run(cli: Cli, registry: Registry) -> crate::Result<()> {
             if applied.is_empty() {
                 println!("schema up to date ({})", url.masked());
             } else {
-                println!("applied {} migration(s): {}", applied.len(), applied.join(", "));
+                println!(
+                    "applied {} migration(s): {}",
+                    applied.len(),
+                    applied.join(", ")
+                );
             }
             Ok(())
         }
@@ -161,7 +165,8 @@ fn run(cli: Cli, registry: Registry) -> crate::Result<()> {
 
 /// Parses durations written like `500ms`, `5s`, `10m`, `2h`, `7d`.
 fn parse_duration(text: &str) -> Result<Duration, String> {
-    humantime::parse_duration(text).map_err(|e| format!("{e} (write durations like 500ms, 5s, 10m, 2h, 7d)"))
+    humantime::parse_duration(text)
+        .map_err(|e| format!("{e} (write durations like 500ms, 5s, 10m, 2h, 7d)"))
 }
 
 #[cfg(test)]
@@ -184,7 +189,9 @@ mod tests {
     #[test]
     fn worker_args_default_queue_follows_threads() {
         let cli = Cli::try_parse_from(["outbox", "drain", "--threads", "3"]).unwrap();
-        let Command::Drain(args) = cli.command else { panic!("drain") };
+        let Command::Drain(args) = cli.command else {
+            panic!("drain")
+        };
         let config = args.config();
         assert_eq!((config.threads, config.queue), (3, 3));
     }

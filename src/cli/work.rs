@@ -54,7 +54,10 @@ pub(super) fn run(url: &DatabaseUrl, registry: Registry, args: RunArgs) -> crate
     }
     let worker = Worker::new(url, registry, config)?;
     install_signal_handlers(&worker.stop_flag())?;
-    log::info!("node {} running; SIGINT or SIGTERM stops it", worker.node_id());
+    log::info!(
+        "node {} running; SIGINT or SIGTERM stops it",
+        worker.node_id()
+    );
     let report = worker.run()?;
     print_report("ran", &report, args.worker.json);
     Ok(())

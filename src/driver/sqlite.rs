@@ -19,12 +19,12 @@ macro_rules! now {
 impl Driver for SqliteConnection {
     fn task_insert_many(&mut self, rows_json: &str) -> QueryResult<Vec<TaskKey>> {
         // `WHERE true` keeps SQLite's parser from reading ON CONFLICT as a join constraint.
-        Statement::<Sqlite>::new(concat!(
+        Statement::<Sqlite>::new(
             "INSERT INTO async_task (keyword, biz_id, biz_data, tenant, priority, max_attempts, run_at)
              SELECT value ->> 'k', value ->> 'b', value ->> 'd', value ->> 't', value ->> 'p', value ->> 'm',
                     strftime('%Y-%m-%d %H:%M:%f', 'now', printf('+%.3f seconds', (value ->> 'ms') / 1000.0))
              FROM json_each(",
-        ))
+        )
         .bind::<Text, _>(rows_json.to_owned())
         .sql(
             ") WHERE true
@@ -54,9 +54,7 @@ impl Driver for SqliteConnection {
         // serialised by the lock (waiting out the busy timeout) and never see the same row
         // pending. The keyword list is one JSON bind.
         let keywords = serde_json::to_string(keywords).expect("a list of strings serialises");
-        Statement::<Sqlite>::new(concat!(
-            "UPDATE async_task SET state = 'running', owner = "
-        ))
+        Statement::<Sqlite>::new("UPDATE async_task SET state = 'running', owner = ")
         .bind::<BigInt, _>(owner)
         .sql(concat!(
             ", claim_token = claim_token + 1, claimed_at = ",

@@ -1,1 +1,47 @@
+//! The conformance suite: every behaviour runs against a fresh SQLite file and a fresh
+//! PostgreSQL database (`name::sqlite`, `name::postgres`).
 
+#[macro_use]
+mod support;
+
+mod claim;
+mod enqueue;
+mod execute;
+mod fencing;
+mod fleet;
+
+use diesel::prelude::*;
+use outbox::{DbConnection, HandlerResult, Registry, TaskContext, Worker, WorkerConfig};
+use support::TestDb;
+
+/// A handler whose side-effect is one `test_ledger` row in the task's transaction.
+pub fn write_ledger(task: &TaskContext, conn: &mut DbConnection) -> HandlerResult {
+    diesel::sql_query(format!(
+        "INSERT INTO test_ledger (task_id, note) VALUES ({}, 'ran')",
+        task.id()
+    ))
+    .execute(conn)?;
+    Ok(())
+}
+
+/// A registry with `write_ledger` under `keyword`.
+pub fn ledger_registry(keyword: &str) -> Registry {
+    let mut registry = Registry::new();
+    registry.register(keyword, write_ledger);
+    registry
+}
+
+/// A small worker configuration for tests.
+pub fn small_config() -> WorkerConfig {
+    WorkerConfig {
+        threads: 2,
+        queue: 2,
+        page_size: 10,
+        ..WorkerConfig::default()
+    }
+}
+
+/// A worker on `db` with `registry`.
+pub fn worker(db: &TestDb, registry: Registry) -> Worker {
+    Worker::new(&db.url, registry, small_config()).expect("worker")
+}

@@ -1,0 +1,737 @@
+//! Smoke tests of the built `outbox` binary: each test runs it as a separate process, in a
+//! temporary directory of its own as working directory, and checks its exit code, its
+//! output and what it left in the database.
+//!
+//! Exit codes under test (see `outbox::cli`): 0 success, 1 the command failed, 2 bad usage
+//! or invalid input. Every child process is waited for with a time limit, so a hanging
+//! command fails its test instead of hanging the suite.
+
+#[path = "../../tests/suite/support.rs"]
+mod support;
+
+use std::io::Read;
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use diesel::prelude::*;
+use diesel::sql_types::BigInt;
+use outbox::DatabaseUrl;
+use serde_json::Value;
+use support::TestDb;
+use tempfile::TempDir;
+
+// ---------------------------------------------------------------------------------------------
+// Running the binary
+// ---------------------------------------------------------------------------------------------
+
+/// How long one command may take before its test fails (generous: debug builds, busy CI).
+const COMMAND_LIMIT: Duration = Duration::from_secs(120);
+/// How long `outbox run` may take to finish the demo's tasks.
+const WORK_LIMIT: Duration = Duration::from_secs(30);
+/// How long `outbox run` may take to exit after SIGTERM.
+const STOP_LIMIT: Duration = Duration::from_secs(10);
+/// How often a bounded wait re-checks its condition.
+const POLL: Duration = Duration::from_millis(50);
+
+/// A PostgreSQL URL on which no server listens.
+const DOWN_PG_URL: &str = "postgres://outbox@127.0.0.1:1/nope";
+
+/// A fresh, empty working directory.
+fn workdir() -> TempDir {
+    tempfile::tempdir().expect("temp dir")
+}
+
+/// The names of the entries of `dir`, sorted.
+fn entries(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .expect("read dir")
+        .map(|e| {
+            e.expect("dir entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    names.sort();
+    names
+}
+
+/// `outbox` run in `cwd`, with no `DATABASE_URL` (so the default `outbox.db` applies unless
+/// a test sets one) and the default log level, its output captured.
+fn outbox(cwd: &Path) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_outbox"));
+    cmd.current_dir(cwd)
+        .env_remove("DATABASE_URL")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+/// `outbox` run in `cwd` on the test database, named by `DATABASE_URL`.
+fn outbox_on(db: &TestDb, cwd: &Path) -> Command {
+    let mut cmd = outbox(cwd);
+    cmd.env("DATABASE_URL", &db.url_text);
+    cmd
+}
+
+/// A started `outbox` process whose stdout and stderr are being collected.
+struct Running {
+    what: String,
+    child: Child,
+    stdout: JoinHandle<String>,
+    stderr: JoinHandle<String>,
+}
+
+/// A finished `outbox` process.
+struct Finished {
+    what: String,
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+}
+
+fn collect(mut pipe: impl Read + Send + 'static) -> JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut text = String::new();
+        pipe.read_to_string(&mut text).expect("read child output");
+        text
+    })
+}
+
+impl Running {
+    fn spawn(cmd: &mut Command) -> Running {
+        let args: Vec<String> = cmd
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        let what = format!("outbox {}", args.join(" "));
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
+        let stdout = collect(child.stdout.take().expect("piped stdout"));
+        let stderr = collect(child.stderr.take().expect("piped stderr"));
+        Running {
+            what,
+            child,
+            stdout,
+            stderr,
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The exit status if the process has exited.
+    fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().expect("try_wait")
+    }
+
+    /// Waits up to `limit` for the process to exit; past it, kills it and fails the test.
+    fn finish(mut self, limit: Duration) -> Finished {
+        let deadline = Instant::now() + limit;
+        let status = loop {
+            if let Some(status) = self.exited() {
+                break Ok(status);
+            }
+            if Instant::now() >= deadline {
+                let _ = self.child.kill();
+                break Err(self.child.wait().expect("wait after kill"));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let stdout = self.stdout.join().expect("stdout reader");
+        let stderr = self.stderr.join().expect("stderr reader");
+        match status {
+            Ok(status) => Finished {
+                what: self.what,
+                status,
+                stdout,
+                stderr,
+            },
+            Err(_) => panic!(
+                "{} did not exit within {limit:?}; killed\n--- stdout\n{stdout}--- stderr\n{stderr}",
+                self.what
+            ),
+        }
+    }
+}
+
+impl Finished {
+    /// Fails the test, showing the output, unless the process exited with `code`.
+    fn expect_code(self, code: i32) -> Finished {
+        assert_eq!(
+            self.status.code(),
+            Some(code),
+            "{} exited with {}, expected {code}\n--- stdout\n{}--- stderr\n{}",
+            self.what,
+            self.status,
+            self.stdout,
+            self.stderr
+        );
+        self
+    }
+
+    fn stdout_has(&self, needle: &str) -> &Finished {
+        assert!(
+            self.stdout.contains(needle),
+            "stdout of {} lacks {needle:?}\n--- stdout\n{}--- stderr\n{}",
+            self.what,
+            self.stdout,
+            self.stderr
+        );
+        self
+    }
+
+    fn stderr_has(&self, needle: &str) -> &Finished {
+        assert!(
+            self.stderr.contains(needle),
+            "stderr of {} lacks {needle:?}\n--- stdout\n{}--- stderr\n{}",
+            self.what,
+            self.stdout,
+            self.stderr
+        );
+        self
+    }
+}
+
+/// Runs `cmd` to completion (within [`COMMAND_LIMIT`]).
+fn run(cmd: &mut Command) -> Finished {
+    Running::spawn(cmd).finish(COMMAND_LIMIT)
+}
+
+/// Polls `condition` every [`POLL`] until it holds; fails the test after `limit`.
+fn wait_until(limit: Duration, what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !condition() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        std::thread::sleep(POLL);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Looking into databases
+// ---------------------------------------------------------------------------------------------
+
+/// `SELECT (sql)` as a number, on a database that is not a [`TestDb`].
+fn count_at(url: &str, sql: &str) -> i64 {
+    #[derive(QueryableByName)]
+    struct N {
+        #[diesel(sql_type = BigInt)]
+        n: i64,
+    }
+    let mut conn = DatabaseUrl::parse(url)
+        .expect("database url")
+        .connect()
+        .expect("connect");
+    let row: N = diesel::sql_query(format!("SELECT ({sql}) AS n"))
+        .get_result(&mut conn)
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    row.n
+}
+
+/// Tasks in `state`.
+fn tasks_in(db: &TestDb, state: &str) -> i64 {
+    db.count(&format!(
+        "SELECT count(*) FROM async_task WHERE state = '{state}'"
+    ))
+}
+
+/// Undoes the migrations the [`TestDb`] applied, leaving a database `outbox migrate` has
+/// never touched.
+fn unmigrate(db: &TestDb) {
+    db.exec("DROP TABLE async_task; DROP TABLE async_node; DROP TABLE __diesel_schema_migrations;");
+}
+
+/// The demo's order ids, which are consecutive in a fresh database.
+fn order_ids(db: &TestDb) -> std::ops::RangeInclusive<i64> {
+    let first = db.count("SELECT min(id) FROM demo_order");
+    let last = db.count("SELECT max(id) FROM demo_order");
+    assert_eq!(
+        db.count("SELECT count(*) FROM demo_order"),
+        last - first + 1,
+        "order ids are not consecutive"
+    );
+    first..=last
+}
+
+// ---------------------------------------------------------------------------------------------
+// Usage: help, version, bad flags (no database is touched)
+// ---------------------------------------------------------------------------------------------
+
+const SUBCOMMANDS: [&str; 6] = ["migrate", "enqueue", "drain", "run", "stats", "demo"];
+
+#[test]
+fn top_level_help_lists_every_subcommand() {
+    let dir = workdir();
+    let out = run(outbox(dir.path()).arg("--help")).expect_code(0);
+    out.stdout_has("Usage: outbox").stdout_has("--database-url");
+    for sub in SUBCOMMANDS {
+        assert!(
+            out.stdout.lines().any(|l| l.trim_start().starts_with(sub)),
+            "--help does not list {sub}:\n{}",
+            out.stdout
+        );
+    }
+    assert_eq!(
+        entries(dir.path()),
+        Vec::<String>::new(),
+        "--help touched a database"
+    );
+}
+
+#[test]
+fn every_subcommand_has_help() {
+    let dir = workdir();
+    for sub in SUBCOMMANDS {
+        run(outbox(dir.path()).args([sub, "--help"]))
+            .expect_code(0)
+            .stdout_has(&format!("Usage: outbox {sub}"));
+    }
+    assert_eq!(
+        entries(dir.path()),
+        Vec::<String>::new(),
+        "--help touched a database"
+    );
+}
+
+#[test]
+fn version_prints_the_package_version() {
+    let dir = workdir();
+    run(outbox(dir.path()).arg("--version"))
+        .expect_code(0)
+        .stdout_has(&format!("outbox {}", env!("CARGO_PKG_VERSION")));
+}
+
+#[test]
+fn unknown_flags_exit_2() {
+    let dir = workdir();
+    run(outbox(dir.path()).arg("--frobnicate"))
+        .expect_code(2)
+        .stderr_has("--frobnicate");
+    run(outbox(dir.path()).args(["drain", "--frobnicate"]))
+        .expect_code(2)
+        .stderr_has("--frobnicate");
+    assert_eq!(
+        entries(dir.path()),
+        Vec::<String>::new(),
+        "bad usage touched a database"
+    );
+}
+
+#[test]
+fn invalid_arguments_exit_2() {
+    let dir = workdir();
+    // No subcommand.
+    run(&mut outbox(dir.path()))
+        .expect_code(2)
+        .stderr_has("Usage: outbox");
+    // A value of the wrong type.
+    run(outbox(dir.path()).args(["demo", "--tasks", "lots"]))
+        .expect_code(2)
+        .stderr_has("--tasks");
+    // A duration that does not parse.
+    run(outbox(dir.path()).args(["run", "--poll-interval", "soon"]))
+        .expect_code(2)
+        .stderr_has("--poll-interval");
+    // Flags that conflict.
+    run(outbox(dir.path()).args(["demo", "--enqueue-only", "--check"]))
+        .expect_code(2)
+        .stderr_has("--check");
+    assert_eq!(
+        entries(dir.path()),
+        Vec::<String>::new(),
+        "bad usage touched a database"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// demo: the quick start
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn demo_on_the_default_sqlite_file() {
+    let dir = workdir();
+    let out = run(outbox(dir.path()).args(["demo", "--tasks", "200"])).expect_code(0);
+    out.stdout_has("outbox demo on SQLite (outbox.db)")
+        .stdout_has("check: all 200 orders credited exactly once");
+    let file = dir.path().join("outbox.db");
+    assert!(file.is_file(), "no outbox.db in the working directory");
+    let url = file.to_str().expect("utf-8 path");
+    assert_eq!(count_at(url, "SELECT count(*) FROM demo_order"), 200);
+    assert_eq!(
+        count_at(url, "SELECT count(*) FROM async_task WHERE state = 'done'"),
+        400
+    );
+    assert_eq!(count_at(url, "SELECT count(*) FROM async_task"), 400);
+}
+
+#[test]
+fn demo_on_postgres() {
+    let db = TestDb::postgres();
+    let dir = workdir();
+    let out = run(outbox_on(&db, dir.path()).args(["demo", "--tasks", "200"])).expect_code(0);
+    out.stdout_has("outbox demo on PostgreSQL")
+        .stdout_has("drained 400 tasks")
+        .stdout_has("check: all 200 orders credited exactly once");
+    assert_eq!(db.count("SELECT count(*) FROM demo_order"), 200);
+    assert_eq!(db.count("SELECT count(*) FROM demo_points_ledger"), 200);
+    assert_eq!(db.count("SELECT count(*) FROM demo_coupon"), 200);
+    assert_eq!(tasks_in(&db, "done"), 400);
+    assert_eq!(
+        entries(dir.path()),
+        Vec::<String>::new(),
+        "a PostgreSQL run left files in the working directory"
+    );
+}
+
+both_backends! {
+    fn demo_enqueue_only_then_drain_then_check(db: &TestDb) {
+        let dir = workdir();
+        run(outbox_on(db, dir.path()).args(["demo", "--enqueue-only", "--tasks", "50"]))
+            .expect_code(0)
+            .stdout_has("placed 50 orders");
+        assert_eq!(tasks_in(db, "pending"), 100);
+        assert_eq!(db.count("SELECT count(*) FROM demo_points_ledger"), 0);
+
+        run(outbox_on(db, dir.path()).arg("drain"))
+            .expect_code(0)
+            .stdout_has("drained 100 tasks")
+            .stdout_has("100 done, 0 retried, 0 dead");
+        assert_eq!(tasks_in(db, "done"), 100);
+
+        run(outbox_on(db, dir.path()).args(["demo", "--check"]))
+            .expect_code(0)
+            .stdout_has("check: all 50 orders credited exactly once");
+        assert_eq!(db.count("SELECT count(*) FROM demo_points_ledger"), 50);
+        assert_eq!(db.count("SELECT count(*) FROM demo_coupon"), 50);
+    }
+
+    fn demo_check_fails_on_undrained_orders(db: &TestDb) {
+        let dir = workdir();
+        run(outbox_on(db, dir.path()).args(["demo", "--enqueue-only", "--tasks", "5"]))
+            .expect_code(0);
+        let out = run(outbox_on(db, dir.path()).args(["demo", "--check"])).expect_code(1);
+        out.stderr_has("demo check failed").stderr_has("5 of 5 orders");
+        for id in order_ids(db) {
+            out.stderr_has(&format!("order {id} (0 credits, 0 coupons)"));
+        }
+        assert!(!out.stdout.contains("OK"), "a failed check printed OK:\n{}", out.stdout);
+        // The check only reads: the tasks are still there to run.
+        assert_eq!(tasks_in(db, "pending"), 10);
+    }
+
+    fn demo_check_names_a_double_credit(db: &TestDb) {
+        let dir = workdir();
+        run(outbox_on(db, dir.path()).args(["demo", "--tasks", "3"])).expect_code(0);
+        let first = *order_ids(db).start();
+        db.exec(&format!(
+            "INSERT INTO demo_points_ledger (order_id, user_id, points) VALUES ({first}, 1, 1)"
+        ));
+        let out = run(outbox_on(db, dir.path()).args(["demo", "--check"])).expect_code(1);
+        out.stderr_has("1 of 3 orders")
+            .stderr_has(&format!("order {first} (2 credits, 1 coupons)"));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// migrate and enqueue
+// ---------------------------------------------------------------------------------------------
+
+both_backends! {
+    fn migrate_twice_applies_then_reports_up_to_date(db: &TestDb) {
+        let dir = workdir();
+        unmigrate(db);
+        run(outbox_on(db, dir.path()).arg("migrate"))
+            .expect_code(0)
+            .stdout_has("applied 1 migration(s)");
+        assert_eq!(db.count("SELECT count(*) FROM async_task"), 0);
+        run(outbox_on(db, dir.path()).arg("migrate"))
+            .expect_code(0)
+            .stdout_has("schema up to date");
+    }
+
+    fn enqueue_twice_yields_one_task(db: &TestDb) {
+        let dir = workdir();
+        let out = run(outbox_on(db, dir.path()).args(["enqueue", "mail.send", "42", "--data", r#"{"to":"a@b"}"#]))
+            .expect_code(0);
+        out.stdout_has("created task").stdout_has("mail.send 42");
+
+        // Same keyword and biz_id, other data: reported as existing, nothing overwritten.
+        run(outbox_on(db, dir.path()).args(["enqueue", "mail.send", "42", "--data", r#"{"to":"c@d"}"#]))
+            .expect_code(0)
+            .stdout_has("already exists")
+            .stdout_has("nothing written");
+
+        let out = run(outbox_on(db, dir.path()).args(["enqueue", "mail.send", "42", "--json"]))
+            .expect_code(0);
+        let json: Value = serde_json::from_str(out.stdout.trim())
+            .unwrap_or_else(|e| panic!("--json output is not JSON ({e}): {}", out.stdout));
+        assert_eq!(json["created"], Value::Bool(false), "{json}");
+        assert_eq!(json["keyword"], "mail.send", "{json}");
+        assert_eq!(json["biz_id"], "42", "{json}");
+        let id = db.count("SELECT id FROM async_task WHERE keyword = 'mail.send' AND biz_id = '42'");
+        assert_eq!(json["id"].as_i64(), Some(id), "{json}");
+
+        assert_eq!(db.count("SELECT count(*) FROM async_task"), 1);
+        assert_eq!(
+            db.count("SELECT count(*) FROM async_task WHERE biz_data ->> 'to' = 'a@b'"),
+            1,
+            "the first payload was not kept"
+        );
+    }
+
+    fn invalid_keyword_exits_2_and_writes_nothing(db: &TestDb) {
+        let dir = workdir();
+        run(outbox_on(db, dir.path()).args(["enqueue", "Bad Keyword", "1"]))
+            .expect_code(2)
+            .stderr_has("\"Bad Keyword\"");
+        assert_eq!(db.count("SELECT count(*) FROM async_task"), 0);
+    }
+
+    fn invalid_json_payload_exits_2_and_writes_nothing(db: &TestDb) {
+        let dir = workdir();
+        run(outbox_on(db, dir.path()).args(["enqueue", "mail.send", "1", "--data", "{"]))
+            .expect_code(2)
+            .stderr_has("not valid JSON");
+        assert_eq!(db.count("SELECT count(*) FROM async_task"), 0);
+    }
+
+    fn database_url_flag_overrides_the_environment(db: &TestDb) {
+        let dir = workdir();
+        let mut cmd = outbox(dir.path());
+        cmd.env("DATABASE_URL", "mysql://x/y")
+            .args(["--database-url", &db.url_text, "enqueue", "mail.send", "7"]);
+        run(&mut cmd).expect_code(0).stdout_has("created task");
+        assert_eq!(db.count("SELECT count(*) FROM async_task WHERE biz_id = '7'"), 1);
+    }
+}
+
+#[test]
+fn invalid_enqueue_is_refused_before_connecting() {
+    let dir = workdir();
+    // On the default SQLite file: refused without creating it.
+    run(outbox(dir.path()).args(["enqueue", "Bad Keyword", "1"]))
+        .expect_code(2)
+        .stderr_has("\"Bad Keyword\"");
+    // With the server down: still reported as bad input (2), not as a failed connection.
+    run(outbox(dir.path()).args([
+        "--database-url",
+        DOWN_PG_URL,
+        "enqueue",
+        "mail.send",
+        "1",
+        "--data",
+        "{",
+    ]))
+    .expect_code(2)
+    .stderr_has("not valid JSON");
+    assert_eq!(
+        entries(dir.path()),
+        Vec::<String>::new(),
+        "invalid input created a database"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// stats
+// ---------------------------------------------------------------------------------------------
+
+both_backends! {
+    fn stats_on_an_empty_database_says_no_tasks(db: &TestDb) {
+        let dir = workdir();
+        run(outbox_on(db, dir.path()).arg("stats"))
+            .expect_code(0)
+            .stdout_has("no tasks");
+        let out = run(outbox_on(db, dir.path()).args(["stats", "--json"])).expect_code(0);
+        assert_eq!(out.stdout.trim(), "", "stats --json on no tasks printed lines");
+    }
+
+    fn stats_names_keywords_without_a_handler(db: &TestDb) {
+        let dir = workdir();
+        run(outbox_on(db, dir.path()).args(["enqueue", "mail.send", "1"])).expect_code(0);
+        run(outbox_on(db, dir.path()).args([
+            "enqueue", "points.credit", "1", "--data", r#"{"user_id":1,"amount_cents":100}"#,
+        ]))
+        .expect_code(0);
+
+        let out = run(outbox_on(db, dir.path()).arg("stats")).expect_code(0);
+        let unserved = out
+            .stdout
+            .lines()
+            .find(|l| l.starts_with("no handler in this binary for:"))
+            .unwrap_or_else(|| panic!("no unserved-keyword line:\n{}", out.stdout));
+        assert!(unserved.contains("mail.send"), "{unserved}");
+        assert!(!unserved.contains("points.credit"), "{unserved}");
+
+        let out = run(outbox_on(db, dir.path()).args(["stats", "--json"])).expect_code(0);
+        let lines: Vec<Value> = out
+            .stdout
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+            .collect();
+        let line = |keyword: &str| {
+            lines
+                .iter()
+                .find(|v| v["keyword"] == keyword)
+                .unwrap_or_else(|| panic!("no line for {keyword}:\n{}", out.stdout))
+        };
+        assert_eq!(line("mail.send")["served"], Value::Bool(false));
+        assert_eq!(line("mail.send")["pending"], 1);
+        assert_eq!(line("points.credit")["served"], Value::Bool(true));
+        assert_eq!(lines.len(), 2, "{}", out.stdout);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Unreachable or unsupported databases
+// ---------------------------------------------------------------------------------------------
+
+/// Every command that needs the database, with arguments that are valid.
+const DATABASE_COMMANDS: [&[&str]; 6] = [
+    &["migrate"],
+    &["drain"],
+    &["run"],
+    &["stats"],
+    &["enqueue", "mail.send", "1"],
+    &["demo", "--tasks", "1"],
+];
+
+#[test]
+fn server_down_fails_with_cannot_connect() {
+    let dir = workdir();
+    for args in DATABASE_COMMANDS {
+        run(outbox(dir.path())
+            .args(["--database-url", DOWN_PG_URL])
+            .args(args))
+        .expect_code(1)
+        .stderr_has("cannot connect")
+        .stderr_has(DOWN_PG_URL);
+    }
+    assert_eq!(
+        entries(dir.path()),
+        Vec::<String>::new(),
+        "a failed PostgreSQL connection fell back to a file"
+    );
+}
+
+#[test]
+fn unsupported_scheme_exits_2() {
+    let dir = workdir();
+    for args in DATABASE_COMMANDS {
+        run(outbox(dir.path())
+            .env("DATABASE_URL", "mysql://x/y")
+            .args(args))
+        .expect_code(2)
+        .stderr_has("unsupported scheme \"mysql\"");
+    }
+    assert_eq!(
+        entries(dir.path()),
+        Vec::<String>::new(),
+        "an unsupported URL fell back to a file"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// drain, and commands on a database that was never migrated
+// ---------------------------------------------------------------------------------------------
+
+both_backends! {
+    fn drain_on_an_empty_database_runs_0_tasks(db: &TestDb) {
+        let dir = workdir();
+        run(outbox_on(db, dir.path()).arg("drain"))
+            .expect_code(0)
+            .stdout_has("drained 0 tasks");
+        let out = run(outbox_on(db, dir.path()).args(["drain", "--json"])).expect_code(0);
+        let json: Value = serde_json::from_str(out.stdout.trim())
+            .unwrap_or_else(|e| panic!("--json output is not JSON ({e}): {}", out.stdout));
+        assert_eq!(json["claimed"], 0, "{json}");
+    }
+
+    fn unmigrated_database_asks_for_migrate(db: &TestDb) {
+        let dir = workdir();
+        unmigrate(db);
+        for args in &DATABASE_COMMANDS[1..5] {
+            run(outbox_on(db, dir.path()).args(*args))
+                .expect_code(1)
+                .stderr_has("run `outbox migrate`");
+        }
+    }
+}
+
+#[test]
+fn drain_on_an_unmigrated_sqlite_file_asks_for_migrate() {
+    let dir = workdir();
+    run(outbox(dir.path()).arg("drain"))
+        .expect_code(1)
+        .stderr_has("run `outbox migrate`");
+    // drain does not migrate behind the operator's back.
+    let file = dir.path().join("outbox.db");
+    let url = file.to_str().expect("utf-8 path");
+    assert_eq!(
+        count_at(
+            url,
+            "SELECT count(*) FROM sqlite_master WHERE name = 'async_task'"
+        ),
+        0
+    );
+    // Once migrated, the same drain works.
+    run(outbox(dir.path()).arg("migrate")).expect_code(0);
+    run(outbox(dir.path()).arg("drain"))
+        .expect_code(0)
+        .stdout_has("drained 0 tasks");
+}
+
+// ---------------------------------------------------------------------------------------------
+// run: a long-lived worker stopped by SIGTERM
+// ---------------------------------------------------------------------------------------------
+
+fn sigterm(pid: u32) {
+    let pid = libc::pid_t::try_from(pid).expect("pid fits pid_t");
+    // SAFETY: kill(2) has no memory-safety preconditions; `pid` is our own child, not yet
+    // reaped (we hold its `Child` and have not waited for it since it was seen running).
+    let rc = unsafe { libc::kill(pid, libc::SIGTERM) };
+    assert_eq!(rc, 0, "kill: {}", std::io::Error::last_os_error());
+}
+
+both_backends! {
+    fn run_finishes_the_work_and_exits_0_on_sigterm(db: &TestDb) {
+        let dir = workdir();
+        run(outbox_on(db, dir.path()).args(["demo", "--enqueue-only", "--tasks", "20"]))
+            .expect_code(0);
+        assert_eq!(tasks_in(db, "pending"), 40);
+
+        let mut worker = Running::spawn(outbox_on(db, dir.path()).args(["run", "--poll-interval", "50ms"]));
+        let pid = worker.pid();
+        wait_until(WORK_LIMIT, "outbox run to finish the 40 demo tasks", || {
+            if let Some(status) = worker.exited() {
+                panic!("outbox run exited on its own with {status}");
+            }
+            tasks_in(db, "done") == 40
+        });
+        // Still running with nothing to do: it stops only when told to.
+        assert!(worker.exited().is_none(), "outbox run exited before SIGTERM");
+
+        sigterm(pid);
+        let out = worker.finish(STOP_LIMIT).expect_code(0);
+        out.stdout_has("ran 40 tasks").stdout_has("40 done, 0 retried, 0 dead");
+
+        let node = format!("FROM async_node WHERE name LIKE '%:{pid}'");
+        assert_eq!(db.count(&format!("SELECT count(*) {node}")), 1, "no node row for pid {pid}");
+        assert_eq!(
+            db.count(&format!("SELECT count(*) {node} AND state = 'gone'")),
+            1,
+            "the stopped node is not marked gone"
+        );
+        run(outbox_on(db, dir.path()).args(["demo", "--check"]))
+            .expect_code(0)
+            .stdout_has("check: all 20 orders credited exactly once");
+    }
+}

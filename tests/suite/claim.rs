@@ -1,0 +1,119 @@
+//! Claiming: what is claimed, in what order, how much, and what is left alone.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use outbox::stats::keyword_stats;
+use outbox::{
+    enqueue, enqueue_batch, DbConnection, HandlerResult, NewTask, Registry, TaskContext, Worker,
+    WorkerConfig,
+};
+
+use crate::{ledger_registry, small_config, worker};
+
+both_backends! {
+    fn only_registered_keywords_are_claimed_and_the_rest_show_in_stats(db: &TestDb) {
+        let mut conn = db.conn();
+        let served = enqueue(&mut conn, &NewTask::new("ledger", "1")).unwrap().id;
+        let unserved = enqueue(&mut conn, &NewTask::new("mail.send", "1")).unwrap().id;
+        let registry = ledger_registry("ledger");
+        let w = worker(db, registry.clone());
+        assert_eq!(w.drain().unwrap().tally.done, 1);
+        assert_eq!(db.task(served).state, "done");
+        assert_eq!(db.task(unserved).state, "pending");
+
+        let stats = keyword_stats(&mut conn, &registry).unwrap();
+        let mail = stats.iter().find(|s| s.keyword == "mail.send").unwrap();
+        assert_eq!((mail.pending, mail.served), (1, false));
+        assert!(mail.oldest_due_secs.unwrap() >= 0.0);
+        let ledger = stats.iter().find(|s| s.keyword == "ledger").unwrap();
+        assert_eq!((ledger.done, ledger.pending, ledger.served), (1, 0, true));
+        assert_eq!(ledger.oldest_due_secs, None);
+    }
+
+    fn a_delayed_task_waits_for_its_time_by_the_database_clock(db: &TestDb) {
+        let id = enqueue(&mut db.conn(), &NewTask::new("ledger", "1").delay(Duration::from_secs(3600))).unwrap().id;
+        let w = worker(db, ledger_registry("ledger"));
+        assert_eq!(w.run_once().unwrap().claimed, 0);
+        assert_eq!(db.task(id).due, 0);
+        db.make_all_due();
+        assert_eq!(w.run_once().unwrap().done, 1);
+    }
+
+    fn lower_priority_runs_first_then_oldest(db: &TestDb) {
+        let mut conn = db.conn();
+        let low = enqueue(&mut conn, &NewTask::new("ledger", "low").priority(5)).unwrap().id;
+        let first = enqueue(&mut conn, &NewTask::new("ledger", "first")).unwrap().id;
+        let second = enqueue(&mut conn, &NewTask::new("ledger", "second")).unwrap().id;
+        let config = WorkerConfig { page_size: 1, ..small_config() };
+        let w = Worker::new(&db.url, ledger_registry("ledger"), config).unwrap();
+        let order: Vec<i64> = (0..3).map(|_| w.claim().unwrap()[0].context.id()).collect();
+        assert_eq!(order, [first, second, low]);
+    }
+
+    fn a_claim_takes_at_most_one_page(db: &TestDb) {
+        let tasks: Vec<NewTask> = (0..25).map(|n| NewTask::new("ledger", n.to_string())).collect();
+        enqueue_batch(&mut db.conn(), &tasks).unwrap();
+        let w = worker(db, ledger_registry("ledger"));
+        let tally = w.run_once().unwrap();
+        assert_eq!((tally.claimed, tally.done), (10, 10));
+        assert_eq!(db.count("SELECT count(*) FROM async_task WHERE state = 'pending'"), 15);
+        let report = w.drain().unwrap();
+        assert_eq!(report.tally.done, 15);
+        assert_eq!(db.count("SELECT count(*) FROM test_ledger"), 25);
+    }
+
+    fn the_handler_sees_the_tasks_context(db: &TestDb) {
+        let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+        let sink = Arc::clone(&seen);
+        let mut registry = Registry::new();
+        registry.register("ctx", move |task: &TaskContext, _: &mut DbConnection| -> HandlerResult {
+            let payload: serde_json::Value = task.payload()?;
+            sink.lock().unwrap().push(format!(
+                "{} {} {:?} attempt={} {}",
+                task.keyword(), task.biz_id(), task.tenant(), task.attempt(), payload["n"]
+            ));
+            Ok(())
+        });
+        let id = enqueue(&mut db.conn(), &NewTask::new("ctx", "b-1").tenant("shop-eu").payload(&serde_json::json!({"n": 7}))).unwrap().id;
+        db.exec(&format!("UPDATE async_task SET failures = 2 WHERE id = {id}"));
+        worker(db, registry).run_once().unwrap();
+        assert_eq!(*seen.lock().unwrap(), ["ctx b-1 Some(\"shop-eu\") attempt=3 7"]);
+    }
+
+    fn stopping_releases_claimed_but_unstarted_tasks_without_a_failure(db: &TestDb) {
+        let tasks: Vec<NewTask> = (0..5).map(|n| NewTask::new("ledger", n.to_string())).collect();
+        enqueue_batch(&mut db.conn(), &tasks).unwrap();
+        let w = worker(db, ledger_registry("ledger"));
+        let page = w.claim().unwrap();
+        w.stop_flag().store(true, Ordering::Relaxed);
+        let tally = w.execute(page);
+        assert_eq!((tally.claimed, tally.released, tally.done), (5, 5, 0));
+        assert_eq!(db.count("SELECT count(*) FROM async_task WHERE state = 'pending' AND failures = 0 AND owner IS NULL"), 5);
+        assert_eq!(db.count("SELECT count(*) FROM test_ledger"), 0);
+        // A stopped worker's drain returns at once.
+        assert_eq!(w.drain().unwrap().tally.claimed, 0);
+    }
+
+    fn a_worker_registers_its_node_and_marks_it_gone_when_dropped(db: &TestDb) {
+        let w = worker(db, ledger_registry("ledger"));
+        let node = w.node_id();
+        assert_eq!(db.count(&format!("SELECT count(*) FROM async_node WHERE id = {node} AND state = 'alive'")), 1);
+        let name_ok = db.count(&format!(
+            "SELECT count(*) FROM async_node WHERE id = {node} AND name LIKE '%:{}'", std::process::id()
+        ));
+        assert_eq!(name_ok, 1, "the node is named host:pid");
+        drop(w);
+        assert_eq!(db.count(&format!("SELECT count(*) FROM async_node WHERE id = {node} AND state = 'gone'")), 1);
+    }
+
+    fn a_worker_refuses_an_unmigrated_database_and_bad_settings(db: &TestDb) {
+        let registry = ledger_registry("ledger");
+        let bad = WorkerConfig { page_size: 0, ..small_config() };
+        assert!(matches!(Worker::new(&db.url, registry.clone(), bad), Err(outbox::Error::InvalidConfig(_))));
+        assert!(matches!(Worker::new(&db.url, Registry::new(), small_config()), Err(outbox::Error::InvalidConfig(_))));
+        db.exec("DELETE FROM __diesel_schema_migrations");
+        assert!(matches!(Worker::new(&db.url, registry, small_config()), Err(outbox::Error::NotMigrated { pending: 1 })));
+    }
+}

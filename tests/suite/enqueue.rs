@@ -1,0 +1,138 @@
+//! Enqueue: idempotence, the producer's transaction, bad input.
+
+use std::time::Duration;
+
+use diesel::prelude::*;
+use outbox::{enqueue, enqueue_batch, write_transaction, Backend, EnqueueOptions, Error, NewTask};
+
+/// Whether an error is of the expected class.
+type ErrorCheck = fn(&Error) -> bool;
+
+both_backends! {
+    fn same_keyword_and_biz_id_yields_one_task(db: &TestDb) {
+        let mut conn = db.conn();
+        let task = NewTask::new("points.credit", "order-42").payload(&serde_json::json!({"p": 1}));
+        let first = enqueue(&mut conn, &task).unwrap();
+        let second = enqueue(&mut conn, &task.clone().payload(&serde_json::json!({"p": 2}))).unwrap();
+        assert!(first.created);
+        assert!(!second.created);
+        assert_eq!(first.id, second.id);
+        assert_eq!(db.count("SELECT count(*) FROM async_task"), 1);
+        // The duplicate did not overwrite the payload.
+        assert_eq!(
+            db.count("SELECT count(*) FROM async_task WHERE biz_data = '{\"p\": 1}' OR biz_data = '{\"p\":1}'"),
+            1
+        );
+        // Same biz_id under another keyword is another task.
+        let other = enqueue(&mut conn, &NewTask::new("coupon.grant", "order-42")).unwrap();
+        assert!(other.created);
+        assert_ne!(other.id, first.id);
+    }
+
+    fn batch_creates_in_one_call_and_reports_duplicates(db: &TestDb) {
+        let mut conn = db.conn();
+        enqueue(&mut conn, &NewTask::new("k", "existing")).unwrap();
+        let tasks = vec![
+            NewTask::new("k", "a"),
+            NewTask::new("k", "existing"),
+            NewTask::new("k", "b"),
+            NewTask::new("k", "a"),
+        ];
+        let results = enqueue_batch(&mut conn, &tasks).unwrap();
+        let created: Vec<bool> = results.iter().map(|r| r.created).collect();
+        assert_eq!(created, [true, false, true, false]);
+        assert_eq!(results[0].id, results[3].id, "a repeated key maps to the one task");
+        assert_eq!(db.count("SELECT count(*) FROM async_task"), 3);
+        assert!(enqueue_batch(&mut conn, &[]).unwrap().is_empty());
+    }
+
+    fn rolled_back_producer_transaction_leaves_no_task(db: &TestDb) {
+        let mut conn = db.conn();
+        let result: Result<(), Error> = write_transaction(&mut conn, |conn| {
+            diesel::sql_query("INSERT INTO test_ledger (task_id, note) VALUES (0, 'order')").execute(conn)?;
+            enqueue(conn, &NewTask::new("points.credit", "order-7"))?;
+            Err(Error::InvalidConfig("the business rule failed".into()))
+        });
+        assert!(result.is_err());
+        assert_eq!(db.count("SELECT count(*) FROM async_task"), 0);
+        assert_eq!(db.count("SELECT count(*) FROM test_ledger"), 0);
+
+        // And a committed one leaves exactly the task and the business row.
+        write_transaction(&mut conn, |conn| {
+            diesel::sql_query("INSERT INTO test_ledger (task_id, note) VALUES (0, 'order')").execute(conn)?;
+            enqueue(conn, &NewTask::new("points.credit", "order-7"))?;
+            Ok::<_, Error>(())
+        })
+        .unwrap();
+        assert_eq!(db.count("SELECT count(*) FROM async_task"), 1);
+    }
+
+    fn the_callers_own_diesel_connection_is_accepted(db: &TestDb) {
+        // enqueue takes a plain PgConnection / SqliteConnection inside diesel's own transaction.
+        match db.backend() {
+            Backend::Postgres => {
+                let mut pg = PgConnection::establish(&db.url_text).unwrap();
+                pg.transaction(|c| enqueue(c, &NewTask::new("k", "pg")).map(|_| ()))
+                    .unwrap();
+            }
+            Backend::Sqlite => {
+                let mut lite = SqliteConnection::establish(&db.url_text).unwrap();
+                lite.immediate_transaction(|c| enqueue(c, &NewTask::new("k", "lite")).map(|_| ()))
+                    .unwrap();
+            }
+        }
+        assert_eq!(db.count("SELECT count(*) FROM async_task"), 1);
+    }
+
+    fn every_class_of_bad_input_is_a_typed_error_and_writes_nothing(db: &TestDb) {
+        let mut conn = db.conn();
+        let small = EnqueueOptions { max_payload_bytes: 100 };
+        let cases: Vec<(NewTask, ErrorCheck)> = vec![
+            (NewTask::new("", "1"), |e| matches!(e, Error::InvalidKeyword { .. })),
+            (NewTask::new("Bad Keyword", "1"), |e| matches!(e, Error::InvalidKeyword { .. })),
+            (NewTask::new("k".repeat(65), "1"), |e| matches!(e, Error::InvalidKeyword { .. })),
+            (NewTask::new("k", ""), |e| matches!(e, Error::InvalidBizId { .. })),
+            (NewTask::new("k", "x".repeat(129)), |e| matches!(e, Error::InvalidBizId { .. })),
+            (NewTask::new("k", "1").payload_json("{not json"), |e| matches!(e, Error::InvalidPayload { .. })),
+            (NewTask::new("k", "1").payload_json(r#"{"a":"\u0000"}"#), |e| matches!(e, Error::InvalidPayload { .. })),
+            (NewTask::new("k", "1").payload(&"x".repeat(200)), |e| matches!(e, Error::PayloadTooLarge { limit: 100, .. })),
+            (NewTask::new("k", "1").max_attempts(0), |e| matches!(e, Error::InvalidTask { .. })),
+            (NewTask::new("k", "1").tenant("t".repeat(129)), |e| matches!(e, Error::InvalidTask { .. })),
+            (NewTask::new("k", "1").delay(Duration::from_secs(400 * 24 * 3600 * 30)), |e| matches!(e, Error::InvalidTask { .. })),
+        ];
+        for (task, is_expected) in &cases {
+            let err = small.enqueue(&mut conn, task).unwrap_err();
+            assert!(is_expected(&err), "{task:?} gave {err:?}");
+            assert!(!err.to_string().is_empty());
+        }
+        // One bad task fails the whole batch before anything is written.
+        let batch = [NewTask::new("k", "good"), NewTask::new("k", "bad").payload_json("[")];
+        assert!(matches!(
+            enqueue_batch(&mut conn, &batch),
+            Err(Error::InvalidPayload { .. })
+        ));
+        assert_eq!(db.count("SELECT count(*) FROM async_task"), 0);
+        // The default limit is 64 KiB.
+        let big = NewTask::new("k", "big").payload(&"x".repeat(64 * 1024));
+        assert!(matches!(enqueue(&mut conn, &big), Err(Error::PayloadTooLarge { limit: 65536, .. })));
+        assert_eq!(db.count("SELECT count(*) FROM async_task"), 0);
+    }
+
+    fn the_schema_rejects_what_enqueue_would_reject(db: &TestDb) {
+        // A producer in another language inserts with plain SQL; the CHECK constraints hold
+        // the same rules.
+        let mut conn = db.conn();
+        for bad in [
+            "INSERT INTO async_task (keyword, biz_id) VALUES ('Bad Keyword', '1')",
+            "INSERT INTO async_task (keyword, biz_id) VALUES ('k', '')",
+            "INSERT INTO async_task (keyword, biz_id, state) VALUES ('k', '1', 'finished')",
+            "INSERT INTO async_task (keyword, biz_id, biz_data) VALUES ('k', '1', 'not json')",
+        ] {
+            assert!(diesel::sql_query(bad).execute(&mut conn).is_err(), "{bad}");
+        }
+        diesel::sql_query("INSERT INTO async_task (keyword, biz_id, biz_data) VALUES ('points.credit', '42', '{\"user_id\": 7}')")
+            .execute(&mut conn)
+            .unwrap();
+        assert_eq!(db.count("SELECT count(*) FROM async_task WHERE state = 'pending'"), 1);
+    }
+}

@@ -1,0 +1,167 @@
+//! Execution: success, failure, retry, dead, permanent errors, panics.
+
+use outbox::{enqueue, DbConnection, HandlerError, HandlerResult, NewTask, Registry, TaskContext};
+
+use crate::{worker, write_ledger};
+
+fn write_then_fail(task: &TaskContext, conn: &mut DbConnection) -> HandlerResult {
+    write_ledger(task, conn)?;
+    Err(anyhow::anyhow!("downstream refused order {}", task.biz_id()).into())
+}
+
+fn write_then_fail_permanently(task: &TaskContext, conn: &mut DbConnection) -> HandlerResult {
+    write_ledger(task, conn)?;
+    Err(HandlerError::permanent(anyhow::anyhow!(
+        "coupon campaign is over"
+    )))
+}
+
+fn write_then_panic(task: &TaskContext, conn: &mut DbConnection) -> HandlerResult {
+    write_ledger(task, conn)?;
+    panic!("handler bug on {}", task.biz_id());
+}
+
+fn registry_with(
+    keyword: &str,
+    handler: fn(&TaskContext, &mut DbConnection) -> HandlerResult,
+) -> Registry {
+    let mut registry = Registry::new();
+    registry.register(keyword, handler);
+    registry
+}
+
+both_backends! {
+    fn success_commits_the_effect_and_marks_done(db: &TestDb) {
+        let id = enqueue(&mut db.conn(), &NewTask::new("ledger", "1")).unwrap().id;
+        let w = worker(db, crate::ledger_registry("ledger"));
+        let tally = w.run_once().unwrap();
+        assert_eq!((tally.claimed, tally.done), (1, 1));
+        let row = db.task(id);
+        assert_eq!(row.state, "done");
+        assert_eq!(row.owner, Some(w.node_id()));
+        assert_eq!(db.ledger_rows(id), 1);
+        // Nothing is due any more.
+        assert_eq!(w.run_once().unwrap().claimed, 0);
+    }
+
+    fn a_handler_error_rolls_back_its_effect_and_schedules_a_retry(db: &TestDb) {
+        let id = enqueue(&mut db.conn(), &NewTask::new("flaky", "order-1").payload(&serde_json::json!({"secret": "card-4242"}))).unwrap().id;
+        let w = worker(db, registry_with("flaky", write_then_fail));
+        let tally = w.run_once().unwrap();
+        assert_eq!((tally.claimed, tally.retried), (1, 1));
+        let row = db.task(id);
+        assert_eq!(row.state, "pending");
+        assert_eq!(row.failures, 1);
+        assert_eq!(row.owner, None);
+        assert_eq!(row.due, 0, "the retry waits for its backoff");
+        let error = row.last_error.unwrap();
+        assert!(error.contains("downstream refused order order-1"), "{error}");
+        assert!(!error.contains("card-4242"), "the payload never reaches last_error");
+        assert_eq!(db.ledger_rows(id), 0, "the side-effect rolled back");
+        // Not due yet: a second pass claims nothing.
+        assert_eq!(w.run_once().unwrap().claimed, 0);
+    }
+
+    fn at_max_attempts_the_task_is_dead(db: &TestDb) {
+        let id = enqueue(&mut db.conn(), &NewTask::new("flaky", "1").max_attempts(3)).unwrap().id;
+        let w = worker(db, registry_with("flaky", write_then_fail));
+        for attempt in 1..=3 {
+            let tally = w.run_once().unwrap();
+            assert_eq!(tally.claimed, 1, "attempt {attempt}");
+            db.make_all_due();
+        }
+        let row = db.task(id);
+        assert_eq!(row.state, "dead");
+        assert_eq!(row.failures, 3);
+        assert_eq!(w.totals().retried, 2);
+        assert_eq!(w.totals().dead, 1);
+        assert_eq!(db.ledger_rows(id), 0);
+        assert_eq!(w.run_once().unwrap().claimed, 0, "a dead task is never claimed");
+    }
+
+    fn the_workers_default_max_attempts_applies_when_the_task_sets_none(db: &TestDb) {
+        let id = enqueue(&mut db.conn(), &NewTask::new("flaky", "1")).unwrap().id;
+        let config = outbox::WorkerConfig { max_attempts: 2, ..crate::small_config() };
+        let w = outbox::Worker::new(&db.url, registry_with("flaky", write_then_fail), config).unwrap();
+        w.run_once().unwrap();
+        db.make_all_due();
+        w.run_once().unwrap();
+        assert_eq!((db.task(id).state.as_str(), db.task(id).failures), ("dead", 2));
+    }
+
+    fn a_permanent_error_is_dead_at_once(db: &TestDb) {
+        let id = enqueue(&mut db.conn(), &NewTask::new("campaign", "1").max_attempts(10)).unwrap().id;
+        let w = worker(db, registry_with("campaign", write_then_fail_permanently));
+        assert_eq!(w.run_once().unwrap().dead, 1);
+        let row = db.task(id);
+        assert_eq!((row.state.as_str(), row.failures), ("dead", 1));
+        assert!(row.last_error.unwrap().contains("campaign is over"));
+        assert_eq!(db.ledger_rows(id), 0);
+    }
+
+    fn a_payload_that_does_not_fit_is_a_permanent_error(db: &TestDb) {
+        #[derive(serde::Deserialize)]
+        #[allow(dead_code)]
+        struct Order { user_id: i64 }
+        fn typed(task: &TaskContext, _: &mut DbConnection) -> HandlerResult {
+            let _order: Order = task.payload()?;
+            Ok(())
+        }
+        let good = enqueue(&mut db.conn(), &NewTask::new("typed", "good").payload(&serde_json::json!({"user_id": 1}))).unwrap().id;
+        let bad = enqueue(&mut db.conn(), &NewTask::new("typed", "bad").payload(&serde_json::json!({"user": "x"}))).unwrap().id;
+        let w = worker(db, registry_with("typed", typed));
+        w.run_once().unwrap();
+        assert_eq!(db.task(good).state, "done");
+        let row = db.task(bad);
+        assert_eq!((row.state.as_str(), row.failures), ("dead", 1));
+        assert!(row.last_error.unwrap().contains("does not fit"));
+    }
+
+    fn a_panic_is_a_failure_and_the_worker_survives(db: &TestDb) {
+        let mut conn = db.conn();
+        let panicking = enqueue(&mut conn, &NewTask::new("buggy", "1").max_attempts(2)).unwrap().id;
+        let mut registry = registry_with("buggy", write_then_panic);
+        registry.register("ledger", write_ledger);
+        let w = worker(db, registry);
+        assert_eq!(w.run_once().unwrap().retried, 1);
+        let row = db.task(panicking);
+        assert_eq!((row.state.as_str(), row.failures), ("pending", 1));
+        assert!(row.last_error.unwrap().contains("handler panicked: handler bug on 1"));
+        assert_eq!(db.ledger_rows(panicking), 0);
+
+        // The same worker (and its pooled connections) keeps working.
+        let fine = enqueue(&mut conn, &NewTask::new("ledger", "2")).unwrap().id;
+        db.make_all_due();
+        let tally = w.run_once().unwrap();
+        assert_eq!((tally.done, tally.dead), (1, 1));
+        assert_eq!(db.task(fine).state, "done");
+        assert_eq!(db.task(panicking).state, "dead");
+        assert_eq!(db.ledger_rows(fine), 1);
+    }
+
+    fn a_panic_inside_a_nested_transaction_leaves_a_clean_connection(db: &TestDb) {
+        fn nested_panic(task: &TaskContext, conn: &mut DbConnection) -> HandlerResult {
+            use diesel::Connection;
+            conn.transaction(|conn| -> diesel::QueryResult<()> {
+                write_ledger(task, conn).ok();
+                panic!("inside a savepoint");
+            })?;
+            Ok(())
+        }
+        let mut conn = db.conn();
+        for n in 0..4 {
+            enqueue(&mut conn, &NewTask::new("nested", n.to_string()).max_attempts(1)).unwrap();
+        }
+        let mut registry = registry_with("nested", nested_panic);
+        registry.register("ledger", write_ledger);
+        let w = worker(db, registry);
+        assert_eq!(w.run_once().unwrap().dead, 4);
+        assert_eq!(db.count("SELECT count(*) FROM test_ledger"), 0);
+        // Every pooled connection is usable: effects of later tasks commit.
+        for n in 0..8 {
+            enqueue(&mut conn, &NewTask::new("ledger", n.to_string())).unwrap();
+        }
+        assert_eq!(w.run_once().unwrap().done, 8);
+        assert_eq!(db.count("SELECT count(*) FROM test_ledger"), 8);
+    }
+}

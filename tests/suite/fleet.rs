@@ -1,0 +1,83 @@
+//! Several workers and a saturated pool.
+
+use std::sync::{Arc, Barrier, Condvar, Mutex};
+use std::time::Duration;
+
+use outbox::{
+    enqueue_batch, DbConnection, HandlerResult, NewTask, Registry, TaskContext, Worker,
+    WorkerConfig,
+};
+
+use crate::ledger_registry;
+
+both_backends! {
+    fn two_workers_draining_10000_tasks_never_run_a_task_twice(db: &TestDb) {
+        let mut conn = db.conn();
+        for chunk in 0..10 {
+            let tasks: Vec<NewTask> = (0..1000)
+                .map(|n| NewTask::new("ledger", format!("{chunk}-{n}")))
+                .collect();
+            enqueue_batch(&mut conn, &tasks).unwrap();
+        }
+        let config = WorkerConfig { threads: 3, queue: 3, page_size: 50, ..WorkerConfig::default() };
+        let workers: Vec<Worker> = (0..2)
+            .map(|_| Worker::new(&db.url, ledger_registry("ledger"), config.clone()).unwrap())
+            .collect();
+        let start = Barrier::new(2);
+        let tallies: Vec<outbox::Tally> = std::thread::scope(|s| {
+            let handles: Vec<_> = workers
+                .iter()
+                .map(|w| s.spawn(|| { start.wait(); w.drain().unwrap().tally }))
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert_eq!(tallies.iter().map(|t| t.done).sum::<u64>(), 10_000);
+        assert!(tallies.iter().all(|t| t.claimed > 0), "both workers took part: {tallies:?}");
+        assert!(tallies.iter().all(|t| t.lost == 0 && t.retried == 0 && t.released == 0));
+        assert_eq!(db.count("SELECT count(*) FROM async_task WHERE state = 'done'"), 10_000);
+        assert_eq!(db.count("SELECT count(*) FROM test_ledger"), 10_000);
+        assert_eq!(db.count("SELECT count(DISTINCT task_id) FROM test_ledger"), 10_000);
+    }
+
+    fn caller_runs_when_the_pool_is_saturated(db: &TestDb) {
+        // One thread, no queue: the first task occupies the pool and blocks until a task runs
+        // on the claiming thread itself, which can only happen through CallerRuns.
+        let released = Arc::new((Mutex::new(false), Condvar::new()));
+        let latch = Arc::clone(&released);
+        let mut registry = Registry::new();
+        registry.register("latch", move |_: &TaskContext, _: &mut DbConnection| -> HandlerResult {
+            let on_pool = std::thread::current().name().is_some_and(|n| n.starts_with("outbox-task-"));
+            let (lock, signal) = &*latch;
+            if on_pool {
+                let guard = lock.lock().unwrap();
+                let (guard, timeout) = signal
+                    .wait_timeout_while(guard, Duration::from_secs(60), |released| !*released)
+                    .unwrap();
+                drop(guard);
+                if timeout.timed_out() {
+                    return Err(anyhow::anyhow!("no task ran on the claiming thread").into());
+                }
+            } else {
+                *lock.lock().unwrap() = true;
+                signal.notify_all();
+            }
+            Ok(())
+        });
+        let tasks: Vec<NewTask> = (0..2).map(|n| NewTask::new("latch", n.to_string())).collect();
+        enqueue_batch(&mut db.conn(), &tasks).unwrap();
+        let config = WorkerConfig { threads: 1, queue: 0, page_size: 10, ..WorkerConfig::default() };
+        let w = Worker::new(&db.url, registry, config).unwrap();
+        let tally = w.run_once().unwrap();
+        assert_eq!(tally.done, 2);
+        assert_eq!(w.caller_runs(), 1);
+    }
+
+    fn no_caller_runs_while_the_pool_has_room(db: &TestDb) {
+        let tasks: Vec<NewTask> = (0..5).map(|n| NewTask::new("ledger", n.to_string())).collect();
+        enqueue_batch(&mut db.conn(), &tasks).unwrap();
+        let config = WorkerConfig { threads: 2, queue: 3, page_size: 10, ..WorkerConfig::default() };
+        let w = Worker::new(&db.url, ledger_registry("ledger"), config).unwrap();
+        assert_eq!(w.run_once().unwrap().done, 5);
+        assert_eq!(w.caller_runs(), 0);
+    }
+}
