@@ -152,6 +152,19 @@ impl DatabaseUrl {
         MaskedUrl(&self.original).to_string()
     }
 
+    /// Fails with [`Error::Connect`] when the URL names an SQLite file that does not exist:
+    /// commands that work an existing database call this first, so that a mistyped path is
+    /// an error and leaves no empty file behind (opening an SQLite path creates the file).
+    pub fn require_existing(&self) -> Result<()> {
+        if self.backend == Backend::Sqlite && !std::path::Path::new(&self.target).exists() {
+            return Err(Error::Connect {
+                url: self.masked(),
+                source: "the SQLite file does not exist; `outbox migrate` creates it".into(),
+            });
+        }
+        Ok(())
+    }
+
     /// Opens one connection, configured as the pool configures its own.
     ///
     /// Fails with [`Error::Connect`] at once when the server is down; an SQLite file is created

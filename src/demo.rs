@@ -171,7 +171,10 @@ struct OffenderRow {
 /// Checks that every order was credited exactly once and got exactly one coupon.
 pub fn check(conn: &mut DbConnection) -> Result<CheckReport> {
     use schema::demo_order::dsl::demo_order;
-    let orders: i64 = demo_order.count().get_result(conn).op("demo check")?;
+    let orders: i64 = demo_order
+        .count()
+        .get_result(conn)
+        .op("demo check (are there demo tables here?)")?;
     let bad: Vec<OffenderRow> = diesel::sql_query(
         "SELECT o.id AS order_id,
                 (SELECT count(*) FROM demo_points_ledger p WHERE p.order_id = o.id) AS credits,
@@ -203,6 +206,12 @@ impl CheckReport {
     /// `Ok` when every order's side-effects happened exactly once, else
     /// [`Error::DemoCheck`] listing the first offenders.
     pub fn verify(&self) -> Result<()> {
+        if self.orders == 0 {
+            return Err(Error::DemoCheck(
+                "no demo orders in this database; place some with `outbox demo --enqueue-only`"
+                    .into(),
+            ));
+        }
         if self.offenders.is_empty() {
             return Ok(());
         }

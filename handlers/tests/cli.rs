@@ -341,6 +341,16 @@ fn invalid_arguments_exit_2() {
     run(outbox(dir.path()).args(["run", "--poll-interval", "soon"]))
         .expect_code(2)
         .stderr_has("--poll-interval");
+    // Values out of range, refused before any database is touched.
+    run(outbox(dir.path()).args(["demo", "--tasks", "0"]))
+        .expect_code(2)
+        .stderr_has("--tasks");
+    run(outbox(dir.path()).args(["run", "--poll-interval", "5ms"]))
+        .expect_code(2)
+        .stderr_has("poll interval must be at least 10ms");
+    run(outbox(dir.path()).args(["drain", "--threads", "0"]))
+        .expect_code(2)
+        .stderr_has("threads must be between 1 and 1024");
     // Flags that conflict.
     run(outbox(dir.path()).args(["demo", "--enqueue-only", "--check"]))
         .expect_code(2)
@@ -412,6 +422,14 @@ both_backends! {
             .stdout_has("check: all 50 orders credited exactly once");
         assert_eq!(db.count("SELECT count(*) FROM demo_points_ledger"), 50);
         assert_eq!(db.count("SELECT count(*) FROM demo_coupon"), 50);
+    }
+
+    fn demo_check_fails_without_demo_orders(db: &TestDb) {
+        // A migrated database that never saw the demo: the check must not pass vacuously.
+        let dir = workdir();
+        run(outbox_on(db, dir.path()).args(["demo", "--check"]))
+            .expect_code(1)
+            .stderr_has("demo check");
     }
 
     fn demo_check_fails_on_undrained_orders(db: &TestDb) {
@@ -667,21 +685,13 @@ both_backends! {
 }
 
 #[test]
-fn drain_on_an_unmigrated_sqlite_file_asks_for_migrate() {
+fn drain_on_a_missing_sqlite_file_asks_for_migrate_and_creates_nothing() {
     let dir = workdir();
     run(outbox(dir.path()).arg("drain"))
         .expect_code(1)
-        .stderr_has("run `outbox migrate`");
-    // drain does not migrate behind the operator's back.
-    let file = dir.path().join("outbox.db");
-    let url = file.to_str().expect("utf-8 path");
-    assert_eq!(
-        count_at(
-            url,
-            "SELECT count(*) FROM sqlite_master WHERE name = 'async_task'"
-        ),
-        0
-    );
+        .stderr_has("does not exist; `outbox migrate` creates it");
+    // drain neither creates nor migrates a database behind the operator's back.
+    assert!(!dir.path().join("outbox.db").exists());
     // Once migrated, the same drain works.
     run(outbox(dir.path()).arg("migrate")).expect_code(0);
     run(outbox(dir.path()).arg("drain"))

@@ -8,14 +8,14 @@ use super::WorkerArgs;
 use crate::db::{Backend, DatabaseUrl};
 use crate::demo::{check, place_orders, setup, COUPON_GRANT, POINTS_CREDIT};
 use crate::error::Error;
-use crate::migrate::run_migrations;
+use crate::migrate::{ensure_migrated, run_migrations};
 use crate::registry::Registry;
 use crate::worker::Worker;
 
 #[derive(Debug, Args)]
 pub(super) struct DemoArgs {
     /// How many orders to place.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
     tasks: u64,
     /// Only place the orders (and enqueue their tasks); drain them with `outbox drain` or a
     /// fleet of `outbox run`, then verify with `outbox demo --check`.
@@ -37,6 +37,14 @@ pub(super) fn run(url: &DatabaseUrl, registry: Registry, args: DemoArgs) -> crat
             )));
         }
     }
+    let config = args.worker.config()?;
+    if args.check {
+        // Checking writes nothing: a mistyped URL must fail, not pass on an empty database.
+        url.require_existing()?;
+        let mut conn = url.connect()?;
+        ensure_migrated(&mut conn)?;
+        return report_check(&mut conn);
+    }
     let mut conn = url.connect()?;
     run_migrations(&mut conn)?;
     setup(&mut conn)?;
@@ -44,12 +52,6 @@ pub(super) fn run(url: &DatabaseUrl, registry: Registry, args: DemoArgs) -> crat
         Backend::Postgres => "PostgreSQL",
         Backend::Sqlite => "SQLite",
     };
-    if args.check {
-        return report_check(&mut conn);
-    }
-    if args.tasks == 0 {
-        return Err(Error::InvalidConfig("--tasks must be at least 1".into()));
-    }
     println!("outbox demo on {backend} ({})", url.masked());
 
     let started = Instant::now();
@@ -64,7 +66,6 @@ pub(super) fn run(url: &DatabaseUrl, registry: Registry, args: DemoArgs) -> crat
         println!("tasks enqueued; drain them, then run `outbox demo --check`");
         return Ok(());
     }
-    let config = args.worker.config();
     let threads = config.threads;
     let worker = Worker::new(url, registry, config)?;
     let report = worker.drain()?;

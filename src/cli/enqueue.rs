@@ -49,6 +49,7 @@ pub(super) fn run(url: &DatabaseUrl, args: EnqueueArgs) -> crate::Result<()> {
     // Validate before connecting: bad input is reported as such even when the database is
     // down, and nothing is written.
     task.validate(crate::task::DEFAULT_MAX_PAYLOAD_BYTES)?;
+    url.require_existing()?;
     let mut conn = url.connect()?;
     ensure_migrated(&mut conn)?;
     let result = enqueue(&mut conn, &task)?;

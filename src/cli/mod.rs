@@ -48,12 +48,8 @@ where
     match run(cli, registry) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
+            // Every variant's message already includes its cause.
             eprintln!("outbox: {e}");
-            let mut source = std::error::Error::source(&e);
-            while let Some(cause) = source {
-                eprintln!("  caused by: {cause}");
-                source = cause.source();
-            }
             ExitCode::from(exit_code(&e))
         }
     }
@@ -125,21 +121,27 @@ struct WorkerArgs {
 }
 
 impl WorkerArgs {
-    fn config(&self) -> WorkerConfig {
+    /// The worker configuration these flags describe, validated.
+    fn config(&self) -> crate::Result<WorkerConfig> {
         let defaults = WorkerConfig::default();
         let threads = self.threads.unwrap_or(defaults.threads);
-        WorkerConfig {
+        let config = WorkerConfig {
             threads,
             queue: self.queue.unwrap_or(threads),
             page_size: self.page_size,
             max_attempts: self.max_attempts,
             ..defaults
-        }
+        };
+        config.validate()?;
+        Ok(config)
     }
 }
 
 fn run(cli: Cli, registry: Registry) -> crate::Result<()> {
     let url = DatabaseUrl::parse(&cli.database_url)?;
+    // Each command checks its own input first, so that bad usage is reported as such before
+    // any database is touched; commands that work an existing database then refuse a missing
+    // SQLite file (`DatabaseUrl::require_existing`).
     match cli.command {
         Command::Migrate => {
             let mut conn = url.connect()?;
@@ -192,7 +194,7 @@ mod tests {
         let Command::Drain(args) = cli.command else {
             panic!("drain")
         };
-        let config = args.config();
+        let config = args.config().unwrap();
         assert_eq!((config.threads, config.queue), (3, 3));
     }
 }

@@ -15,6 +15,7 @@ pub(super) struct StatsArgs {
 }
 
 pub(super) fn run(url: &DatabaseUrl, registry: &Registry, args: StatsArgs) -> crate::Result<()> {
+    url.require_existing()?;
     let mut conn = url.connect()?;
     ensure_migrated(&mut conn)?;
     let stats = keyword_stats(&mut conn, registry)?;

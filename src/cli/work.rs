@@ -11,7 +11,7 @@ use super::WorkerArgs;
 use crate::db::DatabaseUrl;
 use crate::error::Error;
 use crate::registry::Registry;
-use crate::worker::{Report, Worker, DEFAULT_POLL_INTERVAL};
+use crate::worker::{Report, Worker};
 
 #[derive(Debug, Args)]
 pub(super) struct RunArgs {
@@ -38,7 +38,9 @@ fn install_signal_handlers(stop: &Arc<AtomicBool>) -> crate::Result<()> {
 }
 
 pub(super) fn drain(url: &DatabaseUrl, registry: Registry, args: WorkerArgs) -> crate::Result<()> {
-    let worker = Worker::new(url, registry, args.config())?;
+    let config = args.config()?;
+    url.require_existing()?;
+    let worker = Worker::new(url, registry, config)?;
     install_signal_handlers(&worker.stop_flag())?;
     let report = worker.drain()?;
     print_report("drained", &report, args.json);
@@ -46,12 +48,11 @@ pub(super) fn drain(url: &DatabaseUrl, registry: Registry, args: WorkerArgs) -> 
 }
 
 pub(super) fn run(url: &DatabaseUrl, registry: Registry, args: RunArgs) -> crate::Result<()> {
-    let mut config = args.worker.config();
+    let mut config = args.worker.config()?;
     config.poll_interval = args.poll_interval;
     config.listen = !args.no_listen;
-    if config.poll_interval < Duration::from_millis(10) {
-        config.poll_interval = DEFAULT_POLL_INTERVAL;
-    }
+    config.validate()?;
+    url.require_existing()?;
     let worker = Worker::new(url, registry, config)?;
     install_signal_handlers(&worker.stop_flag())?;
     log::info!(
