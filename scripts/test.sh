@@ -46,6 +46,19 @@ step "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
 step "cargo test"
-cargo test --workspace --locked "$@"
-
+# The output is kept to add up every test binary's "test result" line: cargo's own last line
+# is that of the last binary only (a doctest run with nothing in it, say), so the run ends
+# with one plain total.
+test_log=$(mktemp)
+set +e
+cargo test --workspace --locked "$@" 2>&1 | tee "$test_log"
+status=${PIPESTATUS[0]}
+set -e
+read -r passed failed < <(awk '/^test result:/ { p += $4; f += $6 } END { print p + 0, f + 0 }' "$test_log")
+rm -f "$test_log"
+if [[ $status -ne 0 ]]; then
+    echo "tests: $passed passed, $failed failed"
+    exit "$status"
+fi
 step "all checks passed"
+echo "tests: $passed passed, $failed failed"
