@@ -119,6 +119,18 @@ pub enum Error {
         source: r2d2::Error,
     },
 
+    /// The node has not recorded a heartbeat for so long that other nodes may rescue its
+    /// tasks: it does not claim more until a heartbeat succeeds again.
+    #[error(
+        "node {node_id} has not recorded a heartbeat for {since:?}; not claiming until it does"
+    )]
+    HeartbeatStale {
+        /// This node.
+        node_id: i64,
+        /// Time since its last successful heartbeat.
+        since: std::time::Duration,
+    },
+
     /// The demo's exactly-once check found orders credited or granted a number of times other
     /// than one.
     #[error("demo check failed: {0}")]

@@ -30,7 +30,9 @@ mod driver;
 pub mod enqueue;
 pub mod error;
 pub mod migrate;
+mod node;
 pub mod registry;
+pub mod rescue;
 mod sql;
 pub mod stats;
 pub mod task;
@@ -42,5 +44,6 @@ pub use enqueue::{enqueue, enqueue_batch, EnqueueConnection, EnqueueOptions, Enq
 pub use error::{Error, Result};
 pub use migrate::run_migrations;
 pub use registry::{Handler, HandlerError, HandlerResult, Registry};
+pub use rescue::RescueReport;
 pub use task::{validate_keyword, ClaimedTask, NewTask, TaskContext, TaskState};
 pub use worker::{Report, Tally, Worker, WorkerConfig};

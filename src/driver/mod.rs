@@ -30,12 +30,13 @@ pub trait Driver {
     fn task_find_many(&mut self, keys_json: &str) -> QueryResult<Vec<TaskKey>>;
 
     /// Claims up to `limit` due pending tasks of `keywords` for `owner`, in one statement:
-    /// state running, owner set, claim token bumped.
+    /// state running, owner set, claim token bumped, deadline `timeout_ms` from now.
     fn task_claim_page(
         &mut self,
         owner: i64,
         keywords: &[String],
         limit: i64,
+        timeout_ms: i64,
     ) -> QueryResult<Vec<ClaimRow>>;
 
     /// Marks a claimed task done (fenced); returns the rows touched, 0 or 1.
@@ -50,11 +51,19 @@ pub trait Driver {
     /// Puts a claimed task back to pending without counting a failure (fenced).
     fn task_release(&mut self, claim: &Claim) -> QueryResult<usize>;
 
+    /// Returns to pending (or dead, at max attempts) every running task whose owner is not a
+    /// live node (no heartbeat for `dead_after_ms`, gone, unknown) or whose deadline has
+    /// passed, counting a failure. One statement that re-checks those conditions itself.
+    fn task_rescue_many(&mut self, rescue: &RescueParams) -> QueryResult<Vec<RescuedRow>>;
+
     /// Task counts per keyword and state, with the age of the oldest due pending task.
     fn task_count_by_keyword_state(&mut self) -> QueryResult<Vec<KeywordStateCount>>;
 
     /// Registers a worker process; returns its node id.
     fn node_register(&mut self, name: &str) -> QueryResult<i64>;
+
+    /// Records a node's heartbeat with the database clock (and marks it alive again).
+    fn node_heartbeat(&mut self, node_id: i64) -> QueryResult<usize>;
 
     /// Marks a node gone (clean exit).
     fn node_mark_gone(&mut self, node_id: i64) -> QueryResult<usize>;
@@ -141,6 +150,31 @@ pub struct ClaimRow {
     pub claim_token: i64,
     #[diesel(sql_type = Integer)]
     pub priority: i32,
+}
+
+/// The settings of one rescue pass.
+#[derive(Debug, Clone, Copy)]
+pub struct RescueParams {
+    /// A node whose last heartbeat is older than this is dead.
+    pub dead_after_ms: i64,
+    /// Max attempts of tasks that set none.
+    pub default_max_attempts: i32,
+    /// The retry delay after the first failure; it doubles per failure.
+    pub backoff_base_ms: i64,
+    /// The longest retry delay.
+    pub backoff_max_ms: i64,
+}
+
+/// A rescued task: its id, its new state (`pending` or `dead`), and why it was rescued
+/// ("rescued from node N: …", as stored in `last_error`).
+#[derive(Debug, Clone, diesel::QueryableByName)]
+pub struct RescuedRow {
+    #[diesel(sql_type = BigInt)]
+    pub id: i64,
+    #[diesel(sql_type = Text)]
+    pub state: String,
+    #[diesel(sql_type = Text)]
+    pub reason: String,
 }
 
 /// One line of the task statistics.

@@ -1,10 +1,10 @@
 //! The driver on PostgreSQL: `SKIP LOCKED` claims, `jsonb` payloads, `NOTIFY` on enqueue.
 
 use diesel::pg::{Pg, PgConnection};
-use diesel::sql_types::{Array, BigInt, Text};
+use diesel::sql_types::{Array, BigInt, Integer, Text};
 use diesel::{QueryResult, RunQueryDsl};
 
-use super::{fence, Claim, ClaimRow, Driver, KeywordStateCount, TaskKey};
+use super::{fence, Claim, ClaimRow, Driver, KeywordStateCount, RescueParams, RescuedRow, TaskKey};
 use crate::sql::Statement;
 
 impl Driver for PgConnection {
@@ -46,6 +46,7 @@ impl Driver for PgConnection {
         owner: i64,
         keywords: &[String],
         limit: i64,
+        timeout_ms: i64,
     ) -> QueryResult<Vec<ClaimRow>> {
         // The ids are materialised in a CTE first: `SKIP LOCKED` skips rows that a concurrent
         // claim has locked, so two nodes never wait on each other nor claim the same row.
@@ -70,7 +71,11 @@ impl Driver for PgConnection {
         )
         .bind::<BigInt, _>(owner)
         .sql(
-            ", claim_token = t.claim_token + 1, claimed_at = now(), updated_at = now()
+", claim_token = t.claim_token + 1, claimed_at = now(), updated_at = now(), deadline_at = now() + ",
+        )
+        .bind::<BigInt, _>(timeout_ms)
+        .sql(
+            " * interval '1 millisecond'
             FROM picked WHERE t.id = picked.id
             RETURNING t.id, t.keyword, t.biz_id, t.biz_data::text AS biz_data, t.tenant,
                       t.failures, t.max_attempts, t.claim_token, t.priority::integer AS priority",
@@ -108,6 +113,48 @@ impl Driver for PgConnection {
         fence(Statement::new(set), claim).execute(self)
     }
 
+    fn task_rescue_many(&mut self, rescue: &RescueParams) -> QueryResult<Vec<RescuedRow>> {
+        // In SET, every column reference reads the row as it was before this UPDATE. A
+        // concurrent rescuer blocks on the row lock and then re-checks the WHERE clause
+        // against the updated row, so a task is rescued once.
+        Statement::<Pg>::new(
+            "WITH params AS (SELECT ",
+        )
+        .bind::<Integer, _>(rescue.default_max_attempts)
+        .sql(" AS default_max, ")
+        .bind::<BigInt, _>(rescue.dead_after_ms)
+        .sql(" AS dead_ms, ")
+        .bind::<BigInt, _>(rescue.backoff_base_ms)
+        .sql(" AS base_ms, ")
+        .bind::<BigInt, _>(rescue.backoff_max_ms)
+        .sql(
+            " AS max_ms)
+            UPDATE async_task t SET
+                failures = t.failures + 1,
+                state = CASE WHEN t.failures + 1 >= COALESCE(t.max_attempts, p.default_max)
+                             THEN 'dead' ELSE 'pending' END,
+                run_at = CASE WHEN t.failures + 1 >= COALESCE(t.max_attempts, p.default_max) THEN t.run_at
+                              ELSE now() + LEAST(p.base_ms * power(2, LEAST(t.failures, 40)), p.max_ms)
+                                           * interval '1 millisecond' END,
+                finished_at = CASE WHEN t.failures + 1 >= COALESCE(t.max_attempts, p.default_max)
+                                   THEN now() END,
+                owner = CASE WHEN t.failures + 1 >= COALESCE(t.max_attempts, p.default_max)
+                             THEN t.owner END,
+                last_error = 'rescued from node ' || COALESCE(t.owner::text, '(none)') || ': ' ||
+                             CASE WHEN t.deadline_at < now() THEN 'running past its deadline'
+                                  ELSE 'the node stopped heartbeating' END,
+                updated_at = now()
+            FROM params p
+            WHERE t.state = 'running'
+              AND (t.deadline_at < now()
+                   OR NOT EXISTS (SELECT 1 FROM async_node n
+                                  WHERE n.id = t.owner AND n.state = 'alive'
+                                    AND n.heartbeat_at >= now() - p.dead_ms * interval '1 millisecond'))
+            RETURNING t.id, t.state, t.last_error AS reason",
+        )
+        .load(self)
+    }
+
     fn task_count_by_keyword_state(&mut self) -> QueryResult<Vec<KeywordStateCount>> {
         Statement::<Pg>::new(
             "SELECT keyword, state, count(*) AS count,
@@ -129,6 +176,14 @@ impl Driver for PgConnection {
             .sql(") RETURNING id")
             .get_result(self)?;
         Ok(row.id)
+    }
+
+    fn node_heartbeat(&mut self, node_id: i64) -> QueryResult<usize> {
+        Statement::<Pg>::new(
+            "UPDATE async_node SET heartbeat_at = now(), state = 'alive' WHERE id = ",
+        )
+        .bind::<BigInt, _>(node_id)
+        .execute(self)
     }
 
     fn node_mark_gone(&mut self, node_id: i64) -> QueryResult<usize> {

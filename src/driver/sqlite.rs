@@ -1,11 +1,11 @@
 //! The driver on SQLite: one writer at a time, so the claim needs no `SKIP LOCKED`; times
 //! are text written by SQLite's own clock.
 
-use diesel::sql_types::{BigInt, Text};
+use diesel::sql_types::{BigInt, Integer, Text};
 use diesel::sqlite::{Sqlite, SqliteConnection};
 use diesel::{QueryResult, RunQueryDsl};
 
-use super::{fence, Claim, ClaimRow, Driver, KeywordStateCount, TaskKey};
+use super::{fence, Claim, ClaimRow, Driver, KeywordStateCount, RescueParams, RescuedRow, TaskKey};
 use crate::sql::Statement;
 
 // Every time column is written with this expression (millisecond precision, UTC), so that
@@ -49,6 +49,7 @@ impl Driver for SqliteConnection {
         owner: i64,
         keywords: &[String],
         limit: i64,
+        timeout_ms: i64,
     ) -> QueryResult<Vec<ClaimRow>> {
         // A single UPDATE takes SQLite's write lock before it reads, so two claimers are
         // serialised by the lock (waiting out the busy timeout) and never see the same row
@@ -61,7 +62,11 @@ impl Driver for SqliteConnection {
             now!(),
             ", updated_at = ",
             now!(),
-            " WHERE id IN (
+            ", deadline_at = strftime('%Y-%m-%d %H:%M:%f', 'now', printf('+%.3f seconds', "
+        ))
+        .bind::<BigInt, _>(timeout_ms)
+        .sql(concat!(
+            " / 1000.0)) WHERE id IN (
                 SELECT id FROM async_task
                 WHERE state = 'pending' AND run_at <= ",
             now!(),
@@ -124,6 +129,54 @@ impl Driver for SqliteConnection {
         fence(Statement::new(set), claim).execute(self)
     }
 
+    fn task_rescue_many(&mut self, rescue: &RescueParams) -> QueryResult<Vec<RescuedRow>> {
+        // SQLite runs one writer at a time, so the WHERE clause is evaluated under the write
+        // lock and two rescuers cannot both take a task. In SET, column references read the
+        // row as it was before this UPDATE.
+        Statement::<Sqlite>::new("WITH params AS (SELECT ")
+            .bind::<Integer, _>(rescue.default_max_attempts)
+            .sql(" AS default_max, ")
+            .bind::<BigInt, _>(rescue.dead_after_ms)
+            .sql(" AS dead_ms, ")
+            .bind::<BigInt, _>(rescue.backoff_base_ms)
+            .sql(" AS base_ms, ")
+            .bind::<BigInt, _>(rescue.backoff_max_ms)
+            .sql(concat!(
+                " AS max_ms)
+                UPDATE async_task SET
+                    failures = failures + 1,
+                    state = CASE WHEN failures + 1 >= COALESCE(max_attempts, (SELECT default_max FROM params))
+                                 THEN 'dead' ELSE 'pending' END,
+                    run_at = CASE WHEN failures + 1 >= COALESCE(max_attempts, (SELECT default_max FROM params))
+                                  THEN run_at
+                                  ELSE strftime('%Y-%m-%d %H:%M:%f', 'now', printf('+%.3f seconds',
+                                       min((SELECT base_ms FROM params) * (1 << min(failures, 40)),
+                                           (SELECT max_ms FROM params)) / 1000.0)) END,
+                    finished_at = CASE WHEN failures + 1 >= COALESCE(max_attempts, (SELECT default_max FROM params))
+                                       THEN ",
+                now!(),
+                " END,
+                    owner = CASE WHEN failures + 1 >= COALESCE(max_attempts, (SELECT default_max FROM params))
+                                 THEN owner END,
+                    last_error = 'rescued from node ' || COALESCE(owner, '(none)') || ': ' ||
+                                 CASE WHEN deadline_at < ",
+                now!(),
+                " THEN 'running past its deadline' ELSE 'the node stopped heartbeating' END,
+                    updated_at = ",
+                now!(),
+                "
+                WHERE state = 'running'
+                  AND (deadline_at < ",
+                now!(),
+                " OR NOT EXISTS (SELECT 1 FROM async_node n
+                                  WHERE n.id = async_task.owner AND n.state = 'alive'
+                                    AND n.heartbeat_at >= strftime('%Y-%m-%d %H:%M:%f', 'now',
+                                        printf('-%.3f seconds', (SELECT dead_ms FROM params) / 1000.0))))
+                RETURNING id, state, last_error AS reason"
+            ))
+            .load(self)
+    }
+
     fn task_count_by_keyword_state(&mut self) -> QueryResult<Vec<KeywordStateCount>> {
         Statement::<Sqlite>::new(concat!(
             "SELECT keyword, state, count(*) AS count,
@@ -146,6 +199,16 @@ impl Driver for SqliteConnection {
             .sql(") RETURNING id")
             .get_result(self)?;
         Ok(row.id)
+    }
+
+    fn node_heartbeat(&mut self, node_id: i64) -> QueryResult<usize> {
+        Statement::<Sqlite>::new(concat!(
+            "UPDATE async_node SET heartbeat_at = ",
+            now!(),
+            ", state = 'alive' WHERE id = "
+        ))
+        .bind::<BigInt, _>(node_id)
+        .execute(self)
     }
 
     fn node_mark_gone(&mut self, node_id: i64) -> QueryResult<usize> {

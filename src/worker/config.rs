@@ -11,6 +11,12 @@ pub const DEFAULT_PAGE_SIZE: usize = 100;
 pub const DEFAULT_MAX_ATTEMPTS: i32 = 20;
 /// How often an idle `run` worker looks for due tasks by default (jittered by ±10%).
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
+/// How often a node records its heartbeat by default.
+pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(5);
+/// A node is dead after this many heartbeat intervals without one, by default.
+pub const DEFAULT_DEAD_AFTER_BEATS: u32 = 3;
+/// How long a task may run before any live node rescues it, by default.
+pub const DEFAULT_TASK_TIMEOUT: Duration = Duration::from_secs(300);
 /// The longest error message stored in `last_error`, in bytes.
 pub const MAX_ERROR_LEN: usize = 2000;
 
@@ -40,6 +46,16 @@ pub struct WorkerConfig {
     /// Whether `run` listens for `NOTIFY` on PostgreSQL to wake early (default on; turn it off
     /// behind PgBouncer in transaction mode).
     pub listen: bool,
+    /// How often the node records its heartbeat (and rescues the tasks of dead nodes) on its
+    /// own connection (default 5 s).
+    pub heartbeat: Duration,
+    /// A node whose last heartbeat is older than this, by the database clock, is dead: its
+    /// running tasks are rescued (default 3 heartbeats). A node that has not managed to
+    /// record a heartbeat for `dead_after − heartbeat` stops claiming.
+    pub dead_after: Duration,
+    /// How long a task may run before it is rescued as hung (default 5 min). The handler
+    /// thread cannot be killed; its late completion is fenced out.
+    pub task_timeout: Duration,
 }
 
 impl Default for WorkerConfig {
@@ -53,6 +69,9 @@ impl Default for WorkerConfig {
             backoff: Backoff::default(),
             poll_interval: DEFAULT_POLL_INTERVAL,
             listen: true,
+            heartbeat: DEFAULT_HEARTBEAT,
+            dead_after: DEFAULT_HEARTBEAT * DEFAULT_DEAD_AFTER_BEATS,
+            task_timeout: DEFAULT_TASK_TIMEOUT,
         }
     }
 }
@@ -85,11 +104,25 @@ impl WorkerConfig {
         if self.poll_interval < Duration::from_millis(10) {
             return bad("poll interval must be at least 10ms".into());
         }
+        if self.heartbeat < Duration::from_millis(100) {
+            return bad("heartbeat must be at least 100ms".into());
+        }
+        if self.dead_after < self.heartbeat * 2 {
+            return bad(format!(
+                "dead-after ({:?}) must be at least two heartbeats ({:?})",
+                self.dead_after,
+                self.heartbeat * 2
+            ));
+        }
+        if self.task_timeout < Duration::from_millis(100) {
+            return bad("task timeout must be at least 100ms".into());
+        }
         self.backoff.validate().map_err(Error::InvalidConfig)
     }
 
     /// Connections the worker's pool needs: one per thread, one for the claiming thread
-    /// (which also runs tasks when the pool is full), one to spare.
+    /// (which also runs tasks when the pool is full), one to spare. The heartbeat has its own
+    /// connection outside the pool.
     pub fn pool_size(&self) -> u32 {
         u32::try_from(self.threads + 2).unwrap_or(u32::MAX)
     }

@@ -10,7 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub use config::{
-    default_threads, WorkerConfig, DEFAULT_MAX_ATTEMPTS, DEFAULT_PAGE_SIZE, DEFAULT_POLL_INTERVAL,
+    default_threads, WorkerConfig, DEFAULT_DEAD_AFTER_BEATS, DEFAULT_HEARTBEAT,
+    DEFAULT_MAX_ATTEMPTS, DEFAULT_PAGE_SIZE, DEFAULT_POLL_INTERVAL, DEFAULT_TASK_TIMEOUT,
     MAX_ERROR_LEN,
 };
 use dispatch::Dispatcher;
@@ -18,10 +19,12 @@ use execute::Outcome;
 use listen::Listener;
 
 use crate::db::{Backend, DatabaseUrl, DbPool};
-use crate::driver::driver;
+use crate::driver::{driver, RescueParams};
 use crate::error::{Error, OpContext, Result};
 use crate::migrate::ensure_migrated;
+use crate::node::Heartbeat;
 use crate::registry::Registry;
+use crate::rescue::{rescue_once, RescueReport};
 use crate::task::{ClaimedTask, TaskContext};
 
 /// Counts of what a worker did with the tasks it claimed.
@@ -114,6 +117,37 @@ pub struct Worker {
     dispatcher: Dispatcher,
     stopping: Arc<AtomicBool>,
     totals: Mutex<Tally>,
+    upkeep: Arc<Upkeep>,
+    upkeep_thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// What the upkeep thread ticks: the heartbeat, then a rescue pass.
+struct Upkeep {
+    heartbeat: Heartbeat,
+    pool: DbPool,
+    rescue: RescueParams,
+    interval: Duration,
+    stop: AtomicBool,
+}
+
+impl Upkeep {
+    fn tick(&self) {
+        if self.heartbeat.run_once().is_ok() {
+            // Only a node that is itself alive rescues others.
+            if let Err(e) = rescue_once(&self.pool, &self.rescue) {
+                log::warn!("rescue failed: {e}");
+            }
+        }
+    }
+
+    fn run(&self) {
+        while !self.stop.load(Ordering::Relaxed) {
+            sleep_unless(self.interval, &self.stop);
+            if !self.stop.load(Ordering::Relaxed) {
+                self.tick();
+            }
+        }
+    }
 }
 
 impl Worker {
@@ -135,6 +169,27 @@ impl Worker {
         let dispatcher = Dispatcher::new(config.threads, config.queue).map_err(|e| {
             Error::InvalidConfig(format!("cannot start {} threads: {e}", config.threads))
         })?;
+        let upkeep = Arc::new(Upkeep {
+            heartbeat: Heartbeat::new(url.clone(), node_id),
+            pool: pool.clone(),
+            rescue: RescueParams {
+                dead_after_ms: millis(config.dead_after),
+                default_max_attempts: config.max_attempts,
+                backoff_base_ms: millis(config.backoff.base),
+                backoff_max_ms: millis(config.backoff.max),
+            },
+            interval: config.heartbeat,
+            stop: AtomicBool::new(false),
+        });
+        let upkeep_thread = {
+            let upkeep = Arc::clone(&upkeep);
+            std::thread::Builder::new()
+                .name(format!("outbox-upkeep-{node_id}"))
+                .spawn(move || upkeep.run())
+                .map_err(|e| {
+                    Error::InvalidConfig(format!("cannot start the heartbeat thread: {e}"))
+                })?
+        };
         log::info!(
             "node {node_id} ({name}) started on {}: keywords {:?}, {} threads",
             url.backend().name(),
@@ -151,7 +206,20 @@ impl Worker {
             dispatcher,
             stopping: Arc::new(AtomicBool::new(false)),
             totals: Mutex::new(Tally::default()),
+            upkeep,
+            upkeep_thread: Some(upkeep_thread),
         })
+    }
+
+    /// Records one heartbeat now (the upkeep thread does this every `heartbeat`).
+    pub fn heartbeat_once(&self) -> Result<()> {
+        self.upkeep.heartbeat.run_once()
+    }
+
+    /// Runs one rescue pass now (the upkeep thread does this after every heartbeat, and
+    /// `drain` at start): see [`crate::rescue`].
+    pub fn rescue_once(&self) -> Result<RescueReport> {
+        rescue_once(&self.pool, &self.upkeep.rescue)
     }
 
     /// This worker's node id: the `owner` of the tasks it claims.
@@ -187,11 +255,26 @@ impl Worker {
 
     /// Claims one page of due tasks for registered keywords, in one statement: state
     /// running, owner this node, claim token bumped. The first half of [`Worker::run_once`].
+    ///
+    /// Fails with [`Error::HeartbeatStale`] when this node has not recorded a heartbeat for
+    /// `dead_after − heartbeat`: other nodes may soon rescue its tasks, so it must not claim.
     pub fn claim(&self) -> Result<Vec<ClaimedTask>> {
+        let since = self.upkeep.heartbeat.since_last_ok();
+        if since > self.config.dead_after.saturating_sub(self.config.heartbeat) {
+            return Err(Error::HeartbeatStale {
+                node_id: self.node_id,
+                since,
+            });
+        }
         let mut conn = self.pool.get().op("task claim")?;
         let limit = i64::try_from(self.config.page_size).unwrap_or(i64::MAX);
         let rows = driver(&mut conn)
-            .task_claim_page(self.node_id, &self.keywords, limit)
+            .task_claim_page(
+                self.node_id,
+                &self.keywords,
+                limit,
+                millis(self.config.task_timeout),
+            )
             .op("task claim")?;
         let mut rows = rows;
         // RETURNING gives no order; run in claim order (priority first, then age).
@@ -239,9 +322,11 @@ impl Worker {
         Ok(self.execute(page))
     }
 
-    /// Works until nothing is due (or the stop flag is set), then returns. For cron.
+    /// Rescues the tasks of dead nodes, then works until nothing is due (or the stop flag is
+    /// set), then returns. For cron.
     pub fn drain(&self) -> Result<Report> {
         let started = Instant::now();
+        self.rescue_once()?;
         let mut tally = Tally::default();
         while !self.is_stopping() {
             let page = self.run_once()?;
@@ -315,6 +400,10 @@ impl Worker {
 
 impl Drop for Worker {
     fn drop(&mut self) {
+        self.upkeep.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.upkeep_thread.take() {
+            let _ = thread.join();
+        }
         match self.pool.get() {
             Ok(mut conn) => {
                 if let Err(e) = driver(&mut conn).node_mark_gone(self.node_id) {
@@ -324,6 +413,10 @@ impl Drop for Worker {
             Err(e) => log::warn!("node {}: could not mark it gone: {e}", self.node_id),
         }
     }
+}
+
+fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// Sleeps for `total`, waking early when `stop` is set.

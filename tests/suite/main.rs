@@ -9,6 +9,7 @@ mod enqueue;
 mod execute;
 mod fencing;
 mod fleet;
+mod rescue;
 
 use diesel::prelude::*;
 use outbox::{DbConnection, HandlerResult, Registry, TaskContext, Worker, WorkerConfig};

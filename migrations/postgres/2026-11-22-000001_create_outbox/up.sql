@@ -32,6 +32,7 @@ CREATE TABLE async_task (
     created_at   TIMESTAMPTZ NOT NULL DEFAULT now(),
     updated_at   TIMESTAMPTZ NOT NULL DEFAULT now(),
     claimed_at   TIMESTAMPTZ,
+    deadline_at  TIMESTAMPTZ,                         -- a running task past it is rescued
     finished_at  TIMESTAMPTZ,
     CONSTRAINT async_task_keyword_biz_id_key UNIQUE (keyword, biz_id)
 );

@@ -28,6 +28,7 @@ CREATE TABLE async_task (
     created_at   TEXT    NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now')),
     updated_at   TEXT    NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now')),
     claimed_at   TEXT,
+    deadline_at  TEXT,
     finished_at  TEXT,
     UNIQUE (keyword, biz_id)
 );

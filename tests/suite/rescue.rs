@@ -1,0 +1,190 @@
+//! Heartbeats and rescue. Time moves by backdating `async_node.heartbeat_at` and
+//! `async_task.deadline_at` in the database, whose clock alone decides liveness.
+
+use std::time::Duration;
+
+use outbox::{enqueue_batch, Error, NewTask, Worker, WorkerConfig};
+
+use crate::support::TestDb;
+use crate::{ledger_registry, small_config};
+
+/// A worker whose own upkeep thread never ticks during a test (1 h heartbeat), so that only
+/// the test moves heartbeats.
+fn quiet_worker(db: &TestDb) -> Worker {
+    let config = WorkerConfig {
+        heartbeat: Duration::from_secs(3600),
+        dead_after: Duration::from_secs(7200),
+        ..small_config()
+    };
+    Worker::new(&db.url, ledger_registry("ledger"), config).unwrap()
+}
+
+fn enqueue_n(db: &TestDb, n: usize) {
+    let tasks: Vec<NewTask> = (0..n)
+        .map(|i| NewTask::new("ledger", i.to_string()))
+        .collect();
+    enqueue_batch(&mut db.conn(), &tasks).unwrap();
+}
+
+/// The node stops heartbeating: its last beat is three hours old by the database clock.
+fn kill_heartbeat(db: &TestDb, node: i64) {
+    let past = match db.backend() {
+        outbox::Backend::Postgres => "now() - interval '3 hours'".to_owned(),
+        outbox::Backend::Sqlite => "strftime('%Y-%m-%d %H:%M:%f', 'now', '-3 hours')".to_owned(),
+    };
+    db.exec(&format!(
+        "UPDATE async_node SET heartbeat_at = {past} WHERE id = {node}"
+    ));
+}
+
+fn pass_deadlines(db: &TestDb) {
+    let past = match db.backend() {
+        outbox::Backend::Postgres => "now() - interval '1 second'".to_owned(),
+        outbox::Backend::Sqlite => "strftime('%Y-%m-%d %H:%M:%f', 'now', '-1 seconds')".to_owned(),
+    };
+    db.exec(&format!(
+        "UPDATE async_task SET deadline_at = {past} WHERE state = 'running'"
+    ));
+}
+
+both_backends! {
+    fn the_tasks_of_a_node_that_stopped_heartbeating_are_rescued_once(db: &TestDb) {
+        enqueue_n(db, 3);
+        let dying = quiet_worker(db);
+        let survivor = quiet_worker(db);
+        let page = dying.claim().unwrap();
+        assert_eq!(page.len(), 3);
+        kill_heartbeat(db, dying.node_id());
+
+        let report = survivor.rescue_once().unwrap();
+        assert_eq!((report.pending, report.dead), (3, 0));
+        let expected = format!("rescued from node {}: the node stopped heartbeating", dying.node_id());
+        for task in &page {
+            let row = db.task(task.context.id());
+            assert_eq!((row.state.as_str(), row.failures, row.owner), ("pending", 1, None));
+            assert_eq!(row.last_error.as_deref(), Some(expected.as_str()));
+        }
+        // A second pass finds nothing: the conditions are re-checked by the UPDATE itself.
+        assert_eq!(survivor.rescue_once().unwrap(), outbox::RescueReport::default());
+
+        // The old owner wakes up and finishes its page: every completion is fenced out.
+        assert_eq!(dying.execute(page).lost, 3);
+        assert_eq!(db.count("SELECT count(*) FROM test_ledger"), 0);
+        // The survivor runs them, once.
+        db.make_all_due();
+        assert_eq!(survivor.drain().unwrap().tally.done, 3);
+        assert_eq!(db.count("SELECT count(*) FROM test_ledger"), 3);
+        assert_eq!(db.count("SELECT count(DISTINCT task_id) FROM test_ledger"), 3);
+    }
+
+    fn live_nodes_keep_their_tasks(db: &TestDb) {
+        enqueue_n(db, 2);
+        let busy = quiet_worker(db);
+        let other = quiet_worker(db);
+        let page = busy.claim().unwrap();
+        assert_eq!(other.rescue_once().unwrap(), outbox::RescueReport::default());
+        assert_eq!(db.count("SELECT count(*) FROM async_task WHERE state = 'running'"), 2);
+        assert_eq!(busy.execute(page).done, 2);
+    }
+
+    fn a_task_past_its_deadline_is_rescued_even_if_its_node_lives(db: &TestDb) {
+        enqueue_n(db, 1);
+        let w = quiet_worker(db);
+        let page = w.claim().unwrap();
+        pass_deadlines(db);
+        assert_eq!(w.rescue_once().unwrap().pending, 1);
+        let row = db.task(page[0].context.id());
+        assert_eq!((row.state.as_str(), row.failures), ("pending", 1));
+        assert!(row.last_error.unwrap().ends_with("running past its deadline"));
+        assert_eq!(w.execute(page).lost, 1, "the hung handler's late completion is fenced out");
+    }
+
+    fn a_claim_sets_the_deadline_from_the_task_timeout(db: &TestDb) {
+        enqueue_n(db, 1);
+        let w = quiet_worker(db);
+        w.claim().unwrap();
+        let within = match db.backend() {
+            outbox::Backend::Postgres => "deadline_at BETWEEN now() + interval '4 minutes' AND now() + interval '6 minutes'",
+            outbox::Backend::Sqlite => "deadline_at BETWEEN strftime('%Y-%m-%d %H:%M:%f', 'now', '+4 minutes') AND strftime('%Y-%m-%d %H:%M:%f', 'now', '+6 minutes')",
+        };
+        assert_eq!(db.count(&format!("SELECT count(*) FROM async_task WHERE {within}")), 1);
+    }
+
+    fn rescue_at_max_attempts_makes_the_task_dead(db: &TestDb) {
+        let tasks = [NewTask::new("ledger", "poison").max_attempts(2)];
+        let id = enqueue_batch(&mut db.conn(), &tasks).unwrap()[0].id;
+        let w1 = quiet_worker(db);
+        let w2 = quiet_worker(db);
+        let w3 = quiet_worker(db);
+        // The task kills its worker twice.
+        w1.claim().unwrap();
+        kill_heartbeat(db, w1.node_id());
+        assert_eq!(w3.rescue_once().unwrap().pending, 1);
+        db.make_all_due();
+        w2.claim().unwrap();
+        kill_heartbeat(db, w2.node_id());
+        assert_eq!(w3.rescue_once().unwrap().dead, 1);
+        let row = db.task(id);
+        assert_eq!((row.state.as_str(), row.failures), ("dead", 2));
+        assert_eq!(w3.run_once().unwrap().claimed, 0);
+    }
+
+    fn the_tasks_of_a_gone_node_are_rescued_at_once(db: &TestDb) {
+        enqueue_n(db, 2);
+        let leaving = quiet_worker(db);
+        let other = quiet_worker(db);
+        leaving.claim().unwrap();
+        // It exited past its shutdown timeout: marked gone with tasks still running.
+        db.exec(&format!("UPDATE async_node SET state = 'gone' WHERE id = {}", leaving.node_id()));
+        assert_eq!(other.rescue_once().unwrap().pending, 2);
+    }
+
+    fn drain_rescues_before_it_claims(db: &TestDb) {
+        enqueue_n(db, 2);
+        let crashed = quiet_worker(db);
+        crashed.claim().unwrap();
+        kill_heartbeat(db, crashed.node_id());
+        let cron = quiet_worker(db);
+        cron.drain().unwrap();
+        assert_eq!(db.count("SELECT count(*) FROM async_task WHERE state = 'pending' AND failures = 1"), 2);
+        db.make_all_due();
+        assert_eq!(cron.drain().unwrap().tally.done, 2);
+    }
+
+    fn a_heartbeat_records_the_database_clock_and_revives_the_node(db: &TestDb) {
+        let w = quiet_worker(db);
+        kill_heartbeat(db, w.node_id());
+        db.exec(&format!("UPDATE async_node SET state = 'gone' WHERE id = {}", w.node_id()));
+        w.heartbeat_once().unwrap();
+        let fresh = match db.backend() {
+            outbox::Backend::Postgres => "heartbeat_at > now() - interval '1 minute'",
+            outbox::Backend::Sqlite => "heartbeat_at > strftime('%Y-%m-%d %H:%M:%f', 'now', '-1 minutes')",
+        };
+        assert_eq!(
+            db.count(&format!("SELECT count(*) FROM async_node WHERE id = {} AND state = 'alive' AND {fresh}", w.node_id())),
+            1
+        );
+    }
+
+    fn a_node_whose_heartbeat_keeps_failing_stops_claiming(db: &TestDb) {
+        enqueue_n(db, 1);
+        let config = WorkerConfig {
+            heartbeat: Duration::from_millis(100),
+            dead_after: Duration::from_millis(200),
+            ..small_config()
+        };
+        let w = Worker::new(&db.url, ledger_registry("ledger"), config).unwrap();
+        // Its row disappears, so every heartbeat fails from now on.
+        db.exec(&format!("DELETE FROM async_node WHERE id = {}", w.node_id()));
+        assert!(w.heartbeat_once().is_err());
+        // Past dead_after − heartbeat (100 ms) since the registration, the last success.
+        std::thread::sleep(Duration::from_millis(150));
+        assert!(matches!(w.claim(), Err(Error::HeartbeatStale { .. })));
+        assert!(matches!(w.run_once(), Err(Error::HeartbeatStale { .. })));
+        assert_eq!(db.count("SELECT count(*) FROM async_task WHERE state = 'pending'"), 1);
+        // Once a heartbeat succeeds again, it claims.
+        db.exec(&format!("INSERT INTO async_node (id, name) VALUES ({}, 'back')", w.node_id()));
+        w.heartbeat_once().unwrap();
+        assert_eq!(w.run_once().unwrap().done, 1);
+    }
+}
