@@ -131,6 +131,16 @@ pub enum Error {
         since: std::time::Duration,
     },
 
+    /// After a stop signal, tasks still ran when the shutdown timeout expired; the process
+    /// exits and rescue recovers them.
+    #[error("{running} task(s) still running {timeout:?} after the stop signal; exiting, rescue will recover them")]
+    ShutdownTimeout {
+        /// Tasks still in flight.
+        running: u64,
+        /// The shutdown timeout.
+        timeout: std::time::Duration,
+    },
+
     /// The demo's exactly-once check found orders credited or granted a number of times other
     /// than one.
     #[error("demo check failed: {0}")]

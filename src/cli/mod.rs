@@ -16,7 +16,9 @@ use clap::{Args, Parser, Subcommand};
 use crate::db::{DatabaseUrl, DEFAULT_DATABASE_URL};
 use crate::error::Error;
 use crate::registry::Registry;
-use crate::worker::{WorkerConfig, DEFAULT_MAX_ATTEMPTS, DEFAULT_PAGE_SIZE};
+use crate::worker::{
+    WorkerConfig, DEFAULT_DEAD_AFTER_BEATS, DEFAULT_MAX_ATTEMPTS, DEFAULT_PAGE_SIZE,
+};
 
 /// Runs the CLI with the process's arguments and `registry`'s handlers; returns the exit code.
 ///
@@ -115,6 +117,20 @@ struct WorkerArgs {
     /// Attempts for tasks that do not set their own.
     #[arg(long, default_value_t = DEFAULT_MAX_ATTEMPTS)]
     max_attempts: i32,
+    /// How often this node records its heartbeat and rescues the tasks of dead nodes.
+    #[arg(long, value_parser = parse_duration, default_value = "5s")]
+    heartbeat: Duration,
+    /// A node silent for this long is dead and its running tasks are rescued
+    /// [default: 3 heartbeats].
+    #[arg(long, value_parser = parse_duration)]
+    dead_after: Option<Duration>,
+    /// A task running longer than this is rescued as hung.
+    #[arg(long, value_parser = parse_duration, default_value = "5m")]
+    task_timeout: Duration,
+    /// On SIGINT/SIGTERM, how long in-flight tasks may take to finish before the process
+    /// exits anyway (leaving them to rescue).
+    #[arg(long, value_parser = parse_duration, default_value = "30s")]
+    shutdown_timeout: Duration,
     /// Print the summary as one JSON object.
     #[arg(long)]
     json: bool,
@@ -130,6 +146,11 @@ impl WorkerArgs {
             queue: self.queue.unwrap_or(threads),
             page_size: self.page_size,
             max_attempts: self.max_attempts,
+            heartbeat: self.heartbeat,
+            dead_after: self
+                .dead_after
+                .unwrap_or(self.heartbeat * DEFAULT_DEAD_AFTER_BEATS),
+            task_timeout: self.task_timeout,
             ..defaults
         };
         config.validate()?;

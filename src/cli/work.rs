@@ -1,6 +1,7 @@
 //! `outbox drain` and `outbox run`.
 
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,10 +42,58 @@ pub(super) fn drain(url: &DatabaseUrl, registry: Registry, args: WorkerArgs) -> 
     let config = args.config()?;
     url.require_existing()?;
     let worker = Worker::new(url, registry, config)?;
-    install_signal_handlers(&worker.stop_flag())?;
-    let report = worker.drain()?;
+    let report = until_stopped(worker, args.shutdown_timeout, Worker::drain)?;
     print_report("drained", &report, args.json);
     Ok(())
+}
+
+/// Runs `work` on a thread of its own while this one waits for it to return, or for a stop
+/// signal and then at most `shutdown_timeout` more. The worker, once stopped, claims nothing
+/// and releases the tasks of its page that have not started; past the timeout the node is
+/// marked gone and the process exits with what is still running left to rescue.
+fn until_stopped(
+    worker: Worker,
+    shutdown_timeout: Duration,
+    work: fn(&Worker) -> crate::Result<Report>,
+) -> crate::Result<Report> {
+    let worker = Arc::new(worker);
+    let stop = worker.stop_flag();
+    install_signal_handlers(&stop)?;
+    let (done, finished) = mpsc::channel();
+    {
+        let worker = Arc::clone(&worker);
+        std::thread::Builder::new()
+            .name("outbox-claim".into())
+            .spawn(move || {
+                let _ = done.send(work(&worker));
+            })
+            .map_err(|e| Error::InvalidConfig(format!("cannot start the claiming thread: {e}")))?;
+    }
+    loop {
+        match finished.recv_timeout(Duration::from_millis(50)) {
+            Ok(result) => return result,
+            Err(RecvTimeoutError::Disconnected) => {
+                return Err(Error::InvalidConfig("the claiming thread panicked".into()))
+            }
+            Err(RecvTimeoutError::Timeout) if stop.load(Ordering::Relaxed) => break,
+            Err(RecvTimeoutError::Timeout) => {}
+        }
+    }
+    log::info!(
+        "stopping: no more claims; waiting up to {shutdown_timeout:?} for {} task(s) in flight",
+        worker.in_flight()
+    );
+    match finished.recv_timeout(shutdown_timeout) {
+        Ok(result) => result,
+        Err(_) => {
+            let running = worker.in_flight();
+            worker.mark_gone()?;
+            Err(Error::ShutdownTimeout {
+                running,
+                timeout: shutdown_timeout,
+            })
+        }
+    }
 }
 
 pub(super) fn run(url: &DatabaseUrl, registry: Registry, args: RunArgs) -> crate::Result<()> {

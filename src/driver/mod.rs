@@ -48,8 +48,9 @@ pub trait Driver {
     /// Records a failure and marks the task dead (fenced).
     fn task_fail_dead(&mut self, claim: &Claim, error: &str) -> QueryResult<usize>;
 
-    /// Puts a claimed task back to pending without counting a failure (fenced).
-    fn task_release(&mut self, claim: &Claim) -> QueryResult<usize>;
+    /// Puts a claimed task back to pending without counting a failure (fenced); `note`, when
+    /// given, replaces `last_error` (why it was released after its handler may have run).
+    fn task_release(&mut self, claim: &Claim, note: Option<&str>) -> QueryResult<usize>;
 
     /// Returns to pending (or dead, at max attempts) every running task whose owner is not a
     /// live node (no heartbeat for `dead_after_ms`, gone, unknown) or whose deadline has

@@ -1,7 +1,7 @@
 //! The driver on PostgreSQL: `SKIP LOCKED` claims, `jsonb` payloads, `NOTIFY` on enqueue.
 
 use diesel::pg::{Pg, PgConnection};
-use diesel::sql_types::{Array, BigInt, Integer, Text};
+use diesel::sql_types::{Array, BigInt, Integer, Nullable, Text};
 use diesel::{QueryResult, RunQueryDsl};
 
 use super::{fence, Claim, ClaimRow, Driver, KeywordStateCount, RescueParams, RescuedRow, TaskKey};
@@ -108,9 +108,13 @@ impl Driver for PgConnection {
         fence(set, claim).execute(self)
     }
 
-    fn task_release(&mut self, claim: &Claim) -> QueryResult<usize> {
-        let set = "UPDATE async_task SET state = 'pending', owner = NULL, updated_at = now()";
-        fence(Statement::new(set), claim).execute(self)
+    fn task_release(&mut self, claim: &Claim, note: Option<&str>) -> QueryResult<usize> {
+        let set = Statement::<Pg>::new(
+            "UPDATE async_task SET state = 'pending', owner = NULL, updated_at = now(), last_error = COALESCE(",
+        )
+        .bind::<Nullable<Text>, _>(note.map(str::to_owned))
+        .sql(", last_error)");
+        fence(set, claim).execute(self)
     }
 
     fn task_rescue_many(&mut self, rescue: &RescueParams) -> QueryResult<Vec<RescuedRow>> {

@@ -1,7 +1,7 @@
 //! The driver on SQLite: one writer at a time, so the claim needs no `SKIP LOCKED`; times
 //! are text written by SQLite's own clock.
 
-use diesel::sql_types::{BigInt, Integer, Text};
+use diesel::sql_types::{BigInt, Integer, Nullable, Text};
 use diesel::sqlite::{Sqlite, SqliteConnection};
 use diesel::{QueryResult, RunQueryDsl};
 
@@ -121,12 +121,15 @@ impl Driver for SqliteConnection {
         fence(set, claim).execute(self)
     }
 
-    fn task_release(&mut self, claim: &Claim) -> QueryResult<usize> {
-        let set = concat!(
+    fn task_release(&mut self, claim: &Claim, note: Option<&str>) -> QueryResult<usize> {
+        let set = Statement::<Sqlite>::new(concat!(
             "UPDATE async_task SET state = 'pending', owner = NULL, updated_at = ",
-            now!()
-        );
-        fence(Statement::new(set), claim).execute(self)
+            now!(),
+            ", last_error = COALESCE("
+        ))
+        .bind::<Nullable<Text>, _>(note.map(str::to_owned))
+        .sql(", last_error)");
+        fence(set, claim).execute(self)
     }
 
     fn task_rescue_many(&mut self, rescue: &RescueParams) -> QueryResult<Vec<RescuedRow>> {

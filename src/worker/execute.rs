@@ -59,12 +59,8 @@ impl Worker {
             token: task.claim_token,
         };
         if self.is_stopping() {
-            return self.record(
-                &claim,
-                "release (shutdown)",
-                |c| driver(c).task_release(&claim),
-                Outcome::Released,
-            );
+            // Its handler never ran: nothing to note.
+            return self.release(&claim, None);
         }
         let Some(handler) = self.registry.get(&task.context.keyword) else {
             // Only registered keywords are claimed; reaching this is a bug, not a task failure.
@@ -73,23 +69,13 @@ impl Worker {
                 claim.id,
                 task.context.keyword
             );
-            return self.record(
-                &claim,
-                "release",
-                |c| driver(c).task_release(&claim),
-                Outcome::Released,
-            );
+            return self.release(&claim, None);
         };
         let mut conn = match self.pool.get() {
             Ok(conn) => conn,
             Err(e) => {
                 log::warn!("task {}: no connection to run it: {e}", claim.id);
-                return self.record(
-                    &claim,
-                    "release",
-                    |c| driver(c).task_release(&claim),
-                    Outcome::Released,
-                );
+                return self.release(&claim, None);
             }
         };
         let result = write_transaction(&mut conn, |conn| {
@@ -124,16 +110,26 @@ impl Worker {
                 Outcome::Lost
             }
             Err(Rollback::Database(e)) => {
-                // Not the handler's fault: no failure is counted.
+                // Not the handler's fault: no failure is counted. Its external effects may
+                // have happened (a commit that failed), so the release is noted.
                 log::warn!("task {}: database error while running it: {e}", claim.id);
-                self.record(
-                    &claim,
-                    "release",
-                    |c| driver(c).task_release(&claim),
-                    Outcome::Released,
-                )
+                let note = truncate(
+                    &format!("released after a database error: {e}"),
+                    MAX_ERROR_LEN,
+                );
+                self.release(&claim, Some(&note))
             }
         }
+    }
+
+    /// Puts the task back to pending without a failure.
+    fn release(&self, claim: &Claim, note: Option<&str>) -> Outcome {
+        self.record(
+            claim,
+            "release",
+            |c| driver(c).task_release(claim, note),
+            Outcome::Released,
+        )
     }
 
     /// Records a handler failure: the next attempt after a backoff, or dead.

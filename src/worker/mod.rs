@@ -117,6 +117,8 @@ pub struct Worker {
     dispatcher: Dispatcher,
     stopping: Arc<AtomicBool>,
     totals: Mutex<Tally>,
+    /// Claimed tasks not finished yet (for the shutdown report).
+    in_flight: std::sync::atomic::AtomicU64,
     upkeep: Arc<Upkeep>,
     upkeep_thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -206,6 +208,7 @@ impl Worker {
             dispatcher,
             stopping: Arc::new(AtomicBool::new(false)),
             totals: Mutex::new(Tally::default()),
+            in_flight: std::sync::atomic::AtomicU64::new(0),
             upkeep,
             upkeep_thread: Some(upkeep_thread),
         })
@@ -246,6 +249,21 @@ impl Worker {
     /// How many tasks the claiming thread ran itself because the pool was full (CallerRuns).
     pub fn caller_runs(&self) -> u64 {
         self.dispatcher.caller_runs()
+    }
+
+    /// Tasks claimed by this worker and not finished yet.
+    pub fn in_flight(&self) -> u64 {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Marks this node gone in `async_node` (dropping the worker does it too). Tasks it still
+    /// holds are then rescued by the next rescue pass of any live node.
+    pub fn mark_gone(&self) -> Result<()> {
+        let mut conn = self.pool.get().op("node mark gone")?;
+        driver(&mut conn)
+            .node_mark_gone(self.node_id)
+            .op("node mark gone")?;
+        Ok(())
     }
 
     /// Everything this worker has done since it started.
@@ -306,8 +324,10 @@ impl Worker {
             claimed: page.len() as u64,
             ..Tally::default()
         });
+        self.in_flight.fetch_add(page.len() as u64, Ordering::Relaxed);
         self.dispatcher.run_all(page, |task| {
             let outcome = self.execute_task(&task);
+            self.in_flight.fetch_sub(1, Ordering::Relaxed);
             tally.lock().expect("tally lock").count(outcome);
         });
         let tally = tally.into_inner().expect("tally lock");
@@ -404,13 +424,8 @@ impl Drop for Worker {
         if let Some(thread) = self.upkeep_thread.take() {
             let _ = thread.join();
         }
-        match self.pool.get() {
-            Ok(mut conn) => {
-                if let Err(e) = driver(&mut conn).node_mark_gone(self.node_id) {
-                    log::warn!("node {}: could not mark it gone: {e}", self.node_id);
-                }
-            }
-            Err(e) => log::warn!("node {}: could not mark it gone: {e}", self.node_id),
+        if let Err(e) = self.mark_gone() {
+            log::warn!("node {}: could not mark it gone: {e}", self.node_id);
         }
     }
 }

@@ -1,0 +1,90 @@
+//! `outbox-fault`: the `outbox` CLI plus the fault suite's test handlers (`fault.*`). It
+//! exists for `handlers/tests/fault.rs`, which starts it as real worker processes and kills
+//! them; it is not meant for production.
+//!
+//! Every handler takes an optional `{"sleep_ms": N}` payload, so that kills land mid-work.
+//! - `fault.ledger`: one `fault_ledger` row in the task's transaction (exactly once).
+//! - `fault.external`: appends the task id to the file `$OUTBOX_FAULT_FILE`, outside the
+//!   database (at least once).
+//! - `fault.fail`: always fails. `fault.panic`: always panics.
+//! - `fault.abort`: aborts the whole process. `fault.hang`: sleeps for an hour.
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use diesel::RunQueryDsl;
+use outbox::{DbConnection, HandlerResult, TaskContext};
+
+#[derive(serde::Deserialize, Default)]
+struct Payload {
+    #[serde(default)]
+    sleep_ms: u64,
+}
+
+fn pause(task: &TaskContext) -> anyhow::Result<()> {
+    let payload: Payload = serde_json::from_str(task.payload_json()).unwrap_or_default();
+    if payload.sleep_ms > 0 {
+        std::thread::sleep(Duration::from_millis(payload.sleep_ms));
+    }
+    Ok(())
+}
+
+fn ledger(task: &TaskContext, conn: &mut DbConnection) -> HandlerResult {
+    pause(task)?;
+    diesel::sql_query(format!(
+        "INSERT INTO fault_ledger (task_id) VALUES ({})",
+        task.id()
+    ))
+    .execute(conn)
+    .context("writing the ledger row")?;
+    Ok(())
+}
+
+fn external(task: &TaskContext, _: &mut DbConnection) -> HandlerResult {
+    pause(task)?;
+    let path = std::env::var("OUTBOX_FAULT_FILE").context("OUTBOX_FAULT_FILE is not set")?;
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .with_context(|| format!("opening {path}"))?;
+    // One write of one short line: O_APPEND makes it atomic between processes.
+    file.write_all(format!("{}\n", task.id()).as_bytes())
+        .with_context(|| format!("appending to {path}"))?;
+    Ok(())
+}
+
+fn fail(task: &TaskContext, _: &mut DbConnection) -> HandlerResult {
+    pause(task)?;
+    Err(anyhow::anyhow!("fault.fail always fails").into())
+}
+
+fn panic(task: &TaskContext, _: &mut DbConnection) -> HandlerResult {
+    pause(task)?;
+    panic!("fault.panic always panics");
+}
+
+fn abort(task: &TaskContext, _: &mut DbConnection) -> HandlerResult {
+    pause(task)?;
+    std::process::abort();
+}
+
+fn hang(_: &TaskContext, _: &mut DbConnection) -> HandlerResult {
+    std::thread::sleep(Duration::from_secs(3600));
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    let mut registry = outbox_handlers::registry();
+    registry
+        .register("fault.ledger", ledger)
+        .register("fault.external", external)
+        .register("fault.fail", fail)
+        .register("fault.panic", panic)
+        .register("fault.abort", abort)
+        .register("fault.hang", hang);
+    outbox::cli::main(registry)
+}
