@@ -98,9 +98,27 @@ impl Worker {
         // back so that the connection goes back to the pool clean (the pool discards it if
         // that fails).
         unwind_transactions(&mut conn);
+        // Once unwound, a connection that still reports itself broken broke under the handler
+        // (server restart, killed backend): its error is an infrastructure error, not the
+        // handler's. diesel marks such a connection so, and the pool discards it.
+        let connection_broke =
+            <DbConnection as Connection>::TransactionManager::is_broken_transaction_manager(
+                &mut conn,
+            );
         drop(conn);
         match result {
             Ok(()) => Outcome::Done,
+            Err(Rollback::Handler(error)) if connection_broke => {
+                log::warn!(
+                    "task {}: the connection broke under its handler: {error}",
+                    claim.id
+                );
+                let note = truncate(
+                    &format!("released: the connection broke while the handler ran: {error}"),
+                    MAX_ERROR_LEN,
+                );
+                self.release(&claim, Some(&note))
+            }
             Err(Rollback::Handler(error)) => self.fail(task, &claim, &error),
             Err(Rollback::Fenced) => {
                 log::warn!(

@@ -324,7 +324,8 @@ impl Worker {
             claimed: page.len() as u64,
             ..Tally::default()
         });
-        self.in_flight.fetch_add(page.len() as u64, Ordering::Relaxed);
+        self.in_flight
+            .fetch_add(page.len() as u64, Ordering::Relaxed);
         self.dispatcher.run_all(page, |task| {
             let outcome = self.execute_task(&task);
             self.in_flight.fetch_sub(1, Ordering::Relaxed);

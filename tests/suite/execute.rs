@@ -2,6 +2,7 @@
 
 use outbox::{enqueue, DbConnection, HandlerError, HandlerResult, NewTask, Registry, TaskContext};
 
+use crate::support::TestDb;
 use crate::{worker, write_ledger};
 
 fn write_then_fail(task: &TaskContext, conn: &mut DbConnection) -> HandlerResult {
@@ -164,4 +165,45 @@ both_backends! {
         assert_eq!(w.run_once().unwrap().done, 8);
         assert_eq!(db.count("SELECT count(*) FROM test_ledger"), 8);
     }
+}
+
+/// PostgreSQL only: an SQLite connection cannot be killed from outside.
+#[test]
+fn a_connection_killed_under_its_handler_is_not_the_tasks_failure() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    let db = &TestDb::postgres();
+    let killed = Arc::new(AtomicBool::new(false));
+    let once = Arc::clone(&killed);
+    let mut registry = Registry::new();
+    registry.register(
+        "victim",
+        move |task: &TaskContext, conn: &mut DbConnection| -> HandlerResult {
+            use diesel::RunQueryDsl;
+            if !once.swap(true, Ordering::SeqCst) {
+                // The server ends this very connection, as a restart or an operator would.
+                let _ = diesel::sql_query("SELECT pg_terminate_backend(pg_backend_pid())")
+                    .execute(conn);
+            }
+            write_ledger(task, conn)
+        },
+    );
+    let id = enqueue(&mut db.conn(), &NewTask::new("victim", "1"))
+        .unwrap()
+        .id;
+    let w = worker(db, registry);
+    let tally = w.run_once().unwrap();
+    assert_eq!((tally.released, tally.retried), (1, 0));
+    assert!(killed.load(Ordering::SeqCst));
+    let row = db.task(id);
+    assert_eq!((row.state.as_str(), row.failures), ("pending", 0));
+    assert!(row
+        .last_error
+        .unwrap()
+        .starts_with("released: the connection broke while the handler ran"));
+    // The pool replaced the dead connection: the next attempt succeeds.
+    let tally = w.run_once().unwrap();
+    assert_eq!(tally.done, 1, "{tally:?}");
+    assert_eq!(db.ledger_rows(id), 1);
 }
