@@ -238,33 +238,65 @@ impl CustomizeConnection<DbConnection, diesel::r2d2::Error> for Configure {
 /// Runs `f` in a write transaction: `BEGIN IMMEDIATE` on SQLite (a deferred transaction that
 /// later writes gets `SQLITE_BUSY` whatever the busy timeout), a plain `BEGIN` on PostgreSQL.
 ///
-/// Commits when `f` returns `Ok`, rolls back when it returns `Err`. A nested
-/// `conn.transaction(…)` inside `f` becomes a savepoint, as with diesel's own transactions.
+/// Commits when `f` returns `Ok`, rolls back when it returns `Err`. Inside `f`, nest with
+/// `conn.transaction(…)`, which becomes a savepoint (not `immediate_transaction`, which cannot
+/// nest). If `f` returns `Ok` while a nested transaction it opened is still open, nothing is
+/// committed: everything rolls back and the error says so.
 pub fn write_transaction<T, E, F>(conn: &mut DbConnection, f: F) -> std::result::Result<T, E>
 where
     F: FnOnce(&mut DbConnection) -> std::result::Result<T, E>,
     E: From<diesel::result::Error>,
 {
+    type Manager = <DbConnection as Connection>::TransactionManager;
     match conn {
         DbConnection::Sqlite(c) => {
             AnsiTransactionManager::begin_transaction_sql(c, "BEGIN IMMEDIATE")?
         }
         DbConnection::Pg(c) => AnsiTransactionManager::begin_transaction(c)?,
     }
-    match f(conn) {
-        Ok(value) => {
-            <DbConnection as Connection>::TransactionManager::commit_transaction(conn)?;
+    let value = match f(conn) {
+        Ok(value) => value,
+        Err(e) => {
+            roll_back_all(conn);
+            return Err(e);
+        }
+    };
+    match Manager::transaction_manager_status_mut(conn).transaction_depth() {
+        Ok(Some(depth)) if depth.get() == 1 => {
+            Manager::commit_transaction(conn)?;
             Ok(value)
         }
+        Ok(depth) => {
+            roll_back_all(conn);
+            Err(diesel::result::Error::QueryBuilderError(
+                format!(
+                    "a nested transaction was left open ({} levels deep); nothing was committed",
+                    depth.map_or(0, |d| d.get())
+                )
+                .into(),
+            )
+            .into())
+        }
         Err(e) => {
-            if let Err(rollback) =
-                <DbConnection as Connection>::TransactionManager::rollback_transaction(conn)
-            {
-                // The original error matters more; the broken connection is discarded by the
-                // pool, and the server aborts a transaction whose connection went away.
-                log::warn!("rollback failed: {rollback}");
-            }
-            Err(e)
+            roll_back_all(conn);
+            Err(e.into())
+        }
+    }
+}
+
+/// Rolls back every open transaction level; on failure the connection is left marked broken
+/// (the pool then discards it, and the server aborts a transaction whose connection went
+/// away).
+pub(crate) fn roll_back_all(conn: &mut DbConnection) {
+    type Manager = <DbConnection as Connection>::TransactionManager;
+    loop {
+        match Manager::transaction_manager_status_mut(conn).transaction_depth() {
+            Ok(Some(_)) => {}
+            Ok(None) | Err(_) => return,
+        }
+        if let Err(e) = Manager::rollback_transaction(conn) {
+            log::warn!("rollback failed: {e}");
+            return;
         }
     }
 }

@@ -34,8 +34,9 @@ pub struct WorkerConfig {
     /// Tasks waiting for a thread beyond those running (default: as many as `threads`). When
     /// `threads + queue` tasks are in flight, the claiming thread runs the next one itself.
     pub queue: usize,
-    /// Tasks claimed per claim statement, at most (default 100). Never more than a page is
-    /// held in memory.
+    /// Tasks claimed per claim statement, at most (default 100). A claim never takes more
+    /// than can start at once (`threads + queue + 1`, the claiming thread), so that a claimed
+    /// task waits at most for the queue ahead of it.
     pub page_size: usize,
     /// Attempts for tasks that do not set their own (default 20).
     pub max_attempts: i32,
@@ -53,8 +54,9 @@ pub struct WorkerConfig {
     /// running tasks are rescued (default 3 heartbeats). A node that has not managed to
     /// record a heartbeat for `dead_after − heartbeat` stops claiming.
     pub dead_after: Duration,
-    /// How long a task may run before it is rescued as hung (default 5 min). The handler
-    /// thread cannot be killed; its late completion is fenced out.
+    /// How long a task may take from its claim before it is rescued as hung (default 5 min).
+    /// It must exceed the longest handler by the time a claimed task may wait in the queue.
+    /// The handler thread cannot be killed; its late completion is fenced out.
     pub task_timeout: Duration,
 }
 
@@ -118,6 +120,11 @@ impl WorkerConfig {
             return bad("task timeout must be at least 100ms".into());
         }
         self.backoff.validate().map_err(Error::InvalidConfig)
+    }
+
+    /// The most tasks one claim may take: every thread, the queue, and the claiming thread.
+    pub fn claim_capacity(&self) -> usize {
+        self.threads + self.queue + 1
     }
 
     /// Connections the worker's pool needs: one per thread, one for the claiming thread

@@ -4,7 +4,7 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Duration;
 
-use diesel::connection::{TransactionManager, TransactionManagerStatus};
+use diesel::connection::TransactionManager;
 use diesel::Connection;
 
 use super::Worker;
@@ -78,6 +78,7 @@ impl Worker {
                 return self.release(&claim, None);
             }
         };
+        let turn = self.write_turn();
         let result = write_transaction(&mut conn, |conn| {
             match catch_unwind(AssertUnwindSafe(|| handler.handle(&task.context, conn))) {
                 Ok(Ok(())) => {}
@@ -94,11 +95,8 @@ impl Worker {
                 _ => Ok(()),
             }
         });
-        // A handler that panicked inside a nested transaction leaves savepoints open; roll them
-        // back so that the connection goes back to the pool clean (the pool discards it if
-        // that fails).
-        unwind_transactions(&mut conn);
-        // Once unwound, a connection that still reports itself broken broke under the handler
+        drop(turn);
+        // `write_transaction` rolled back every level it found open. A connection that still reports itself broken broke under the handler
         // (server restart, killed backend): its error is an infrastructure error, not the
         // handler's. diesel marks such a connection so, and the pool discards it.
         let connection_broke =
@@ -108,18 +106,6 @@ impl Worker {
         drop(conn);
         match result {
             Ok(()) => Outcome::Done,
-            Err(Rollback::Handler(error)) if connection_broke => {
-                log::warn!(
-                    "task {}: the connection broke under its handler: {error}",
-                    claim.id
-                );
-                let note = truncate(
-                    &format!("released: the connection broke while the handler ran: {error}"),
-                    MAX_ERROR_LEN,
-                );
-                self.release(&claim, Some(&note))
-            }
-            Err(Rollback::Handler(error)) => self.fail(task, &claim, &error),
             Err(Rollback::Fenced) => {
                 log::warn!(
                     "task {}: its claim was taken over before completion; effects rolled back",
@@ -127,17 +113,41 @@ impl Worker {
                 );
                 Outcome::Lost
             }
-            Err(Rollback::Database(e)) => {
-                // Not the handler's fault: no failure is counted. Its external effects may
-                // have happened (a commit that failed), so the release is noted.
-                log::warn!("task {}: database error while running it: {e}", claim.id);
-                let note = truncate(
-                    &format!("released after a database error: {e}"),
-                    MAX_ERROR_LEN,
+            // The database, not the task, failed: no failure is counted. Its external effects
+            // may have happened (a commit whose answer was lost), so the release is noted.
+            Err(Rollback::Handler(error)) if connection_broke => {
+                log::warn!(
+                    "task {}: the connection broke under its handler: {error}",
+                    claim.id
                 );
-                self.release(&claim, Some(&note))
+                self.release_noted(
+                    &claim,
+                    &format!("the connection broke while the handler ran: {error}"),
+                )
             }
+            Err(Rollback::Database(e)) if connection_broke || is_infrastructure(&e) => {
+                log::warn!(
+                    "task {}: database unavailable while running it: {e}",
+                    claim.id
+                );
+                self.release_noted(&claim, &format!("database unavailable: {e}"))
+            }
+            Err(Rollback::Handler(error)) => self.fail(task, &claim, &error),
+            // Anything else that failed in the task's transaction (a deferred constraint at
+            // COMMIT, a transaction the handler left aborted, a serialization failure) is the
+            // task's failure: counted, retried after a backoff, dead at max attempts.
+            Err(Rollback::Database(e)) => self.fail(
+                task,
+                &claim,
+                &HandlerError::retry(anyhow::anyhow!("the task's transaction failed: {e}")),
+            ),
         }
+    }
+
+    /// Releases a task whose attempt the database interrupted, noting why in `last_error`.
+    fn release_noted(&self, claim: &Claim, why: &str) -> Outcome {
+        let note = truncate(&format!("released: {why}"), MAX_ERROR_LEN);
+        self.release(claim, Some(&note))
     }
 
     /// Puts the task back to pending without a failure.
@@ -200,7 +210,10 @@ impl Worker {
         let mut pause = WRITE_RETRY_PAUSE;
         for attempt in 1..=WRITE_ATTEMPTS {
             let result = match self.pool.get() {
-                Ok(mut conn) => write(&mut conn).map_err(|e| e.to_string()),
+                Ok(mut conn) => {
+                    let _turn = self.write_turn();
+                    write(&mut conn).map_err(|e| e.to_string())
+                }
                 Err(e) => Err(e.to_string()),
             };
             match result {
@@ -229,20 +242,19 @@ impl Worker {
     }
 }
 
-fn unwind_transactions(conn: &mut DbConnection) {
-    for _ in 0..64 {
-        let status =
-            <DbConnection as Connection>::TransactionManager::transaction_manager_status_mut(conn);
-        let open = match status {
-            TransactionManagerStatus::Valid(valid) => valid.transaction_depth().is_some(),
-            TransactionManagerStatus::InError => return,
-        };
-        if !open {
-            return;
+/// Whether a database error is the database's (unreachable, or SQLite's write lock still
+/// taken after the busy timeout) rather than the task's.
+fn is_infrastructure(error: &diesel::result::Error) -> bool {
+    use diesel::result::{DatabaseErrorKind, Error};
+    match error {
+        Error::DatabaseError(DatabaseErrorKind::ClosedConnection, _)
+        | Error::DatabaseError(DatabaseErrorKind::UnableToSendCommand, _)
+        | Error::BrokenTransactionManager => true,
+        Error::DatabaseError(_, info) => {
+            let message = info.message();
+            message.contains("database is locked") || message.contains("database table is locked")
         }
-        if <DbConnection as Connection>::TransactionManager::rollback_transaction(conn).is_err() {
-            return;
-        }
+        _ => false,
     }
 }
 

@@ -52,15 +52,21 @@ both_backends! {
         assert_eq!(order, [first, second, low]);
     }
 
-    fn a_claim_takes_at_most_one_page(db: &TestDb) {
+    fn a_claim_takes_at_most_a_page_and_what_can_start_at_once(db: &TestDb) {
         let tasks: Vec<NewTask> = (0..25).map(|n| NewTask::new("ledger", n.to_string())).collect();
         enqueue_batch(&mut db.conn(), &tasks).unwrap();
-        let w = worker(db, ledger_registry("ledger"));
+        // Room for 2 + 20 + 1: the page (10) is the bound.
+        let roomy = WorkerConfig { threads: 2, queue: 20, page_size: 10, ..small_config() };
+        let w = Worker::new(&db.url, ledger_registry("ledger"), roomy).unwrap();
         let tally = w.run_once().unwrap();
         assert_eq!((tally.claimed, tally.done), (10, 10));
         assert_eq!(db.count("SELECT count(*) FROM async_task WHERE state = 'pending'"), 15);
+        // One thread, no queue, and the claiming thread: 2 can start at once.
+        let narrow = WorkerConfig { threads: 1, queue: 0, page_size: 10, ..small_config() };
+        let w = Worker::new(&db.url, ledger_registry("ledger"), narrow).unwrap();
+        assert_eq!(w.run_once().unwrap().claimed, 2);
         let report = w.drain().unwrap();
-        assert_eq!(report.tally.done, 15);
+        assert_eq!(report.tally.done, 13);
         assert_eq!(db.count("SELECT count(*) FROM test_ledger"), 25);
     }
 

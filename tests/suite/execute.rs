@@ -156,13 +156,13 @@ both_backends! {
         let mut registry = registry_with("nested", nested_panic);
         registry.register("ledger", write_ledger);
         let w = worker(db, registry);
-        assert_eq!(w.run_once().unwrap().dead, 4);
+        assert_eq!(w.drain().unwrap().tally.dead, 4);
         assert_eq!(db.count("SELECT count(*) FROM test_ledger"), 0);
         // Every pooled connection is usable: effects of later tasks commit.
         for n in 0..8 {
             enqueue(&mut conn, &NewTask::new("ledger", n.to_string())).unwrap();
         }
-        assert_eq!(w.run_once().unwrap().done, 8);
+        assert_eq!(w.drain().unwrap().tally.done, 8);
         assert_eq!(db.count("SELECT count(*) FROM test_ledger"), 8);
     }
 }
