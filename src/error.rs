@@ -119,6 +119,11 @@ pub enum Error {
         source: r2d2::Error,
     },
 
+    /// The process could not do something it needs to run: start a thread, install a signal
+    /// handler, find its own node row.
+    #[error("{0}")]
+    Runtime(String),
+
     /// The node has not recorded a heartbeat for so long that other nodes may rescue its
     /// tasks: it does not claim more until a heartbeat succeeds again.
     #[error(

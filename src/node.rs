@@ -43,7 +43,7 @@ impl Heartbeat {
             let conn = slot.as_mut().expect("connected above");
             match driver(conn).node_heartbeat(self.node_id) {
                 Ok(1) => Ok(()),
-                Ok(_) => Err(Error::InvalidConfig(format!(
+                Ok(_) => Err(Error::Runtime(format!(
                     "node {} is missing from async_node",
                     self.node_id
                 ))),

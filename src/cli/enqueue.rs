@@ -24,8 +24,8 @@ pub(super) struct EnqueueArgs {
     /// The tenant, the unit of quotas.
     #[arg(long)]
     tenant: Option<String>,
-    /// Lower runs first.
-    #[arg(long, default_value_t = 0)]
+    /// Lower runs first (negative numbers allowed).
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     priority: i16,
     /// Attempts before the task is dead [default: the worker's].
     #[arg(long)]

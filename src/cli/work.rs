@@ -33,7 +33,7 @@ fn install_signal_handlers(stop: &Arc<AtomicBool>) -> crate::Result<()> {
         // Order matters: the conditional exit is checked before the flag is set.
         signal_hook::flag::register_conditional_shutdown(signal, 1, Arc::clone(stop))
             .and_then(|_| signal_hook::flag::register(signal, Arc::clone(stop)))
-            .map_err(|e| Error::InvalidConfig(format!("cannot install signal handler: {e}")))?;
+            .map_err(|e| Error::Runtime(format!("cannot install signal handler: {e}")))?;
     }
     Ok(())
 }
@@ -67,13 +67,13 @@ fn until_stopped(
             .spawn(move || {
                 let _ = done.send(work(&worker));
             })
-            .map_err(|e| Error::InvalidConfig(format!("cannot start the claiming thread: {e}")))?;
+            .map_err(|e| Error::Runtime(format!("cannot start the claiming thread: {e}")))?;
     }
     loop {
         match finished.recv_timeout(Duration::from_millis(50)) {
             Ok(result) => return result,
             Err(RecvTimeoutError::Disconnected) => {
-                return Err(Error::InvalidConfig("the claiming thread panicked".into()))
+                return Err(Error::Runtime("the claiming thread panicked".into()))
             }
             Err(RecvTimeoutError::Timeout) if stop.load(Ordering::Relaxed) => break,
             Err(RecvTimeoutError::Timeout) => {}

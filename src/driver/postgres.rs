@@ -84,7 +84,9 @@ impl Driver for PgConnection {
     }
 
     fn task_complete(&mut self, claim: &Claim) -> QueryResult<usize> {
-        let set = "UPDATE async_task SET state = 'done', finished_at = now(), updated_at = now()";
+        // Inside the handler's transaction now() is the transaction's start; the clock is the
+        // time it finished.
+        let set = "UPDATE async_task SET state = 'done', finished_at = clock_timestamp(), updated_at = clock_timestamp()";
         fence(Statement::new(set), claim).execute(self)
     }
 

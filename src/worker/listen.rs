@@ -23,7 +23,7 @@ pub(crate) struct Listener {
 impl Listener {
     pub(crate) fn connect(url: &DatabaseUrl) -> Result<Listener> {
         let DbConnection::Pg(mut conn) = url.connect()? else {
-            return Err(Error::InvalidConfig("LISTEN needs PostgreSQL".into()));
+            return Err(Error::Runtime("LISTEN needs PostgreSQL".into()));
         };
         conn.batch_execute(&format!("LISTEN {NOTIFY_CHANNEL}"))
             .map_err(|source| Error::Database {

@@ -179,9 +179,8 @@ impl Worker {
         let name = node_name();
         let node_id = driver(&mut conn).node_register(&name).op("node register")?;
         drop(conn);
-        let dispatcher = Dispatcher::new(config.threads, config.queue).map_err(|e| {
-            Error::InvalidConfig(format!("cannot start {} threads: {e}", config.threads))
-        })?;
+        let dispatcher = Dispatcher::new(config.threads, config.queue)
+            .map_err(|e| Error::Runtime(format!("cannot start {} threads: {e}", config.threads)))?;
         let upkeep = Arc::new(Upkeep {
             heartbeat: Heartbeat::new(url.clone(), node_id),
             pool: pool.clone(),
@@ -199,9 +198,7 @@ impl Worker {
             std::thread::Builder::new()
                 .name(format!("outbox-upkeep-{node_id}"))
                 .spawn(move || upkeep.run())
-                .map_err(|e| {
-                    Error::InvalidConfig(format!("cannot start the heartbeat thread: {e}"))
-                })?
+                .map_err(|e| Error::Runtime(format!("cannot start the heartbeat thread: {e}")))?
         };
         log::info!(
             "node {node_id} ({name}) started on {}: keywords {:?}, {} threads",

@@ -123,3 +123,48 @@ both_backends! {
         assert!(matches!(Worker::new(&db.url, registry, small_config()), Err(outbox::Error::NotMigrated { pending: 1 })));
     }
 }
+
+/// PostgreSQL only: an idle `run` whose poll interval is an hour still picks up a task within
+/// moments of the producer's commit, through LISTEN/NOTIFY.
+#[test]
+fn notify_wakes_an_idle_run_worker() {
+    use std::time::Instant;
+
+    let db = &crate::support::TestDb::postgres();
+    let config = WorkerConfig {
+        poll_interval: Duration::from_secs(3600),
+        ..small_config()
+    };
+    let w = Worker::new(&db.url, ledger_registry("ledger"), config).unwrap();
+    let stop = w.stop_flag();
+    std::thread::scope(|s| {
+        let runner = s.spawn(|| w.run().unwrap());
+        // The first task is claimed either by the first pass or through NOTIFY.
+        let id = enqueue(&mut db.conn(), &NewTask::new("ledger", "1"))
+            .unwrap()
+            .id;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while db.task(id).state != "done" {
+            assert!(
+                Instant::now() < deadline,
+                "not run within 30 s: NOTIFY did not wake it"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // After that pass claimed less than a page, the worker waits up to its poll interval
+        // (an hour): only the NOTIFY of this enqueue can wake it.
+        let id = enqueue(&mut db.conn(), &NewTask::new("ledger", "2"))
+            .unwrap()
+            .id;
+        while db.task(id).state != "done" {
+            assert!(
+                Instant::now() < deadline,
+                "not run within 30 s: NOTIFY did not wake it"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        stop.store(true, Ordering::Relaxed);
+        let report = runner.join().unwrap();
+        assert_eq!(report.tally.done, 2);
+    });
+}

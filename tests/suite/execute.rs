@@ -207,3 +207,28 @@ fn a_connection_killed_under_its_handler_is_not_the_tasks_failure() {
     assert_eq!(tally.done, 1, "{tally:?}");
     assert_eq!(db.ledger_rows(id), 1);
 }
+
+both_backends! {
+    fn a_transaction_that_fails_at_commit_is_the_tasks_failure(db: &TestDb) {
+        // A deferred foreign key is checked at COMMIT, after the handler returned Ok.
+        db.exec("CREATE TABLE test_parent (id BIGINT PRIMARY KEY)");
+        db.exec(
+            "CREATE TABLE test_child (parent_id BIGINT NOT NULL \
+             REFERENCES test_parent (id) DEFERRABLE INITIALLY DEFERRED)",
+        );
+        fn orphan(_: &TaskContext, conn: &mut DbConnection) -> HandlerResult {
+            use diesel::RunQueryDsl;
+            diesel::sql_query("INSERT INTO test_child (parent_id) VALUES (42)").execute(conn)?;
+            Ok(())
+        }
+        let id = enqueue(&mut db.conn(), &NewTask::new("orphan", "1").max_attempts(2)).unwrap().id;
+        let w = worker(db, registry_with("orphan", orphan));
+        assert_eq!(w.run_once().unwrap().retried, 1);
+        let row = db.task(id);
+        assert_eq!((row.state.as_str(), row.failures), ("pending", 1));
+        assert!(row.last_error.unwrap().contains("the task's transaction failed"));
+        db.make_all_due();
+        assert_eq!(w.run_once().unwrap().dead, 1);
+        assert_eq!(db.count("SELECT count(*) FROM test_child"), 0);
+    }
+}
