@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The one test command of the project (README and CI both call it):
 #
-#   scripts/test.sh [ARGS...]     ARGS are passed to `cargo test`,
-#                                 e.g. scripts/test.sh -- --nocapture
+#   scripts/test.sh [--long] [ARGS...]
+#
+#   --long   run the fault suite (handlers/tests/fault.rs) in its long profile
+#            (≥ 50 kills, more restarts; tens of minutes) instead of the short one
+#   ARGS     passed to `cargo test`, e.g. scripts/test.sh -- --nocapture
 #
 # Runs rustfmt, clippy and the whole test suite (unit tests, doctests and the
 # integration suite) against a PostgreSQL given by OUTBOX_TEST_PG_URL, or a
@@ -15,6 +18,12 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 repo_root=$PWD
 
 step() { printf '\n==> %s\n' "$*" >&2; }
+
+export OUTBOX_FAULT_PROFILE=short
+if [[ ${1:-} == --long ]]; then
+    OUTBOX_FAULT_PROFILE=long
+    shift
+fi
 
 # Full backtraces from panicking tests make CI failures diagnosable.
 export RUST_BACKTRACE=1
@@ -46,6 +55,8 @@ step "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
 step "cargo test"
+# A stale fault report from an earlier run must not be shown as this run's.
+rm -f target/tmp/fault-report.txt
 # The output is kept to add up every test binary's "test result" line: cargo's own last line
 # is that of the last binary only (a doctest run with nothing in it, say), so the run ends
 # with one plain total.
@@ -59,6 +70,11 @@ rm -f "$test_log"
 if [[ $status -ne 0 ]]; then
     echo "tests: $passed passed, $failed failed"
     exit "$status"
+fi
+fault_report=target/tmp/fault-report.txt
+if [[ -f $fault_report ]]; then
+    step "fault suite figures ($OUTBOX_FAULT_PROFILE profile)"
+    cat "$fault_report"
 fi
 step "all checks passed"
 echo "tests: $passed passed, $failed failed"
