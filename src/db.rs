@@ -216,14 +216,30 @@ impl DatabaseUrl {
 /// SQLite: WAL so readers never block the writer, `synchronous=NORMAL` (durable at
 /// checkpoints, never corrupt), a busy timeout so that competing writers queue instead of
 /// failing, and foreign keys on.
+///
+/// Switching a new file to WAL needs an exclusive lock and SQLite reports `database is locked`
+/// at once, without consulting the busy timeout, when another process holds the file (five
+/// `migrate`s at once on a new file): that is retried until the busy timeout.
 fn configure(conn: &mut DbConnection) -> diesel::QueryResult<()> {
-    match conn {
-        DbConnection::Pg(_) => Ok(()),
-        DbConnection::Sqlite(c) => c.batch_execute(&format!(
-            "PRAGMA busy_timeout = {}; PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON;",
-            SQLITE_BUSY_TIMEOUT.as_millis()
-        )),
-    }
+    let DbConnection::Sqlite(c) = conn else {
+        return Ok(());
+    };
+    c.batch_execute(&format!(
+        "PRAGMA busy_timeout = {};",
+        SQLITE_BUSY_TIMEOUT.as_millis()
+    ))?;
+    let give_up = std::time::Instant::now() + SQLITE_BUSY_TIMEOUT;
+    loop {
+        match c.batch_execute("PRAGMA journal_mode = WAL;") {
+            Err(diesel::result::Error::DatabaseError(_, info))
+                if info.message().contains("locked") && std::time::Instant::now() < give_up =>
+            {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            other => break other,
+        }
+    }?;
+    c.batch_execute("PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON;")
 }
 
 #[derive(Debug)]
@@ -282,6 +298,46 @@ where
             Err(e.into())
         }
     }
+}
+
+/// Whether a diesel error says that the connection itself is gone (server restarted, backend
+/// terminated, network cut) rather than that a statement failed.
+pub(crate) fn is_connection_error(error: &diesel::result::Error) -> bool {
+    use diesel::result::{DatabaseErrorKind, Error};
+    matches!(
+        error,
+        Error::DatabaseError(DatabaseErrorKind::ClosedConnection, _)
+            | Error::DatabaseError(DatabaseErrorKind::UnableToSendCommand, _)
+            | Error::BrokenTransactionManager
+    )
+}
+
+/// Marks a pooled connection broken when a statement on it failed at the connection level.
+///
+/// diesel marks a connection broken only when a *transaction* on it fails; a single statement
+/// that fails because its backend was terminated leaves it looking healthy, and the pool (which
+/// does not ping on checkout, to save a round trip per task) would hand the dead connection out
+/// again, forever. Marked, it is discarded when it goes back to the pool.
+pub(crate) trait DiscardBroken {
+    /// Marks `conn` broken if `self` is a connection-level error; returns `self` unchanged.
+    fn discard_broken(self, conn: &mut DbConnection) -> Self;
+}
+
+impl<T> DiscardBroken for diesel::QueryResult<T> {
+    fn discard_broken(self, conn: &mut DbConnection) -> Self {
+        if let Err(e) = &self {
+            if is_connection_error(e) {
+                mark_broken(conn);
+            }
+        }
+        self
+    }
+}
+
+/// Marks `conn` broken: the pool discards it instead of handing it out again.
+pub(crate) fn mark_broken(conn: &mut DbConnection) {
+    type Manager = <DbConnection as Connection>::TransactionManager;
+    Manager::transaction_manager_status_mut(conn).set_in_error();
 }
 
 /// Rolls back every open transaction level; on failure the connection is left marked broken

@@ -73,6 +73,11 @@ impl Heartbeat {
         result
     }
 
+    /// The node this heartbeat is for.
+    pub(crate) fn node_id(&self) -> i64 {
+        self.node_id
+    }
+
     /// Time since the last successful heartbeat.
     pub(crate) fn since_last_ok(&self) -> Duration {
         self.last_ok.lock().expect("heartbeat time lock").elapsed()

@@ -7,7 +7,7 @@
 //! concurrent rescuers never rescue a task twice, and a node that recovers in the meantime
 //! keeps its tasks. A rescued task's late completion by its old owner is fenced out.
 
-use crate::db::DbPool;
+use crate::db::{DbPool, DiscardBroken};
 use crate::driver::{driver, RescueParams};
 use crate::error::{OpContext, Result};
 
@@ -25,6 +25,7 @@ pub(crate) fn rescue_once(pool: &DbPool, params: &RescueParams) -> Result<Rescue
     let mut conn = pool.get().op("task rescue")?;
     let rows = driver(&mut conn)
         .task_rescue_many(params)
+        .discard_broken(&mut conn)
         .op("task rescue")?;
     let mut report = RescueReport::default();
     for row in rows {

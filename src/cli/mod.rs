@@ -124,7 +124,8 @@ struct WorkerArgs {
     /// [default: 3 heartbeats].
     #[arg(long, value_parser = parse_duration)]
     dead_after: Option<Duration>,
-    /// A task running longer than this is rescued as hung.
+    /// A task running longer than this is rescued as hung; if its handler is still running a
+    /// heartbeat later, the process exits with status 3 to free what it holds.
     #[arg(long, value_parser = parse_duration, default_value = "5m")]
     task_timeout: Duration,
     /// On SIGINT/SIGTERM, how long in-flight tasks may take to finish before the process
@@ -151,6 +152,7 @@ impl WorkerArgs {
                 .dead_after
                 .unwrap_or(self.heartbeat * DEFAULT_DEAD_AFTER_BEATS),
             task_timeout: self.task_timeout,
+            exit_on_hang: true,
             ..defaults
         };
         config.validate()?;

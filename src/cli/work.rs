@@ -59,6 +59,10 @@ fn until_stopped(
     let worker = Arc::new(worker);
     let stop = worker.stop_flag();
     install_signal_handlers(&stop)?;
+    log::info!(
+        "node {} working; SIGINT or SIGTERM stops it",
+        worker.node_id()
+    );
     let (done, finished) = mpsc::channel();
     {
         let worker = Arc::clone(&worker);
@@ -103,12 +107,7 @@ pub(super) fn run(url: &DatabaseUrl, registry: Registry, args: RunArgs) -> crate
     config.validate()?;
     url.require_existing()?;
     let worker = Worker::new(url, registry, config)?;
-    install_signal_handlers(&worker.stop_flag())?;
-    log::info!(
-        "node {} running; SIGINT or SIGTERM stops it",
-        worker.node_id()
-    );
-    let report = worker.run()?;
+    let report = until_stopped(worker, args.worker.shutdown_timeout, Worker::run)?;
     print_report("ran", &report, args.worker.json);
     Ok(())
 }

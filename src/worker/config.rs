@@ -58,6 +58,15 @@ pub struct WorkerConfig {
     /// It must exceed the longest handler by the time a claimed task may wait in the queue.
     /// The handler thread cannot be killed; its late completion is fenced out.
     pub task_timeout: Duration,
+    /// Whether the process exits (status 3) when a handler has run past `task_timeout` by one
+    /// more heartbeat interval (default off; the `outbox` binary turns it on).
+    ///
+    /// A Rust thread cannot be killed, and a hung handler keeps its transaction open: on
+    /// SQLite that transaction holds the database's only write lock, so every process
+    /// stalls; on PostgreSQL it holds a connection, its row locks and the worker's claiming
+    /// thread. Exiting frees them all; the supervisor (systemd, cron) starts a fresh process
+    /// and the hung task is rescued, counting a failure.
+    pub exit_on_hang: bool,
 }
 
 impl Default for WorkerConfig {
@@ -74,6 +83,7 @@ impl Default for WorkerConfig {
             heartbeat: DEFAULT_HEARTBEAT,
             dead_after: DEFAULT_HEARTBEAT * DEFAULT_DEAD_AFTER_BEATS,
             task_timeout: DEFAULT_TASK_TIMEOUT,
+            exit_on_hang: false,
         }
     }
 }

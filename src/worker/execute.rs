@@ -8,7 +8,7 @@ use diesel::connection::TransactionManager;
 use diesel::Connection;
 
 use super::Worker;
-use crate::db::{write_transaction, DbConnection};
+use crate::db::{is_connection_error, mark_broken, write_transaction, DbConnection, DiscardBroken};
 use crate::driver::{driver, Claim};
 use crate::error::truncate;
 use crate::registry::HandlerError;
@@ -79,6 +79,7 @@ impl Worker {
             }
         };
         let turn = self.write_turn();
+        self.upkeep.started(claim.id);
         let result = write_transaction(&mut conn, |conn| {
             match catch_unwind(AssertUnwindSafe(|| handler.handle(&task.context, conn))) {
                 Ok(Ok(())) => {}
@@ -96,9 +97,17 @@ impl Worker {
             }
         });
         drop(turn);
+        self.upkeep.finished(claim.id);
         // `write_transaction` rolled back every level it found open. A connection that still reports itself broken broke under the handler
         // (server restart, killed backend): its error is an infrastructure error, not the
         // handler's. diesel marks such a connection so, and the pool discards it.
+        if let Err(Rollback::Database(e)) = &result {
+            // A connection that failed before its transaction opened (at BEGIN) is not
+            // marked by diesel; mark it, or the pool would hand it out again.
+            if is_connection_error(e) {
+                mark_broken(&mut conn);
+            }
+        }
         let connection_broke =
             <DbConnection as Connection>::TransactionManager::is_broken_transaction_manager(
                 &mut conn,
@@ -212,7 +221,9 @@ impl Worker {
             let result = match self.pool.get() {
                 Ok(mut conn) => {
                     let _turn = self.write_turn();
-                    write(&mut conn).map_err(|e| e.to_string())
+                    write(&mut conn)
+                        .discard_broken(&mut conn)
+                        .map_err(|e| e.to_string())
                 }
                 Err(e) => Err(e.to_string()),
             };
@@ -245,11 +256,11 @@ impl Worker {
 /// Whether a database error is the database's (unreachable, or SQLite's write lock still
 /// taken after the busy timeout) rather than the task's.
 fn is_infrastructure(error: &diesel::result::Error) -> bool {
-    use diesel::result::{DatabaseErrorKind, Error};
+    use diesel::result::Error;
+    if is_connection_error(error) {
+        return true;
+    }
     match error {
-        Error::DatabaseError(DatabaseErrorKind::ClosedConnection, _)
-        | Error::DatabaseError(DatabaseErrorKind::UnableToSendCommand, _)
-        | Error::BrokenTransactionManager => true,
         Error::DatabaseError(_, info) => {
             let message = info.message();
             message.contains("database is locked") || message.contains("database table is locked")

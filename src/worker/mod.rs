@@ -5,6 +5,7 @@ mod dispatch;
 mod execute;
 mod listen;
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -18,7 +19,7 @@ use dispatch::Dispatcher;
 use execute::Outcome;
 use listen::Listener;
 
-use crate::db::{Backend, DatabaseUrl, DbPool};
+use crate::db::{Backend, DatabaseUrl, DbPool, DiscardBroken};
 use crate::driver::{driver, RescueParams};
 use crate::error::{Error, OpContext, Result};
 use crate::migrate::ensure_migrated;
@@ -123,6 +124,7 @@ pub struct Worker {
     in_flight: std::sync::atomic::AtomicU64,
     upkeep: Arc<Upkeep>,
     upkeep_thread: Option<std::thread::JoinHandle<()>>,
+    watchdog_thread: Option<std::thread::JoinHandle<()>>,
 }
 
 /// What the upkeep thread ticks: the heartbeat, then a rescue pass.
@@ -132,6 +134,10 @@ struct Upkeep {
     rescue: RescueParams,
     interval: Duration,
     stop: AtomicBool,
+    /// Handlers running now, by task id, with when they started (for the hang watchdog).
+    running: Mutex<HashMap<i64, Instant>>,
+    /// With `exit_on_hang`: how long a handler may run before the process exits.
+    hang_limit: Option<Duration>,
 }
 
 impl Upkeep {
@@ -141,6 +147,48 @@ impl Upkeep {
             if let Err(e) = rescue_once(&self.pool, &self.rescue) {
                 log::warn!("rescue failed: {e}");
             }
+        }
+    }
+
+    pub(crate) fn started(&self, task: i64) {
+        if self.hang_limit.is_some() {
+            let mut running = self.running.lock().expect("running tasks lock");
+            running.insert(task, Instant::now());
+        }
+    }
+
+    pub(crate) fn finished(&self, task: i64) {
+        if self.hang_limit.is_some() {
+            self.running
+                .lock()
+                .expect("running tasks lock")
+                .remove(&task);
+        }
+    }
+
+    /// Exits the process (status 3) when a handler has run longer than the hang limit; see
+    /// [`WorkerConfig::exit_on_hang`].
+    fn exit_if_hung(&self) {
+        let Some(limit) = self.hang_limit else { return };
+        let running = self.running.lock().expect("running tasks lock");
+        if let Some((id, started)) = running.iter().find(|(_, s)| s.elapsed() > limit) {
+            log::error!(
+                "node {}: the handler of task {id} has run for {:?}, past its task timeout: exiting \
+                 (status 3) to free its thread, connection and locks; the task is rescued as a failure",
+                self.heartbeat.node_id(),
+                started.elapsed()
+            );
+            std::process::exit(3);
+        }
+    }
+
+    /// Checks for hung handlers every 100 ms until stopped, on a thread of its own: a tick of
+    /// the upkeep thread can wait the whole busy timeout on SQLite's write lock, which is what
+    /// a hung handler holds.
+    fn watch_for_hangs(&self) {
+        while !self.stop.load(Ordering::Relaxed) {
+            self.exit_if_hung();
+            sleep_unless(Duration::from_millis(100), &self.stop);
         }
     }
 
@@ -192,6 +240,10 @@ impl Worker {
             },
             interval: config.heartbeat,
             stop: AtomicBool::new(false),
+            running: Mutex::new(HashMap::new()),
+            hang_limit: config
+                .exit_on_hang
+                .then(|| config.task_timeout + config.heartbeat),
         });
         let upkeep_thread = {
             let upkeep = Arc::clone(&upkeep);
@@ -199,6 +251,19 @@ impl Worker {
                 .name(format!("outbox-upkeep-{node_id}"))
                 .spawn(move || upkeep.run())
                 .map_err(|e| Error::Runtime(format!("cannot start the heartbeat thread: {e}")))?
+        };
+        let watchdog_thread = match upkeep.hang_limit {
+            None => None,
+            Some(_) => {
+                let upkeep = Arc::clone(&upkeep);
+                let thread = std::thread::Builder::new()
+                    .name(format!("outbox-watchdog-{node_id}"))
+                    .spawn(move || upkeep.watch_for_hangs())
+                    .map_err(|e| {
+                        Error::Runtime(format!("cannot start the watchdog thread: {e}"))
+                    })?;
+                Some(thread)
+            }
         };
         log::info!(
             "node {node_id} ({name}) started on {}: keywords {:?}, {} threads",
@@ -220,6 +285,7 @@ impl Worker {
             sqlite_writer: (url.backend() == Backend::Sqlite).then(|| Mutex::new(())),
             upkeep,
             upkeep_thread: Some(upkeep_thread),
+            watchdog_thread,
         })
     }
 
@@ -271,6 +337,7 @@ impl Worker {
         let mut conn = self.pool.get().op("node mark gone")?;
         driver(&mut conn)
             .node_mark_gone(self.node_id)
+            .discard_broken(&mut conn)
             .op("node mark gone")?;
         Ok(())
     }
@@ -291,8 +358,7 @@ impl Worker {
         let _turn = self.write_turn();
         // Never more than can start at once, so that a claimed task waits for at most the
         // queue ahead of it: its deadline runs from the claim.
-        let limit = i64::try_from(self.config.page_size.min(self.config.claim_capacity()))
-            .unwrap_or(i64::MAX);
+        let limit = i64::try_from(self.claim_limit()).unwrap_or(i64::MAX);
         let rows = driver(&mut conn)
             .task_claim_page(
                 self.node_id,
@@ -300,6 +366,7 @@ impl Worker {
                 limit,
                 millis(self.config.task_timeout),
             )
+            .discard_broken(&mut conn)
             .op("task claim")?;
         let mut rows = rows;
         // RETURNING gives no order; run in claim order (priority first, then age).
@@ -322,6 +389,11 @@ impl Worker {
             })
             .collect();
         Ok(page)
+    }
+
+    /// The most tasks one claim takes: a page, but never more than can start at once.
+    fn claim_limit(&self) -> usize {
+        self.config.page_size.min(self.config.claim_capacity())
     }
 
     /// On SQLite, waits for this process's turn to write; `None` (no waiting) on PostgreSQL.
@@ -425,7 +497,8 @@ impl Worker {
                         log::warn!("database reachable again after {:?}", since.elapsed());
                     }
                     tally.merge(page);
-                    if page.claimed as usize >= self.config.page_size {
+                    // A full page means more may be due: claim again at once.
+                    if page.claimed as usize >= self.claim_limit() {
                         continue;
                     }
                     let jitter = 0.9 + 0.2 * fastrand::f64();
@@ -464,7 +537,10 @@ impl Worker {
 impl Drop for Worker {
     fn drop(&mut self) {
         self.upkeep.stop.store(true, Ordering::Relaxed);
-        if let Some(thread) = self.upkeep_thread.take() {
+        for thread in [self.upkeep_thread.take(), self.watchdog_thread.take()]
+            .into_iter()
+            .flatten()
+        {
             let _ = thread.join();
         }
         if let Err(e) = self.mark_gone() {

@@ -168,3 +168,36 @@ fn notify_wakes_an_idle_run_worker() {
         assert_eq!(report.tally.done, 2);
     });
 }
+
+both_backends! {
+    fn run_claims_again_at_once_after_a_full_claim(db: &TestDb) {
+        // A claim takes at most threads + queue + 1 = 5 tasks, fewer than the page size: a
+        // claim of 5 is full, and the worker must claim again at once instead of waiting for
+        // its poll interval (an hour; LISTEN off so that no NOTIFY can wake it).
+        let config = WorkerConfig {
+            poll_interval: Duration::from_secs(3600),
+            listen: false,
+            page_size: 100,
+            ..small_config()
+        };
+        assert_eq!(config.claim_capacity(), 5);
+        let tasks: Vec<NewTask> = (0..23).map(|n| NewTask::new("ledger", n.to_string())).collect();
+        enqueue_batch(&mut db.conn(), &tasks).unwrap();
+        let w = Worker::new(&db.url, ledger_registry("ledger"), config).unwrap();
+        let stop = w.stop_flag();
+        std::thread::scope(|s| {
+            let runner = s.spawn(|| w.run().unwrap());
+            let deadline = std::time::Instant::now() + Duration::from_secs(60);
+            while db.count("SELECT count(*) FROM async_task WHERE state = 'done'") < 23 {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "only {} of 23 done within 60 s: the worker waited for its poll interval",
+                    db.count("SELECT count(*) FROM async_task WHERE state = 'done'")
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            stop.store(true, Ordering::Relaxed);
+            assert_eq!(runner.join().unwrap().tally.done, 23);
+        });
+    }
+}

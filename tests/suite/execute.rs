@@ -208,6 +208,44 @@ fn a_connection_killed_under_its_handler_is_not_the_tasks_failure() {
     assert_eq!(db.ledger_rows(id), 1);
 }
 
+/// PostgreSQL only: the worker's idle pooled connections are terminated between two pages
+/// (a server restart, an operator's `pg_terminate_backend`). Each dead connection may fail one
+/// claim; the pool must then discard it, not hand it out again, so the worker recovers.
+#[test]
+fn terminated_pool_connections_are_replaced() {
+    let db = &TestDb::postgres();
+    let w = worker(db, crate::ledger_registry("victim"));
+    let mut conn = db.conn();
+    let pool_size = crate::small_config().pool_size();
+    for n in 0..8 {
+        enqueue(&mut conn, &NewTask::new("victim", n.to_string())).unwrap();
+    }
+    // Several connections in the pool, all idle now.
+    assert_eq!(w.drain().unwrap().tally.done, 8);
+    let terminated = db.count(
+        "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) AS ok FROM pg_stat_activity \
+         WHERE datname = current_database() AND pid <> pg_backend_pid()) t WHERE ok",
+    );
+    assert!(terminated >= 2, "only {terminated} backend(s) terminated");
+    // `conn` was terminated too.
+    let id = enqueue(&mut db.conn(), &NewTask::new("victim", "after"))
+        .unwrap()
+        .id;
+    let mut errors = Vec::new();
+    let done = loop {
+        match w.run_once() {
+            Ok(tally) => break tally.done,
+            Err(e) => errors.push(e.to_string()),
+        }
+        assert!(
+            errors.len() <= pool_size as usize,
+            "more failed claims than pooled connections: dead connections are reused: {errors:?}"
+        );
+    };
+    assert_eq!(done, 1, "errors before: {errors:?}");
+    assert_eq!(db.ledger_rows(id), 1);
+}
+
 both_backends! {
     fn a_transaction_that_fails_at_commit_is_the_tasks_failure(db: &TestDb) {
         // A deferred foreign key is checked at COMMIT, after the handler returned Ok.
