@@ -69,7 +69,11 @@ fn until_stopped(
         std::thread::Builder::new()
             .name("outbox-claim".into())
             .spawn(move || {
-                let _ = done.send(work(&worker));
+                let result = work(&worker);
+                // This clone goes first, so that the caller's is the last: dropping it
+                // stops the heartbeat and marks the node gone before the process exits.
+                drop(worker);
+                let _ = done.send(result);
             })
             .map_err(|e| Error::Runtime(format!("cannot start the claiming thread: {e}")))?;
     }
