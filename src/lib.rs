@@ -30,6 +30,7 @@ mod driver;
 pub mod enqueue;
 pub mod error;
 pub mod migrate;
+pub mod prune;
 mod node;
 pub mod registry;
 pub mod rescue;

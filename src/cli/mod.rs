@@ -5,6 +5,7 @@
 
 mod demo;
 mod enqueue;
+mod prune;
 mod stats;
 mod work;
 
@@ -99,6 +100,8 @@ enum Command {
     /// The quick start: place orders that enqueue points.credit and coupon.grant, drain them,
     /// and check that every order was credited exactly once.
     Demo(demo::DemoArgs),
+    /// Delete finished tasks older than a cutoff, so that the table does not keep growing.
+    Prune(prune::PruneArgs),
 }
 
 /// Settings shared by the commands that run tasks.
@@ -185,6 +188,7 @@ fn run(cli: Cli, registry: Registry) -> crate::Result<()> {
         Command::Run(args) => work::run(&url, registry, args),
         Command::Stats(args) => stats::run(&url, &registry, args),
         Command::Demo(args) => demo::run(&url, registry, args),
+        Command::Prune(args) => prune::run(&url, args),
     }
 }
 
