@@ -110,9 +110,10 @@ struct WorkerArgs {
     /// Execution threads [default: twice the cores].
     #[arg(long)]
     threads: Option<usize>,
-    /// Tasks claimed per claim statement.
-    #[arg(long = "page", default_value_t = DEFAULT_PAGE_SIZE)]
-    page_size: usize,
+    /// Tasks claimed per claim statement, at most [default: 100; with --commit-batch K,
+    /// enough for a chunk per thread and queue slot: (threads + queue + 1) × K].
+    #[arg(long = "page")]
+    page_size: Option<usize>,
     /// Tasks that may wait for a thread before the claiming thread runs them itself
     /// [default: as many as threads].
     #[arg(long)]
@@ -135,6 +136,11 @@ struct WorkerArgs {
     /// exits anyway (leaving them to rescue).
     #[arg(long, value_parser = parse_duration, default_value = "30s")]
     shutdown_timeout: Duration,
+    /// Tasks per transaction: 1 is strict mode (one transaction per task); K > 1 runs up to K
+    /// tasks in one transaction with one fenced completion, re-running a failed chunk task by
+    /// task (external effects of a rolled-back chunk then happen again).
+    #[arg(long, default_value_t = 1)]
+    commit_batch: usize,
     /// Print the summary as one JSON object.
     #[arg(long)]
     json: bool,
@@ -148,7 +154,11 @@ impl WorkerArgs {
         let config = WorkerConfig {
             threads,
             queue: self.queue.unwrap_or(threads),
-            page_size: self.page_size,
+            page_size: self.page_size.unwrap_or(if self.commit_batch > 1 {
+                ((threads + self.queue.unwrap_or(threads) + 1) * self.commit_batch).min(10_000)
+            } else {
+                DEFAULT_PAGE_SIZE
+            }),
             max_attempts: self.max_attempts,
             heartbeat: self.heartbeat,
             dead_after: self
@@ -156,6 +166,7 @@ impl WorkerArgs {
                 .unwrap_or(self.heartbeat * DEFAULT_DEAD_AFTER_BEATS),
             task_timeout: self.task_timeout,
             exit_on_hang: true,
+            commit_batch: self.commit_batch,
             ..defaults
         };
         config.validate()?;

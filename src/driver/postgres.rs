@@ -90,6 +90,22 @@ impl Driver for PgConnection {
         fence(Statement::new(set), claim).execute(self)
     }
 
+    fn task_complete_many(&mut self, owner: i64, claims_json: &str) -> QueryResult<usize> {
+        Statement::<Pg>::new(
+            "UPDATE async_task t
+             SET state = 'done', finished_at = clock_timestamp(), updated_at = clock_timestamp()
+             FROM jsonb_array_elements(",
+        )
+        .bind::<Text, _>(claims_json.to_owned())
+        .sql(
+            "::jsonb) AS c
+             WHERE t.id = (c ->> 0)::bigint AND t.claim_token = (c ->> 1)::bigint
+               AND t.state = 'running' AND t.owner = ",
+        )
+        .bind::<BigInt, _>(owner)
+        .execute(self)
+    }
+
     fn task_fail_retry(&mut self, claim: &Claim, error: &str, delay_ms: i64) -> QueryResult<usize> {
         let set = Statement::<Pg>::new(
             "UPDATE async_task SET state = 'pending', owner = NULL, failures = failures + 1, last_error = ",

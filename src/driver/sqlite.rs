@@ -98,6 +98,24 @@ impl Driver for SqliteConnection {
         fence(Statement::new(set), claim).execute(self)
     }
 
+    fn task_complete_many(&mut self, owner: i64, claims_json: &str) -> QueryResult<usize> {
+        Statement::<Sqlite>::new(concat!(
+            "UPDATE async_task SET state = 'done', finished_at = ",
+            now!(),
+            ", updated_at = ",
+            now!(),
+            " WHERE state = 'running' AND owner = "
+        ))
+        .bind::<BigInt, _>(owner)
+        .sql(
+            " AND (id, claim_token) IN
+               (SELECT value ->> 0, value ->> 1 FROM json_each(",
+        )
+        .bind::<Text, _>(claims_json.to_owned())
+        .sql("))")
+        .execute(self)
+    }
+
     fn task_fail_retry(&mut self, claim: &Claim, error: &str, delay_ms: i64) -> QueryResult<usize> {
         let set = Statement::<Sqlite>::new(
             "UPDATE async_task SET state = 'pending', owner = NULL, failures = failures + 1, last_error = ",

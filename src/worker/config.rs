@@ -67,6 +67,17 @@ pub struct WorkerConfig {
     /// thread. Exiting frees them all; the supervisor (systemd, cron) starts a fresh process
     /// and the hung task is rescued, counting a failure.
     pub exit_on_hang: bool,
+    /// Tasks per transaction (default 1: strict mode, one transaction per task).
+    ///
+    /// With `K > 1` (batched mode) a thread runs up to K claimed tasks in one transaction and
+    /// marks them done with one fenced UPDATE. If anything fails in the chunk — a handler
+    /// error or panic, a claim taken over, the commit — the whole chunk rolls back and its
+    /// tasks are run again one by one in strict mode, so in-database effects stay
+    /// exactly-once and a failing task neither loses nor completes the others; external
+    /// effects of the rolled-back chunk happen again. A claim takes up to
+    /// `(threads + queue + 1) × K` tasks, capped by `page_size`: raise `page_size` to that to
+    /// give every thread a chunk (the CLI does so by default).
+    pub commit_batch: usize,
 }
 
 impl Default for WorkerConfig {
@@ -84,6 +95,7 @@ impl Default for WorkerConfig {
             dead_after: DEFAULT_HEARTBEAT * DEFAULT_DEAD_AFTER_BEATS,
             task_timeout: DEFAULT_TASK_TIMEOUT,
             exit_on_hang: false,
+            commit_batch: 1,
         }
     }
 }
@@ -126,15 +138,22 @@ impl WorkerConfig {
                 self.heartbeat * 2
             ));
         }
+        if !(1..=1000).contains(&self.commit_batch) {
+            return bad(format!(
+                "commit batch must be between 1 and 1000, not {}",
+                self.commit_batch
+            ));
+        }
         if self.task_timeout < Duration::from_millis(100) {
             return bad("task timeout must be at least 100ms".into());
         }
         self.backoff.validate().map_err(Error::InvalidConfig)
     }
 
-    /// The most tasks one claim may take: every thread, the queue, and the claiming thread.
+    /// The most tasks one claim may take: every thread, the queue, and the claiming thread,
+    /// each with a chunk of `commit_batch` tasks.
     pub fn claim_capacity(&self) -> usize {
-        self.threads + self.queue + 1
+        (self.threads + self.queue + 1) * self.commit_batch
     }
 
     /// Connections the worker's pool needs: one per thread, one for the claiming thread

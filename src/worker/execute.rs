@@ -45,6 +45,19 @@ impl From<diesel::result::Error> for Rollback {
     }
 }
 
+/// Why a chunk's transaction rolled back (batched mode).
+enum ChunkRollback {
+    /// A handler failed or panicked, or a claim was taken over.
+    Task,
+    Database(diesel::result::Error),
+}
+
+impl From<diesel::result::Error> for ChunkRollback {
+    fn from(e: diesel::result::Error) -> Self {
+        ChunkRollback::Database(e)
+    }
+}
+
 /// Attempts at an engine write (failure, release) before the task is left to rescue.
 const WRITE_ATTEMPTS: u32 = 5;
 /// The first pause between two such attempts; it doubles each time.
@@ -150,6 +163,72 @@ impl Worker {
                 &claim,
                 &HandlerError::retry(anyhow::anyhow!("the task's transaction failed: {e}")),
             ),
+        }
+    }
+
+    /// Runs a chunk of claimed tasks in one transaction and marks them done with one fenced
+    /// UPDATE (batched mode, [`crate::WorkerConfig::commit_batch`]). If anything fails — a
+    /// handler's error or panic, a claim taken over (fewer rows marked than claimed), the
+    /// commit — the chunk rolls back as a whole and each of its tasks runs again in strict
+    /// mode, which records that task's own outcome.
+    pub(crate) fn execute_chunk(&self, chunk: Vec<ClaimedTask>) -> Vec<Outcome> {
+        let strict = |chunk: &[ClaimedTask]| -> Vec<Outcome> {
+            chunk.iter().map(|task| self.execute_task(task)).collect()
+        };
+        if chunk.len() < 2 || self.is_stopping() {
+            return strict(&chunk);
+        }
+        let Some(handlers) = chunk
+            .iter()
+            .map(|task| self.registry.get(&task.context.keyword))
+            .collect::<Option<Vec<_>>>()
+        else {
+            return strict(&chunk);
+        };
+        let Ok(mut conn) = self.pool.get() else {
+            return strict(&chunk);
+        };
+        let claims: Vec<[i64; 2]> = chunk
+            .iter()
+            .map(|task| [task.context.id, task.claim_token])
+            .collect();
+        let claims_json = serde_json::to_string(&claims).expect("integers serialize");
+        let owner = chunk[0].owner;
+        let turn = self.write_turn();
+        for task in &chunk {
+            self.upkeep.started(task.context.id);
+        }
+        let result = write_transaction(&mut conn, |conn| {
+            for (task, handler) in chunk.iter().zip(&handlers) {
+                match catch_unwind(AssertUnwindSafe(|| handler.handle(&task.context, conn))) {
+                    Ok(Ok(())) => {}
+                    Ok(Err(_)) | Err(_) => return Err(ChunkRollback::Task),
+                }
+            }
+            match driver(conn).task_complete_many(owner, &claims_json)? {
+                n if n == chunk.len() => Ok(()),
+                _ => Err(ChunkRollback::Task),
+            }
+        });
+        drop(turn);
+        for task in &chunk {
+            self.upkeep.finished(task.context.id);
+        }
+        if let Err(ChunkRollback::Database(e)) = &result {
+            if is_connection_error(e) {
+                mark_broken(&mut conn);
+            }
+        }
+        drop(conn);
+        match result {
+            Ok(()) => vec![Outcome::Done; chunk.len()],
+            Err(_) => {
+                log::debug!(
+                    "a chunk of {} tasks rolled back; running them one by one",
+                    chunk.len()
+                );
+                strict(&chunk)
+            }
         }
     }
 

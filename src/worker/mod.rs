@@ -440,11 +440,28 @@ impl Worker {
         });
         self.in_flight
             .fetch_add(page.len() as u64, Ordering::Relaxed);
-        self.dispatcher.run_all(page, |task| {
-            let outcome = self.execute_task(&task);
-            self.in_flight.fetch_sub(1, Ordering::Relaxed);
-            tally.lock().expect("tally lock").count(outcome);
-        });
+        if self.config.commit_batch > 1 {
+            let mut chunks = Vec::new();
+            let mut tasks = page.into_iter().peekable();
+            while tasks.peek().is_some() {
+                chunks.push(tasks.by_ref().take(self.config.commit_batch).collect());
+            }
+            self.dispatcher.run_all(chunks, |chunk: Vec<ClaimedTask>| {
+                let n = chunk.len() as u64;
+                let outcomes = self.execute_chunk(chunk);
+                self.in_flight.fetch_sub(n, Ordering::Relaxed);
+                let mut tally = tally.lock().expect("tally lock");
+                for outcome in outcomes {
+                    tally.count(outcome);
+                }
+            });
+        } else {
+            self.dispatcher.run_all(page, |task| {
+                let outcome = self.execute_task(&task);
+                self.in_flight.fetch_sub(1, Ordering::Relaxed);
+                tally.lock().expect("tally lock").count(outcome);
+            });
+        }
         let tally = tally.into_inner().expect("tally lock");
         self.totals.lock().expect("tally lock").merge(tally);
         tally

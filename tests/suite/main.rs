@@ -4,6 +4,7 @@
 #[macro_use]
 mod support;
 
+mod batched;
 mod claim;
 mod enqueue;
 mod execute;

@@ -1,0 +1,172 @@
+//! Batched mode (`commit_batch` > 1): a chunk of tasks in one transaction, completed by one
+//! fenced UPDATE; anything failing in the chunk rolls all of it back and its tasks run again
+//! one by one.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use outbox::{
+    enqueue_batch, DbConnection, HandlerResult, NewTask, Registry, TaskContext, Worker,
+    WorkerConfig,
+};
+
+use crate::support::TestDb;
+use crate::write_ledger;
+
+/// One thread, no queue, chunks of 5, pages of 5: a page is exactly one chunk.
+fn one_chunk_config() -> WorkerConfig {
+    WorkerConfig {
+        threads: 1,
+        queue: 0,
+        page_size: 5,
+        commit_batch: 5,
+        ..WorkerConfig::default()
+    }
+}
+
+/// Five tasks `1`…`5`; returns their ids in order.
+fn five_tasks(db: &TestDb) -> Vec<i64> {
+    let tasks: Vec<NewTask> = (1..=5)
+        .map(|n| NewTask::new("ledger", n.to_string()))
+        .collect();
+    enqueue_batch(&mut db.conn(), &tasks)
+        .unwrap()
+        .iter()
+        .map(|e| e.id)
+        .collect()
+}
+
+/// A ledger handler that counts its calls and misbehaves on biz_id `3` as `bad` says.
+fn registry(calls: &Arc<AtomicUsize>, bad: fn(&TaskContext) -> HandlerResult) -> Registry {
+    let calls = Arc::clone(calls);
+    let mut registry = Registry::new();
+    registry.register(
+        "ledger",
+        move |task: &TaskContext, conn: &mut DbConnection| -> HandlerResult {
+            calls.fetch_add(1, Ordering::SeqCst);
+            write_ledger(task, conn)?;
+            if task.biz_id() == "3" {
+                bad(task)?;
+            }
+            Ok(())
+        },
+    );
+    registry
+}
+
+both_backends! {
+    fn a_chunk_commits_all_its_tasks_together(db: &TestDb) {
+        let ids = five_tasks(db);
+        let calls = Arc::new(AtomicUsize::new(0));
+        let w = Worker::new(&db.url, registry(&calls, |_| Ok(())), one_chunk_config()).unwrap();
+        let tally = w.run_once().unwrap();
+        assert_eq!((tally.claimed, tally.done), (5, 5), "{tally:?}");
+        assert_eq!(calls.load(Ordering::SeqCst), 5, "each handler ran once");
+        for id in ids {
+            assert_eq!(db.task(id).state, "done");
+            assert_eq!(db.ledger_rows(id), 1);
+        }
+    }
+
+    fn a_failing_task_neither_loses_nor_completes_the_others(db: &TestDb) {
+        let ids = five_tasks(db);
+        let calls = Arc::new(AtomicUsize::new(0));
+        let bad = |_: &TaskContext| -> HandlerResult { Err(anyhow::anyhow!("downstream refused").into()) };
+        let w = Worker::new(&db.url, registry(&calls, bad), one_chunk_config()).unwrap();
+        let tally = w.run_once().unwrap();
+        assert_eq!((tally.done, tally.retried), (4, 1), "{tally:?}");
+        // Tasks 1–3 ran in the chunk that rolled back, then all five ran one by one: effects
+        // outside the database would have happened twice for 1–3.
+        assert_eq!(calls.load(Ordering::SeqCst), 3 + 5);
+        for (n, id) in ids.iter().enumerate() {
+            let row = db.task(*id);
+            if n == 2 {
+                assert_eq!((row.state.as_str(), row.failures), ("pending", 1));
+                assert!(row.last_error.unwrap().contains("downstream refused"));
+                assert_eq!(db.ledger_rows(*id), 0, "the failed task's effect rolled back");
+            } else {
+                assert_eq!((row.state.as_str(), row.failures), ("done", 0));
+                assert_eq!(db.ledger_rows(*id), 1, "task {}: exactly one effect", n + 1);
+            }
+        }
+    }
+
+    fn a_panic_in_a_chunk_is_that_tasks_failure_only(db: &TestDb) {
+        let ids = five_tasks(db);
+        let calls = Arc::new(AtomicUsize::new(0));
+        let bad = |_: &TaskContext| -> HandlerResult { panic!("boom in the chunk") };
+        let w = Worker::new(&db.url, registry(&calls, bad), one_chunk_config()).unwrap();
+        let tally = w.run_once().unwrap();
+        assert_eq!((tally.done, tally.retried), (4, 1), "{tally:?}");
+        let row = db.task(ids[2]);
+        assert_eq!((row.state.as_str(), row.failures), ("pending", 1));
+        assert!(row.last_error.unwrap().contains("boom in the chunk"));
+        assert_eq!(db.ledger_rows(ids[2]), 0);
+        for id in [ids[0], ids[1], ids[3], ids[4]] {
+            assert_eq!(db.task(id).state, "done");
+            assert_eq!(db.ledger_rows(id), 1);
+        }
+        // The worker carries on.
+        db.make_all_due();
+        assert_eq!(w.run_once().unwrap().retried, 1);
+    }
+
+    fn a_lost_claim_rolls_the_chunk_back_and_only_that_task_is_lost(db: &TestDb) {
+        let ids = five_tasks(db);
+        let calls = Arc::new(AtomicUsize::new(0));
+        let w = Worker::new(&db.url, registry(&calls, |_| Ok(())), one_chunk_config()).unwrap();
+        let page = w.claim().unwrap();
+        assert_eq!(page.len(), 5);
+        // Task 3's claim is taken over (as by a rescue and a new claim) before the chunk runs.
+        db.exec(&format!(
+            "UPDATE async_task SET claim_token = claim_token + 1 WHERE id = {}",
+            ids[2]
+        ));
+        let tally = w.execute(page);
+        assert_eq!((tally.done, tally.lost), (4, 1), "{tally:?}");
+        // All five ran in the chunk, which rolled back; then each ran alone.
+        assert_eq!(calls.load(Ordering::SeqCst), 5 + 5);
+        assert_eq!(db.ledger_rows(ids[2]), 0, "the lost task's effects rolled back");
+        assert_eq!(db.task(ids[2]).state, "running", "left to its new owner");
+        for id in [ids[0], ids[1], ids[3], ids[4]] {
+            assert_eq!(db.task(id).state, "done");
+            assert_eq!(db.ledger_rows(id), 1, "exactly one effect");
+        }
+    }
+
+    fn a_chunk_that_fails_at_commit_rolls_back_and_runs_task_by_task(db: &TestDb) {
+        // Task 3 leaves a deferred foreign key violation: the handler returns Ok, the
+        // chunk's COMMIT fails, nothing of the chunk is applied.
+        db.exec("CREATE TABLE test_parent (id BIGINT PRIMARY KEY)");
+        db.exec(
+            "CREATE TABLE test_child (parent_id BIGINT NOT NULL \
+             REFERENCES test_parent (id) DEFERRABLE INITIALLY DEFERRED)",
+        );
+        let ids = five_tasks(db);
+        let calls = Arc::new(AtomicUsize::new(0));
+        let calls_in = Arc::clone(&calls);
+        let mut registry = Registry::new();
+        registry.register("ledger", move |task: &TaskContext, conn: &mut DbConnection| -> HandlerResult {
+            use diesel::RunQueryDsl;
+            calls_in.fetch_add(1, Ordering::SeqCst);
+            write_ledger(task, conn)?;
+            if task.biz_id() == "3" {
+                diesel::sql_query("INSERT INTO test_child (parent_id) VALUES (42)").execute(conn)?;
+            }
+            Ok(())
+        });
+        let w = Worker::new(&db.url, registry, one_chunk_config()).unwrap();
+        let tally = w.run_once().unwrap();
+        assert_eq!((tally.done, tally.retried), (4, 1), "{tally:?}");
+        assert_eq!(calls.load(Ordering::SeqCst), 5 + 5);
+        let row = db.task(ids[2]);
+        assert_eq!((row.state.as_str(), row.failures), ("pending", 1));
+        assert!(row.last_error.unwrap().contains("the task's transaction failed"));
+        assert_eq!(db.ledger_rows(ids[2]), 0);
+        assert_eq!(db.count("SELECT count(*) FROM test_child"), 0);
+        for id in [ids[0], ids[1], ids[3], ids[4]] {
+            assert_eq!(db.task(id).state, "done");
+            assert_eq!(db.ledger_rows(id), 1);
+        }
+    }
+}
