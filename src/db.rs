@@ -147,6 +147,11 @@ impl DatabaseUrl {
         self.backend
     }
 
+    /// The URL for PostgreSQL, the file path for SQLite.
+    pub(crate) fn target(&self) -> &str {
+        &self.target
+    }
+
     /// The URL with its password masked, for messages.
     pub fn masked(&self) -> String {
         MaskedUrl(&self.original).to_string()

@@ -23,6 +23,7 @@
 #![warn(missing_docs)]
 
 pub mod backoff;
+pub mod bench;
 pub mod cli;
 pub mod db;
 pub mod demo;
@@ -30,8 +31,8 @@ mod driver;
 pub mod enqueue;
 pub mod error;
 pub mod migrate;
-pub mod prune;
 mod node;
+pub mod prune;
 pub mod registry;
 pub mod rescue;
 mod sql;

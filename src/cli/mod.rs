@@ -3,6 +3,7 @@
 //! Exit codes: 0 success; 1 the command failed (the message on stderr names what failed);
 //! 2 bad usage (unknown flag, invalid argument, invalid task or configuration).
 
+mod bench;
 mod demo;
 mod enqueue;
 mod prune;
@@ -100,6 +101,9 @@ enum Command {
     /// The quick start: place orders that enqueue points.credit and coupon.grant, drain them,
     /// and check that every order was credited exactly once.
     Demo(demo::DemoArgs),
+    /// Measure drain throughput against a reference loop (or commit-to-start latency) on a
+    /// scratch database.
+    Bench(bench::BenchArgs),
     /// Delete finished tasks older than a cutoff, so that the table does not keep growing.
     Prune(prune::PruneArgs),
 }
@@ -200,6 +204,7 @@ fn run(cli: Cli, registry: Registry) -> crate::Result<()> {
         Command::Stats(args) => stats::run(&url, &registry, args),
         Command::Demo(args) => demo::run(&url, registry, args),
         Command::Prune(args) => prune::run(&url, args),
+        Command::Bench(args) => bench::run(&url, args),
     }
 }
 

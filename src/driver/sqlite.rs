@@ -51,41 +51,18 @@ impl Driver for SqliteConnection {
         limit: i64,
         timeout_ms: i64,
     ) -> QueryResult<Vec<ClaimRow>> {
-        // A single UPDATE takes SQLite's write lock before it reads, so two claimers are
-        // serialised by the lock (waiting out the busy timeout) and never see the same row
-        // pending. The keyword list is one JSON bind. INDEXED BY: left to itself, the planner
-        // serves `keyword IN (…)` from the unique (keyword, biz_id) index and sorts every task
-        // of those keywords, done ones included, on every claim.
-        let keywords = serde_json::to_string(keywords).expect("a list of strings serialises");
-        Statement::<Sqlite>::new("UPDATE async_task SET state = 'running', owner = ")
-        .bind::<BigInt, _>(owner)
-        .sql(concat!(
-            ", claim_token = claim_token + 1, claimed_at = ",
-            now!(),
-            ", updated_at = ",
-            now!(),
-            ", deadline_at = strftime('%Y-%m-%d %H:%M:%f', 'now', printf('+%.3f seconds', "
-        ))
-        .bind::<BigInt, _>(timeout_ms)
-        .sql(concat!(
-            " / 1000.0)) WHERE id IN (
-                SELECT id FROM async_task INDEXED BY async_task_claim_idx
-                WHERE state = 'pending' AND run_at <= ",
-            now!(),
-            " AND keyword IN (SELECT value FROM json_each("
-        ))
-        .bind::<Text, _>(keywords)
-        .sql(
-            "))
-                ORDER BY priority, run_at, id
-                LIMIT ",
-        )
-        .bind::<BigInt, _>(limit)
-        .sql(
-            ")
-            RETURNING id, keyword, biz_id, biz_data, tenant, failures, max_attempts, claim_token, priority",
-        )
-        .load(self)
+        claim_statement("", owner, keywords, limit, timeout_ms).load(self)
+    }
+
+    fn task_claim_plan(&mut self, keywords: &[String], limit: i64) -> QueryResult<Vec<String>> {
+        #[derive(diesel::QueryableByName)]
+        struct Line {
+            #[diesel(sql_type = Text)]
+            detail: String,
+        }
+        let lines: Vec<Line> =
+            claim_statement("EXPLAIN QUERY PLAN ", 0, keywords, limit, 0).load(self)?;
+        Ok(lines.into_iter().map(|l| l.detail).collect())
     }
 
     fn task_complete(&mut self, claim: &Claim) -> QueryResult<usize> {
@@ -243,4 +220,49 @@ impl Driver for SqliteConnection {
         .bind::<BigInt, _>(node_id)
         .execute(self)
     }
+}
+
+/// The claim statement, after `prefix` (empty, or `EXPLAIN QUERY PLAN` to show its plan).
+fn claim_statement(
+    prefix: &'static str,
+    owner: i64,
+    keywords: &[String],
+    limit: i64,
+    timeout_ms: i64,
+) -> Statement<Sqlite> {
+    // A single UPDATE takes SQLite's write lock before it reads, so two claimers are
+    // serialised by the lock (waiting out the busy timeout) and never see the same row
+    // pending. The keyword list is one JSON bind. INDEXED BY: left to itself, the planner
+    // serves `keyword IN (…)` from the unique (keyword, biz_id) index and sorts every task
+    // of those keywords, done ones included, on every claim.
+    let keywords = serde_json::to_string(keywords).expect("a list of strings serialises");
+    Statement::<Sqlite>::new(prefix)
+        .sql("UPDATE async_task SET state = 'running', owner = ")
+        .bind::<BigInt, _>(owner)
+        .sql(concat!(
+            ", claim_token = claim_token + 1, claimed_at = ",
+            now!(),
+            ", updated_at = ",
+            now!(),
+            ", deadline_at = strftime('%Y-%m-%d %H:%M:%f', 'now', printf('+%.3f seconds', "
+        ))
+        .bind::<BigInt, _>(timeout_ms)
+        .sql(concat!(
+            " / 1000.0)) WHERE id IN (
+                SELECT id FROM async_task INDEXED BY async_task_claim_idx
+                WHERE state = 'pending' AND run_at <= ",
+            now!(),
+            " AND keyword IN (SELECT value FROM json_each("
+        ))
+        .bind::<Text, _>(keywords)
+        .sql(
+            "))
+                ORDER BY priority, run_at, id
+                LIMIT ",
+        )
+        .bind::<BigInt, _>(limit)
+        .sql(
+            ")
+            RETURNING id, keyword, biz_id, biz_data, tenant, failures, max_attempts, claim_token, priority",
+        )
 }

@@ -353,12 +353,17 @@ impl Worker {
     /// Fails with [`Error::HeartbeatStale`] when this node has not recorded a heartbeat for
     /// `dead_after − heartbeat`: other nodes may soon rescue its tasks, so it must not claim.
     pub fn claim(&self) -> Result<Vec<ClaimedTask>> {
+        self.claim_up_to(self.claim_limit())
+    }
+
+    /// Claims at most `limit` due tasks (see [`Worker::claim`]).
+    fn claim_up_to(&self, limit: usize) -> Result<Vec<ClaimedTask>> {
         self.ensure_heartbeat_fresh()?;
         let mut conn = self.pool.get().op("task claim")?;
         let _turn = self.write_turn();
         // Never more than can start at once, so that a claimed task waits for at most the
         // queue ahead of it: its deadline runs from the claim.
-        let limit = i64::try_from(self.claim_limit()).unwrap_or(i64::MAX);
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let rows = driver(&mut conn)
             .task_claim_page(
                 self.node_id,
@@ -434,37 +439,68 @@ impl Worker {
     /// Runs a claimed page in the execution pool and waits for all of it. The second half
     /// of [`Worker::run_once`].
     pub fn execute(&self, page: Vec<ClaimedTask>) -> Tally {
-        let tally = Mutex::new(Tally {
-            claimed: page.len() as u64,
-            ..Tally::default()
-        });
-        self.in_flight
-            .fetch_add(page.len() as u64, Ordering::Relaxed);
+        let tally = Mutex::new(Tally::default());
+        self.dispatcher
+            .scope(|scope| self.submit_page(scope, page, &tally));
+        tally.into_inner().expect("tally lock")
+    }
+
+    /// Hands a claimed page to the execution pool, a task (or, in batched mode, a chunk) at a
+    /// time; outcomes are counted in `tally` and in the worker's totals as they come.
+    fn submit_page<'s>(
+        &'s self,
+        scope: &rayon::Scope<'s>,
+        page: Vec<ClaimedTask>,
+        tally: &'s Mutex<Tally>,
+    ) {
+        let n = page.len() as u64;
+        tally.lock().expect("tally lock").claimed += n;
+        self.totals.lock().expect("tally lock").claimed += n;
+        self.in_flight.fetch_add(n, Ordering::Relaxed);
+        let record = move |outcomes: &[Outcome]| {
+            self.in_flight
+                .fetch_sub(outcomes.len() as u64, Ordering::Relaxed);
+            let mut tally = tally.lock().expect("tally lock");
+            let mut totals = self.totals.lock().expect("tally lock");
+            for &outcome in outcomes {
+                tally.count(outcome);
+                totals.count(outcome);
+            }
+        };
         if self.config.commit_batch > 1 {
-            let mut chunks = Vec::new();
             let mut tasks = page.into_iter().peekable();
             while tasks.peek().is_some() {
-                chunks.push(tasks.by_ref().take(self.config.commit_batch).collect());
+                let chunk: Vec<ClaimedTask> =
+                    tasks.by_ref().take(self.config.commit_batch).collect();
+                self.dispatcher
+                    .submit(scope, move || record(&self.execute_chunk(chunk)));
             }
-            self.dispatcher.run_all(chunks, |chunk: Vec<ClaimedTask>| {
-                let n = chunk.len() as u64;
-                let outcomes = self.execute_chunk(chunk);
-                self.in_flight.fetch_sub(n, Ordering::Relaxed);
-                let mut tally = tally.lock().expect("tally lock");
-                for outcome in outcomes {
-                    tally.count(outcome);
-                }
-            });
         } else {
-            self.dispatcher.run_all(page, |task| {
-                let outcome = self.execute_task(&task);
-                self.in_flight.fetch_sub(1, Ordering::Relaxed);
-                tally.lock().expect("tally lock").count(outcome);
-            });
+            for task in page {
+                self.dispatcher
+                    .submit(scope, move || record(&[self.execute_task(&task)]));
+            }
         }
-        let tally = tally.into_inner().expect("tally lock");
-        self.totals.lock().expect("tally lock").merge(tally);
-        tally
+    }
+
+    /// Waits until at least half of the pool's threads and queue slots are free, claims as
+    /// many tasks as can start, and hands them to the pool without waiting for them: the next
+    /// claim overlaps the end of this page. Returns how many it claimed and the most it
+    /// could have claimed.
+    fn refill<'s>(
+        &'s self,
+        scope: &rayon::Scope<'s>,
+        tally: &'s Mutex<Tally>,
+    ) -> Result<(usize, usize)> {
+        let units = self.config.threads + self.config.queue + 1;
+        self.dispatcher
+            .wait_for_room(units.div_ceil(2), &self.stopping);
+        let room = self.dispatcher.room().max(1);
+        let limit = self.config.page_size.min(room * self.config.commit_batch);
+        let page = self.claim_up_to(limit)?;
+        let claimed = page.len();
+        self.submit_page(scope, page, tally);
+        Ok((claimed, limit))
     }
 
     /// Claims one page and runs it; returns what happened to it. An empty tally means
@@ -475,20 +511,24 @@ impl Worker {
     }
 
     /// Rescues the tasks of dead nodes, then works until nothing is due (or the stop flag is
-    /// set), then returns. For cron.
+    /// set), then returns once the tasks it claimed have finished. For cron.
+    ///
+    /// Claims overlap execution: a new page is claimed as soon as half the pool is free.
     pub fn drain(&self) -> Result<Report> {
         let started = Instant::now();
         self.rescue_once()?;
-        let mut tally = Tally::default();
-        while !self.is_stopping() {
-            let page = self.run_once()?;
-            tally.merge(page);
-            if page.claimed == 0 {
-                break;
+        let tally = Mutex::new(Tally::default());
+        self.dispatcher.scope(|scope| -> Result<()> {
+            while !self.is_stopping() {
+                let (claimed, _) = self.refill(scope, &tally)?;
+                if claimed == 0 {
+                    break;
+                }
             }
-        }
+            Ok(())
+        })?;
         Ok(Report {
-            tally,
+            tally: tally.into_inner().expect("tally lock"),
             elapsed: started.elapsed(),
         })
     }
@@ -499,53 +539,58 @@ impl Worker {
     /// capped exponential backoff, logging once when it starts and once when it ends.
     pub fn run(&self) -> Result<Report> {
         let started = Instant::now();
-        let mut tally = Tally::default();
+        let tally = Mutex::new(Tally::default());
         let mut listener: Option<Listener> = None;
         let mut outage: Option<(Instant, Duration)> = None;
-        while !self.is_stopping() {
-            if listener.is_none() && self.config.listen && self.url.backend() == Backend::Postgres {
-                listener = Listener::connect(&self.url)
-                    .map_err(|e| log::debug!("LISTEN not available yet: {e}"))
-                    .ok();
-            }
-            match self.run_once() {
-                Ok(page) => {
-                    if let Some((since, _)) = outage.take() {
-                        log::warn!("database reachable again after {:?}", since.elapsed());
-                    }
-                    tally.merge(page);
-                    // A full page means more may be due: claim again at once.
-                    if page.claimed as usize >= self.claim_limit() {
-                        continue;
-                    }
-                    let jitter = 0.9 + 0.2 * fastrand::f64();
-                    let wait = self.config.poll_interval.mul_f64(jitter);
-                    match listener.as_mut() {
-                        Some(l) => {
-                            if let Err(e) = l.wait(wait, &self.stopping) {
-                                log::debug!("LISTEN connection lost: {e}");
-                                listener = None;
+        self.dispatcher.scope(|scope| {
+            while !self.is_stopping() {
+                if listener.is_none()
+                    && self.config.listen
+                    && self.url.backend() == Backend::Postgres
+                {
+                    listener = Listener::connect(&self.url)
+                        .map_err(|e| log::debug!("LISTEN not available yet: {e}"))
+                        .ok();
+                }
+                match self.refill(scope, &tally) {
+                    Ok((claimed, limit)) => {
+                        if let Some((since, _)) = outage.take() {
+                            log::warn!("database reachable again after {:?}", since.elapsed());
+                        }
+                        // A full claim means more may be due: claim again at once.
+                        if claimed >= limit {
+                            continue;
+                        }
+                        let jitter = 0.9 + 0.2 * fastrand::f64();
+                        let wait = self.config.poll_interval.mul_f64(jitter);
+                        match listener.as_mut() {
+                            Some(l) => {
+                                if let Err(e) = l.wait(wait, &self.stopping) {
+                                    log::debug!("LISTEN connection lost: {e}");
+                                    listener = None;
+                                }
                             }
+                            None => sleep_unless(wait, &self.stopping),
                         }
-                        None => sleep_unless(wait, &self.stopping),
+                    }
+                    Err(e) => {
+                        let pause = match outage {
+                            None => {
+                                log::error!("database unavailable, retrying with backoff: {e}");
+                                Duration::from_millis(100)
+                            }
+                            Some((_, last)) => (last * 2).min(Duration::from_secs(30)),
+                        };
+                        outage =
+                            Some((outage.map_or_else(Instant::now, |(since, _)| since), pause));
+                        listener = None;
+                        sleep_unless(pause, &self.stopping);
                     }
                 }
-                Err(e) => {
-                    let pause = match outage {
-                        None => {
-                            log::error!("database unavailable, retrying with backoff: {e}");
-                            Duration::from_millis(100)
-                        }
-                        Some((_, last)) => (last * 2).min(Duration::from_secs(30)),
-                    };
-                    outage = Some((outage.map_or_else(Instant::now, |(since, _)| since), pause));
-                    listener = None;
-                    sleep_unless(pause, &self.stopping);
-                }
             }
-        }
+        });
         Ok(Report {
-            tally,
+            tally: tally.into_inner().expect("tally lock"),
             elapsed: started.elapsed(),
         })
     }

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The standard benchmark set (README "Performance"):
+#
+#   scripts/bench.sh [--quick] [--out FILE]
+#
+# Builds the release binary, starts a throwaway PostgreSQL cluster with default
+# durability (fsync on; its own state dir, apart from the test cluster) unless
+# OUTBOX_BENCH_PG_URL is set, and runs on both backends:
+#   1. strict and batched drains of 20,000 no-op tasks against their references
+#      (5 runs each, medians);
+#   2. the scale test: the first 10,000 tasks of a 1,000,000-task backlog, against
+#      a 10,000-task backlog, with the claim's plan (PostgreSQL; 3 runs);
+#   3. commit-to-start latency with LISTEN/NOTIFY and with polling (PostgreSQL).
+# Every configuration prints one JSON line (also appended to --out, default
+# target/bench/results.jsonl); human-readable progress goes to stderr.
+# --quick: 1 run each and a 100,000-task backlog, to check that it all works.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+repo_root=$PWD
+
+runs=5 scale_runs=3 backlog=1000000 out=target/bench/results.jsonl
+while (($#)); do
+    case $1 in
+    --quick) runs=1 scale_runs=1 backlog=100000 ;;
+    --out) out=$2; shift ;;
+    *) echo "usage: $0 [--quick] [--out FILE]" >&2; exit 2 ;;
+    esac
+    shift
+done
+mkdir -p "$(dirname "$out")"
+
+step() { printf '\n==> %s\n' "$*" >&2; }
+
+step "cargo build --release"
+cargo build --release --locked -p outbox-handlers >&2
+outbox=$repo_root/target/release/outbox
+
+if [[ -n ${OUTBOX_BENCH_PG_URL:-} ]]; then
+    pg_url=$OUTBOX_BENCH_PG_URL
+else
+    # A cluster of its own: the test cluster runs with fsync off.
+    export OUTBOX_PG_DIR=${TMPDIR:-/tmp}/outbox-bench-pg-$(id -u)
+    trap '"$repo_root/scripts/pg.sh" stop || true' EXIT
+    step "starting a durable PostgreSQL cluster (fsync on)"
+    pg_url=$("$repo_root/scripts/pg.sh" start --durable)
+fi
+sqlite_url=${TMPDIR:-/tmp}/outbox-bench-unused.db # bench works on scratch files next to it
+
+{
+    echo "# $(date -u +%FT%TZ) $(uname -srm), $(nproc) cores, $(git rev-parse --short HEAD)"
+} >>"$out"
+
+bench() {
+    local label=$1
+    shift
+    step "$label: outbox bench $*"
+    "$outbox" bench --json "$@" | tee -a "$out"
+}
+
+for url in "$pg_url" "$sqlite_url"; do
+    name=postgres
+    [[ $url == postgres* ]] || name=sqlite
+    bench "$name throughput" --database-url "$url" --runs "$runs" --mode both
+    bench "$name scale: backlog 10000" --database-url "$url" --runs "$scale_runs" --mode strict --tasks 10000
+    bench "$name scale: backlog $backlog" --database-url "$url" --runs "$scale_runs" --mode strict --tasks 10000 --backlog "$backlog"
+done
+step "postgres claim plan at a backlog of $backlog"
+"$outbox" bench --database-url "$pg_url" --runs 1 --mode strict --tasks 1000 --backlog "$backlog" --explain | grep -A30 '^claim plan' | sed -n '1,/^  strict/p' | sed '$d' >&2
+bench "postgres latency" --database-url "$pg_url" --latency
+step "results appended to $out"

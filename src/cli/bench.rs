@@ -1,0 +1,229 @@
+//! `outbox bench`: see [`crate::bench`].
+
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+
+use crate::bench::{drain_bench, latency_bench, median, DrainBench, DrainFigures, Mode};
+use crate::db::DatabaseUrl;
+use crate::error::{Error, Result};
+use crate::worker::default_threads;
+
+/// Which modes to measure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(super) enum ModeArg {
+    /// One transaction per task.
+    Strict,
+    /// Chunks of --commit-batch tasks per transaction.
+    Batched,
+    /// Both, strict first.
+    Both,
+}
+
+/// Flags of `outbox bench`.
+#[derive(Debug, Args)]
+pub(super) struct BenchArgs {
+    /// No-op tasks drained (and timed) per run.
+    #[arg(long, default_value_t = 20_000)]
+    tasks: usize,
+    /// Pending tasks in the table when the drain starts [default: --tasks]; the drain takes
+    /// the first --tasks of them (e.g. --backlog 1000000 --tasks 10000 for the scale test).
+    #[arg(long)]
+    backlog: Option<usize>,
+    /// Runs per configuration; the figures are medians.
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Which commit modes to measure.
+    #[arg(long, value_enum, default_value = "both")]
+    mode: ModeArg,
+    /// Execution threads [default: twice the cores].
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Tasks per transaction in batched mode (and rows per transaction of its reference).
+    #[arg(long, default_value_t = 50)]
+    commit_batch: usize,
+    /// Print the claim statement's plan (EXPLAIN) at the backlog.
+    #[arg(long)]
+    explain: bool,
+    /// Measure the latency from a producer's commit to the handler's start instead of
+    /// throughput: with LISTEN/NOTIFY (PostgreSQL), and with polling only.
+    #[arg(long)]
+    latency: bool,
+    /// Tasks timed per latency measurement with LISTEN (polling takes a tenth as many).
+    #[arg(long, default_value_t = 200)]
+    latency_samples: usize,
+    /// The poll interval of the latency measurement with polling only.
+    #[arg(long, value_parser = super::parse_duration, default_value = "1s")]
+    poll_interval: Duration,
+    /// One JSON object per line per measured configuration.
+    #[arg(long)]
+    json: bool,
+}
+
+pub(super) fn run(url: &DatabaseUrl, args: BenchArgs) -> Result<()> {
+    let threads = args.threads.unwrap_or_else(default_threads);
+    let backlog = args.backlog.unwrap_or(args.tasks);
+    if !(1..=100).contains(&args.runs) {
+        return Err(Error::InvalidConfig(format!(
+            "runs must be between 1 and 100, not {}",
+            args.runs
+        )));
+    }
+    if args.tasks == 0 || backlog < args.tasks || backlog > 100_000_000 {
+        return Err(Error::InvalidConfig(format!(
+            "need 0 < tasks ({}) ≤ backlog ({backlog}) ≤ 100000000",
+            args.tasks
+        )));
+    }
+    if args.latency {
+        return latency(url, &args);
+    }
+    let modes: &[Mode] = match args.mode {
+        ModeArg::Strict => &[Mode::Strict],
+        ModeArg::Batched => &[Mode::Batched],
+        ModeArg::Both => &[Mode::Strict, Mode::Batched],
+    };
+    let backend = url.backend().name();
+    if !args.json {
+        println!(
+            "outbox bench on {backend}: {} no-op tasks drained of a backlog of {backlog}, {threads} threads, {} run(s) per mode; scratch databases",
+            args.tasks, args.runs
+        );
+    }
+    for &mode in modes {
+        let bench = DrainBench {
+            mode,
+            tasks: args.tasks,
+            backlog,
+            threads,
+            commit_batch: args.commit_batch,
+            explain: args.explain,
+        };
+        let mut runs: Vec<DrainFigures> = Vec::new();
+        for run in 1..=args.runs {
+            let figures = drain_bench(
+                url,
+                &DrainBench {
+                    explain: bench.explain && run == 1,
+                    ..bench.clone()
+                },
+            )?;
+            if !figures.plan.is_empty() && !args.json {
+                println!("claim plan at a backlog of {backlog}:");
+                for line in &figures.plan {
+                    println!("    {line}");
+                }
+            }
+            if !args.json {
+                println!(
+                    "  {:<7} run {run}/{}: {:>7.0} tasks/s, reference {:>7.0}/s, ratio {:.2}; enqueue {:>7.0}/s; {:.2} CPU s; peak RSS {:.0} MiB",
+                    mode.name(),
+                    args.runs,
+                    figures.tasks_per_s,
+                    figures.reference_per_s,
+                    figures.ratio,
+                    figures.enqueue_per_s,
+                    figures.cpu_s,
+                    figures.rss_mib
+                );
+            }
+            runs.push(figures);
+        }
+        report(backend, &bench, &runs, args.json);
+    }
+    Ok(())
+}
+
+/// Prints the medians of a configuration's runs.
+fn report(backend: &str, bench: &DrainBench, runs: &[DrainFigures], json: bool) {
+    let med = |f: fn(&DrainFigures) -> f64| median(&runs.iter().map(f).collect::<Vec<_>>());
+    let commit_batch = match bench.mode {
+        Mode::Strict => 1,
+        Mode::Batched => bench.commit_batch,
+    };
+    let reference = match commit_batch {
+        1 => "single-row transactions".to_owned(),
+        k => format!("{k}-row transactions"),
+    };
+    let connections = runs.first().map_or(0, |r| r.reference_connections);
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "backend": backend,
+                "mode": bench.mode.name(),
+                "tasks": bench.tasks,
+                "backlog": bench.backlog,
+                "threads": bench.threads,
+                "commit_batch": commit_batch,
+                "runs": runs.len(),
+                "tasks_per_s": med(|r| r.tasks_per_s).round(),
+                "reference": reference,
+                "reference_connections": connections,
+                "reference_per_s": med(|r| r.reference_per_s).round(),
+                "ratio": (med(|r| r.ratio) * 1000.0).round() / 1000.0,
+                "enqueue_per_s": med(|r| r.enqueue_per_s).round(),
+                "cpu_s": (med(|r| r.cpu_s) * 100.0).round() / 100.0,
+                "rss_mib": (runs.iter().map(|r| r.rss_mib).fold(0.0, f64::max) * 10.0).round() / 10.0,
+                "tasks_per_s_runs": runs.iter().map(|r| r.tasks_per_s.round()).collect::<Vec<_>>(),
+                "ratio_runs": runs.iter().map(|r| (r.ratio * 1000.0).round() / 1000.0).collect::<Vec<_>>(),
+            })
+        );
+        return;
+    }
+    println!(
+        "{backend} {} (median of {}): {:.0} tasks/s; reference ({reference}, {connections} connections) {:.0} rows/s; ratio {:.2}; enqueue {:.0} tasks/s; {:.2} CPU s per {} tasks ({:.0} µs per task); peak RSS {:.0} MiB\n",
+        bench.mode.name(),
+        runs.len(),
+        med(|r| r.tasks_per_s),
+        med(|r| r.reference_per_s),
+        med(|r| r.ratio),
+        med(|r| r.enqueue_per_s),
+        med(|r| r.cpu_s),
+        bench.tasks,
+        med(|r| r.cpu_s) * 1e6 / bench.tasks as f64,
+        runs.iter().map(|r| r.rss_mib).fold(0.0, f64::max),
+    );
+}
+
+/// Commit-to-start latency with LISTEN (PostgreSQL only) and with polling.
+fn latency(url: &DatabaseUrl, args: &BenchArgs) -> Result<()> {
+    let backend = url.backend().name();
+    let mut configurations = Vec::new();
+    if url.backend() == crate::db::Backend::Postgres {
+        configurations.push((true, args.latency_samples));
+    }
+    configurations.push((false, (args.latency_samples / 10).max(5)));
+    for (listen, samples) in configurations {
+        let figures = latency_bench(url, listen, args.poll_interval, samples)?;
+        let ms = |d: Duration| (d.as_secs_f64() * 1e5).round() / 100.0;
+        let how = if listen {
+            "listen".to_owned()
+        } else {
+            format!("poll {}", humantime::format_duration(args.poll_interval))
+        };
+        if args.json {
+            println!(
+                "{}",
+                serde_json::json!({
+                    "backend": backend,
+                    "mode": "latency",
+                    "wake": how,
+                    "samples": figures.samples,
+                    "p50_ms": ms(figures.p50),
+                    "p99_ms": ms(figures.p99),
+                    "max_ms": ms(figures.max),
+                })
+            );
+        } else {
+            println!(
+                "{backend} latency, commit to handler start ({how}, {} tasks): p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+                figures.samples,
+                ms(figures.p50),
+                ms(figures.p99),
+                ms(figures.max)
+            );
+        }
+    }
+    Ok(())
+}
