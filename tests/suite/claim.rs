@@ -120,7 +120,7 @@ both_backends! {
         assert!(matches!(Worker::new(&db.url, registry.clone(), bad), Err(outbox::Error::InvalidConfig(_))));
         assert!(matches!(Worker::new(&db.url, Registry::new(), small_config()), Err(outbox::Error::InvalidConfig(_))));
         db.exec("DELETE FROM __diesel_schema_migrations");
-        assert!(matches!(Worker::new(&db.url, registry, small_config()), Err(outbox::Error::NotMigrated { pending: 1 })));
+        assert!(matches!(Worker::new(&db.url, registry, small_config()), Err(outbox::Error::NotMigrated { pending: 2 })));
     }
 }
 

@@ -10,6 +10,7 @@ mod enqueue;
 mod execute;
 mod fencing;
 mod fleet;
+mod prune;
 mod rescue;
 
 use diesel::prelude::*;
