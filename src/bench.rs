@@ -71,6 +71,8 @@ pub struct DrainBench {
     pub backlog: usize,
     /// Execution threads of the worker.
     pub threads: usize,
+    /// Tasks (chunks, in batched mode) that may wait for a thread.
+    pub queue: usize,
     /// Tasks per transaction in batched mode (and rows per transaction of the K-row
     /// reference).
     pub commit_batch: usize,
@@ -89,7 +91,7 @@ pub struct DrainFigures {
     pub tasks_per_s: f64,
     /// The reference loop's rows per second (single-row for strict, K-row for batched).
     pub reference_per_s: f64,
-    /// Connections the reference used (the worker's pool size).
+    /// Connections the reference used: as many as the worker uses at once (threads + 1).
     pub reference_connections: usize,
     /// `tasks_per_s / reference_per_s`.
     pub ratio: f64,
@@ -127,7 +129,7 @@ pub fn drain_bench(url: &DatabaseUrl, bench: &DrainBench) -> Result<DrainFigures
     let defaults = WorkerConfig::default();
     let mut config = WorkerConfig {
         threads: bench.threads,
-        queue: bench.threads,
+        queue: bench.queue,
         commit_batch,
         listen: false,
         ..defaults
@@ -145,7 +147,10 @@ pub fn drain_bench(url: &DatabaseUrl, bench: &DrainBench) -> Result<DrainFigures
     } else {
         Vec::new()
     };
-    let connections = config.pool_size() as usize;
+    // The worker's pool holds threads + 2 connections, of which at most threads + 1 are in
+    // use at once (the pool's threads, and the claiming thread, which claims or runs a task
+    // itself under CallerRuns); the reference commits on as many at once.
+    let connections = config.threads + 1;
 
     let mut registry = Registry::new();
     registry.register(NOOP_KEYWORD, |_: &TaskContext, _: &mut DbConnection| Ok(()));

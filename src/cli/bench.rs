@@ -39,6 +39,10 @@ pub(super) struct BenchArgs {
     /// Execution threads [default: twice the cores].
     #[arg(long)]
     threads: Option<usize>,
+    /// Tasks (chunks, in batched mode) that may wait for a thread [default: as many as
+    /// threads].
+    #[arg(long)]
+    queue: Option<usize>,
     /// Tasks per transaction in batched mode (and rows per transaction of its reference).
     #[arg(long, default_value_t = 50)]
     commit_batch: usize,
@@ -96,6 +100,7 @@ pub(super) fn run(url: &DatabaseUrl, args: BenchArgs) -> Result<()> {
             tasks: args.tasks,
             backlog,
             threads,
+            queue: args.queue.unwrap_or(threads),
             commit_batch: args.commit_batch,
             explain: args.explain,
         };

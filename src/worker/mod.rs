@@ -441,7 +441,7 @@ impl Worker {
     pub fn execute(&self, page: Vec<ClaimedTask>) -> Tally {
         let tally = Mutex::new(Tally::default());
         self.dispatcher
-            .scope(|scope| self.submit_page(scope, page, &tally));
+            .scope(|feed| self.submit_page(feed, page, &tally));
         tally.into_inner().expect("tally lock")
     }
 
@@ -449,7 +449,7 @@ impl Worker {
     /// time; outcomes are counted in `tally` and in the worker's totals as they come.
     fn submit_page<'s>(
         &'s self,
-        scope: &rayon::Scope<'s>,
+        feed: &dispatch::Feed<'s>,
         page: Vec<ClaimedTask>,
         tally: &'s Mutex<Tally>,
     ) {
@@ -473,12 +473,12 @@ impl Worker {
                 let chunk: Vec<ClaimedTask> =
                     tasks.by_ref().take(self.config.commit_batch).collect();
                 self.dispatcher
-                    .submit(scope, move || record(&self.execute_chunk(chunk)));
+                    .submit(feed, move || record(&self.execute_chunk(chunk)));
             }
         } else {
             for task in page {
                 self.dispatcher
-                    .submit(scope, move || record(&[self.execute_task(&task)]));
+                    .submit(feed, move || record(&[self.execute_task(&task)]));
             }
         }
     }
@@ -489,7 +489,7 @@ impl Worker {
     /// could have claimed.
     fn refill<'s>(
         &'s self,
-        scope: &rayon::Scope<'s>,
+        feed: &dispatch::Feed<'s>,
         tally: &'s Mutex<Tally>,
     ) -> Result<(usize, usize)> {
         let units = self.config.threads + self.config.queue + 1;
@@ -499,7 +499,7 @@ impl Worker {
         let limit = self.config.page_size.min(room * self.config.commit_batch);
         let page = self.claim_up_to(limit)?;
         let claimed = page.len();
-        self.submit_page(scope, page, tally);
+        self.submit_page(feed, page, tally);
         Ok((claimed, limit))
     }
 
@@ -518,9 +518,9 @@ impl Worker {
         let started = Instant::now();
         self.rescue_once()?;
         let tally = Mutex::new(Tally::default());
-        self.dispatcher.scope(|scope| -> Result<()> {
+        self.dispatcher.scope(|feed| -> Result<()> {
             while !self.is_stopping() {
-                let (claimed, _) = self.refill(scope, &tally)?;
+                let (claimed, _) = self.refill(feed, &tally)?;
                 if claimed == 0 {
                     break;
                 }
@@ -542,7 +542,7 @@ impl Worker {
         let tally = Mutex::new(Tally::default());
         let mut listener: Option<Listener> = None;
         let mut outage: Option<(Instant, Duration)> = None;
-        self.dispatcher.scope(|scope| {
+        self.dispatcher.scope(|feed| {
             while !self.is_stopping() {
                 if listener.is_none()
                     && self.config.listen
@@ -552,7 +552,7 @@ impl Worker {
                         .map_err(|e| log::debug!("LISTEN not available yet: {e}"))
                         .ok();
                 }
-                match self.refill(scope, &tally) {
+                match self.refill(feed, &tally) {
                     Ok((claimed, limit)) => {
                         if let Some((since, _)) = outage.take() {
                             log::warn!("database reachable again after {:?}", since.elapsed());
