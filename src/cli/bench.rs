@@ -7,7 +7,6 @@ use clap::{Args, ValueEnum};
 use crate::bench::{drain_bench, latency_bench, median, DrainBench, DrainFigures, Mode};
 use crate::db::DatabaseUrl;
 use crate::error::{Error, Result};
-use crate::worker::default_threads;
 
 /// Which modes to measure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -36,11 +35,11 @@ pub(super) struct BenchArgs {
     /// Which commit modes to measure.
     #[arg(long, value_enum, default_value = "both")]
     mode: ModeArg,
-    /// Execution threads [default: twice the cores].
+    /// Execution threads [default: twice the cores; 1 on SQLite].
     #[arg(long)]
     threads: Option<usize>,
     /// Tasks (chunks, in batched mode) that may wait for a thread [default: as many as
-    /// threads].
+    /// threads; 64 on SQLite unless --threads is given].
     #[arg(long)]
     queue: Option<usize>,
     /// Tasks per transaction in batched mode (and rows per transaction of its reference).
@@ -65,7 +64,12 @@ pub(super) struct BenchArgs {
 }
 
 pub(super) fn run(url: &DatabaseUrl, args: BenchArgs) -> Result<()> {
-    let threads = args.threads.unwrap_or_else(default_threads);
+    let defaults = crate::worker::WorkerConfig::for_backend(url.backend());
+    let threads = args.threads.unwrap_or(defaults.threads);
+    let queue = args.queue.unwrap_or(match args.threads {
+        Some(threads) => threads,
+        None => defaults.queue,
+    });
     let backlog = args.backlog.unwrap_or(args.tasks);
     if !(1..=100).contains(&args.runs) {
         return Err(Error::InvalidConfig(format!(
@@ -100,7 +104,7 @@ pub(super) fn run(url: &DatabaseUrl, args: BenchArgs) -> Result<()> {
             tasks: args.tasks,
             backlog,
             threads,
-            queue: args.queue.unwrap_or(threads),
+            queue,
             commit_batch: args.commit_batch,
             explain: args.explain,
         };

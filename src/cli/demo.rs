@@ -37,7 +37,7 @@ pub(super) fn run(url: &DatabaseUrl, registry: Registry, args: DemoArgs) -> crat
             )));
         }
     }
-    let config = args.worker.config()?;
+    let config = args.worker.config(url.backend())?;
     if args.check {
         // Checking writes nothing: a mistyped URL must fail, not pass on an empty database.
         url.require_existing()?;

@@ -111,7 +111,7 @@ enum Command {
 /// Settings shared by the commands that run tasks.
 #[derive(Debug, Clone, Args)]
 struct WorkerArgs {
-    /// Execution threads [default: twice the cores].
+    /// Execution threads [default: twice the cores; 1 on SQLite].
     #[arg(long)]
     threads: Option<usize>,
     /// Tasks claimed per claim statement, at most [default: 100; with --commit-batch K,
@@ -119,7 +119,7 @@ struct WorkerArgs {
     #[arg(long = "page")]
     page_size: Option<usize>,
     /// Tasks that may wait for a thread before the claiming thread runs them itself
-    /// [default: as many as threads].
+    /// [default: as many as threads; 64 on SQLite unless --threads is given].
     #[arg(long)]
     queue: Option<usize>,
     /// Attempts for tasks that do not set their own.
@@ -152,14 +152,19 @@ struct WorkerArgs {
 
 impl WorkerArgs {
     /// The worker configuration these flags describe, validated.
-    fn config(&self) -> crate::Result<WorkerConfig> {
-        let defaults = WorkerConfig::default();
+    fn config(&self, backend: crate::db::Backend) -> crate::Result<WorkerConfig> {
+        let defaults = WorkerConfig::for_backend(backend);
         let threads = self.threads.unwrap_or(defaults.threads);
+        // An explicit --threads without --queue gets a queue as long as the threads.
+        let queue = self.queue.unwrap_or(match self.threads {
+            Some(threads) => threads,
+            None => defaults.queue,
+        });
         let config = WorkerConfig {
             threads,
-            queue: self.queue.unwrap_or(threads),
+            queue,
             page_size: self.page_size.unwrap_or(if self.commit_batch > 1 {
-                ((threads + self.queue.unwrap_or(threads) + 1) * self.commit_batch).min(10_000)
+                ((threads + queue + 1) * self.commit_batch).min(10_000)
             } else {
                 DEFAULT_PAGE_SIZE
             }),
@@ -237,7 +242,7 @@ mod tests {
         let Command::Drain(args) = cli.command else {
             panic!("drain")
         };
-        let config = args.config().unwrap();
+        let config = args.config(crate::db::Backend::Postgres).unwrap();
         assert_eq!((config.threads, config.queue), (3, 3));
     }
 }

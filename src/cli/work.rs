@@ -39,7 +39,7 @@ fn install_signal_handlers(stop: &Arc<AtomicBool>) -> crate::Result<()> {
 }
 
 pub(super) fn drain(url: &DatabaseUrl, registry: Registry, args: WorkerArgs) -> crate::Result<()> {
-    let config = args.config()?;
+    let config = args.config(url.backend())?;
     url.require_existing()?;
     let worker = Worker::new(url, registry, config)?;
     let report = until_stopped(worker, args.shutdown_timeout, Worker::drain)?;
@@ -105,7 +105,7 @@ fn until_stopped(
 }
 
 pub(super) fn run(url: &DatabaseUrl, registry: Registry, args: RunArgs) -> crate::Result<()> {
-    let mut config = args.worker.config()?;
+    let mut config = args.worker.config(url.backend())?;
     config.poll_interval = args.poll_interval;
     config.listen = !args.no_listen;
     config.validate()?;

@@ -100,7 +100,27 @@ impl Default for WorkerConfig {
     }
 }
 
+/// The default queue on SQLite (see [`WorkerConfig::for_backend`]).
+pub const SQLITE_DEFAULT_QUEUE: usize = 64;
+
 impl WorkerConfig {
+    /// The defaults for a backend. PostgreSQL: [`WorkerConfig::default`]. SQLite: one thread
+    /// and a queue of [`SQLITE_DEFAULT_QUEUE`]: SQLite has one writer at a time and a task's
+    /// transaction holds the write lock from its start, so more threads run nothing more at
+    /// once and only take turns; a long queue makes claims larger (each claim is a write
+    /// transaction of its own). Measured: about 2.5× the throughput of 4 threads and a queue
+    /// of 4. A claimed task may then wait behind 64 others: keep SQLite handlers short.
+    pub fn for_backend(backend: crate::db::Backend) -> WorkerConfig {
+        match backend {
+            crate::db::Backend::Postgres => WorkerConfig::default(),
+            crate::db::Backend::Sqlite => WorkerConfig {
+                threads: 1,
+                queue: SQLITE_DEFAULT_QUEUE,
+                ..WorkerConfig::default()
+            },
+        }
+    }
+
     /// Checks every setting, naming the one out of range.
     pub fn validate(&self) -> Result<()> {
         let bad = |what: String| Err(Error::InvalidConfig(what));
