@@ -266,7 +266,9 @@ fn order_ids(db: &TestDb) -> std::ops::RangeInclusive<i64> {
 // Usage: help, version, bad flags (no database is touched)
 // ---------------------------------------------------------------------------------------------
 
-const SUBCOMMANDS: [&str; 6] = ["migrate", "enqueue", "drain", "run", "stats", "demo"];
+const SUBCOMMANDS: [&str; 8] = [
+    "migrate", "enqueue", "drain", "run", "stats", "demo", "prune", "bench",
+];
 
 #[test]
 fn top_level_help_lists_every_subcommand() {
@@ -613,8 +615,10 @@ both_backends! {
 // ---------------------------------------------------------------------------------------------
 
 /// Every command that needs the database, with arguments that are valid.
-const DATABASE_COMMANDS: [&[&str]; 6] = [
+const DATABASE_COMMANDS: [&[&str]; 8] = [
     &["migrate"],
+    &["prune", "--older-than", "7d"],
+    &["bench", "--tasks", "10", "--runs", "1"],
     &["drain"],
     &["run"],
     &["stats"],
@@ -676,8 +680,9 @@ both_backends! {
     fn unmigrated_database_asks_for_migrate(db: &TestDb) {
         let dir = workdir();
         unmigrate(db);
-        for args in &DATABASE_COMMANDS[1..5] {
-            run(outbox_on(db, dir.path()).args(*args))
+        // migrate migrates, demo migrates its own database, bench works on scratch ones.
+        for args in DATABASE_COMMANDS.iter().filter(|a| !["migrate", "demo", "bench"].contains(&a[0])) {
+            run(outbox_on(db, dir.path()).args(args.iter()))
                 .expect_code(1)
                 .stderr_has("run `outbox migrate`");
         }
@@ -879,4 +884,80 @@ both_backends! {
             .expect_code(1)
             .stderr_has("run `outbox migrate`");
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// bench
+// ---------------------------------------------------------------------------------------------
+
+both_backends! {
+    fn bench_reports_every_configuration_as_json_and_leaves_nothing_behind(db: &TestDb) {
+        let dir = workdir();
+        let out = run(outbox_on(db, dir.path()).args([
+            "bench", "--tasks", "300", "--runs", "2", "--commit-batch", "10", "--json",
+        ]))
+        .expect_code(0);
+        let lines: Vec<serde_json::Value> = out
+            .stdout
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
+            .collect();
+        assert_eq!(lines.len(), 2, "{}", out.stdout);
+        for (line, mode) in lines.iter().zip(["strict", "batched"]) {
+            assert_eq!(line["backend"], db.backend().name());
+            assert_eq!(line["mode"], mode);
+            assert_eq!(line["tasks"], 300);
+            assert_eq!(line["runs"], 2);
+            for field in ["tasks_per_s", "reference_per_s", "ratio", "rss_mib", "enqueue_per_s", "cpu_s"] {
+                assert!(line[field].as_f64().is_some_and(|v| v > 0.0), "{field} in {line}");
+            }
+        }
+        assert_eq!(lines[1]["commit_batch"], 10);
+        // The URL's own database was not touched: bench works on scratch databases.
+        assert_eq!(tasks_in(db, "pending") + tasks_in(db, "done"), 0);
+        assert_eq!(entries(dir.path()), Vec::<String>::new(), "bench wrote into the working directory");
+    }
+}
+
+#[test]
+fn bench_latency_reports_listen_and_poll() {
+    let db = &TestDb::postgres();
+    let dir = workdir();
+    let out = run(outbox_on(db, dir.path()).args([
+        "bench",
+        "--latency",
+        "--latency-samples",
+        "20",
+        "--poll-interval",
+        "100ms",
+        "--json",
+    ]))
+    .expect_code(0);
+    let lines: Vec<serde_json::Value> = out
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2, "{}", out.stdout);
+    assert_eq!(lines[0]["wake"], "listen");
+    assert_eq!(lines[0]["samples"], 20);
+    assert_eq!(lines[1]["wake"], "poll 100ms");
+    for line in &lines {
+        assert!(line["p50_ms"].as_f64().is_some(), "{line}");
+        assert!(line["p99_ms"].as_f64() >= line["p50_ms"].as_f64(), "{line}");
+    }
+}
+
+#[test]
+fn bench_rejects_bad_settings() {
+    let dir = workdir();
+    for args in [
+        &["bench", "--runs", "0"][..],
+        &["bench", "--tasks", "0"],
+        &["bench", "--tasks", "100", "--backlog", "10"],
+        &["bench", "--commit-batch", "0", "--mode", "batched"],
+    ] {
+        run(outbox(dir.path()).args(args)).expect_code(2);
+    }
+    assert_eq!(entries(dir.path()), Vec::<String>::new());
 }
