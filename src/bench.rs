@@ -85,6 +85,9 @@ pub struct DrainBench {
 pub struct DrainFigures {
     /// Tasks enqueued per second (bulk, [`ENQUEUE_BATCH`] per statement).
     pub enqueue_per_s: f64,
+    /// The bulk-insert reference: rows per second of plain multi-row `INSERT … VALUES`
+    /// statements of [`ENQUEUE_BATCH`] rows, each its own transaction, into `async_task`.
+    pub insert_reference_per_s: f64,
     /// Tasks drained.
     pub drained: u64,
     /// Tasks drained per second.
@@ -172,8 +175,10 @@ pub fn drain_bench(url: &DatabaseUrl, bench: &DrainBench) -> Result<DrainFigures
 
     let rows_per_txn = commit_batch;
     let reference_per_s = reference(&scratch.url, connections, rows_per_txn, bench.tasks)?;
+    let insert_reference_per_s = insert_reference(&mut conn, bench.backlog.min(100_000))?;
     Ok(DrainFigures {
         enqueue_per_s,
+        insert_reference_per_s,
         drained,
         tasks_per_s,
         reference_per_s,
@@ -197,6 +202,27 @@ fn enqueue_noop(conn: &mut DbConnection, n: usize) -> Result<()> {
         next = end;
     }
     Ok(())
+}
+
+/// The bulk-insert reference: `n` rows into `async_task` by plain multi-row INSERTs of
+/// [`ENQUEUE_BATCH`] literal rows, each statement its own transaction; returns rows per
+/// second. (Run after the drain, on a table as large as the backlog was.)
+fn insert_reference(conn: &mut DbConnection, n: usize) -> Result<f64> {
+    let started = Instant::now();
+    let mut next = 0;
+    while next < n {
+        let end = (next + ENQUEUE_BATCH).min(n);
+        let values: Vec<String> = (next..end)
+            .map(|i| format!("('bench.ref', '{i}', '{{}}', 0)"))
+            .collect();
+        conn.batch_execute(&format!(
+            "INSERT INTO async_task (keyword, biz_id, biz_data, priority) VALUES {}",
+            values.join(", ")
+        ))
+        .op("reference insert")?;
+        next = end;
+    }
+    Ok(n as f64 / started.elapsed().as_secs_f64())
 }
 
 /// The reference: `connections` threads, each on its own connection and rows, commit

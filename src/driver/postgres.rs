@@ -10,7 +10,8 @@ use crate::sql::Statement;
 impl Driver for PgConnection {
     fn task_insert_many(&mut self, rows_json: &str) -> QueryResult<Vec<TaskKey>> {
         // The notification is sent only if the producer's transaction commits, and only for
-        // tasks that are due now; PostgreSQL folds identical notifications of a transaction.
+        // tasks that are due now: once per keyword of the batch (the scalar subquery runs the
+        // `notified` CTE once), not once per row.
         Statement::<Pg>::new(
             "WITH input AS (
                 SELECT * FROM jsonb_to_recordset(",
@@ -23,9 +24,11 @@ impl Driver for PgConnection {
                 SELECT k, b, d::jsonb, t, p, m, now() + ms * interval '1 millisecond' FROM input
                 ON CONFLICT (keyword, biz_id) DO NOTHING
                 RETURNING id, keyword, biz_id, run_at
+            ), notified AS (
+                SELECT pg_notify('outbox_task', k)
+                FROM (SELECT DISTINCT keyword AS k FROM created WHERE run_at <= now()) due
             )
-            SELECT id, keyword, biz_id,
-                   CASE WHEN run_at <= now() THEN pg_notify('outbox_task', keyword)::text END AS notified
+            SELECT id, keyword, biz_id, (SELECT count(*) FROM notified) AS notified
             FROM created",
         )
         .load(self)
