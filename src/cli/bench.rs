@@ -38,8 +38,8 @@ pub(super) struct BenchArgs {
     /// Execution threads [default: twice the cores; 1 on SQLite].
     #[arg(long)]
     threads: Option<usize>,
-    /// Tasks (chunks, in batched mode) that may wait for a thread [default: as many as
-    /// threads; 64 on SQLite unless --threads is given].
+    /// Tasks (chunks, in batched mode) that may wait for a thread [default: 8 × threads; 64
+    /// on SQLite unless --threads is given; in batched mode, as many chunks as threads].
     #[arg(long)]
     queue: Option<usize>,
     /// Tasks per transaction in batched mode (and rows per transaction of its reference).
@@ -66,10 +66,6 @@ pub(super) struct BenchArgs {
 pub(super) fn run(url: &DatabaseUrl, args: BenchArgs) -> Result<()> {
     let defaults = crate::worker::WorkerConfig::for_backend(url.backend());
     let threads = args.threads.unwrap_or(defaults.threads);
-    let queue = args.queue.unwrap_or(match args.threads {
-        Some(threads) => threads,
-        None => defaults.queue,
-    });
     let backlog = args.backlog.unwrap_or(args.tasks);
     if !(1..=100).contains(&args.runs) {
         return Err(Error::InvalidConfig(format!(
@@ -99,6 +95,12 @@ pub(super) fn run(url: &DatabaseUrl, args: BenchArgs) -> Result<()> {
         );
     }
     for &mode in modes {
+        // As the CLI's workers: in batched mode the queue counts chunks, one per thread.
+        let queue = args.queue.unwrap_or(match args.threads {
+            _ if mode == Mode::Batched => threads,
+            Some(threads) => threads * crate::worker::QUEUE_PER_THREAD,
+            None => defaults.queue,
+        });
         let bench = DrainBench {
             mode,
             tasks: args.tasks,

@@ -119,7 +119,8 @@ struct WorkerArgs {
     #[arg(long = "page")]
     page_size: Option<usize>,
     /// Tasks that may wait for a thread before the claiming thread runs them itself
-    /// [default: as many as threads; 64 on SQLite unless --threads is given].
+    /// [default: 8 × threads; 64 on SQLite unless --threads is given; with --commit-batch,
+    /// as many chunks as threads].
     #[arg(long)]
     queue: Option<usize>,
     /// Attempts for tasks that do not set their own.
@@ -155,9 +156,11 @@ impl WorkerArgs {
     fn config(&self, backend: crate::db::Backend) -> crate::Result<WorkerConfig> {
         let defaults = WorkerConfig::for_backend(backend);
         let threads = self.threads.unwrap_or(defaults.threads);
-        // An explicit --threads without --queue gets a queue as long as the threads.
+        // An explicit --threads without --queue gets 8 queue slots per thread.
+        // In batched mode the queue counts chunks: one per thread is plenty.
         let queue = self.queue.unwrap_or(match self.threads {
-            Some(threads) => threads,
+            _ if self.commit_batch > 1 => threads,
+            Some(threads) => threads * crate::worker::QUEUE_PER_THREAD,
             None => defaults.queue,
         });
         let config = WorkerConfig {
@@ -243,6 +246,6 @@ mod tests {
             panic!("drain")
         };
         let config = args.config(crate::db::Backend::Postgres).unwrap();
-        assert_eq!((config.threads, config.queue), (3, 3));
+        assert_eq!((config.threads, config.queue), (3, 24));
     }
 }

@@ -24,8 +24,12 @@ pub(crate) struct Dispatcher {
     in_flight: AtomicUsize,
     bound: usize,
     caller_runs: AtomicU64,
-    /// Signalled each time a unit of work finishes on the pool (for [`Self::wait_for_room`]).
+    /// Signalled when a unit of work finishes on the pool and there is then room for what
+    /// [`Self::wait_for_room`] waits for.
     finished: (Mutex<()>, Condvar),
+    /// The room [`Self::wait_for_room`] waits for; 0 when nobody waits. Finishing work wakes
+    /// the waiter only once there is that much room, not at every task.
+    wanted: AtomicUsize,
 }
 
 /// A unit of work.
@@ -69,12 +73,15 @@ impl<'j> Feed<'j> {
             };
             job();
             dispatcher.in_flight.fetch_sub(1, Ordering::AcqRel);
-            let _guard = dispatcher
-                .finished
-                .0
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            dispatcher.finished.1.notify_all();
+            let wanted = dispatcher.wanted.load(Ordering::SeqCst);
+            if wanted != 0 && dispatcher.room() >= wanted {
+                let _guard = dispatcher
+                    .finished
+                    .0
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                dispatcher.finished.1.notify_all();
+            }
         }
     }
 }
@@ -103,6 +110,7 @@ impl Dispatcher {
             bound: threads + queue,
             caller_runs: AtomicU64::new(0),
             finished: (Mutex::new(()), Condvar::new()),
+            wanted: AtomicUsize::new(0),
         })
     }
 
@@ -140,14 +148,20 @@ impl Dispatcher {
     /// Units that can start now without waiting: free threads and queue slots, plus one for
     /// the calling thread.
     pub(crate) fn room(&self) -> usize {
-        (self.bound + 1).saturating_sub(self.in_flight.load(Ordering::Acquire))
+        (self.bound + 1).saturating_sub(self.in_flight.load(Ordering::SeqCst))
     }
 
     /// Waits until there is room for `want` units (at most the whole bound plus one), or
     /// `stop` is set.
     pub(crate) fn wait_for_room(&self, want: usize, stop: &AtomicBool) {
-        let want = want.min(self.bound + 1);
+        let want = want.clamp(1, self.bound + 1);
+        if self.room() >= want {
+            return;
+        }
         let mut guard = self.finished.0.lock().unwrap_or_else(|e| e.into_inner());
+        // Set under the lock: a finishing thread that sees it takes the lock to notify, so
+        // it cannot notify between our check and our wait.
+        self.wanted.store(want, Ordering::SeqCst);
         while self.room() < want && !stop.load(Ordering::Relaxed) {
             guard = self
                 .finished
@@ -156,6 +170,7 @@ impl Dispatcher {
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
+        self.wanted.store(0, Ordering::Release);
     }
 
     /// How many units the calling thread has run itself because the pool was full.

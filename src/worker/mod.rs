@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 pub use config::{
     default_threads, WorkerConfig, DEFAULT_DEAD_AFTER_BEATS, DEFAULT_HEARTBEAT,
     DEFAULT_MAX_ATTEMPTS, DEFAULT_PAGE_SIZE, DEFAULT_POLL_INTERVAL, DEFAULT_TASK_TIMEOUT,
-    MAX_ERROR_LEN,
+    MAX_ERROR_LEN, QUEUE_PER_THREAD, SQLITE_DEFAULT_QUEUE,
 };
 use dispatch::Dispatcher;
 use execute::Outcome;
