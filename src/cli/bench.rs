@@ -90,7 +90,7 @@ pub(super) fn run(url: &DatabaseUrl, args: BenchArgs) -> Result<()> {
     let backend = url.backend().name();
     if !args.json {
         println!(
-            "outbox bench on {backend}: {} no-op tasks drained of a backlog of {backlog}, {threads} threads, {} run(s) per mode; scratch databases",
+            "outbox bench on {backend}: {} no-op tasks drained of a backlog of {backlog}, {threads} thread(s), {} run(s) per mode; scratch databases",
             args.tasks, args.runs
         );
     }

@@ -66,12 +66,15 @@ pub(super) fn run(url: &DatabaseUrl, registry: Registry, args: DemoArgs) -> crat
         println!("tasks enqueued; drain them, then run `outbox demo --check`");
         return Ok(());
     }
-    let threads = config.threads;
+    let threads = match config.threads {
+        1 => "1 thread".to_owned(),
+        n => format!("{n} threads"),
+    };
     let worker = Worker::new(url, registry, config)?;
     let report = worker.drain()?;
     let t = report.tally;
     println!(
-        "drained {} tasks with {threads} threads in {:.2}s ({:.0} tasks/s): {} done, {} retried, {} dead",
+        "drained {} tasks with {threads} in {:.2}s ({:.0} tasks/s): {} done, {} retried, {} dead",
         t.claimed,
         report.elapsed.as_secs_f64(),
         report.tasks_per_sec(),
