@@ -38,7 +38,7 @@ pub(super) struct BenchArgs {
     /// Execution threads [default: twice the cores; 1 on SQLite].
     #[arg(long)]
     threads: Option<usize>,
-    /// Tasks (chunks, in batched mode) that may wait for a thread [default: 8 × threads; 64
+    /// Tasks (chunks, in batched mode) that may wait for a thread [default: 8 × threads; 128
     /// on SQLite unless --threads is given; in batched mode, as many chunks as threads].
     #[arg(long)]
     queue: Option<usize>,

@@ -119,7 +119,7 @@ struct WorkerArgs {
     #[arg(long = "page")]
     page_size: Option<usize>,
     /// Tasks that may wait for a thread before the claiming thread runs them itself
-    /// [default: 8 × threads; 64 on SQLite unless --threads is given; with --commit-batch,
+    /// [default: 8 × threads; 128 on SQLite unless --threads is given; with --commit-batch,
     /// as many chunks as threads].
     #[arg(long)]
     queue: Option<usize>,
