@@ -39,11 +39,11 @@ pub trait Driver {
         timeout_ms: i64,
     ) -> QueryResult<Vec<ClaimRow>>;
 
-    /// Marks a claimed task done (fenced); returns the rows touched, 0 or 1.
     /// The plan of the claim statement (`EXPLAIN`), one line per row: to show that the
     /// claim stays an index range scan however long the backlog.
     fn task_claim_plan(&mut self, keywords: &[String], limit: i64) -> QueryResult<Vec<String>>;
 
+    /// Marks a claimed task done (fenced); returns the rows touched, 0 or 1.
     fn task_complete(&mut self, claim: &Claim) -> QueryResult<usize>;
 
     /// Marks done every task of `claims_json` (`[[id, claim_token], …]`, all owned by

@@ -30,6 +30,8 @@ pub(crate) struct Dispatcher {
     /// The room [`Self::wait_for_room`] waits for; 0 when nobody waits. Finishing work wakes
     /// the waiter only once there is that much room, not at every task.
     wanted: AtomicUsize,
+    /// Held for the length of a [`Self::scope`].
+    scope_lock: Mutex<()>,
 }
 
 /// A unit of work.
@@ -40,6 +42,9 @@ type Job<'j> = Box<dyn FnOnce() + Send + 'j>;
 pub(crate) struct Feed<'j> {
     jobs: Mutex<(VecDeque<Job<'j>>, bool)>,
     ready: Condvar,
+    /// The first panic that escaped a job: re-raised when the scope ends, after the pool's
+    /// threads have carried on with the other jobs.
+    panic: Mutex<Option<Box<dyn std::any::Any + Send>>>,
 }
 
 impl<'j> Feed<'j> {
@@ -71,8 +76,14 @@ impl<'j> Feed<'j> {
                     jobs = self.ready.wait(jobs).unwrap_or_else(|e| e.into_inner());
                 }
             };
-            job();
-            dispatcher.in_flight.fetch_sub(1, Ordering::AcqRel);
+            // Tasks catch their handlers' panics; this catches the rest (a bug, or a
+            // handler error whose Display panics), so that the count stays right and this
+            // thread keeps serving the queue.
+            if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job)) {
+                let mut slot = self.panic.lock().unwrap_or_else(|e| e.into_inner());
+                slot.get_or_insert(panic);
+            }
+            dispatcher.in_flight.fetch_sub(1, Ordering::SeqCst);
             let wanted = dispatcher.wanted.load(Ordering::SeqCst);
             if wanted != 0 && dispatcher.room() >= wanted {
                 let _guard = dispatcher
@@ -111,23 +122,44 @@ impl Dispatcher {
             caller_runs: AtomicU64::new(0),
             finished: (Mutex::new(()), Condvar::new()),
             wanted: AtomicUsize::new(0),
+            scope_lock: Mutex::new(()),
         })
     }
 
     /// Runs `f` with a feed to which [`Self::submit`] hands work; returns when `f` has
     /// returned and all submitted work has finished.
+    ///
+    /// One scope at a time: each keeps every pool thread in its feed until it ends, so a
+    /// second caller (two `drain`s on one worker) waits here for the first to finish.
+    /// A panic that escaped a job is re-raised here, once everything else has finished.
     pub(crate) fn scope<'j, R>(&self, f: impl FnOnce(&Feed<'j>) -> R) -> R {
+        let _one_at_a_time = self.scope_lock.lock().unwrap_or_else(|e| e.into_inner());
         let feed = Feed {
             jobs: Mutex::new((VecDeque::new(), false)),
             ready: Condvar::new(),
+            panic: Mutex::new(None),
         };
-        self.pool.in_place_scope(|scope| {
+        let result = self.pool.in_place_scope(|scope| {
             for _ in 0..self.threads {
                 scope.spawn(|_| feed.work(self));
             }
             let _close = CloseOnDrop(&feed);
             f(&feed)
-        })
+        });
+        if let Some(panic) = feed.panic.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            std::panic::resume_unwind(panic);
+        }
+        result
+    }
+
+    /// Work handed out and not finished yet.
+    pub(crate) fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::SeqCst)
+    }
+
+    /// Room for every unit: nothing in flight.
+    pub(crate) fn capacity(&self) -> usize {
+        self.bound + 1
     }
 
     /// Hands `work` to the pool while fewer than the bound are in flight; past it, runs it
@@ -136,10 +168,10 @@ impl Dispatcher {
     where
         F: FnOnce() + Send + 'j,
     {
-        if self.in_flight.fetch_add(1, Ordering::AcqRel) < self.bound {
+        if self.in_flight.fetch_add(1, Ordering::SeqCst) < self.bound {
             feed.push(Box::new(work));
         } else {
-            self.in_flight.fetch_sub(1, Ordering::AcqRel);
+            self.in_flight.fetch_sub(1, Ordering::SeqCst);
             self.caller_runs.fetch_add(1, Ordering::Relaxed);
             work();
         }

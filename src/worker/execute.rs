@@ -92,7 +92,7 @@ impl Worker {
             }
         };
         let turn = self.write_turn();
-        self.upkeep.started(claim.id);
+        self.upkeep.started(claim.id, claim.token);
         let result = write_transaction(&mut conn, |conn| {
             match catch_unwind(AssertUnwindSafe(|| handler.handle(&task.context, conn))) {
                 Ok(Ok(())) => {}
@@ -110,7 +110,7 @@ impl Worker {
             }
         });
         drop(turn);
-        self.upkeep.finished(claim.id);
+        self.upkeep.finished(claim.id, claim.token);
         // `write_transaction` rolled back every level it found open. A connection that still reports itself broken broke under the handler
         // (server restart, killed backend): its error is an infrastructure error, not the
         // handler's. diesel marks such a connection so, and the pool discards it.
@@ -196,7 +196,7 @@ impl Worker {
         let owner = chunk[0].owner;
         let turn = self.write_turn();
         for task in &chunk {
-            self.upkeep.started(task.context.id);
+            self.upkeep.started(task.context.id, task.claim_token);
         }
         let result = write_transaction(&mut conn, |conn| {
             for (task, handler) in chunk.iter().zip(&handlers) {
@@ -212,7 +212,7 @@ impl Worker {
         });
         drop(turn);
         for task in &chunk {
-            self.upkeep.finished(task.context.id);
+            self.upkeep.finished(task.context.id, task.claim_token);
         }
         if let Err(ChunkRollback::Database(e)) = &result {
             if is_connection_error(e) {

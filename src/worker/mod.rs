@@ -134,8 +134,9 @@ struct Upkeep {
     rescue: RescueParams,
     interval: Duration,
     stop: AtomicBool,
-    /// Handlers running now, by task id, with when they started (for the hang watchdog).
-    running: Mutex<HashMap<i64, Instant>>,
+    /// Handlers running now, by task id and claim token, with when they started (for the
+    /// hang watchdog).
+    running: Mutex<HashMap<(i64, i64), Instant>>,
     /// With `exit_on_hang`: how long a handler may run before the process exits.
     hang_limit: Option<Duration>,
 }
@@ -150,19 +151,19 @@ impl Upkeep {
         }
     }
 
-    pub(crate) fn started(&self, task: i64) {
+    /// Notes that the handler of a task's claim started (keyed by id and claim token: a task
+    /// rescued from a hung run and claimed again by this node is another run).
+    pub(crate) fn started(&self, task: i64, token: i64) {
         if self.hang_limit.is_some() {
             let mut running = self.running.lock().expect("running tasks lock");
-            running.insert(task, Instant::now());
+            running.insert((task, token), Instant::now());
         }
     }
 
-    pub(crate) fn finished(&self, task: i64) {
+    pub(crate) fn finished(&self, task: i64, token: i64) {
         if self.hang_limit.is_some() {
-            self.running
-                .lock()
-                .expect("running tasks lock")
-                .remove(&task);
+            let mut running = self.running.lock().expect("running tasks lock");
+            running.remove(&(task, token));
         }
     }
 
@@ -171,7 +172,7 @@ impl Upkeep {
     fn exit_if_hung(&self) {
         let Some(limit) = self.hang_limit else { return };
         let running = self.running.lock().expect("running tasks lock");
-        if let Some((id, started)) = running.iter().find(|(_, s)| s.elapsed() > limit) {
+        if let Some(((id, _), started)) = running.iter().find(|(_, s)| s.elapsed() > limit) {
             log::error!(
                 "node {}: the handler of task {id} has run for {:?}, past its task timeout: exiting \
                  (status 3) to free its thread, connection and locks; the task is rescued as a failure",
@@ -310,9 +311,12 @@ impl Worker {
         &self.pool
     }
 
-    /// A flag that stops [`Worker::run`] and [`Worker::drain`] when set: no new claims, the
-    /// current page finishes, and tasks of the page that have not started are released back
-    /// to pending without a failure.
+    /// A flag that stops [`Worker::run`] and [`Worker::drain`] when set: no new claims,
+    /// running handlers finish, and claimed tasks that have not started are released back to
+    /// pending without a failure.
+    ///
+    /// One `drain`/`run`/`run_once`/`execute` runs at a time per worker: a second call waits
+    /// for the first to return.
     pub fn stop_flag(&self) -> Arc<AtomicBool> {
         Arc::clone(&self.stopping)
     }
@@ -472,29 +476,35 @@ impl Worker {
             while tasks.peek().is_some() {
                 let chunk: Vec<ClaimedTask> =
                     tasks.by_ref().take(self.config.commit_batch).collect();
-                self.dispatcher
-                    .submit(feed, move || record(&self.execute_chunk(chunk)));
+                self.dispatcher.submit(feed, move || {
+                    let n = chunk.len() as u64;
+                    record_or_unwind(self, n, || self.execute_chunk(chunk), &record)
+                });
             }
         } else {
             for task in page {
-                self.dispatcher
-                    .submit(feed, move || record(&[self.execute_task(&task)]));
+                self.dispatcher.submit(feed, move || {
+                    record_or_unwind(self, 1, || vec![self.execute_task(&task)], &record)
+                });
             }
         }
     }
 
-    /// Waits until at least half of the pool's threads and queue slots are free, claims as
-    /// many tasks as can start, and hands them to the pool without waiting for them: the next
-    /// claim overlaps the end of this page. Returns how many it claimed and the most it
-    /// could have claimed.
+    /// Waits until at least half of the units that can start (threads + queue + the claiming
+    /// thread) are free, claims as many tasks as can start, and hands them to the pool
+    /// without waiting for them: the next claim overlaps the end of this page. Returns how
+    /// many it claimed and the most it could have claimed; claims nothing once stopping.
     fn refill<'s>(
         &'s self,
         feed: &dispatch::Feed<'s>,
         tally: &'s Mutex<Tally>,
     ) -> Result<(usize, usize)> {
-        let units = self.config.threads + self.config.queue + 1;
+        let units = self.dispatcher.capacity();
         self.dispatcher
             .wait_for_room(units.div_ceil(2), &self.stopping);
+        if self.is_stopping() {
+            return Ok((0, 0));
+        }
         let room = self.dispatcher.room().max(1);
         let limit = self.config.page_size.min(room * self.config.commit_batch);
         let page = self.claim_up_to(limit)?;
@@ -513,16 +523,29 @@ impl Worker {
     /// Rescues the tasks of dead nodes, then works until nothing is due (or the stop flag is
     /// set), then returns once the tasks it claimed have finished. For cron.
     ///
-    /// Claims overlap execution: a new page is claimed as soon as half the pool is free.
+    /// Claims overlap execution: a new page is claimed as soon as half the pool is free. An
+    /// empty claim while tasks are still running waits for them and claims once more, so
+    /// that what they make due (a follow-up task a handler enqueued, a retry with a short
+    /// backoff) is run by this drain too.
     pub fn drain(&self) -> Result<Report> {
-        let started = Instant::now();
         self.rescue_once()?;
+        self.drain_at_most(u64::MAX)
+    }
+
+    /// [`Worker::drain`] without its rescue pass, stopping once `max` tasks have been claimed
+    /// (the last claim may take a few more): what `outbox bench` times.
+    pub fn drain_at_most(&self, max: u64) -> Result<Report> {
+        let started = Instant::now();
         let tally = Mutex::new(Tally::default());
         self.dispatcher.scope(|feed| -> Result<()> {
-            while !self.is_stopping() {
+            while !self.is_stopping() && tally.lock().expect("tally lock").claimed < max {
                 let (claimed, _) = self.refill(feed, &tally)?;
                 if claimed == 0 {
-                    break;
+                    if self.dispatcher.in_flight() == 0 || self.is_stopping() {
+                        break;
+                    }
+                    self.dispatcher
+                        .wait_for_room(self.dispatcher.capacity(), &self.stopping);
                 }
             }
             Ok(())
@@ -607,6 +630,24 @@ impl Drop for Worker {
         }
         if let Err(e) = self.mark_gone() {
             log::warn!("node {}: could not mark it gone: {e}", self.node_id);
+        }
+    }
+}
+
+/// Runs a unit of work and records its outcomes; if it panics outside the handlers (which are
+/// caught), its tasks leave the in-flight count before the panic goes on (rescue recovers
+/// them).
+fn record_or_unwind(
+    worker: &Worker,
+    n: u64,
+    work: impl FnOnce() -> Vec<Outcome>,
+    record: &impl Fn(&[Outcome]),
+) {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)) {
+        Ok(outcomes) => record(&outcomes),
+        Err(panic) => {
+            worker.in_flight.fetch_sub(n, Ordering::Relaxed);
+            std::panic::resume_unwind(panic);
         }
     }
 }

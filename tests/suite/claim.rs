@@ -201,3 +201,60 @@ both_backends! {
         });
     }
 }
+
+both_backends! {
+    fn drain_runs_what_its_own_tasks_make_due(db: &TestDb) {
+        // `first` enqueues `second` in its own transaction: a follow-up that is due only
+        // once `first` commits, while the drain's last claim may already have come back
+        // empty. The drain must still run it.
+        let mut registry = Registry::new();
+        registry.register("first", |task: &TaskContext, conn: &mut DbConnection| -> HandlerResult {
+            enqueue(conn, &NewTask::new("second", task.biz_id()))?;
+            Ok(())
+        });
+        registry.register("second", crate::write_ledger);
+        enqueue(&mut db.conn(), &NewTask::new("first", "1")).unwrap();
+        let w = Worker::new(&db.url, registry, small_config()).unwrap();
+        let tally = w.drain().unwrap().tally;
+        assert_eq!(tally.done, 2, "{tally:?}");
+        assert_eq!(db.count("SELECT count(*) FROM test_ledger"), 1);
+    }
+
+    fn a_panic_outside_a_handler_propagates_instead_of_hanging_the_pool(db: &TestDb) {
+        // A handler error whose Display panics: the panic happens while the failure is
+        // recorded, outside the handler's catch_unwind.
+        #[derive(Debug)]
+        struct Nasty;
+        impl std::fmt::Display for Nasty {
+            fn fmt(&self, _: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                panic!("Display of a handler error panicked")
+            }
+        }
+        impl std::error::Error for Nasty {}
+        let mut registry = Registry::new();
+        registry.register("nasty", |task: &TaskContext, _: &mut DbConnection| -> HandlerResult {
+            if task.biz_id() == "3" {
+                return Err(Nasty.into());
+            }
+            Ok(())
+        });
+        let tasks: Vec<NewTask> = (1..=6).map(|n| NewTask::new("nasty", n.to_string())).collect();
+        enqueue_batch(&mut db.conn(), &tasks).unwrap();
+        let config = WorkerConfig { threads: 1, queue: 4, ..small_config() };
+        let w = Worker::new(&db.url, registry, config).unwrap();
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.drain()));
+                let _ = done.send(outcome.is_err());
+            });
+            let panicked = finished
+                .recv_timeout(Duration::from_secs(60))
+                .expect("drain hung after a panic outside a handler");
+            assert!(panicked, "the panic was swallowed");
+        });
+        // The pool kept serving the queue: every other task ran.
+        assert_eq!(db.count("SELECT count(*) FROM async_task WHERE state = 'done'"), 5);
+        assert_eq!(w.in_flight(), 0);
+    }
+}
