@@ -90,7 +90,7 @@ pub fn enqueue<C: EnqueueConnection + ?Sized>(conn: &mut C, task: &NewTask) -> R
     EnqueueOptions::default().enqueue(conn, task)
 }
 
-/// Enqueues many tasks in one statement with the default [`EnqueueOptions`]: see
+/// Enqueues many tasks at once with the default [`EnqueueOptions`]: see
 /// [`EnqueueOptions::enqueue_batch`].
 pub fn enqueue_batch<C: EnqueueConnection + ?Sized>(
     conn: &mut C,
@@ -120,7 +120,10 @@ impl EnqueueOptions {
         Ok(results.pop().expect("one result per task"))
     }
 
-    /// Enqueues many tasks in one statement; returns one [`Enqueued`] per task, in order.
+    /// Enqueues many tasks at once; returns one [`Enqueued`] per task, in order.
+    ///
+    /// All or nothing: one statement on PostgreSQL; on SQLite statements of up to 256 rows
+    /// inside one savepoint (or transaction, when the caller has none open).
     ///
     /// Every task is validated before anything is written: one invalid task fails the whole
     /// batch with that task's error. A `(keyword, biz_id)` that repeats inside the batch is
@@ -146,9 +149,8 @@ impl EnqueueOptions {
                 ms: i64::try_from(task.delay.as_millis()).unwrap_or(i64::MAX),
             });
         }
-        let rows_json = serde_json::to_string(&rows).expect("task rows serialise");
         let driver = conn.driver();
-        let created = driver.task_insert_many(&rows_json).op("task enqueue")?;
+        let created = driver.task_insert_many(&rows).op("task enqueue")?;
 
         let mut created_ids = key_map(&created);
         let mut results = Vec::with_capacity(tasks.len());

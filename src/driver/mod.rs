@@ -22,9 +22,9 @@ use crate::sql::Statement;
 
 /// The database interface of the engine.
 pub trait Driver {
-    /// Inserts the tasks of `rows` (a JSON array of [`InsertRow`]), skipping those whose
-    /// `(keyword, biz_id)` exists; returns the keys of the rows it created.
-    fn task_insert_many(&mut self, rows_json: &str) -> QueryResult<Vec<TaskKey>>;
+    /// Inserts `rows` (at least one), skipping those whose `(keyword, biz_id)` exists;
+    /// returns the keys of the rows it created. All or nothing.
+    fn task_insert_many(&mut self, rows: &[InsertRow<'_>]) -> QueryResult<Vec<TaskKey>>;
 
     /// The ids of the existing tasks among `keys` (a JSON array of `{"k":…, "b":…}`).
     fn task_find_many(&mut self, keys_json: &str) -> QueryResult<Vec<TaskKey>>;
@@ -113,8 +113,9 @@ pub struct Claim {
     pub token: i64,
 }
 
-/// One task to insert, as a JSON object with short keys (the batch is one JSON document, so
-/// that any number of rows is one statement with one bind).
+/// One task to insert. On PostgreSQL a batch travels as one JSON document of these (short
+/// keys), so that any number of rows is one statement with one bind; on SQLite as bind
+/// parameters.
 #[derive(Debug, Serialize)]
 pub struct InsertRow<'a> {
     pub k: &'a str,

@@ -4,11 +4,14 @@ use diesel::pg::{Pg, PgConnection};
 use diesel::sql_types::{Array, BigInt, Integer, Nullable, Text};
 use diesel::{QueryResult, RunQueryDsl};
 
-use super::{fence, Claim, ClaimRow, Driver, KeywordStateCount, RescueParams, RescuedRow, TaskKey};
+use super::{
+    fence, Claim, ClaimRow, Driver, InsertRow, KeywordStateCount, RescueParams, RescuedRow, TaskKey,
+};
 use crate::sql::Statement;
 
 impl Driver for PgConnection {
-    fn task_insert_many(&mut self, rows_json: &str) -> QueryResult<Vec<TaskKey>> {
+    fn task_insert_many(&mut self, rows: &[InsertRow<'_>]) -> QueryResult<Vec<TaskKey>> {
+        let rows_json = serde_json::to_string(rows).expect("task rows serialise");
         // The notification is sent only if the producer's transaction commits, and only for
         // tasks that are due now: once per keyword of the batch (the scalar subquery runs the
         // `notified` CTE once), not once per row.
@@ -16,7 +19,7 @@ impl Driver for PgConnection {
             "WITH input AS (
                 SELECT * FROM jsonb_to_recordset(",
         )
-        .bind::<Text, _>(rows_json.to_owned())
+        .bind::<Text, _>(rows_json)
         .sql(
             "::jsonb) AS x(k text, b text, d text, t text, p smallint, m integer, ms bigint)
             ), created AS (

@@ -1,11 +1,13 @@
 //! The driver on SQLite: one writer at a time, so the claim needs no `SKIP LOCKED`; times
 //! are text written by SQLite's own clock.
 
-use diesel::sql_types::{BigInt, Integer, Nullable, Text};
+use diesel::sql_types::{BigInt, Integer, Nullable, SmallInt, Text};
 use diesel::sqlite::{Sqlite, SqliteConnection};
-use diesel::{QueryResult, RunQueryDsl};
+use diesel::{Connection, QueryResult, RunQueryDsl};
 
-use super::{fence, Claim, ClaimRow, Driver, KeywordStateCount, RescueParams, RescuedRow, TaskKey};
+use super::{
+    fence, Claim, ClaimRow, Driver, InsertRow, KeywordStateCount, RescueParams, RescuedRow, TaskKey,
+};
 use crate::sql::Statement;
 
 // Every time column is written with this expression (millisecond precision, UTC), so that
@@ -17,21 +19,17 @@ macro_rules! now {
 }
 
 impl Driver for SqliteConnection {
-    fn task_insert_many(&mut self, rows_json: &str) -> QueryResult<Vec<TaskKey>> {
-        // `WHERE true` keeps SQLite's parser from reading ON CONFLICT as a join constraint.
-        Statement::<Sqlite>::new(
-            "INSERT INTO async_task (keyword, biz_id, biz_data, tenant, priority, max_attempts, run_at)
-             SELECT value ->> 'k', value ->> 'b', value ->> 'd', value ->> 't', value ->> 'p', value ->> 'm',
-                    strftime('%Y-%m-%d %H:%M:%f', 'now', printf('+%.3f seconds', (value ->> 'ms') / 1000.0))
-             FROM json_each(",
-        )
-        .bind::<Text, _>(rows_json.to_owned())
-        .sql(
-            ") WHERE true
-             ON CONFLICT (keyword, biz_id) DO NOTHING
-             RETURNING id, keyword, biz_id",
-        )
-        .load(self)
+    fn task_insert_many(&mut self, rows: &[InsertRow<'_>]) -> QueryResult<Vec<TaskKey>> {
+        // Bind parameters rather than one JSON document as on PostgreSQL: SQLite would parse
+        // each row's JSON object again for every field it reads (a sixth of an enqueue's
+        // time, measured). Statements of INSERT_CHUNK rows, then of powers of two for the
+        // rest, so that a connection caches at most nine prepared shapes and a bulk enqueue
+        // parses no SQL; several statements run in one transaction (a savepoint inside the
+        // caller's), so the batch stays all or nothing.
+        if rows.len() <= INSERT_CHUNK && rows.len().is_power_of_two() {
+            return insert_chunks(self, rows); // one statement
+        }
+        self.transaction(|conn| insert_chunks(conn, rows))
     }
 
     fn task_find_many(&mut self, keys_json: &str) -> QueryResult<Vec<TaskKey>> {
@@ -267,4 +265,51 @@ fn claim_statement(
             ")
             RETURNING id, keyword, biz_id, biz_data, tenant, failures, max_attempts, claim_token, priority",
         )
+}
+
+/// Rows per enqueue statement on SQLite (7 bind parameters each).
+const INSERT_CHUNK: usize = 256;
+
+fn insert_chunks(
+    conn: &mut SqliteConnection,
+    mut rows: &[InsertRow<'_>],
+) -> QueryResult<Vec<TaskKey>> {
+    let mut created = Vec::with_capacity(rows.len());
+    while !rows.is_empty() {
+        let n = if rows.len() >= INSERT_CHUNK {
+            INSERT_CHUNK
+        } else {
+            1 << rows.len().ilog2()
+        };
+        let (chunk, rest) = rows.split_at(n);
+        created.extend(insert_statement(chunk).load::<TaskKey>(conn)?);
+        rows = rest;
+    }
+    Ok(created)
+}
+
+fn insert_statement(rows: &[InsertRow<'_>]) -> Statement<Sqlite> {
+    let mut statement = Statement::<Sqlite>::new(
+        "INSERT INTO async_task (keyword, biz_id, biz_data, tenant, priority, max_attempts, run_at) VALUES ",
+    );
+    for (i, row) in rows.iter().enumerate() {
+        statement = statement
+            .sql(if i == 0 { "(" } else { ", (" })
+            .bind::<Text, _>(row.k.to_owned())
+            .sql(", ")
+            .bind::<Text, _>(row.b.to_owned())
+            .sql(", ")
+            .bind::<Text, _>(row.d.to_owned())
+            .sql(", ")
+            .bind::<Nullable<Text>, _>(row.t.map(str::to_owned))
+            .sql(", ")
+            .bind::<SmallInt, _>(row.p)
+            .sql(", ")
+            .bind::<Nullable<Integer>, _>(row.m)
+            // The delay on the Julian day of the database clock: exact to the millisecond.
+            .sql(", strftime('%Y-%m-%d %H:%M:%f', julianday('now') + ")
+            .bind::<BigInt, _>(row.ms)
+            .sql(" / 86400000.0))");
+    }
+    statement.sql(" ON CONFLICT (keyword, biz_id) DO NOTHING RETURNING id, keyword, biz_id")
 }

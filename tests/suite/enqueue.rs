@@ -46,6 +46,66 @@ both_backends! {
         assert!(enqueue_batch(&mut conn, &[]).unwrap().is_empty());
     }
 
+    fn a_large_batch_keeps_order_duplicates_delays_and_is_all_or_nothing(db: &TestDb) {
+        // 1,000 tasks: more than one statement's worth on SQLite (256 rows each, then
+        // powers of two), so repeats and failures cross statement boundaries.
+        let mut conn = db.conn();
+        let mut tasks: Vec<NewTask> = (0..1000)
+            .map(|i| {
+                let task = NewTask::new("k", format!("b{i}")).payload(&serde_json::json!({"i": i}));
+                if i % 2 == 1 { task.delay(Duration::from_secs(3600)) } else { task }
+            })
+            .collect();
+        tasks[900] = NewTask::new("k", "b3"); // repeats a key of the first statement
+        let results = enqueue_batch(&mut conn, &tasks).unwrap();
+        assert_eq!(results.len(), 1000);
+        assert!(!results[900].created);
+        assert_eq!(results[900].id, results[3].id);
+        assert_eq!(results.iter().filter(|r| r.created).count(), 999);
+        assert_eq!(db.count("SELECT count(*) FROM async_task"), 999);
+        for i in [0usize, 255, 256, 511, 899, 901, 999] {
+            let id = results[i].id;
+            let sql = format!("SELECT count(*) FROM async_task WHERE id = {id} AND biz_id = 'b{i}'");
+            assert_eq!(db.count(&sql), 1, "task {i} reported its own id");
+            assert_eq!(db.task(id).due, i32::from(i % 2 == 0), "task {i}");
+        }
+        // Delays count from the database clock, to the millisecond: the odd tasks are an
+        // hour out.
+        let delay_ms = match db.backend() {
+            Backend::Postgres => "round(extract(epoch FROM run_at - created_at) * 1000)",
+            Backend::Sqlite => "round((julianday(run_at) - julianday(created_at)) * 86400000)",
+        };
+        let sql = format!("SELECT count(*) FROM async_task WHERE {delay_ms} = 3600000");
+        assert_eq!(db.count(&sql), 500);
+        let sql = format!("SELECT count(*) FROM async_task WHERE {delay_ms} = 0");
+        assert_eq!(db.count(&sql), 499);
+
+        // A row that the database refuses late in the batch leaves nothing of the batch,
+        // outside any transaction of the caller's.
+        match db.backend() {
+            Backend::Postgres => db.exec(
+                "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS
+                 $$ BEGIN RAISE EXCEPTION 'refused %', NEW.biz_id; END $$;
+                 CREATE TRIGGER refuse BEFORE INSERT ON async_task
+                 FOR EACH ROW WHEN (NEW.biz_id = 'refused') EXECUTE FUNCTION refuse()",
+            ),
+            Backend::Sqlite => db.exec(
+                "CREATE TRIGGER refuse BEFORE INSERT ON async_task
+                 WHEN NEW.biz_id = 'refused' BEGIN SELECT RAISE(ABORT, 'refused'); END",
+            ),
+        }
+        for n in [1000, 200] {
+            // The refused row comes last: in the last of several statements on SQLite.
+            let mut late: Vec<NewTask> = (1..n).map(|i| NewTask::new("k", format!("late-{i}"))).collect();
+            late.push(NewTask::new("k", "refused"));
+            let err = enqueue_batch(&mut conn, &late).unwrap_err();
+            assert!(matches!(err, Error::Database { operation: "task enqueue", .. }), "{err}");
+            assert!(err.to_string().contains("refused"), "{err}");
+            assert_eq!(db.count("SELECT count(*) FROM async_task WHERE biz_id LIKE 'late-%'"), 0, "{n}");
+            assert_eq!(db.count("SELECT count(*) FROM async_task"), 999);
+        }
+    }
+
     fn rolled_back_producer_transaction_leaves_no_task(db: &TestDb) {
         let mut conn = db.conn();
         let result: Result<(), Error> = write_transaction(&mut conn, |conn| {
