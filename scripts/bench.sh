@@ -7,7 +7,8 @@
 # durability (fsync on; its own state dir, apart from the test cluster) unless
 # OUTBOX_BENCH_PG_URL is set, and runs on both backends:
 #   1. strict and batched drains of 20,000 no-op tasks against their references
-#      (5 runs each, medians);
+#      (5 runs each, medians), and strict once more with a handler that opens its
+#      transaction (--open-tx), as one writing to the database does;
 #   2. the scale test: the first 10,000 tasks of a 1,000,000-task backlog, against
 #      a 10,000-task backlog, with the claim's plan (PostgreSQL; 3 runs);
 #   3. commit-to-start latency with LISTEN/NOTIFY and with polling (PostgreSQL).
@@ -61,6 +62,7 @@ for url in "$pg_url" "$sqlite_url"; do
     name=postgres
     [[ $url == postgres* ]] || name=sqlite
     bench "$name throughput" --database-url "$url" --runs "$runs" --mode both
+    bench "$name strict, handler in its transaction" --database-url "$url" --runs "$runs" --mode strict --open-tx
     bench "$name scale: backlog 10000" --database-url "$url" --runs "$scale_runs" --mode strict --tasks 10000
     bench "$name scale: backlog $backlog" --database-url "$url" --runs "$scale_runs" --mode strict --tasks 10000 --backlog "$backlog"
 done

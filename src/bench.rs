@@ -25,6 +25,7 @@ use diesel::sql_types::BigInt;
 use diesel::sqlite::Sqlite;
 use diesel::RunQueryDsl;
 
+use crate::db::TaskTx;
 use crate::db::{write_transaction, Backend, DatabaseUrl, DbConnection};
 use crate::driver::driver;
 use crate::enqueue::{enqueue, enqueue_batch};
@@ -78,6 +79,20 @@ pub struct DrainBench {
     pub commit_batch: usize,
     /// Print the claim statement's plan at this backlog.
     pub explain: bool,
+    /// The no-op handler opens its transaction, as a handler that writes to the database
+    /// does (`BEGIN; UPDATE; COMMIT` per task, or per chunk, instead of one statement).
+    pub open_tx: bool,
+}
+
+impl DrainBench {
+    /// `noop`, or `noop-in-transaction` with [`DrainBench::open_tx`].
+    pub fn handler_name(&self) -> &'static str {
+        if self.open_tx {
+            "noop-in-transaction"
+        } else {
+            "noop"
+        }
+    }
 }
 
 /// What one drain measurement found.
@@ -163,7 +178,14 @@ pub fn drain_bench(url: &DatabaseUrl, bench: &DrainBench) -> Result<DrainFigures
     let connections = config.threads + 1;
 
     let mut registry = Registry::new();
-    registry.register(NOOP_KEYWORD, |_: &TaskContext, _: &mut DbConnection| Ok(()));
+    if bench.open_tx {
+        registry.register(NOOP_KEYWORD, |_: &TaskContext, tx: &mut TaskTx| {
+            tx.conn()?;
+            Ok(())
+        });
+    } else {
+        registry.register(NOOP_KEYWORD, |_: &TaskContext, _: &mut TaskTx| Ok(()));
+    }
     let worker = Worker::new(&scratch.url, registry, config)?;
     let cpu_before = cpu_seconds();
     let started = Instant::now();
@@ -335,7 +357,7 @@ pub fn latency_bench(
         let starts = Arc::clone(&starts);
         registry.register(
             "bench.latency",
-            move |task: &TaskContext, _: &mut DbConnection| {
+            move |task: &TaskContext, _: &mut TaskTx| {
                 let now = Instant::now();
                 starts
                     .lock()

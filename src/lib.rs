@@ -2,7 +2,7 @@
 //!
 //! Runs business side-effects reliably, after the fact. A producer records "do X for
 //! business object Y" as a row of `async_task` **inside its own business transaction**
-//! ([`enqueue`]); workers claim due tasks a page at a time with one `UPDATE`, run the handler
+//! ([`enqueue()`]); workers claim due tasks a page at a time with one `UPDATE`, run the handler
 //! registered for each task's keyword in a rayon pool, and record the completion **in the
 //! same transaction as the handler's side-effect**.
 //!
@@ -10,9 +10,9 @@
 //!
 //! - A task exists if and only if the producer's transaction committed.
 //! - `(keyword, biz_id)` is unique: enqueueing the same pair twice yields one task.
-//! - **Exactly once** for effects a handler writes through the connection it is given: the
-//!   completion is fenced by owner and claim token and commits with them, so a handler whose
-//!   claim was taken over, or that failed, leaves no effect.
+//! - **Exactly once** for effects a handler writes through its task's transaction
+//!   ([`TaskTx::conn`]): the completion is fenced by owner and claim token and commits with
+//!   them, so a handler whose claim was taken over, or that failed, leaves no effect.
 //! - **At least once** for effects outside the database (HTTP calls, files, e-mail): make them
 //!   idempotent by `biz_id`.
 //!
@@ -41,7 +41,7 @@ pub mod task;
 pub mod worker;
 
 pub use backoff::Backoff;
-pub use db::{write_transaction, Backend, DatabaseUrl, DbConnection, DbPool};
+pub use db::{write_transaction, Backend, DatabaseUrl, DbConnection, DbPool, TaskTx};
 pub use enqueue::{enqueue, enqueue_batch, EnqueueConnection, EnqueueOptions, Enqueued};
 pub use error::{Error, Result};
 pub use migrate::run_migrations;

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
-use crate::db::DbConnection;
+use crate::db::TaskTx;
 use crate::task::{validate_keyword, TaskContext};
 
 /// What a handler returns: `Ok(())`, or a [`HandlerError`].
@@ -12,23 +12,25 @@ pub type HandlerResult = Result<(), HandlerError>;
 
 /// Runs the side-effect of one task.
 ///
-/// `conn` is inside the task's transaction: everything the handler writes through it commits
-/// together with the task's completion, or not at all. A handler that returns an error, or
-/// panics, has its writes rolled back. Effects outside the database (an HTTP call, a file)
-/// are at-least-once: make them idempotent by `biz_id`.
+/// `tx.conn()?` is the connection inside the task's transaction: everything the handler
+/// writes through it commits together with the task's completion, or not at all
+/// (exactly-once). A handler that returns an error, or panics, has its writes rolled back.
+/// Effects outside the database (an HTTP call, a file) are at-least-once: make them
+/// idempotent by `biz_id`. A handler that never asks for the connection opens no transaction:
+/// its completion is one statement (see [`TaskTx`]).
 ///
-/// Any `Fn(&TaskContext, &mut DbConnection) -> HandlerResult + Send + Sync` is a handler.
+/// Any `Fn(&TaskContext, &mut TaskTx) -> HandlerResult + Send + Sync` is a handler.
 pub trait Handler: Send + Sync + 'static {
     /// Runs the task.
-    fn handle(&self, task: &TaskContext, conn: &mut DbConnection) -> HandlerResult;
+    fn handle(&self, task: &TaskContext, tx: &mut TaskTx<'_>) -> HandlerResult;
 }
 
 impl<F> Handler for F
 where
-    F: Fn(&TaskContext, &mut DbConnection) -> HandlerResult + Send + Sync + 'static,
+    F: Fn(&TaskContext, &mut TaskTx<'_>) -> HandlerResult + Send + Sync + 'static,
 {
-    fn handle(&self, task: &TaskContext, conn: &mut DbConnection) -> HandlerResult {
-        self(task, conn)
+    fn handle(&self, task: &TaskContext, tx: &mut TaskTx<'_>) -> HandlerResult {
+        self(task, tx)
     }
 }
 
@@ -115,10 +117,10 @@ impl fmt::Debug for HandlerError {
 /// `outbox stats`.
 ///
 /// ```
-/// use outbox::{DbConnection, HandlerResult, Registry, TaskContext};
+/// use outbox::{HandlerResult, Registry, TaskContext, TaskTx};
 ///
-/// fn credit_points(task: &TaskContext, conn: &mut DbConnection) -> HandlerResult {
-///     let _ = (task.biz_id(), conn);
+/// fn credit_points(task: &TaskContext, tx: &mut TaskTx) -> HandlerResult {
+///     let _ = (task.biz_id(), tx.conn()?);
 ///     Ok(())
 /// }
 ///
@@ -183,7 +185,7 @@ impl fmt::Debug for Registry {
 mod tests {
     use super::*;
 
-    fn noop(_: &TaskContext, _: &mut DbConnection) -> HandlerResult {
+    fn noop(_: &TaskContext, _: &mut TaskTx) -> HandlerResult {
         Ok(())
     }
 

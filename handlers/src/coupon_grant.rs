@@ -3,10 +3,10 @@
 use anyhow::Context;
 use diesel::prelude::*;
 use outbox::demo::{schema::demo_coupon, OrderPayload};
-use outbox::{DbConnection, HandlerError, HandlerResult, TaskContext};
+use outbox::{HandlerError, HandlerResult, TaskContext, TaskTx};
 
 /// Writes one coupon row in the task's transaction, so each order gets exactly one coupon.
-pub fn handle(task: &TaskContext, conn: &mut DbConnection) -> HandlerResult {
+pub fn handle(task: &TaskContext, tx: &mut TaskTx) -> HandlerResult {
     let order: OrderPayload = task.payload()?;
     let order_id: i64 = task.biz_id().parse().map_err(|e| {
         HandlerError::permanent(anyhow::anyhow!("biz_id is not an order number: {e}"))
@@ -17,7 +17,7 @@ pub fn handle(task: &TaskContext, conn: &mut DbConnection) -> HandlerResult {
             demo_coupon::user_id.eq(order.user_id),
             demo_coupon::code.eq(format!("CPN-{order_id}")),
         ))
-        .execute(conn)
+        .execute(tx.conn()?)
         .context("inserting the coupon")?;
     Ok(())
 }

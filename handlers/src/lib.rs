@@ -1,7 +1,8 @@
 //! The business handlers of the `outbox` binary, one file per keyword, registered here.
 //!
-//! To add one: write `src/<keyword>.rs` with a `pub fn handle(task: &TaskContext, conn: &mut
-//! DbConnection) -> HandlerResult`, and register it in [`registry`] below.
+//! To add one: write `src/<keyword>.rs` with a `pub fn handle(task: &TaskContext, tx: &mut
+//! TaskTx) -> HandlerResult` (`tx.conn()?` is the connection inside the task's transaction),
+//! and register it in [`registry`] below.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 

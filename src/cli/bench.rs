@@ -45,6 +45,10 @@ pub(super) struct BenchArgs {
     /// Tasks per transaction in batched mode (and rows per transaction of its reference).
     #[arg(long, default_value_t = 50)]
     commit_batch: usize,
+    /// The no-op handler opens its transaction (`tx.conn()`), as a handler that writes to the
+    /// database does: the completion is then `BEGIN; UPDATE; COMMIT` instead of one statement.
+    #[arg(long)]
+    open_tx: bool,
     /// Print the claim statement's plan (EXPLAIN) at the backlog.
     #[arg(long)]
     explain: bool,
@@ -109,6 +113,7 @@ pub(super) fn run(url: &DatabaseUrl, args: BenchArgs) -> Result<()> {
             queue,
             commit_batch: args.commit_batch,
             explain: args.explain,
+            open_tx: args.open_tx,
         };
         let mut runs: Vec<DrainFigures> = Vec::new();
         for run in 1..=args.runs {
@@ -167,6 +172,7 @@ fn report(backend: &str, bench: &DrainBench, runs: &[DrainFigures], json: bool) 
                 "backlog": bench.backlog,
                 "threads": bench.threads,
                 "commit_batch": commit_batch,
+                "handler": bench.handler_name(),
                 "runs": runs.len(),
                 "tasks_per_s": med(|r| r.tasks_per_s).round(),
                 "reference": reference,
@@ -185,8 +191,9 @@ fn report(backend: &str, bench: &DrainBench, runs: &[DrainFigures], json: bool) 
         return;
     }
     println!(
-        "{backend} {} (median of {}): {:.0} tasks/s; reference ({reference}, {connections} connections) {:.0} rows/s; ratio {:.2}; enqueue {:.0} tasks/s ({:.2}× plain 1000-row INSERTs); {:.2} CPU s per {} tasks ({:.0} µs per task); peak RSS {:.0} MiB\n",
+        "{backend} {} ({} handler, median of {}): {:.0} tasks/s; reference ({reference}, {connections} connections) {:.0} rows/s; ratio {:.2}; enqueue {:.0} tasks/s ({:.2}× plain 1000-row INSERTs); {:.2} CPU s per {} tasks ({:.0} µs per task); peak RSS {:.0} MiB\n",
         bench.mode.name(),
+        bench.handler_name(),
         runs.len(),
         med(|r| r.tasks_per_s),
         med(|r| r.reference_per_s),

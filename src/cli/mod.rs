@@ -27,7 +27,7 @@ use crate::worker::{
 /// ```no_run
 /// fn main() -> std::process::ExitCode {
 ///     let mut registry = outbox::Registry::new();
-///     registry.register("mail.send", |_task: &outbox::TaskContext, _conn: &mut outbox::DbConnection| Ok(()));
+///     registry.register("mail.send", |_task: &outbox::TaskContext, _tx: &mut outbox::TaskTx| Ok(()));
 ///     outbox::cli::main(registry)
 /// }
 /// ```

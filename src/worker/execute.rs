@@ -8,7 +8,9 @@ use diesel::connection::TransactionManager;
 use diesel::Connection;
 
 use super::Worker;
-use crate::db::{is_connection_error, mark_broken, write_transaction, DbConnection, DiscardBroken};
+use crate::db::{
+    is_connection_error, is_lock_error, mark_broken, DbConnection, DiscardBroken, TaskTx,
+};
 use crate::driver::{driver, Claim};
 use crate::error::truncate;
 use crate::registry::HandlerError;
@@ -93,8 +95,11 @@ impl Worker {
         };
         let turn = self.write_turn();
         self.upkeep.started(claim.id, claim.token);
-        let result = write_transaction(&mut conn, |conn| {
-            match catch_unwind(AssertUnwindSafe(|| handler.handle(&task.context, conn))) {
+        // The handler opens the transaction if it touches the database; the completion then
+        // commits with its writes. If it never does, the completion is one statement alone.
+        let mut tx = TaskTx::new(&mut conn);
+        let run = |tx: &mut TaskTx| -> Result<(), Rollback> {
+            match catch_unwind(AssertUnwindSafe(|| handler.handle(&task.context, tx))) {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => return Err(Rollback::Handler(e)),
                 Err(panic) => {
@@ -104,19 +109,23 @@ impl Worker {
                     ))))
                 }
             }
-            match driver(conn).task_complete(&claim)? {
+            match driver(tx.engine_conn()).task_complete(&claim)? {
                 0 => Err(Rollback::Fenced),
                 _ => Ok(()),
             }
-        });
+        };
+        let result = run(&mut tx);
+        let result = tx.finish(result);
+        let begin_failure = tx.begin_failure().cloned();
         drop(turn);
         self.upkeep.finished(claim.id, claim.token);
-        // `write_transaction` rolled back every level it found open. A connection that still reports itself broken broke under the handler
-        // (server restart, killed backend): its error is an infrastructure error, not the
-        // handler's. diesel marks such a connection so, and the pool discards it.
+        // `finish` rolled back every level it found open. A connection that still reports
+        // itself broken broke under the handler (server restart, killed backend): its error
+        // is an infrastructure error, not the handler's. diesel marks such a connection so,
+        // and the pool discards it.
         if let Err(Rollback::Database(e)) = &result {
-            // A connection that failed before its transaction opened (at BEGIN) is not
-            // marked by diesel; mark it, or the pool would hand it out again.
+            // A connection that failed outside a transaction (the completion on its own) is
+            // not marked by diesel; mark it, or the pool would hand it out again.
             if is_connection_error(e) {
                 mark_broken(&mut conn);
             }
@@ -137,6 +146,15 @@ impl Worker {
             }
             // The database, not the task, failed: no failure is counted. Its external effects
             // may have happened (a commit whose answer was lost), so the release is noted.
+            // The handler could not open its transaction because the database could not be
+            // reached or locked: not the task's failure.
+            Err(Rollback::Handler(_))
+                if begin_failure.as_ref().is_some_and(|b| b.infrastructure) =>
+            {
+                let why = begin_failure.map(|b| b.message).unwrap_or_default();
+                log::warn!("task {}: could not open its transaction: {why}", claim.id);
+                self.release_noted(&claim, &format!("database unavailable: {why}"))
+            }
             Err(Rollback::Handler(error)) if connection_broke => {
                 log::warn!(
                     "task {}: the connection broke under its handler: {error}",
@@ -198,18 +216,21 @@ impl Worker {
         for task in &chunk {
             self.upkeep.started(task.context.id, task.claim_token);
         }
-        let result = write_transaction(&mut conn, |conn| {
+        let mut tx = TaskTx::new(&mut conn);
+        let run = |tx: &mut TaskTx| -> Result<(), ChunkRollback> {
             for (task, handler) in chunk.iter().zip(&handlers) {
-                match catch_unwind(AssertUnwindSafe(|| handler.handle(&task.context, conn))) {
+                match catch_unwind(AssertUnwindSafe(|| handler.handle(&task.context, tx))) {
                     Ok(Ok(())) => {}
                     Ok(Err(_)) | Err(_) => return Err(ChunkRollback::Task),
                 }
             }
-            match driver(conn).task_complete_many(owner, &claims_json)? {
+            match driver(tx.engine_conn()).task_complete_many(owner, &claims_json)? {
                 n if n == chunk.len() => Ok(()),
                 _ => Err(ChunkRollback::Task),
             }
-        });
+        };
+        let result = run(&mut tx);
+        let result = tx.finish(result);
         drop(turn);
         for task in &chunk {
             self.upkeep.finished(task.context.id, task.claim_token);
@@ -335,17 +356,7 @@ impl Worker {
 /// Whether a database error is the database's (unreachable, or SQLite's write lock still
 /// taken after the busy timeout) rather than the task's.
 fn is_infrastructure(error: &diesel::result::Error) -> bool {
-    use diesel::result::Error;
-    if is_connection_error(error) {
-        return true;
-    }
-    match error {
-        Error::DatabaseError(_, info) => {
-            let message = info.message();
-            message.contains("database is locked") || message.contains("database table is locked")
-        }
-        _ => false,
-    }
+    is_connection_error(error) || is_lock_error(error)
 }
 
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {

@@ -100,7 +100,7 @@ impl Report {
 ///
 /// # fn main() -> outbox::Result<()> {
 /// let mut registry = Registry::new();
-/// registry.register("points.credit", |_task: &outbox::TaskContext, _conn: &mut outbox::DbConnection| Ok(()));
+/// registry.register("points.credit", |_task: &outbox::TaskContext, _tx: &mut outbox::TaskTx| Ok(()));
 /// let url = DatabaseUrl::parse("outbox.db")?;
 /// let worker = Worker::new(&url, registry, WorkerConfig::default())?;
 /// let report = worker.drain()?;

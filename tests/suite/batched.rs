@@ -6,8 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use outbox::{
-    enqueue_batch, DbConnection, HandlerResult, NewTask, Registry, TaskContext, Worker,
-    WorkerConfig,
+    enqueue_batch, HandlerResult, NewTask, Registry, TaskContext, TaskTx, Worker, WorkerConfig,
 };
 
 use crate::support::TestDb;
@@ -42,9 +41,9 @@ fn registry(calls: &Arc<AtomicUsize>, bad: fn(&TaskContext) -> HandlerResult) ->
     let mut registry = Registry::new();
     registry.register(
         "ledger",
-        move |task: &TaskContext, conn: &mut DbConnection| -> HandlerResult {
+        move |task: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
             calls.fetch_add(1, Ordering::SeqCst);
-            write_ledger(task, conn)?;
+            write_ledger(task, tx)?;
             if task.biz_id() == "3" {
                 bad(task)?;
             }
@@ -146,12 +145,12 @@ both_backends! {
         let calls = Arc::new(AtomicUsize::new(0));
         let calls_in = Arc::clone(&calls);
         let mut registry = Registry::new();
-        registry.register("ledger", move |task: &TaskContext, conn: &mut DbConnection| -> HandlerResult {
+        registry.register("ledger", move |task: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
             use diesel::RunQueryDsl;
             calls_in.fetch_add(1, Ordering::SeqCst);
-            write_ledger(task, conn)?;
+            write_ledger(task, tx)?;
             if task.biz_id() == "3" {
-                diesel::sql_query("INSERT INTO test_child (parent_id) VALUES (42)").execute(conn)?;
+                diesel::sql_query("INSERT INTO test_child (parent_id) VALUES (42)").execute(tx.conn()?)?;
             }
             Ok(())
         });

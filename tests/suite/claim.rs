@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use outbox::stats::keyword_stats;
 use outbox::{
-    enqueue, enqueue_batch, DbConnection, HandlerResult, NewTask, Registry, TaskContext, Worker,
+    enqueue, enqueue_batch, HandlerResult, NewTask, Registry, TaskContext, TaskTx, Worker,
     WorkerConfig,
 };
 
@@ -74,7 +74,7 @@ both_backends! {
         let seen: Arc<Mutex<Vec<String>>> = Arc::default();
         let sink = Arc::clone(&seen);
         let mut registry = Registry::new();
-        registry.register("ctx", move |task: &TaskContext, _: &mut DbConnection| -> HandlerResult {
+        registry.register("ctx", move |task: &TaskContext, _: &mut TaskTx| -> HandlerResult {
             let payload: serde_json::Value = task.payload()?;
             sink.lock().unwrap().push(format!(
                 "{} {} {:?} attempt={} {}",
@@ -208,8 +208,8 @@ both_backends! {
         // once `first` commits, while the drain's last claim may already have come back
         // empty. The drain must still run it.
         let mut registry = Registry::new();
-        registry.register("first", |task: &TaskContext, conn: &mut DbConnection| -> HandlerResult {
-            enqueue(conn, &NewTask::new("second", task.biz_id()))?;
+        registry.register("first", |task: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
+            enqueue(tx.conn()?, &NewTask::new("second", task.biz_id()))?;
             Ok(())
         });
         registry.register("second", crate::write_ledger);
@@ -232,7 +232,7 @@ both_backends! {
         }
         impl std::error::Error for Nasty {}
         let mut registry = Registry::new();
-        registry.register("nasty", |task: &TaskContext, _: &mut DbConnection| -> HandlerResult {
+        registry.register("nasty", |task: &TaskContext, _: &mut TaskTx| -> HandlerResult {
             if task.biz_id() == "3" {
                 return Err(Nasty.into());
             }

@@ -1,30 +1,30 @@
 //! Execution: success, failure, retry, dead, permanent errors, panics.
 
-use outbox::{enqueue, DbConnection, HandlerError, HandlerResult, NewTask, Registry, TaskContext};
+use outbox::{enqueue, HandlerError, HandlerResult, NewTask, Registry, TaskContext, TaskTx};
 
 use crate::support::TestDb;
 use crate::{worker, write_ledger};
 
-fn write_then_fail(task: &TaskContext, conn: &mut DbConnection) -> HandlerResult {
-    write_ledger(task, conn)?;
+fn write_then_fail(task: &TaskContext, tx: &mut TaskTx) -> HandlerResult {
+    write_ledger(task, tx)?;
     Err(anyhow::anyhow!("downstream refused order {}", task.biz_id()).into())
 }
 
-fn write_then_fail_permanently(task: &TaskContext, conn: &mut DbConnection) -> HandlerResult {
-    write_ledger(task, conn)?;
+fn write_then_fail_permanently(task: &TaskContext, tx: &mut TaskTx) -> HandlerResult {
+    write_ledger(task, tx)?;
     Err(HandlerError::permanent(anyhow::anyhow!(
         "coupon campaign is over"
     )))
 }
 
-fn write_then_panic(task: &TaskContext, conn: &mut DbConnection) -> HandlerResult {
-    write_ledger(task, conn)?;
+fn write_then_panic(task: &TaskContext, tx: &mut TaskTx) -> HandlerResult {
+    write_ledger(task, tx)?;
     panic!("handler bug on {}", task.biz_id());
 }
 
 fn registry_with(
     keyword: &str,
-    handler: fn(&TaskContext, &mut DbConnection) -> HandlerResult,
+    handler: fn(&TaskContext, &mut TaskTx) -> HandlerResult,
 ) -> Registry {
     let mut registry = Registry::new();
     registry.register(keyword, handler);
@@ -104,7 +104,7 @@ both_backends! {
         #[derive(serde::Deserialize)]
         #[allow(dead_code)]
         struct Order { user_id: i64 }
-        fn typed(task: &TaskContext, _: &mut DbConnection) -> HandlerResult {
+        fn typed(task: &TaskContext, _: &mut TaskTx) -> HandlerResult {
             let _order: Order = task.payload()?;
             Ok(())
         }
@@ -141,10 +141,10 @@ both_backends! {
     }
 
     fn a_panic_inside_a_nested_transaction_leaves_a_clean_connection(db: &TestDb) {
-        fn nested_panic(task: &TaskContext, conn: &mut DbConnection) -> HandlerResult {
+        fn nested_panic(task: &TaskContext, tx: &mut TaskTx) -> HandlerResult {
             use diesel::Connection;
-            conn.transaction(|conn| -> diesel::QueryResult<()> {
-                write_ledger(task, conn).ok();
+            tx.conn()?.transaction(|conn| -> diesel::QueryResult<()> {
+                crate::insert_ledger_row(task, conn).ok();
                 panic!("inside a savepoint");
             })?;
             Ok(())
@@ -179,14 +179,14 @@ fn a_connection_killed_under_its_handler_is_not_the_tasks_failure() {
     let mut registry = Registry::new();
     registry.register(
         "victim",
-        move |task: &TaskContext, conn: &mut DbConnection| -> HandlerResult {
+        move |task: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
             use diesel::RunQueryDsl;
             if !once.swap(true, Ordering::SeqCst) {
                 // The server ends this very connection, as a restart or an operator would.
                 let _ = diesel::sql_query("SELECT pg_terminate_backend(pg_backend_pid())")
-                    .execute(conn);
+                    .execute(tx.conn()?);
             }
-            write_ledger(task, conn)
+            write_ledger(task, tx)
         },
     );
     let id = enqueue(&mut db.conn(), &NewTask::new("victim", "1"))
@@ -254,9 +254,9 @@ both_backends! {
             "CREATE TABLE test_child (parent_id BIGINT NOT NULL \
              REFERENCES test_parent (id) DEFERRABLE INITIALLY DEFERRED)",
         );
-        fn orphan(_: &TaskContext, conn: &mut DbConnection) -> HandlerResult {
+        fn orphan(_: &TaskContext, tx: &mut TaskTx) -> HandlerResult {
             use diesel::RunQueryDsl;
-            diesel::sql_query("INSERT INTO test_child (parent_id) VALUES (42)").execute(conn)?;
+            diesel::sql_query("INSERT INTO test_child (parent_id) VALUES (42)").execute(tx.conn()?)?;
             Ok(())
         }
         let id = enqueue(&mut db.conn(), &NewTask::new("orphan", "1").max_attempts(2)).unwrap().id;

@@ -1,7 +1,7 @@
 //! Fencing: every write to a claimed task names its owner and claim token, so a node whose
 //! claim was taken over (rescued, re-claimed) writes nothing and its effects roll back.
 
-use outbox::{enqueue, DbConnection, HandlerResult, NewTask, Registry, TaskContext};
+use outbox::{enqueue, HandlerResult, NewTask, Registry, TaskContext, TaskTx};
 
 use crate::support::TestDb;
 use crate::worker;
@@ -32,7 +32,7 @@ both_backends! {
     }
 
     fn a_failure_whose_claim_was_taken_over_is_not_recorded(db: &TestDb) {
-        fn fail(_: &TaskContext, _: &mut DbConnection) -> HandlerResult {
+        fn fail(_: &TaskContext, _: &mut TaskTx) -> HandlerResult {
             Err(anyhow::anyhow!("boom").into())
         }
         let id = enqueue(&mut db.conn(), &NewTask::new("fail", "1")).unwrap().id;

@@ -4,8 +4,7 @@ use std::sync::{Arc, Barrier, Condvar, Mutex};
 use std::time::Duration;
 
 use outbox::{
-    enqueue_batch, DbConnection, HandlerResult, NewTask, Registry, TaskContext, Worker,
-    WorkerConfig,
+    enqueue_batch, HandlerResult, NewTask, Registry, TaskContext, TaskTx, Worker, WorkerConfig,
 };
 
 use crate::ledger_registry;
@@ -45,7 +44,7 @@ both_backends! {
         let released = Arc::new((Mutex::new(false), Condvar::new()));
         let latch = Arc::clone(&released);
         let mut registry = Registry::new();
-        registry.register("latch", move |_: &TaskContext, _: &mut DbConnection| -> HandlerResult {
+        registry.register("latch", move |_: &TaskContext, _: &mut TaskTx| -> HandlerResult {
             let on_pool = std::thread::current().name().is_some_and(|n| n.starts_with("outbox-task-"));
             let (lock, signal) = &*latch;
             if on_pool {

@@ -12,19 +12,25 @@ mod fencing;
 mod fleet;
 mod prune;
 mod rescue;
+mod task_tx;
 
 use diesel::prelude::*;
-use outbox::{DbConnection, HandlerResult, Registry, TaskContext, Worker, WorkerConfig};
+use outbox::{DbConnection, HandlerResult, Registry, TaskContext, TaskTx, Worker, WorkerConfig};
 use support::TestDb;
 
 /// A handler whose side-effect is one `test_ledger` row in the task's transaction.
-pub fn write_ledger(task: &TaskContext, conn: &mut DbConnection) -> HandlerResult {
+pub fn write_ledger(task: &TaskContext, tx: &mut TaskTx) -> HandlerResult {
+    insert_ledger_row(task, tx.conn()?)?;
+    Ok(())
+}
+
+/// The `test_ledger` row of `write_ledger`, on a connection.
+pub fn insert_ledger_row(task: &TaskContext, conn: &mut DbConnection) -> QueryResult<usize> {
     diesel::sql_query(format!(
         "INSERT INTO test_ledger (task_id, note) VALUES ({}, 'ran')",
         task.id()
     ))
-    .execute(conn)?;
-    Ok(())
+    .execute(conn)
 }
 
 /// A registry with `write_ledger` under `keyword`.

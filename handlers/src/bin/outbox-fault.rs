@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use diesel::RunQueryDsl;
-use outbox::{DbConnection, HandlerResult, TaskContext};
+use outbox::{HandlerResult, TaskContext, TaskTx};
 
 #[derive(serde::Deserialize, Default)]
 struct Payload {
@@ -31,18 +31,18 @@ fn pause(task: &TaskContext) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn ledger(task: &TaskContext, conn: &mut DbConnection) -> HandlerResult {
+fn ledger(task: &TaskContext, tx: &mut TaskTx) -> HandlerResult {
     pause(task)?;
     diesel::sql_query(format!(
         "INSERT INTO fault_ledger (task_id) VALUES ({})",
         task.id()
     ))
-    .execute(conn)
+    .execute(tx.conn()?)
     .context("writing the ledger row")?;
     Ok(())
 }
 
-fn external(task: &TaskContext, _: &mut DbConnection) -> HandlerResult {
+fn external(task: &TaskContext, _: &mut TaskTx) -> HandlerResult {
     pause(task)?;
     let path = std::env::var("OUTBOX_FAULT_FILE").context("OUTBOX_FAULT_FILE is not set")?;
     let mut file = std::fs::OpenOptions::new()
@@ -56,22 +56,22 @@ fn external(task: &TaskContext, _: &mut DbConnection) -> HandlerResult {
     Ok(())
 }
 
-fn fail(task: &TaskContext, _: &mut DbConnection) -> HandlerResult {
+fn fail(task: &TaskContext, _: &mut TaskTx) -> HandlerResult {
     pause(task)?;
     Err(anyhow::anyhow!("fault.fail always fails").into())
 }
 
-fn panic(task: &TaskContext, _: &mut DbConnection) -> HandlerResult {
+fn panic(task: &TaskContext, _: &mut TaskTx) -> HandlerResult {
     pause(task)?;
     panic!("fault.panic always panics");
 }
 
-fn abort(task: &TaskContext, _: &mut DbConnection) -> HandlerResult {
+fn abort(task: &TaskContext, _: &mut TaskTx) -> HandlerResult {
     pause(task)?;
     std::process::abort();
 }
 
-fn hang(_: &TaskContext, _: &mut DbConnection) -> HandlerResult {
+fn hang(_: &TaskContext, _: &mut TaskTx) -> HandlerResult {
     std::thread::sleep(Duration::from_secs(3600));
     Ok(())
 }

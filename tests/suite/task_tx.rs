@@ -1,0 +1,168 @@
+//! The task's transaction opens when the handler first asks for the connection. A handler
+//! that never does runs outside any transaction and its completion is one fenced statement;
+//! the outcomes (done, retried, lost) are the same either way.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use diesel::connection::TransactionManager;
+use diesel::Connection;
+use outbox::{
+    enqueue, enqueue_batch, DbConnection, HandlerResult, NewTask, Registry, TaskContext, TaskTx,
+    Worker, WorkerConfig,
+};
+
+use crate::support::TestDb;
+use crate::{worker, write_ledger};
+
+/// How deep in transactions `conn` is (0: autocommit).
+fn depth(conn: &mut DbConnection) -> u32 {
+    <DbConnection as Connection>::TransactionManager::transaction_manager_status_mut(conn)
+        .transaction_depth()
+        .expect("transaction status")
+        .map_or(0, |d| d.get())
+}
+
+both_backends! {
+    fn the_transaction_opens_on_first_use_and_commits_with_the_completion(db: &TestDb) {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let seen_in = Arc::clone(&seen);
+        let mut registry = Registry::new();
+        registry.register("ledger", move |task: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
+            let before = tx.is_open();
+            let first = depth(tx.conn()?);
+            let second = depth(tx.conn()?);
+            seen_in.lock().unwrap().push((before, tx.is_open(), first, second));
+            write_ledger(task, tx)
+        });
+        let id = enqueue(&mut db.conn(), &NewTask::new("ledger", "1")).unwrap().id;
+        let w = worker(db, registry);
+        assert_eq!(w.run_once().unwrap().done, 1);
+        assert_eq!(*seen.lock().unwrap(), [(false, true, 1, 1)], "opened once, on first use");
+        assert_eq!(db.ledger_rows(id), 1);
+        assert_eq!(db.task(id).state, "done");
+    }
+
+    fn a_handler_that_never_opens_its_transaction_is_completed_fenced_all_the_same(db: &TestDb) {
+        // An external-only handler: it records what it "sent" outside the database, and on
+        // its first task the claim is taken over while it runs.
+        let sent = Arc::new(AtomicUsize::new(0));
+        let sent_in = Arc::clone(&sent);
+        let url = db.url.clone();
+        let mut registry = Registry::new();
+        registry.register("mail.send", move |task: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
+            assert!(!tx.is_open());
+            sent_in.fetch_add(1, Ordering::SeqCst);
+            if task.biz_id() == "taken" {
+                use diesel::RunQueryDsl;
+                let mut other = url.connect().expect("connect");
+                diesel::sql_query(format!(
+                    "UPDATE async_task SET owner = 999, claim_token = claim_token + 1 WHERE id = {}",
+                    task.id()
+                ))
+                .execute(&mut other)?;
+            }
+            if task.biz_id() == "fails" {
+                return Err(anyhow::anyhow!("smtp refused").into());
+            }
+            Ok(())
+        });
+        let mut conn = db.conn();
+        let ok = enqueue(&mut conn, &NewTask::new("mail.send", "ok")).unwrap().id;
+        let taken = enqueue(&mut conn, &NewTask::new("mail.send", "taken")).unwrap().id;
+        let fails = enqueue(&mut conn, &NewTask::new("mail.send", "fails")).unwrap().id;
+        let w = worker(db, registry);
+        let tally = w.run_once().unwrap();
+        assert_eq!((tally.done, tally.lost, tally.retried), (1, 1, 1), "{tally:?}");
+        assert_eq!(sent.load(Ordering::SeqCst), 3);
+
+        let row = db.task(ok);
+        assert_eq!((row.state.as_str(), row.owner), ("done", Some(w.node_id())));
+        assert_eq!(db.count(&format!("SELECT count(*) FROM async_task WHERE id = {ok} AND finished_at IS NOT NULL")), 1);
+        // The fenced completion touched nothing of the task another node now holds.
+        let row = db.task(taken);
+        assert_eq!((row.state.as_str(), row.owner, row.failures), ("running", Some(999), 0));
+        let row = db.task(fails);
+        assert_eq!((row.state.as_str(), row.failures), ("pending", 1));
+        assert!(row.last_error.unwrap().contains("smtp refused"));
+    }
+
+    fn a_chunk_of_external_handlers_is_completed_by_one_statement_or_rerun(db: &TestDb) {
+        // Batched mode with handlers that never open the transaction: the chunk's completion
+        // runs alone. When one handler fails, the chunk is re-run task by task, so the
+        // external effects of the others happen twice (at-least-once, as documented).
+        let calls = Arc::new(AtomicUsize::new(0));
+        let calls_in = Arc::clone(&calls);
+        let mut registry = Registry::new();
+        registry.register("mail.send", move |task: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
+            assert!(!tx.is_open());
+            calls_in.fetch_add(1, Ordering::SeqCst);
+            if task.biz_id() == "3" && task.attempt() == 1 {
+                return Err(anyhow::anyhow!("refused").into());
+            }
+            Ok(())
+        });
+        let tasks: Vec<NewTask> = (1..=5).map(|n| NewTask::new("mail.send", n.to_string())).collect();
+        enqueue_batch(&mut db.conn(), &tasks).unwrap();
+        let config = WorkerConfig { commit_batch: 5, page_size: 5, ..crate::small_config() };
+        let w = Worker::new(&db.url, registry.clone(), config.clone()).unwrap();
+        let tally = w.run_once().unwrap();
+        assert_eq!((tally.done, tally.retried), (4, 1), "{tally:?}");
+        // The chunk stops at its failing third task, then all five run alone.
+        assert_eq!(calls.load(Ordering::SeqCst), 3 + 5);
+
+        // Without a failure, one pass and every task done.
+        calls.store(0, Ordering::SeqCst);
+        let tasks: Vec<NewTask> = (6..=10).map(|n| NewTask::new("mail.send", n.to_string())).collect();
+        enqueue_batch(&mut db.conn(), &tasks).unwrap();
+        let tally = w.run_once().unwrap();
+        assert_eq!(tally.done, 5, "{tally:?}");
+        assert_eq!(calls.load(Ordering::SeqCst), 5);
+        assert_eq!(db.count("SELECT count(*) FROM async_task WHERE state = 'done'"), 9);
+    }
+}
+
+/// PostgreSQL only: the database goes away before the handler opens its transaction. The
+/// failed `BEGIN` is the database's fault, not the task's: released, no failure counted.
+#[test]
+fn a_transaction_that_cannot_be_opened_is_not_the_tasks_failure() {
+    let db = &TestDb::postgres();
+    let url = db.url.clone();
+    let once = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut registry = Registry::new();
+    registry.register(
+        "ledger",
+        move |task: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
+            if !once.swap(true, Ordering::SeqCst) {
+                use diesel::RunQueryDsl;
+                // Every other backend of this database, the worker's pooled one included.
+                let mut other = url.connect().expect("connect");
+                diesel::sql_query(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND pid <> pg_backend_pid()",
+                )
+                .execute(&mut other)?;
+            }
+            write_ledger(task, tx)
+        },
+    );
+    let id = enqueue(&mut db.conn(), &NewTask::new("ledger", "1"))
+        .unwrap()
+        .id;
+    let w = worker(db, registry);
+    let tally = w.run_once().unwrap();
+    assert_eq!(
+        (tally.released, tally.retried, tally.done),
+        (1, 0, 0),
+        "{tally:?}"
+    );
+    let row = db.task(id);
+    assert_eq!((row.state.as_str(), row.failures), ("pending", 0));
+    let note = row.last_error.unwrap();
+    assert!(note.starts_with("released: database unavailable"), "{note}");
+    assert_eq!(db.ledger_rows(id), 0);
+    // The pool replaced the dead connection: the next attempt succeeds.
+    let tally = w.run_once().unwrap();
+    assert_eq!(tally.done, 1, "{tally:?}");
+    assert_eq!(db.ledger_rows(id), 1);
+}
