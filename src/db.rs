@@ -281,9 +281,10 @@ where
 /// [`TaskTx::conn`] opens the transaction (`BEGIN`; `BEGIN IMMEDIATE` on SQLite) and returns
 /// the connection inside it: everything the handler writes through it commits with the
 /// completion, or not at all. A handler that never calls it — one whose effects are all
-/// outside the database, like the benchmark's no-op — costs no `BEGIN` and no `COMMIT`: its
-/// completion is one fenced `UPDATE` on its own, the same single commit in one round trip
-/// instead of three.
+/// outside the database, like the benchmark's no-op — costs no `BEGIN` and no `COMMIT` in
+/// strict mode: its completion is one fenced `UPDATE` on its own, the same single commit in
+/// one round trip instead of three. (In batched mode the chunk's completion always runs in a
+/// transaction, so that it stays all or nothing: one `BEGIN` per chunk.)
 ///
 /// ```no_run
 /// use diesel::prelude::*;
@@ -347,6 +348,7 @@ impl<'c> TaskTx<'c> {
                 return Err(e);
             }
             self.open = true;
+            self.begin_failure = None;
         }
         Ok(self.conn)
     }
@@ -362,7 +364,7 @@ impl<'c> TaskTx<'c> {
         self.conn
     }
 
-    /// Why opening the transaction failed, if it did.
+    /// Why opening the transaction failed, if the last attempt did.
     pub(crate) fn begin_failure(&self) -> Option<&BeginFailure> {
         self.begin_failure.as_ref()
     }

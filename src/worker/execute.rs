@@ -224,7 +224,9 @@ impl Worker {
                     Ok(Err(_)) | Err(_) => return Err(ChunkRollback::Task),
                 }
             }
-            match driver(tx.engine_conn()).task_complete_many(owner, &claims_json)? {
+            // The completion of several tasks must be all or nothing even when no handler
+            // opened the transaction: one BEGIN per chunk.
+            match driver(tx.conn()?).task_complete_many(owner, &claims_json)? {
                 n if n == chunk.len() => Ok(()),
                 _ => Err(ChunkRollback::Task),
             }

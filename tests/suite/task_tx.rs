@@ -122,6 +122,42 @@ both_backends! {
     }
 }
 
+both_backends! {
+    fn a_lost_claim_in_a_chunk_of_external_handlers_completes_none_of_it_at_first(db: &TestDb) {
+        // No handler opens the transaction; the third task's claim is taken over while it
+        // runs. The chunk's completion must still be all or nothing: none of the five marked
+        // done by it, then the four still held are completed one by one, the fifth is lost.
+        let calls = Arc::new(AtomicUsize::new(0));
+        let calls_in = Arc::clone(&calls);
+        let taken = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let url = db.url.clone();
+        let mut registry = Registry::new();
+        registry.register("mail.send", move |task: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
+            assert!(!tx.is_open());
+            calls_in.fetch_add(1, Ordering::SeqCst);
+            if task.biz_id() == "3" && !taken.swap(true, Ordering::SeqCst) {
+                use diesel::RunQueryDsl;
+                let mut other = url.connect().expect("connect");
+                diesel::sql_query(format!(
+                    "UPDATE async_task SET owner = 999, claim_token = claim_token + 1 WHERE id = {}",
+                    task.id()
+                ))
+                .execute(&mut other)?;
+            }
+            Ok(())
+        });
+        let tasks: Vec<NewTask> = (1..=5).map(|n| NewTask::new("mail.send", n.to_string())).collect();
+        enqueue_batch(&mut db.conn(), &tasks).unwrap();
+        let config = WorkerConfig { commit_batch: 5, page_size: 5, ..crate::small_config() };
+        let w = Worker::new(&db.url, registry, config).unwrap();
+        let tally = w.run_once().unwrap();
+        assert_eq!((tally.done, tally.lost), (4, 1), "{tally:?}");
+        assert_eq!(calls.load(Ordering::SeqCst), 5 + 5, "the chunk, then each task alone");
+        assert_eq!(db.count("SELECT count(*) FROM async_task WHERE state = 'done'"), 4);
+        assert_eq!(db.count("SELECT count(*) FROM async_task WHERE state = 'running' AND owner = 999"), 1);
+    }
+}
+
 /// PostgreSQL only: the database goes away before the handler opens its transaction. The
 /// failed `BEGIN` is the database's fault, not the task's: released, no failure counted.
 #[test]
