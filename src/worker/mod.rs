@@ -539,9 +539,13 @@ impl Worker {
         let tally = Mutex::new(Tally::default());
         self.dispatcher.scope(|feed| -> Result<()> {
             while !self.is_stopping() && tally.lock().expect("tally lock").claimed < max {
+                // Whether anything was running before the claim: a task that commits a
+                // follow-up after the claim looked, and finishes before the check below,
+                // must still be followed by one more claim.
+                let busy_before = self.dispatcher.in_flight() > 0;
                 let (claimed, _) = self.refill(feed, &tally)?;
                 if claimed == 0 {
-                    if self.dispatcher.in_flight() == 0 || self.is_stopping() {
+                    if !busy_before || self.is_stopping() {
                         break;
                     }
                     self.dispatcher
