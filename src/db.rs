@@ -300,15 +300,9 @@ where
 pub struct TaskTx<'c> {
     conn: &'c mut DbConnection,
     open: bool,
-    begin_failure: Option<BeginFailure>,
-}
-
-/// Why the transaction could not be opened.
-#[derive(Debug, Clone)]
-pub(crate) struct BeginFailure {
-    /// The database's fault (unreachable, or SQLite's write lock still taken), not the task's.
-    pub(crate) infrastructure: bool,
-    pub(crate) message: String,
+    /// Why the last `BEGIN` failed, when the database was at fault (unreachable, or SQLite's
+    /// write lock still taken), not the task.
+    unavailable: Option<String>,
 }
 
 impl<'c> TaskTx<'c> {
@@ -317,7 +311,7 @@ impl<'c> TaskTx<'c> {
         TaskTx {
             conn,
             open: false,
-            begin_failure: None,
+            unavailable: None,
         }
     }
 
@@ -337,18 +331,14 @@ impl<'c> TaskTx<'c> {
             if let Err(e) = begun {
                 // diesel does not mark a connection that failed at BEGIN; mark it, or the
                 // pool would hand it out again.
-                let infrastructure = is_connection_error(&e);
-                if infrastructure {
+                if is_connection_error(&e) {
                     mark_broken(self.conn);
                 }
-                self.begin_failure = Some(BeginFailure {
-                    infrastructure: infrastructure || is_lock_error(&e),
-                    message: e.to_string(),
-                });
+                self.unavailable = is_infrastructure(&e).then(|| e.to_string());
                 return Err(e);
             }
             self.open = true;
-            self.begin_failure = None;
+            self.unavailable = None;
         }
         Ok(self.conn)
     }
@@ -364,9 +354,10 @@ impl<'c> TaskTx<'c> {
         self.conn
     }
 
-    /// Why opening the transaction failed, if the last attempt did.
-    pub(crate) fn begin_failure(&self) -> Option<&BeginFailure> {
-        self.begin_failure.as_ref()
+    /// Why the last attempt to open the transaction failed, if it did because the database
+    /// was unavailable.
+    pub(crate) fn unavailable(&self) -> Option<&str> {
+        self.unavailable.as_deref()
     }
 
     /// Ends the transaction with `result`: commits an open one on `Ok` (rolls back instead,
@@ -416,8 +407,12 @@ impl<'c> TaskTx<'c> {
     }
 }
 
-/// Whether a database error is SQLite's write lock still taken after the busy timeout.
-pub(crate) fn is_lock_error(error: &diesel::result::Error) -> bool {
+/// Whether a database error is the database's (unreachable, or SQLite's write lock still
+/// taken after the busy timeout) rather than the task's.
+pub(crate) fn is_infrastructure(error: &diesel::result::Error) -> bool {
+    if is_connection_error(error) {
+        return true;
+    }
     match error {
         diesel::result::Error::DatabaseError(_, info) => {
             let message = info.message();

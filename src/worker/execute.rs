@@ -9,7 +9,7 @@ use diesel::Connection;
 
 use super::Worker;
 use crate::db::{
-    is_connection_error, is_lock_error, mark_broken, DbConnection, DiscardBroken, TaskTx,
+    is_connection_error, is_infrastructure, mark_broken, DbConnection, DiscardBroken, TaskTx,
 };
 use crate::driver::{driver, Claim};
 use crate::error::truncate;
@@ -116,7 +116,7 @@ impl Worker {
         };
         let result = run(&mut tx);
         let result = tx.finish(result);
-        let begin_failure = tx.begin_failure().cloned();
+        let unavailable = tx.unavailable().map(str::to_owned);
         drop(turn);
         self.upkeep.finished(claim.id, claim.token);
         // `finish` rolled back every level it found open. A connection that still reports
@@ -146,12 +146,9 @@ impl Worker {
             }
             // The database, not the task, failed: no failure is counted. Its external effects
             // may have happened (a commit whose answer was lost), so the release is noted.
-            // The handler could not open its transaction because the database could not be
-            // reached or locked: not the task's failure.
-            Err(Rollback::Handler(_))
-                if begin_failure.as_ref().is_some_and(|b| b.infrastructure) =>
-            {
-                let why = begin_failure.map(|b| b.message).unwrap_or_default();
+            // First: the handler could not open its transaction.
+            Err(Rollback::Handler(_)) if unavailable.is_some() => {
+                let why = unavailable.unwrap_or_default();
                 log::warn!("task {}: could not open its transaction: {why}", claim.id);
                 self.release_noted(&claim, &format!("database unavailable: {why}"))
             }
@@ -353,12 +350,6 @@ impl Worker {
         }
         Outcome::Abandoned
     }
-}
-
-/// Whether a database error is the database's (unreachable, or SQLite's write lock still
-/// taken after the busy timeout) rather than the task's.
-fn is_infrastructure(error: &diesel::result::Error) -> bool {
-    is_connection_error(error) || is_lock_error(error)
 }
 
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {

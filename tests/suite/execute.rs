@@ -167,24 +167,24 @@ both_backends! {
     }
 }
 
-/// PostgreSQL only: an SQLite connection cannot be killed from outside.
-#[test]
-fn a_connection_killed_under_its_handler_is_not_the_tasks_failure() {
+/// PostgreSQL only (an SQLite connection cannot be killed from outside): the first attempt's
+/// handler runs `kill` and then writes its ledger row. The attempt must be released with
+/// `note` and no failure counted, and the next attempt, on a fresh pooled connection, done.
+fn a_killed_connection_releases_the_task(
+    kill: impl Fn(&outbox::DatabaseUrl, &mut TaskTx) -> HandlerResult + Send + Sync + 'static,
+    note: &str,
+) {
     use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::Arc;
 
     let db = &TestDb::postgres();
-    let killed = Arc::new(AtomicBool::new(false));
-    let once = Arc::clone(&killed);
+    let url = db.url.clone();
+    let once = AtomicBool::new(false);
     let mut registry = Registry::new();
     registry.register(
         "victim",
         move |task: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
-            use diesel::RunQueryDsl;
             if !once.swap(true, Ordering::SeqCst) {
-                // The server ends this very connection, as a restart or an operator would.
-                let _ = diesel::sql_query("SELECT pg_terminate_backend(pg_backend_pid())")
-                    .execute(tx.conn()?);
+                kill(&url, tx)?;
             }
             write_ledger(task, tx)
         },
@@ -194,18 +194,53 @@ fn a_connection_killed_under_its_handler_is_not_the_tasks_failure() {
         .id;
     let w = worker(db, registry);
     let tally = w.run_once().unwrap();
-    assert_eq!((tally.released, tally.retried), (1, 0));
-    assert!(killed.load(Ordering::SeqCst));
+    assert_eq!(
+        (tally.released, tally.retried, tally.done),
+        (1, 0, 0),
+        "{tally:?}"
+    );
     let row = db.task(id);
     assert_eq!((row.state.as_str(), row.failures), ("pending", 0));
-    assert!(row
-        .last_error
-        .unwrap()
-        .starts_with("released: the connection broke while the handler ran"));
+    let last_error = row.last_error.unwrap();
+    assert!(last_error.starts_with(note), "{last_error}");
+    assert_eq!(db.ledger_rows(id), 0);
     // The pool replaced the dead connection: the next attempt succeeds.
     let tally = w.run_once().unwrap();
     assert_eq!(tally.done, 1, "{tally:?}");
     assert_eq!(db.ledger_rows(id), 1);
+}
+
+#[test]
+fn a_connection_killed_under_its_handler_is_not_the_tasks_failure() {
+    a_killed_connection_releases_the_task(
+        |_, tx| {
+            use diesel::RunQueryDsl;
+            // The server ends this very connection, as a restart or an operator would.
+            let _ = diesel::sql_query("SELECT pg_terminate_backend(pg_backend_pid())")
+                .execute(tx.conn()?);
+            Ok(())
+        },
+        "released: the connection broke while the handler ran",
+    );
+}
+
+/// The database goes away before the handler opens its transaction: the failed `BEGIN` is
+/// the database's fault, not the task's.
+#[test]
+fn a_transaction_that_cannot_be_opened_is_not_the_tasks_failure() {
+    a_killed_connection_releases_the_task(
+        |url, _| {
+            use diesel::RunQueryDsl;
+            // Every other backend of this database, the worker's pooled one included.
+            diesel::sql_query(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND pid <> pg_backend_pid()",
+            )
+            .execute(&mut url.connect().expect("connect"))?;
+            Ok(())
+        },
+        "released: database unavailable",
+    );
 }
 
 /// PostgreSQL only: the worker's idle pooled connections are terminated between two pages

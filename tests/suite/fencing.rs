@@ -8,9 +8,7 @@ use crate::worker;
 
 /// What rescue and a re-claim by node 999 do to a task: a new owner and a new token.
 fn take_over(db: &TestDb, id: i64) {
-    db.exec(&format!(
-        "UPDATE async_task SET owner = 999, claim_token = claim_token + 1 WHERE id = {id}"
-    ));
+    crate::take_over(&db.url, id);
 }
 
 both_backends! {

@@ -33,6 +33,16 @@ pub fn insert_ledger_row(task: &TaskContext, conn: &mut DbConnection) -> QueryRe
     .execute(conn)
 }
 
+/// What rescue and a re-claim by node 999 do to task `id`, on a connection of its own (so
+/// that a running handler can do it to its own task): a new owner and a new token.
+pub fn take_over(url: &outbox::DatabaseUrl, id: i64) {
+    diesel::sql_query(format!(
+        "UPDATE async_task SET owner = 999, claim_token = claim_token + 1 WHERE id = {id}"
+    ))
+    .execute(&mut url.connect().expect("connect"))
+    .expect("take the task over");
+}
+
 /// A registry with `write_ledger` under `keyword`.
 pub fn ledger_registry(keyword: &str) -> Registry {
     let mut registry = Registry::new();

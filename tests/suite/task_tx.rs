@@ -12,7 +12,6 @@ use outbox::{
     Worker, WorkerConfig,
 };
 
-use crate::support::TestDb;
 use crate::{worker, write_ledger};
 
 /// How deep in transactions `conn` is (0: autocommit).
@@ -54,13 +53,7 @@ both_backends! {
             assert!(!tx.is_open());
             sent_in.fetch_add(1, Ordering::SeqCst);
             if task.biz_id() == "taken" {
-                use diesel::RunQueryDsl;
-                let mut other = url.connect().expect("connect");
-                diesel::sql_query(format!(
-                    "UPDATE async_task SET owner = 999, claim_token = claim_token + 1 WHERE id = {}",
-                    task.id()
-                ))
-                .execute(&mut other)?;
+                crate::take_over(&url, task.id());
             }
             if task.biz_id() == "fails" {
                 return Err(anyhow::anyhow!("smtp refused").into());
@@ -136,13 +129,7 @@ both_backends! {
             assert!(!tx.is_open());
             calls_in.fetch_add(1, Ordering::SeqCst);
             if task.biz_id() == "3" && !taken.swap(true, Ordering::SeqCst) {
-                use diesel::RunQueryDsl;
-                let mut other = url.connect().expect("connect");
-                diesel::sql_query(format!(
-                    "UPDATE async_task SET owner = 999, claim_token = claim_token + 1 WHERE id = {}",
-                    task.id()
-                ))
-                .execute(&mut other)?;
+                crate::take_over(&url, task.id());
             }
             Ok(())
         });
@@ -156,49 +143,4 @@ both_backends! {
         assert_eq!(db.count("SELECT count(*) FROM async_task WHERE state = 'done'"), 4);
         assert_eq!(db.count("SELECT count(*) FROM async_task WHERE state = 'running' AND owner = 999"), 1);
     }
-}
-
-/// PostgreSQL only: the database goes away before the handler opens its transaction. The
-/// failed `BEGIN` is the database's fault, not the task's: released, no failure counted.
-#[test]
-fn a_transaction_that_cannot_be_opened_is_not_the_tasks_failure() {
-    let db = &TestDb::postgres();
-    let url = db.url.clone();
-    let once = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let mut registry = Registry::new();
-    registry.register(
-        "ledger",
-        move |task: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
-            if !once.swap(true, Ordering::SeqCst) {
-                use diesel::RunQueryDsl;
-                // Every other backend of this database, the worker's pooled one included.
-                let mut other = url.connect().expect("connect");
-                diesel::sql_query(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
-                 WHERE datname = current_database() AND pid <> pg_backend_pid()",
-                )
-                .execute(&mut other)?;
-            }
-            write_ledger(task, tx)
-        },
-    );
-    let id = enqueue(&mut db.conn(), &NewTask::new("ledger", "1"))
-        .unwrap()
-        .id;
-    let w = worker(db, registry);
-    let tally = w.run_once().unwrap();
-    assert_eq!(
-        (tally.released, tally.retried, tally.done),
-        (1, 0, 0),
-        "{tally:?}"
-    );
-    let row = db.task(id);
-    assert_eq!((row.state.as_str(), row.failures), ("pending", 0));
-    let note = row.last_error.unwrap();
-    assert!(note.starts_with("released: database unavailable"), "{note}");
-    assert_eq!(db.ledger_rows(id), 0);
-    // The pool replaced the dead connection: the next attempt succeeds.
-    let tally = w.run_once().unwrap();
-    assert_eq!(tally.done, 1, "{tally:?}");
-    assert_eq!(db.ledger_rows(id), 1);
 }
