@@ -24,6 +24,9 @@ pub(crate) struct Dispatcher {
     in_flight: AtomicUsize,
     bound: usize,
     caller_runs: AtomicU64,
+    /// Whether the claiming thread runs queued work while it waits for room (see
+    /// [`Self::wait_for_room`]).
+    caller_helps: bool,
     /// Signalled when a unit of work finishes on the pool and there is then room for what
     /// [`Self::wait_for_room`] waits for.
     finished: (Mutex<()>, Condvar),
@@ -76,23 +79,35 @@ impl<'j> Feed<'j> {
                     jobs = self.ready.wait(jobs).unwrap_or_else(|e| e.into_inner());
                 }
             };
-            // Tasks catch their handlers' panics; this catches the rest (a bug, or a
-            // handler error whose Display panics), so that the count stays right and this
-            // thread keeps serving the queue.
-            if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job)) {
-                let mut slot = self.panic.lock().unwrap_or_else(|e| e.into_inner());
-                slot.get_or_insert(panic);
-            }
-            dispatcher.in_flight.fetch_sub(1, Ordering::SeqCst);
-            let wanted = dispatcher.wanted.load(Ordering::SeqCst);
-            if wanted != 0 && dispatcher.room() >= wanted {
-                let _guard = dispatcher
-                    .finished
-                    .0
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner());
-                dispatcher.finished.1.notify_all();
-            }
+            self.run(dispatcher, job);
+        }
+    }
+
+    /// The next queued job, if any, without waiting.
+    fn try_pop(&self) -> Option<Job<'j>> {
+        let mut jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
+        jobs.0.pop_front()
+    }
+
+    /// Runs one job taken from the queue (on a pool thread, or on the claiming thread when
+    /// it helps) and counts it finished.
+    fn run(&self, dispatcher: &Dispatcher, job: Job<'j>) {
+        // Tasks catch their handlers' panics; this catches the rest (a bug, or a handler
+        // error whose Display panics), so that the count stays right and this thread keeps
+        // serving the queue.
+        if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job)) {
+            let mut slot = self.panic.lock().unwrap_or_else(|e| e.into_inner());
+            slot.get_or_insert(panic);
+        }
+        dispatcher.in_flight.fetch_sub(1, Ordering::SeqCst);
+        let wanted = dispatcher.wanted.load(Ordering::SeqCst);
+        if wanted != 0 && dispatcher.room() >= wanted {
+            let _guard = dispatcher
+                .finished
+                .0
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            dispatcher.finished.1.notify_all();
         }
     }
 }
@@ -108,8 +123,13 @@ impl Drop for CloseOnDrop<'_, '_> {
 }
 
 impl Dispatcher {
-    /// A pool of `threads` threads accepting up to `threads + queue` units in flight.
-    pub(crate) fn new(threads: usize, queue: usize) -> Result<Self, rayon::ThreadPoolBuildError> {
+    /// A pool of `threads` threads accepting up to `threads + queue` units in flight; with
+    /// `caller_helps`, the claiming thread runs queued units too while it waits.
+    pub(crate) fn new(
+        threads: usize,
+        queue: usize,
+        caller_helps: bool,
+    ) -> Result<Self, rayon::ThreadPoolBuildError> {
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .thread_name(|i| format!("outbox-task-{i}"))
@@ -120,6 +140,7 @@ impl Dispatcher {
             in_flight: AtomicUsize::new(0),
             bound: threads + queue,
             caller_runs: AtomicU64::new(0),
+            caller_helps,
             finished: (Mutex::new(()), Condvar::new()),
             wanted: AtomicUsize::new(0),
             scope_lock: Mutex::new(()),
@@ -144,7 +165,14 @@ impl Dispatcher {
                 scope.spawn(|_| feed.work(self));
             }
             let _close = CloseOnDrop(&feed);
-            f(&feed)
+            let result = f(&feed);
+            // What is still queued, the calling thread helps to run rather than wait for.
+            if self.caller_helps {
+                while let Some(job) = feed.try_pop() {
+                    feed.run(self, job);
+                }
+            }
+            result
         });
         if let Some(panic) = feed.panic.into_inner().unwrap_or_else(|e| e.into_inner()) {
             std::panic::resume_unwind(panic);
@@ -185,8 +213,19 @@ impl Dispatcher {
 
     /// Waits until there is room for `want` units (at most the whole bound plus one), or
     /// `stop` is set.
-    pub(crate) fn wait_for_room(&self, want: usize, stop: &AtomicBool) {
+    ///
+    /// With `caller_helps`, the waiting (claiming) thread runs queued units meanwhile, one at
+    /// a time, and waits only once the queue is empty: otherwise its connection would sit
+    /// idle while the pool's threads work through the queue. It checks for room after each
+    /// unit, so a claim waits at most for one unit's run: as with CallerRuns, a long task
+    /// taken this way delays the next claim, while the pool's threads carry on with the
+    /// rest of the queue.
+    pub(crate) fn wait_for_room(&self, feed: &Feed<'_>, want: usize, stop: &AtomicBool) {
         let want = want.clamp(1, self.bound + 1);
+        while self.caller_helps && self.room() < want && !stop.load(Ordering::Relaxed) {
+            let Some(job) = feed.try_pop() else { break };
+            feed.run(self, job);
+        }
         if self.room() >= want {
             return;
         }

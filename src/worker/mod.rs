@@ -228,7 +228,11 @@ impl Worker {
         let name = node_name();
         let node_id = driver(&mut conn).node_register(&name).op("node register")?;
         drop(conn);
-        let dispatcher = Dispatcher::new(config.threads, config.queue)
+        // The claiming thread runs queued tasks while it waits for room, as one more
+        // executor, on PostgreSQL. On SQLite, whose writers take turns on one lock, a second
+        // thread running tasks would only wait for the first.
+        let caller_helps = url.backend() == Backend::Postgres;
+        let dispatcher = Dispatcher::new(config.threads, config.queue, caller_helps)
             .map_err(|e| Error::Runtime(format!("cannot start {} threads: {e}", config.threads)))?;
         let upkeep = Arc::new(Upkeep {
             heartbeat: Heartbeat::new(url.clone(), node_id),
@@ -501,7 +505,7 @@ impl Worker {
     ) -> Result<(usize, usize)> {
         let units = self.dispatcher.capacity();
         self.dispatcher
-            .wait_for_room(units.div_ceil(2), &self.stopping);
+            .wait_for_room(feed, units.div_ceil(2), &self.stopping);
         if self.is_stopping() {
             return Ok((0, 0));
         }
@@ -549,7 +553,7 @@ impl Worker {
                         break;
                     }
                     self.dispatcher
-                        .wait_for_room(self.dispatcher.capacity(), &self.stopping);
+                        .wait_for_room(feed, self.dispatcher.capacity(), &self.stopping);
                 }
             }
             Ok(())

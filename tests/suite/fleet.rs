@@ -1,10 +1,12 @@
 //! Several workers and a saturated pool.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, Condvar, Mutex};
 use std::time::Duration;
 
 use outbox::{
-    enqueue_batch, HandlerResult, NewTask, Registry, TaskContext, TaskTx, Worker, WorkerConfig,
+    enqueue_batch, Backend, HandlerResult, NewTask, Registry, Tally, TaskContext, TaskTx, Worker,
+    WorkerConfig,
 };
 
 use crate::ledger_registry;
@@ -79,4 +81,76 @@ both_backends! {
         assert_eq!(w.run_once().unwrap().done, 5);
         assert_eq!(w.caller_runs(), 0);
     }
+
+    fn the_claiming_thread_helps_with_the_queue_on_postgres_only(db: &TestDb) {
+        // Through `drain` (the claiming thread waits for room) and `run_once` (it waits for
+        // its page to finish).
+        for (phase, run) in [
+            ("drain", (|w: &Worker| w.drain().unwrap().tally) as fn(&Worker) -> Tally),
+            ("run_once", |w: &Worker| w.run_once().unwrap()),
+        ] {
+            let (tally, on_claimer, caller_runs) = run_with_one_held_pool_thread(db, phase, run);
+            assert_eq!(tally.done, 4, "{phase}: {tally:?}");
+            // The queue had room: nothing ran through CallerRuns.
+            assert_eq!(caller_runs, 0, "{phase}");
+            match db.url.backend() {
+                Backend::Postgres => assert!(on_claimer >= 1, "{phase}: the claiming thread ran nothing"),
+                // SQLite's writers take turns: a second thread running tasks would only wait.
+                Backend::Sqlite => assert_eq!(on_claimer, 0, "{phase}"),
+            }
+        }
+    }
+}
+
+/// Runs 4 tasks with one pool thread and a queue with room. On PostgreSQL the pool thread's
+/// first task waits (up to 30 s, then fails) until a task has run on another thread, which
+/// only the claiming thread can be. Returns the tally, the tasks run on the claiming thread,
+/// and the worker's CallerRuns count.
+fn run_with_one_held_pool_thread(
+    db: &crate::support::TestDb,
+    phase: &str,
+    run: fn(&Worker) -> Tally,
+) -> (Tally, usize, u64) {
+    let hold = db.url.backend() == Backend::Postgres;
+    let on_claimer = Arc::new(AtomicUsize::new(0));
+    let released = Arc::new((Mutex::new(false), Condvar::new()));
+    let (count, latch) = (Arc::clone(&on_claimer), Arc::clone(&released));
+    let mut registry = Registry::new();
+    registry.register(
+        "latch",
+        move |_: &TaskContext, _: &mut TaskTx| -> HandlerResult {
+            let on_pool = std::thread::current()
+                .name()
+                .is_some_and(|n| n.starts_with("outbox-task-"));
+            let (lock, signal) = &*latch;
+            if !on_pool {
+                count.fetch_add(1, Ordering::SeqCst);
+                *lock.lock().unwrap() = true;
+                signal.notify_all();
+            } else if hold {
+                let guard = lock.lock().unwrap();
+                let (guard, timeout) = signal
+                    .wait_timeout_while(guard, Duration::from_secs(30), |released| !*released)
+                    .unwrap();
+                drop(guard);
+                if timeout.timed_out() {
+                    return Err(anyhow::anyhow!("no task ran on the claiming thread").into());
+                }
+            }
+            Ok(())
+        },
+    );
+    let tasks: Vec<NewTask> = (0..4)
+        .map(|n| NewTask::new("latch", format!("{phase}-{n}")))
+        .collect();
+    enqueue_batch(&mut db.conn(), &tasks).unwrap();
+    let config = WorkerConfig {
+        threads: 1,
+        queue: 8,
+        page_size: 10,
+        ..WorkerConfig::default()
+    };
+    let w = Worker::new(&db.url, registry, config).unwrap();
+    let tally = run(&w);
+    (tally, on_claimer.load(Ordering::SeqCst), w.caller_runs())
 }
