@@ -46,10 +46,10 @@ pub trait Driver {
     /// Marks a claimed task done (fenced); returns the rows touched, 0 or 1.
     fn task_complete(&mut self, claim: &Claim) -> QueryResult<usize>;
 
-    /// Marks done every task of `claims_json` (`[[id, claim_token], …]`, all owned by
-    /// `owner`) still held by that claim, in one statement; returns how many it marked. The
-    /// caller compares with the number of claims: fewer means a claim was taken over.
-    fn task_complete_many(&mut self, owner: i64, claims_json: &str) -> QueryResult<usize>;
+    /// Marks done every task of `claims` (`(id, claim_token)` pairs, all owned by `owner`)
+    /// still held by that claim, in one statement; returns how many it marked. The caller
+    /// compares with the number of claims: fewer means a claim was taken over.
+    fn task_complete_many(&mut self, owner: i64, claims: &[(i64, i64)]) -> QueryResult<usize>;
 
     /// Records a failure and schedules the next attempt `delay_ms` from now (fenced).
     fn task_fail_retry(&mut self, claim: &Claim, error: &str, delay_ms: i64) -> QueryResult<usize>;

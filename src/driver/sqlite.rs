@@ -73,7 +73,8 @@ impl Driver for SqliteConnection {
         fence(Statement::new(set), claim).execute(self)
     }
 
-    fn task_complete_many(&mut self, owner: i64, claims_json: &str) -> QueryResult<usize> {
+    fn task_complete_many(&mut self, owner: i64, claims: &[(i64, i64)]) -> QueryResult<usize> {
+        let claims_json = serde_json::to_string(claims).expect("integers serialise");
         Statement::<Sqlite>::new(concat!(
             "UPDATE async_task SET state = 'done', finished_at = ",
             now!(),
@@ -86,7 +87,7 @@ impl Driver for SqliteConnection {
             " AND (id, claim_token) IN
                (SELECT value ->> 0, value ->> 1 FROM json_each(",
         )
-        .bind::<Text, _>(claims_json.to_owned())
+        .bind::<Text, _>(claims_json)
         .sql("))")
         .execute(self)
     }

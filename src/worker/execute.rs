@@ -203,11 +203,10 @@ impl Worker {
         let Ok(mut conn) = self.pool.get() else {
             return strict(&chunk);
         };
-        let claims: Vec<[i64; 2]> = chunk
+        let claims: Vec<(i64, i64)> = chunk
             .iter()
-            .map(|task| [task.context.id, task.claim_token])
+            .map(|task| (task.context.id, task.claim_token))
             .collect();
-        let claims_json = serde_json::to_string(&claims).expect("integers serialize");
         let owner = chunk[0].owner;
         let turn = self.write_turn();
         for task in &chunk {
@@ -223,7 +222,7 @@ impl Worker {
             }
             // The completion of several tasks must be all or nothing even when no handler
             // opened the transaction: one BEGIN per chunk.
-            match driver(tx.conn()?).task_complete_many(owner, &claims_json)? {
+            match driver(tx.conn()?).task_complete_many(owner, &claims)? {
                 n if n == chunk.len() => Ok(()),
                 _ => Err(ChunkRollback::Task),
             }

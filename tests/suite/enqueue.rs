@@ -194,5 +194,20 @@ both_backends! {
             .execute(&mut conn)
             .unwrap();
         assert_eq!(db.count("SELECT count(*) FROM async_task WHERE state = 'pending'"), 1);
+
+        // The keyword rule, at its edges, is the same in the schema as in `enqueue`.
+        let max = "k".repeat(64);
+        let too_long = "k".repeat(65);
+        for (n, keyword) in [
+            "", "a", "a.b_c:d-9", &max, &too_long, "Upper", "a b", "a\nb", "é", "a*", "a/b",
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let sql = format!("INSERT INTO async_task (keyword, biz_id) VALUES ('{keyword}', 'edge-{n}')");
+            let stored = diesel::sql_query(&sql).execute(&mut conn).is_ok();
+            assert_eq!(stored, outbox::validate_keyword(keyword).is_ok(), "{keyword:?}");
+        }
+        assert_eq!(db.count("SELECT count(*) FROM async_task WHERE biz_id LIKE 'edge-%'"), 3);
     }
 }
