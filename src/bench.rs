@@ -174,7 +174,8 @@ pub fn drain_bench(url: &DatabaseUrl, bench: &DrainBench) -> Result<DrainFigures
     };
     // The worker's pool holds threads + 2 connections, of which at most threads + 1 are in
     // use at once (the pool's threads, and the claiming thread, which claims or runs a task
-    // itself under CallerRuns); the reference commits on as many at once.
+    // itself: CallerRuns, and on PostgreSQL while it waits); the reference commits on as
+    // many at once.
     let connections = config.threads + 1;
 
     let mut registry = Registry::new();

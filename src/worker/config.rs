@@ -185,7 +185,8 @@ impl WorkerConfig {
     }
 
     /// Connections the worker's pool needs: one per thread, one for the claiming thread
-    /// (which also runs tasks when the pool is full), one to spare. The heartbeat has its own
+    /// (which also runs tasks when the pool is full and, on PostgreSQL, while it waits for
+    /// room), one to spare (the rescue pass). The heartbeat has its own
     /// connection outside the pool.
     pub fn pool_size(&self) -> u32 {
         u32::try_from(self.threads + 2).unwrap_or(u32::MAX)

@@ -5,6 +5,10 @@
 //! when every thread is busy and the queue is full, the claiming thread runs the next task
 //! itself. That bounds memory, and it slows claiming down exactly as much as execution lags.
 //! Nothing task-specific lives in thread-local state, so running on the caller is safe.
+//!
+//! Optionally (PostgreSQL) the claiming thread also helps: while it waits for room to claim
+//! again, or for a page to finish, it runs queued tasks itself instead of leaving its
+//! connection idle, so that `threads + 1` connections commit at once.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -81,6 +85,11 @@ impl<'j> Feed<'j> {
             };
             self.run(dispatcher, job);
         }
+    }
+
+    /// Jobs waiting for a thread.
+    fn queued(&self) -> usize {
+        self.jobs.lock().unwrap_or_else(|e| e.into_inner()).0.len()
     }
 
     /// The next queued job, if any, without waiting.
@@ -215,14 +224,19 @@ impl Dispatcher {
     /// `stop` is set.
     ///
     /// With `caller_helps`, the waiting (claiming) thread runs queued units meanwhile, one at
-    /// a time, and waits only once the queue is empty: otherwise its connection would sit
-    /// idle while the pool's threads work through the queue. It checks for room after each
-    /// unit, so a claim waits at most for one unit's run: as with CallerRuns, a long task
-    /// taken this way delays the next claim, while the pool's threads carry on with the
-    /// rest of the queue.
+    /// a time, while more units are queued than the pool has threads: otherwise its
+    /// connection would sit idle while the pool's threads work through the queue. It checks
+    /// for room after each unit, so a claim waits at most for one unit's run. As with
+    /// CallerRuns, a long task taken this way delays the next claim by up to its length;
+    /// leaving at least a unit per thread in the queue keeps the pool busy for a while
+    /// meanwhile, and with a short queue the claiming thread only waits.
     pub(crate) fn wait_for_room(&self, feed: &Feed<'_>, want: usize, stop: &AtomicBool) {
         let want = want.clamp(1, self.bound + 1);
-        while self.caller_helps && self.room() < want && !stop.load(Ordering::Relaxed) {
+        while self.caller_helps
+            && self.room() < want
+            && !stop.load(Ordering::Relaxed)
+            && feed.queued() > self.threads
+        {
             let Some(job) = feed.try_pop() else { break };
             feed.run(self, job);
         }

@@ -199,7 +199,7 @@ both_backends! {
         let max = "k".repeat(64);
         let too_long = "k".repeat(65);
         for (n, keyword) in [
-            "", "a", "a.b_c:d-9", &max, &too_long, "Upper", "a b", "a\nb", "é", "a*", "a/b",
+            "", "a", "a.b_c:d-9", &max, &too_long, "Upper", "a b", "a\nb", "a\n", "é", "a*", "a/b",
         ]
         .into_iter()
         .enumerate()
