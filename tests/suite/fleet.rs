@@ -43,26 +43,15 @@ both_backends! {
     fn caller_runs_when_the_pool_is_saturated(db: &TestDb) {
         // One thread, no queue: the first task occupies the pool and blocks until a task runs
         // on the claiming thread itself, which can only happen through CallerRuns.
-        let released = Arc::new((Mutex::new(false), Condvar::new()));
-        let latch = Arc::clone(&released);
+        let latch = Arc::new(Latch::default());
         let mut registry = Registry::new();
         registry.register("latch", move |_: &TaskContext, _: &mut TaskTx| -> HandlerResult {
-            let on_pool = std::thread::current().name().is_some_and(|n| n.starts_with("outbox-task-"));
-            let (lock, signal) = &*latch;
-            if on_pool {
-                let guard = lock.lock().unwrap();
-                let (guard, timeout) = signal
-                    .wait_timeout_while(guard, Duration::from_secs(60), |released| !*released)
-                    .unwrap();
-                drop(guard);
-                if timeout.timed_out() {
-                    return Err(anyhow::anyhow!("no task ran on the claiming thread").into());
-                }
+            if on_pool_thread() {
+                latch.wait(Duration::from_secs(60))
             } else {
-                *lock.lock().unwrap() = true;
-                signal.notify_all();
+                latch.release();
+                Ok(())
             }
-            Ok(())
         });
         let tasks: Vec<NewTask> = (0..2).map(|n| NewTask::new("latch", n.to_string())).collect();
         enqueue_batch(&mut db.conn(), &tasks).unwrap();
@@ -113,29 +102,16 @@ fn run_with_one_held_pool_thread(
 ) -> (Tally, usize, u64) {
     let hold = db.url.backend() == Backend::Postgres;
     let on_claimer = Arc::new(AtomicUsize::new(0));
-    let released = Arc::new((Mutex::new(false), Condvar::new()));
-    let (count, latch) = (Arc::clone(&on_claimer), Arc::clone(&released));
+    let (count, latch) = (Arc::clone(&on_claimer), Arc::new(Latch::default()));
     let mut registry = Registry::new();
     registry.register(
         "latch",
         move |_: &TaskContext, _: &mut TaskTx| -> HandlerResult {
-            let on_pool = std::thread::current()
-                .name()
-                .is_some_and(|n| n.starts_with("outbox-task-"));
-            let (lock, signal) = &*latch;
-            if !on_pool {
+            if !on_pool_thread() {
                 count.fetch_add(1, Ordering::SeqCst);
-                *lock.lock().unwrap() = true;
-                signal.notify_all();
+                latch.release();
             } else if hold {
-                let guard = lock.lock().unwrap();
-                let (guard, timeout) = signal
-                    .wait_timeout_while(guard, Duration::from_secs(10), |released| !*released)
-                    .unwrap();
-                drop(guard);
-                if timeout.timed_out() {
-                    return Err(anyhow::anyhow!("no task ran on the claiming thread").into());
-                }
+                latch.wait(Duration::from_secs(10))?;
             }
             Ok(())
         },
@@ -155,4 +131,39 @@ fn run_with_one_held_pool_thread(
     let w = Worker::new(&db.url, registry, config).unwrap();
     let tally = run(&w);
     (tally, on_claimer.load(Ordering::SeqCst), w.caller_runs())
+}
+
+/// Whether the current thread is one of the execution pool's (not the claiming thread).
+fn on_pool_thread() -> bool {
+    std::thread::current()
+        .name()
+        .is_some_and(|n| n.starts_with("outbox-task-"))
+}
+
+/// Holds a task on a pool thread until a task runs on the claiming thread.
+#[derive(Default)]
+struct Latch {
+    released: Mutex<bool>,
+    signal: Condvar,
+}
+
+impl Latch {
+    fn release(&self) {
+        *self.released.lock().unwrap() = true;
+        self.signal.notify_all();
+    }
+
+    /// Waits for [`Latch::release`]; fails the task after `limit`.
+    fn wait(&self, limit: Duration) -> HandlerResult {
+        let guard = self.released.lock().unwrap();
+        let (guard, timeout) = self
+            .signal
+            .wait_timeout_while(guard, limit, |released| !*released)
+            .unwrap();
+        drop(guard);
+        if timeout.timed_out() {
+            return Err(anyhow::anyhow!("no task ran on the claiming thread").into());
+        }
+        Ok(())
+    }
 }
