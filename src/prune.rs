@@ -331,7 +331,8 @@ fn node_delete_sql(conn: &DbConnection) -> &'static str {
                         OR n.heartbeat_at < strftime('%Y-%m-%d %H:%M:%f', 'now',
                                                      printf('-%.3f seconds', ?2 / 1000.0)))
                    AND NOT EXISTS (SELECT 1 FROM async_task t
-                                   WHERE t.owner = n.id AND t.state = 'running')
+                                   WHERE t.owner = n.id AND t.deadline_at IS NOT NULL
+                                     AND t.state = 'running')
                  ORDER BY n.id
                  LIMIT ?3)"
         }

@@ -471,7 +471,7 @@ both_backends! {
         unmigrate(db);
         run(outbox_on(db, dir.path()).arg("migrate"))
             .expect_code(0)
-            .stdout_has("applied 3 migration(s)");
+            .stdout_has("applied 4 migration(s)");
         assert_eq!(db.count("SELECT count(*) FROM async_task"), 0);
         run(outbox_on(db, dir.path()).arg("migrate"))
             .expect_code(0)

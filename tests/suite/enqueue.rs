@@ -106,6 +106,67 @@ both_backends! {
         }
     }
 
+    fn every_row_keeps_its_own_options_whether_a_statement_shares_them_or_not(db: &TestDb) {
+        // On SQLite a statement whose rows share tenant, priority, max attempts and delay
+        // binds those once: 256 rows that share them, 256 that share the defaults, then
+        // rows that differ from one another.
+        let options = |i: usize| -> (Option<String>, i16, Option<i32>, u64) {
+            match i {
+                0..=255 => (Some("acme".to_owned()), 3, Some(4), 3600),
+                256..=511 => (None, 0, None, 0),
+                _ => (
+                    (i % 2 == 0).then(|| format!("t{}", i % 5)),
+                    (i % 3) as i16,
+                    (i % 4 != 0).then_some((i % 4) as i32),
+                    (i % 7) as u64 * 60,
+                ),
+            }
+        };
+        let tasks: Vec<NewTask> = (0..600)
+            .map(|i| {
+                let (tenant, priority, max_attempts, delay_s) = options(i);
+                let mut task = NewTask::new(if i % 2 == 0 { "k" } else { "k2" }, format!("b{i}"))
+                    .payload(&serde_json::json!({"i": i}))
+                    .priority(priority)
+                    .delay(Duration::from_secs(delay_s));
+                if let Some(t) = tenant {
+                    task = task.tenant(t);
+                }
+                if let Some(m) = max_attempts {
+                    task = task.max_attempts(m);
+                }
+                task
+            })
+            .collect();
+        let results = enqueue_batch(&mut db.conn(), &tasks).unwrap();
+        assert!(results.iter().all(|r| r.created));
+        let (delay_ms, payload_i) = match db.backend() {
+            Backend::Postgres => (
+                "round(extract(epoch FROM run_at - created_at) * 1000)",
+                "(biz_data ->> 'i')::int",
+            ),
+            Backend::Sqlite => (
+                "round((julianday(run_at) - julianday(created_at)) * 86400000)",
+                "biz_data ->> 'i'",
+            ),
+        };
+        for (i, result) in results.iter().enumerate() {
+            let (tenant, priority, max_attempts, delay_s) = options(i);
+            let keyword = if i % 2 == 0 { "k" } else { "k2" };
+            let tenant = tenant.map_or("tenant IS NULL".to_owned(), |t| format!("tenant = '{t}'"));
+            let max_attempts =
+                max_attempts.map_or("max_attempts IS NULL".to_owned(), |m| format!("max_attempts = {m}"));
+            let sql = format!(
+                "SELECT count(*) FROM async_task WHERE id = {} AND keyword = '{keyword}'
+                 AND biz_id = 'b{i}' AND {payload_i} = {i} AND {tenant} AND priority = {priority}
+                 AND {max_attempts} AND {delay_ms} = {}",
+                result.id,
+                delay_s * 1000
+            );
+            assert_eq!(db.count(&sql), 1, "task {i}");
+        }
+    }
+
     fn rolled_back_producer_transaction_leaves_no_task(db: &TestDb) {
         let mut conn = db.conn();
         let result: Result<(), Error> = write_transaction(&mut conn, |conn| {

@@ -78,9 +78,12 @@ fn nodes_left(db: &TestDb) -> i64 {
 }
 
 /// Makes the task `biz_id` owned by `owner` in `state`.
+/// As a claim leaves it: a running task has a deadline (SQLite finds running tasks by it).
 fn own(db: &TestDb, biz_id: &str, owner: i64, state: &str) {
     db.exec(&format!(
-        "UPDATE async_task SET owner = {owner}, state = '{state}' WHERE biz_id = '{biz_id}'"
+        "UPDATE async_task SET owner = {owner}, state = '{state}',
+                deadline_at = CASE WHEN '{state}' = 'running' THEN created_at END
+         WHERE biz_id = '{biz_id}'"
     ));
 }
 

@@ -188,3 +188,74 @@ both_backends! {
         assert_eq!(w.run_once().unwrap().done, 1);
     }
 }
+
+/// SQLite reads running tasks through `async_task_lease_idx` (`deadline_at IS NOT NULL`),
+/// which a completion leaves alone: the node's next claim, or any rescue pass, takes its
+/// finished tasks out. A task that goes back to pending or dies leaves it at once.
+#[test]
+fn sqlite_finished_tasks_leave_the_lease_index_at_the_next_claim_or_rescue() {
+    let db = &TestDb::sqlite();
+    let in_index_not_running = || {
+        db.count(
+            "SELECT count(*) FROM async_task WHERE deadline_at IS NOT NULL AND state <> 'running'",
+        )
+    };
+    let running_outside_index = || {
+        db.count("SELECT count(*) FROM async_task WHERE deadline_at IS NULL AND state = 'running'")
+    };
+    let mut registry = ledger_registry("ledger");
+    registry.register(
+        "fails",
+        |_: &outbox::TaskContext, _: &mut outbox::TaskTx| {
+            Err(outbox::HandlerError::retry(anyhow::anyhow!("not yet")))
+        },
+    );
+    registry.register(
+        "poison",
+        |_: &outbox::TaskContext, _: &mut outbox::TaskTx| {
+            Err(outbox::HandlerError::permanent(anyhow::anyhow!(
+                "bad payload"
+            )))
+        },
+    );
+    let config = WorkerConfig {
+        heartbeat: Duration::from_secs(3600),
+        dead_after: Duration::from_secs(7200),
+        ..small_config()
+    };
+    let w = Worker::new(&db.url, registry, config).unwrap();
+    let rescuer = quiet_worker(db);
+
+    enqueue_n(db, 2);
+    let tasks = [NewTask::new("fails", "f"), NewTask::new("poison", "p")];
+    enqueue_batch(&mut db.conn(), &tasks).unwrap();
+    let page = w.claim().unwrap();
+    assert_eq!(page.len(), 4);
+    assert_eq!(running_outside_index(), 0);
+    let tally = w.execute(page);
+    assert_eq!((tally.done, tally.retried, tally.dead), (2, 1, 1));
+    // The retried and the dead task left the index with their own update; the two done
+    // tasks are still in it, until this node's next claim.
+    assert_eq!(in_index_not_running(), 2);
+    assert_eq!(
+        db.count(
+            "SELECT count(*) FROM async_task WHERE deadline_at IS NOT NULL AND state = 'done'"
+        ),
+        2
+    );
+
+    enqueue_batch(&mut db.conn(), &[NewTask::new("ledger", "later")]).unwrap();
+    let page = w.claim().unwrap();
+    assert_eq!(page.len(), 1, "the retry is not due yet");
+    assert_eq!((in_index_not_running(), running_outside_index()), (0, 0));
+    assert_eq!(w.execute(page).done, 1);
+    assert_eq!(in_index_not_running(), 1);
+
+    // A node that claims no more (it exited) leaves its done tasks in the index; any rescue
+    // pass takes them out, and rescues nothing that is not due for rescue.
+    assert_eq!(
+        rescuer.rescue_once().unwrap(),
+        outbox::RescueReport::default()
+    );
+    assert_eq!(in_index_not_running(), 0);
+}
