@@ -1,7 +1,8 @@
 //! The driver on SQLite: one writer at a time, so the claim needs no `SKIP LOCKED`; times
 //! are text written by SQLite's own clock.
 
-use diesel::sql_types::{BigInt, Integer, Nullable, SmallInt, Text};
+use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
+use diesel::sql_types::{BigInt, Integer, Nullable, SmallInt, Text, Untyped};
 use diesel::sqlite::{Sqlite, SqliteConnection};
 use diesel::{Connection, QueryResult, RunQueryDsl};
 
@@ -316,73 +317,86 @@ fn insert_chunks(
     Ok(created)
 }
 
-fn insert_statement(rows: &[InsertRow<'_>]) -> Statement<Sqlite> {
-    match rows.split_first() {
-        Some((first, rest)) if rest.iter().all(|row| same_options(first, row)) => {
-            insert_statement_uniform(first, rows)
+/// One enqueue statement over `rows`, binding the rows' own text in place (no copies: a
+/// bulk enqueue's allocations were a tenth of its time).
+///
+/// Rows that share their tenant, priority, max attempts and delay (a bulk enqueue, usually)
+/// bind those once, with `run_at` computed once per statement: three parameters per row
+/// instead of seven (measured at the SQL level: 0.81 → 0.97 of a plain literal INSERT).
+/// Otherwise each row binds all seven. `WHERE true` tells the parser that `ON CONFLICT`
+/// belongs to the INSERT, not to the SELECT's join.
+struct InsertStatement<'r, 'a> {
+    rows: &'r [InsertRow<'a>],
+    /// Whether every row has the first row's options.
+    uniform: bool,
+}
+
+fn insert_statement<'r, 'a>(rows: &'r [InsertRow<'a>]) -> InsertStatement<'r, 'a> {
+    let uniform = rows.split_first().is_some_and(|(first, rest)| {
+        rest.iter()
+            .all(|row| (row.t, row.p, row.m, row.ms) == (first.t, first.p, first.m, first.ms))
+    });
+    InsertStatement { rows, uniform }
+}
+
+impl QueryFragment<Sqlite> for InsertStatement<'_, '_> {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Sqlite>) -> QueryResult<()> {
+        out.push_sql(
+            "INSERT INTO async_task (keyword, biz_id, biz_data, tenant, priority, max_attempts, run_at) ",
+        );
+        if let (true, Some(shared)) = (self.uniform, self.rows.first()) {
+            out.push_sql("SELECT column1, column2, column3, ");
+            out.push_bind_param::<Nullable<Text>, _>(&shared.t)?;
+            out.push_sql(", ");
+            out.push_bind_param::<SmallInt, _>(&shared.p)?;
+            out.push_sql(", ");
+            out.push_bind_param::<Nullable<Integer>, _>(&shared.m)?;
+            out.push_sql(", (SELECT strftime('%Y-%m-%d %H:%M:%f', julianday('now') + ");
+            out.push_bind_param::<BigInt, _>(&shared.ms)?;
+            out.push_sql(" / 86400000.0)) FROM (VALUES ");
+            for (i, row) in self.rows.iter().enumerate() {
+                out.push_sql(if i == 0 { "(" } else { ", (" });
+                out.push_bind_param::<Text, _>(row.k)?;
+                out.push_sql(", ");
+                out.push_bind_param::<Text, _>(row.b)?;
+                out.push_sql(", ");
+                out.push_bind_param::<Text, _>(row.d)?;
+                out.push_sql(")");
+            }
+            out.push_sql(") WHERE true");
+        } else {
+            out.push_sql("VALUES ");
+            for (i, row) in self.rows.iter().enumerate() {
+                out.push_sql(if i == 0 { "(" } else { ", (" });
+                out.push_bind_param::<Text, _>(row.k)?;
+                out.push_sql(", ");
+                out.push_bind_param::<Text, _>(row.b)?;
+                out.push_sql(", ");
+                out.push_bind_param::<Text, _>(row.d)?;
+                out.push_sql(", ");
+                out.push_bind_param::<Nullable<Text>, _>(&row.t)?;
+                out.push_sql(", ");
+                out.push_bind_param::<SmallInt, _>(&row.p)?;
+                out.push_sql(", ");
+                out.push_bind_param::<Nullable<Integer>, _>(&row.m)?;
+                // The delay on the Julian day of the database clock: exact to the millisecond.
+                out.push_sql(", strftime('%Y-%m-%d %H:%M:%f', julianday('now') + ");
+                out.push_bind_param::<BigInt, _>(&row.ms)?;
+                out.push_sql(" / 86400000.0))");
+            }
         }
-        _ => insert_statement_per_row(rows),
+        out.push_sql(" ON CONFLICT (keyword, biz_id) DO NOTHING RETURNING id, keyword, biz_id");
+        Ok(())
     }
 }
 
-/// Whether two rows share everything but their keyword, business id and payload.
-fn same_options(a: &InsertRow<'_>, b: &InsertRow<'_>) -> bool {
-    (a.t, a.p, a.m, a.ms) == (b.t, b.p, b.m, b.ms)
+impl QueryId for InsertStatement<'_, '_> {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
 }
 
-/// Rows that share their tenant, priority, max attempts and delay (a bulk enqueue, usually):
-/// those are bound once, and `run_at` is computed once per statement, so that each row binds
-/// three parameters instead of seven. Measured: 0.81 → 0.97 of a plain literal INSERT at the
-/// SQL level. (`WHERE true` tells the parser that `ON CONFLICT` belongs to the INSERT.)
-fn insert_statement_uniform(shared: &InsertRow<'_>, rows: &[InsertRow<'_>]) -> Statement<Sqlite> {
-    let mut statement = Statement::<Sqlite>::new(
-        "INSERT INTO async_task (keyword, biz_id, biz_data, tenant, priority, max_attempts, run_at)
-         SELECT column1, column2, column3, ",
-    )
-    .bind::<Nullable<Text>, _>(shared.t.map(str::to_owned))
-    .sql(", ")
-    .bind::<SmallInt, _>(shared.p)
-    .sql(", ")
-    .bind::<Nullable<Integer>, _>(shared.m)
-    .sql(", (SELECT strftime('%Y-%m-%d %H:%M:%f', julianday('now') + ")
-    .bind::<BigInt, _>(shared.ms)
-    .sql(" / 86400000.0)) FROM (VALUES ");
-    for (i, row) in rows.iter().enumerate() {
-        statement = statement
-            .sql(if i == 0 { "(" } else { ", (" })
-            .bind::<Text, _>(row.k.to_owned())
-            .sql(", ")
-            .bind::<Text, _>(row.b.to_owned())
-            .sql(", ")
-            .bind::<Text, _>(row.d.to_owned())
-            .sql(")");
-    }
-    statement
-        .sql(") WHERE true ON CONFLICT (keyword, biz_id) DO NOTHING RETURNING id, keyword, biz_id")
+impl Query for InsertStatement<'_, '_> {
+    type SqlType = Untyped;
 }
 
-fn insert_statement_per_row(rows: &[InsertRow<'_>]) -> Statement<Sqlite> {
-    let mut statement = Statement::<Sqlite>::new(
-        "INSERT INTO async_task (keyword, biz_id, biz_data, tenant, priority, max_attempts, run_at) VALUES ",
-    );
-    for (i, row) in rows.iter().enumerate() {
-        statement = statement
-            .sql(if i == 0 { "(" } else { ", (" })
-            .bind::<Text, _>(row.k.to_owned())
-            .sql(", ")
-            .bind::<Text, _>(row.b.to_owned())
-            .sql(", ")
-            .bind::<Text, _>(row.d.to_owned())
-            .sql(", ")
-            .bind::<Nullable<Text>, _>(row.t.map(str::to_owned))
-            .sql(", ")
-            .bind::<SmallInt, _>(row.p)
-            .sql(", ")
-            .bind::<Nullable<Integer>, _>(row.m)
-            // The delay on the Julian day of the database clock: exact to the millisecond.
-            .sql(", strftime('%Y-%m-%d %H:%M:%f', julianday('now') + ")
-            .bind::<BigInt, _>(row.ms)
-            .sql(" / 86400000.0))");
-    }
-    statement.sql(" ON CONFLICT (keyword, biz_id) DO NOTHING RETURNING id, keyword, biz_id")
-}
+impl RunQueryDsl<SqliteConnection> for InsertStatement<'_, '_> {}
