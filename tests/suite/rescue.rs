@@ -259,3 +259,36 @@ fn sqlite_finished_tasks_leave_the_lease_index_at_the_next_claim_or_rescue() {
     );
     assert_eq!(in_index_not_running(), 0);
 }
+
+/// Migration 000004 on an SQLite database that already has tasks: the finished ones lose
+/// their deadlines, so the new lease index starts with the running tasks only.
+#[test]
+fn sqlite_migration_000004_keeps_running_tasks_in_the_lease_index() {
+    let db = &TestDb::sqlite();
+    // Back to version 3: the running-task index on `state`, deadlines left on finished tasks.
+    db.exec(include_str!(
+        "../../migrations/sqlite/2026-11-23-000004_lease_index/down.sql"
+    ));
+    db.exec("DELETE FROM __diesel_schema_migrations WHERE version = '20261123000004'");
+    enqueue_n(db, 4);
+    db.exec(
+        "UPDATE async_task SET owner = 7, claim_token = 1,
+                deadline_at = strftime('%Y-%m-%d %H:%M:%f', 'now', '+5 minutes'),
+                state = CASE biz_id WHEN '0' THEN 'running' WHEN '1' THEN 'done'
+                                    WHEN '2' THEN 'dead' ELSE 'pending' END",
+    );
+
+    let applied = outbox::run_migrations(&mut db.conn()).unwrap();
+    assert_eq!(applied.len(), 1, "{applied:?}");
+    assert_eq!(
+        db.count("SELECT count(*) FROM async_task WHERE deadline_at IS NOT NULL"),
+        1
+    );
+    assert_eq!(
+        db.count(
+            "SELECT count(*) FROM async_task INDEXED BY async_task_lease_idx
+             WHERE deadline_at IS NOT NULL AND state = 'running' AND biz_id = '0'"
+        ),
+        1
+    );
+}
