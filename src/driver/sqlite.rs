@@ -24,9 +24,10 @@ impl Driver for SqliteConnection {
         // Bind parameters rather than one JSON document as on PostgreSQL: SQLite would parse
         // each row's JSON object again for every field it reads (a sixth of an enqueue's
         // time, measured). Statements of INSERT_CHUNK rows, then of powers of two for the
-        // rest, so that a connection caches at most nine prepared shapes and a bulk enqueue
-        // parses no SQL; several statements run in one transaction (a savepoint inside the
-        // caller's), so the batch stays all or nothing.
+        // rest, so that a connection caches at most eighteen prepared statements (nine
+        // sizes, two shapes: see `insert_statement`) and a bulk enqueue parses no SQL;
+        // several statements run in one transaction (a savepoint inside the caller's), so
+        // the batch stays all or nothing.
         if rows.len() <= INSERT_CHUNK && rows.len().is_power_of_two() {
             return insert_chunks(self, rows); // one statement
         }
@@ -332,10 +333,12 @@ struct InsertStatement<'r, 'a> {
 }
 
 fn insert_statement<'r, 'a>(rows: &'r [InsertRow<'a>]) -> InsertStatement<'r, 'a> {
-    let uniform = rows.split_first().is_some_and(|(first, rest)| {
-        rest.iter()
-            .all(|row| (row.t, row.p, row.m, row.ms) == (first.t, first.p, first.m, first.ms))
-    });
+    // One row binds its options once either way: it takes the plain shape.
+    let uniform = rows.len() > 1
+        && rows.split_first().is_some_and(|(first, rest)| {
+            rest.iter()
+                .all(|row| (row.t, row.p, row.m, row.ms) == (first.t, first.p, first.m, first.ms))
+        });
     InsertStatement { rows, uniform }
 }
 
@@ -400,3 +403,41 @@ impl Query for InsertStatement<'_, '_> {
 }
 
 impl RunQueryDsl<SqliteConnection> for InsertStatement<'_, '_> {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row<'a>(b: &'a str, t: Option<&'a str>, ms: i64) -> InsertRow<'a> {
+        InsertRow {
+            k: "k",
+            b,
+            d: "{}",
+            t,
+            p: 0,
+            m: None,
+            ms,
+        }
+    }
+
+    #[test]
+    fn rows_that_share_their_options_bind_them_once() {
+        let sql = |rows: &[InsertRow<'_>]| {
+            let statement = insert_statement(rows);
+            let text = diesel::debug_query::<Sqlite, _>(&statement).to_string();
+            (statement.uniform, text.contains("SELECT column1"))
+        };
+        let shared = [row("a", Some("t"), 5), row("b", Some("t"), 5)];
+        assert_eq!(sql(&shared), (true, true));
+        assert_eq!(
+            sql(&shared[..1]),
+            (false, false),
+            "one row: the plain shape"
+        );
+        assert_eq!(
+            sql(&[row("a", Some("t"), 5), row("b", None, 5)]),
+            (false, false)
+        );
+        assert_eq!(sql(&[row("a", None, 5), row("b", None, 6)]), (false, false));
+    }
+}

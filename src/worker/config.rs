@@ -17,6 +17,10 @@ pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(5);
 pub const DEFAULT_DEAD_AFTER_BEATS: u32 = 3;
 /// How long a task may run before any live node rescues it, by default.
 pub const DEFAULT_TASK_TIMEOUT: Duration = Duration::from_secs(300);
+/// The longest task timeout accepted (100 years): a claim's deadline is the database clock
+/// plus the timeout, and past the year 9999 SQLite's date functions give NULL, a task without
+/// a deadline, which rescue would never find.
+pub const MAX_TASK_TIMEOUT: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 /// The longest error message stored in `last_error`, in bytes.
 pub const MAX_ERROR_LEN: usize = 2000;
 
@@ -58,7 +62,8 @@ pub struct WorkerConfig {
     pub dead_after: Duration,
     /// How long a task may take from its claim before it is rescued as hung (default 5 min).
     /// It must exceed the longest handler by the time a claimed task may wait in the queue.
-    /// The handler thread cannot be killed; its late completion is fenced out.
+    /// The handler thread cannot be killed; its late completion is fenced out. At most
+    /// [`MAX_TASK_TIMEOUT`].
     pub task_timeout: Duration,
     /// Whether the process exits (status 3) when a handler has run past `task_timeout` by one
     /// more heartbeat interval (default off; the `outbox` binary turns it on).
@@ -174,6 +179,12 @@ impl WorkerConfig {
         }
         if self.task_timeout < Duration::from_millis(100) {
             return bad("task timeout must be at least 100ms".into());
+        }
+        if self.task_timeout > MAX_TASK_TIMEOUT {
+            return bad(format!(
+                "task timeout must be at most 100 years, not {:?}",
+                self.task_timeout
+            ));
         }
         self.backoff.validate().map_err(Error::InvalidConfig)
     }

@@ -119,6 +119,13 @@ both_backends! {
         let bad = WorkerConfig { page_size: 0, ..small_config() };
         assert!(matches!(Worker::new(&db.url, registry.clone(), bad), Err(outbox::Error::InvalidConfig(_))));
         assert!(matches!(Worker::new(&db.url, Registry::new(), small_config()), Err(outbox::Error::InvalidConfig(_))));
+        // A deadline past the year 9999 would be NULL on SQLite: a running task rescue
+        // could never find.
+        let endless = WorkerConfig { task_timeout: Duration::from_secs(8000 * 365 * 24 * 3600), ..small_config() };
+        match Worker::new(&db.url, registry.clone(), endless) {
+            Err(outbox::Error::InvalidConfig(what)) => assert!(what.contains("task timeout"), "{what}"),
+            other => panic!("{:?}", other.map(|_| "a worker")),
+        }
         let applied = db.count("SELECT count(*) FROM __diesel_schema_migrations");
         assert!(applied >= 3, "{applied} migrations applied");
         db.exec("DELETE FROM __diesel_schema_migrations");

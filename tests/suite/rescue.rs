@@ -221,6 +221,11 @@ fn sqlite_finished_tasks_leave_the_lease_index_at_the_next_claim_or_rescue() {
     let config = WorkerConfig {
         heartbeat: Duration::from_secs(3600),
         dead_after: Duration::from_secs(7200),
+        // The retried task stays not due for the whole test.
+        backoff: outbox::Backoff {
+            base: Duration::from_secs(3600),
+            ..outbox::Backoff::default()
+        },
         ..small_config()
     };
     let w = Worker::new(&db.url, registry, config).unwrap();
@@ -252,16 +257,56 @@ fn sqlite_finished_tasks_leave_the_lease_index_at_the_next_claim_or_rescue() {
     assert_eq!(in_index_not_running(), 1);
 
     // A node that claims no more (it exited) leaves its done tasks in the index; any rescue
-    // pass takes them out, and rescues nothing that is not due for rescue.
+    // pass takes them out, and leaves a live node's running task, and its deadline, alone.
+    let other = quiet_worker(db);
+    enqueue_batch(&mut db.conn(), &[NewTask::new("ledger", "kept")]).unwrap();
+    let kept = other.claim().unwrap();
+    assert_eq!((kept.len(), in_index_not_running()), (1, 1));
     assert_eq!(
         rescuer.rescue_once().unwrap(),
         outbox::RescueReport::default()
     );
-    assert_eq!(in_index_not_running(), 0);
+    assert_eq!((in_index_not_running(), running_outside_index()), (0, 0));
+    let kept_id = kept[0].context.id();
+    let deadline_of = |id: i64| {
+        db.count(&format!(
+            "SELECT count(*) FROM async_task WHERE id = {id} AND deadline_at IS NOT NULL"
+        ))
+    };
+    assert_eq!(
+        (db.task(kept_id).state.as_str(), deadline_of(kept_id)),
+        ("running", 1)
+    );
+
+    // A release (the node is stopping before the handler starts) clears the deadline.
+    other
+        .stop_flag()
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(other.execute(kept).released, 1);
+    assert_eq!(
+        (db.task(kept_id).state.as_str(), deadline_of(kept_id)),
+        ("pending", 0)
+    );
+
+    // So does a rescue: the node stops heartbeating with a task running.
+    enqueue_batch(&mut db.conn(), &[NewTask::new("ledger", "dies")]).unwrap();
+    let page = w.claim().unwrap();
+    assert_eq!(page.len(), 2, "the released task and the new one");
+    kill_heartbeat(db, w.node_id());
+    assert_eq!(rescuer.rescue_once().unwrap().pending, 2);
+    for task in &page {
+        let id = task.context.id();
+        assert_eq!(
+            (db.task(id).state.as_str(), deadline_of(id)),
+            ("pending", 0)
+        );
+    }
+    assert_eq!((in_index_not_running(), running_outside_index()), (0, 0));
 }
 
 /// Migration 000004 on an SQLite database that already has tasks: the finished ones lose
-/// their deadlines, so the new lease index starts with the running tasks only.
+/// their deadlines, so the new lease index starts with the running tasks only, and a running
+/// task without a deadline gets one.
 #[test]
 fn sqlite_migration_000004_keeps_running_tasks_in_the_lease_index() {
     let db = &TestDb::sqlite();
@@ -275,13 +320,22 @@ fn sqlite_migration_000004_keeps_running_tasks_in_the_lease_index() {
         "UPDATE async_task SET owner = 7, claim_token = 1,
                 deadline_at = strftime('%Y-%m-%d %H:%M:%f', 'now', '+5 minutes'),
                 state = CASE biz_id WHEN '0' THEN 'running' WHEN '1' THEN 'done'
-                                    WHEN '2' THEN 'dead' ELSE 'pending' END",
+                                    WHEN '2' THEN 'dead' ELSE 'running' END",
     );
+
+    // Task 3 was claimed with a timeout past the year 9999: no deadline.
+    db.exec("UPDATE async_task SET deadline_at = NULL WHERE biz_id = '3'");
 
     let applied = outbox::run_migrations(&mut db.conn()).unwrap();
     assert_eq!(applied.len(), 1, "{applied:?}");
     assert_eq!(
         db.count("SELECT count(*) FROM async_task WHERE deadline_at IS NOT NULL"),
+        2
+    );
+    assert_eq!(
+        db.count(
+            "SELECT count(*) FROM async_task WHERE biz_id = '3' AND deadline_at LIKE '9999-%'"
+        ),
         1
     );
     assert_eq!(
@@ -290,5 +344,13 @@ fn sqlite_migration_000004_keeps_running_tasks_in_the_lease_index() {
              WHERE deadline_at IS NOT NULL AND state = 'running' AND biz_id = '0'"
         ),
         1
+    );
+    // Their node (7) never existed: rescue finds both running tasks through the new index.
+    assert_eq!(quiet_worker(db).rescue_once().unwrap().pending, 2);
+    assert_eq!(
+        db.count(
+            "SELECT count(*) FROM async_task WHERE biz_id IN ('0', '3') AND state = 'pending'"
+        ),
+        2
     );
 }

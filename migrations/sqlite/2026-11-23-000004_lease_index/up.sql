@@ -18,5 +18,9 @@
 -- with the running tasks only: this rewrites every finished task's row once (measured: about
 -- 1.5 s per million finished tasks, holding the write lock).
 UPDATE async_task SET deadline_at = NULL WHERE state <> 'running' AND deadline_at IS NOT NULL;
+-- A task claimed with a timeout that reached past the year 9999 has a NULL deadline (SQLite's
+-- date functions give NULL there; workers now refuse such timeouts): it gets the latest
+-- deadline instead, so that it is in the index and is rescued if its node dies.
+UPDATE async_task SET deadline_at = '9999-12-31 23:59:59.999' WHERE state = 'running' AND deadline_at IS NULL;
 DROP INDEX async_task_owner_idx;
 CREATE INDEX async_task_lease_idx ON async_task (owner) WHERE deadline_at IS NOT NULL;
