@@ -6,6 +6,7 @@
 #   scripts/pg.sh url                    print the URL if running, else exit 1
 #   scripts/pg.sh restart [fast|immediate]  restart on the same port
 #   scripts/pg.sh ensure-libpq           install libpq-dev if its header is missing
+#   scripts/pg.sh bindir                 print the server's bin dir (psql, pgbench…)
 #
 # The cluster lives entirely in a state dir (data dir, socket dir, log, port
 # file), by default ${TMPDIR:-/tmp}/outbox-pg-<uid>-<hash of repo path>, so two
@@ -25,7 +26,7 @@ die() {
 }
 
 usage() {
-    sed -n '4,8s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2
+    sed -n '4,9s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2
     exit 2
 }
 
@@ -434,6 +435,7 @@ main() {
     url) cmd_url "$@" ;;
     restart) cmd_restart "$@" ;;
     ensure-libpq) ensure_libpq ;;
+    bindir) ensure_server && find_bindir && echo "$bindir" ;;
     -h | --help | help) usage ;;
     *) usage ;;
     esac
