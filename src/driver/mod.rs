@@ -97,6 +97,25 @@ where
         .sql(" AND state = 'running'")
 }
 
+/// `WITH params AS (SELECT … AS default_max, … AS dead_ms, … AS base_ms, … AS max_ms)`, the
+/// head of both backends' rescue statement.
+fn rescue_params<DB>(rescue: &RescueParams) -> Statement<DB>
+where
+    DB: Backend + HasSqlType<BigInt> + HasSqlType<Integer>,
+    i64: diesel::serialize::ToSql<BigInt, DB>,
+    i32: diesel::serialize::ToSql<Integer, DB>,
+{
+    Statement::new("WITH params AS (SELECT ")
+        .bind::<Integer, _>(rescue.default_max_attempts)
+        .sql(" AS default_max, ")
+        .bind::<BigInt, _>(rescue.dead_after_ms)
+        .sql(" AS dead_ms, ")
+        .bind::<BigInt, _>(rescue.backoff_base_ms)
+        .sql(" AS base_ms, ")
+        .bind::<BigInt, _>(rescue.backoff_max_ms)
+        .sql(" AS max_ms)")
+}
+
 /// The driver behind a connection.
 pub(crate) fn driver(conn: &mut DbConnection) -> &mut dyn Driver {
     match conn {

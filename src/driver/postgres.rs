@@ -1,11 +1,12 @@
 //! The driver on PostgreSQL: `SKIP LOCKED` claims, `jsonb` payloads, `NOTIFY` on enqueue.
 
 use diesel::pg::{Pg, PgConnection};
-use diesel::sql_types::{Array, BigInt, Integer, Nullable, Text};
+use diesel::sql_types::{Array, BigInt, Nullable, Text};
 use diesel::{QueryResult, RunQueryDsl};
 
 use super::{
-    fence, Claim, ClaimRow, Driver, InsertRow, KeywordStateCount, RescueParams, RescuedRow, TaskKey,
+    fence, rescue_params, Claim, ClaimRow, Driver, InsertRow, KeywordStateCount, RescueParams,
+    RescuedRow, TaskKey,
 };
 use crate::sql::Statement;
 
@@ -130,18 +131,8 @@ impl Driver for PgConnection {
         // In SET, every column reference reads the row as it was before this UPDATE. A
         // concurrent rescuer blocks on the row lock and then re-checks the WHERE clause
         // against the updated row, so a task is rescued once.
-        Statement::<Pg>::new(
-            "WITH params AS (SELECT ",
-        )
-        .bind::<Integer, _>(rescue.default_max_attempts)
-        .sql(" AS default_max, ")
-        .bind::<BigInt, _>(rescue.dead_after_ms)
-        .sql(" AS dead_ms, ")
-        .bind::<BigInt, _>(rescue.backoff_base_ms)
-        .sql(" AS base_ms, ")
-        .bind::<BigInt, _>(rescue.backoff_max_ms)
-        .sql(
-            " AS max_ms)
+        rescue_params(rescue).sql(
+            "
             UPDATE async_task t SET
                 failures = t.failures + 1,
                 state = CASE WHEN t.failures + 1 >= COALESCE(t.max_attempts, p.default_max)

@@ -7,7 +7,8 @@ use diesel::sqlite::{Sqlite, SqliteConnection};
 use diesel::{Connection, QueryResult, RunQueryDsl};
 
 use super::{
-    fence, Claim, ClaimRow, Driver, InsertRow, KeywordStateCount, RescueParams, RescuedRow, TaskKey,
+    fence, rescue_params, Claim, ClaimRow, Driver, InsertRow, KeywordStateCount, RescueParams,
+    RescuedRow, TaskKey,
 };
 use crate::sql::Statement;
 
@@ -206,16 +207,8 @@ impl Driver for SqliteConnection {
 
 /// The rescue: one UPDATE that re-checks its conditions in its WHERE clause.
 fn rescue_statement(rescue: &RescueParams) -> Statement<Sqlite> {
-    Statement::<Sqlite>::new("WITH params AS (SELECT ")
-            .bind::<Integer, _>(rescue.default_max_attempts)
-            .sql(" AS default_max, ")
-            .bind::<BigInt, _>(rescue.dead_after_ms)
-            .sql(" AS dead_ms, ")
-            .bind::<BigInt, _>(rescue.backoff_base_ms)
-            .sql(" AS base_ms, ")
-            .bind::<BigInt, _>(rescue.backoff_max_ms)
-            .sql(concat!(
-                " AS max_ms)
+    rescue_params(rescue).sql(concat!(
+                "
                 UPDATE async_task SET
                     failures = failures + 1,
                     state = CASE WHEN failures + 1 >= COALESCE(max_attempts, (SELECT default_max FROM params))
@@ -349,21 +342,14 @@ impl QueryFragment<Sqlite> for InsertStatement<'_, '_> {
         );
         if let (true, Some(shared)) = (self.uniform, self.rows.first()) {
             out.push_sql("SELECT column1, column2, column3, ");
-            out.push_bind_param::<Nullable<Text>, _>(&shared.t)?;
-            out.push_sql(", ");
-            out.push_bind_param::<SmallInt, _>(&shared.p)?;
-            out.push_sql(", ");
-            out.push_bind_param::<Nullable<Integer>, _>(&shared.m)?;
-            out.push_sql(", (SELECT strftime('%Y-%m-%d %H:%M:%f', julianday('now') + ");
-            out.push_bind_param::<BigInt, _>(&shared.ms)?;
-            out.push_sql(" / 86400000.0)) FROM (VALUES ");
+            push_options(shared, out.reborrow())?;
+            // A scalar subquery: computed once per statement, not per row.
+            out.push_sql(", (SELECT ");
+            push_run_at(shared, out.reborrow())?;
+            out.push_sql(") FROM (VALUES ");
             for (i, row) in self.rows.iter().enumerate() {
                 out.push_sql(if i == 0 { "(" } else { ", (" });
-                out.push_bind_param::<Text, _>(row.k)?;
-                out.push_sql(", ");
-                out.push_bind_param::<Text, _>(row.b)?;
-                out.push_sql(", ");
-                out.push_bind_param::<Text, _>(row.d)?;
+                push_key_and_payload(row, out.reborrow())?;
                 out.push_sql(")");
             }
             out.push_sql(") WHERE true");
@@ -371,26 +357,47 @@ impl QueryFragment<Sqlite> for InsertStatement<'_, '_> {
             out.push_sql("VALUES ");
             for (i, row) in self.rows.iter().enumerate() {
                 out.push_sql(if i == 0 { "(" } else { ", (" });
-                out.push_bind_param::<Text, _>(row.k)?;
+                push_key_and_payload(row, out.reborrow())?;
                 out.push_sql(", ");
-                out.push_bind_param::<Text, _>(row.b)?;
+                push_options(row, out.reborrow())?;
                 out.push_sql(", ");
-                out.push_bind_param::<Text, _>(row.d)?;
-                out.push_sql(", ");
-                out.push_bind_param::<Nullable<Text>, _>(&row.t)?;
-                out.push_sql(", ");
-                out.push_bind_param::<SmallInt, _>(&row.p)?;
-                out.push_sql(", ");
-                out.push_bind_param::<Nullable<Integer>, _>(&row.m)?;
-                // The delay on the Julian day of the database clock: exact to the millisecond.
-                out.push_sql(", strftime('%Y-%m-%d %H:%M:%f', julianday('now') + ");
-                out.push_bind_param::<BigInt, _>(&row.ms)?;
-                out.push_sql(" / 86400000.0))");
+                push_run_at(row, out.reborrow())?;
+                out.push_sql(")");
             }
         }
         out.push_sql(" ON CONFLICT (keyword, biz_id) DO NOTHING RETURNING id, keyword, biz_id");
         Ok(())
     }
+}
+
+/// `keyword, biz_id, biz_data` of a row.
+fn push_key_and_payload<'b>(
+    row: &'b InsertRow<'_>,
+    mut out: AstPass<'_, 'b, Sqlite>,
+) -> QueryResult<()> {
+    out.push_bind_param::<Text, _>(row.k)?;
+    out.push_sql(", ");
+    out.push_bind_param::<Text, _>(row.b)?;
+    out.push_sql(", ");
+    out.push_bind_param::<Text, _>(row.d)
+}
+
+/// `tenant, priority, max_attempts` of a row.
+fn push_options<'b>(row: &'b InsertRow<'_>, mut out: AstPass<'_, 'b, Sqlite>) -> QueryResult<()> {
+    out.push_bind_param::<Nullable<Text>, _>(&row.t)?;
+    out.push_sql(", ");
+    out.push_bind_param::<SmallInt, _>(&row.p)?;
+    out.push_sql(", ");
+    out.push_bind_param::<Nullable<Integer>, _>(&row.m)
+}
+
+/// A row's `run_at`: its delay on the Julian day of the database clock, exact to the
+/// millisecond.
+fn push_run_at<'b>(row: &'b InsertRow<'_>, mut out: AstPass<'_, 'b, Sqlite>) -> QueryResult<()> {
+    out.push_sql("strftime('%Y-%m-%d %H:%M:%f', julianday('now') + ");
+    out.push_bind_param::<BigInt, _>(&row.ms)?;
+    out.push_sql(" / 86400000.0)");
+    Ok(())
 }
 
 impl QueryId for InsertStatement<'_, '_> {
