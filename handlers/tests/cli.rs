@@ -373,6 +373,8 @@ fn demo_on_the_default_sqlite_file() {
     let dir = workdir();
     let out = run(outbox(dir.path()).args(["demo", "--tasks", "200"])).expect_code(0);
     out.stdout_has("outbox demo on SQLite (outbox.db)")
+        // SQLite's claiming thread never helps with the queue (its writers take turns).
+        .stdout_has("and 0 tasks queued while it waited")
         .stdout_has("check: all 200 orders credited exactly once");
     let file = dir.path().join("outbox.db");
     assert!(file.is_file(), "no outbox.db in the working directory");
@@ -383,6 +385,16 @@ fn demo_on_the_default_sqlite_file() {
         400
     );
     assert_eq!(count_at(url, "SELECT count(*) FROM async_task"), 400);
+}
+
+#[test]
+fn demo_in_batched_mode_counts_chunks_run_by_the_claiming_thread() {
+    let dir = workdir();
+    let out = run(outbox(dir.path()).args(["demo", "--tasks", "200", "--commit-batch", "10"]))
+        .expect_code(0);
+    out.stdout_has("drained 400 tasks")
+        .stdout_has("chunks queued while it waited")
+        .stdout_has("check: all 200 orders credited exactly once");
 }
 
 #[test]

@@ -70,6 +70,11 @@ pub(super) fn run(url: &DatabaseUrl, registry: Registry, args: DemoArgs) -> crat
         1 => "1 thread".to_owned(),
         n => format!("{n} threads"),
     };
+    let unit = if config.commit_batch > 1 {
+        "chunk"
+    } else {
+        "task"
+    };
     let worker = Worker::new(url, registry, config)?;
     let report = worker.drain()?;
     let t = report.tally;
@@ -83,11 +88,21 @@ pub(super) fn run(url: &DatabaseUrl, registry: Registry, args: DemoArgs) -> crat
         t.dead
     );
     println!(
-        "claiming thread ran {} tasks itself when the pool was full (CallerRuns)",
-        worker.caller_runs()
+        "claiming thread ran {} itself when the pool was full (CallerRuns) and {} queued while it waited",
+        counted(worker.caller_runs(), unit),
+        counted(worker.caller_helped(), unit)
     );
     drop(worker);
     report_check(&mut conn)
+}
+
+/// `1 task`, `2 tasks`.
+fn counted(n: u64, unit: &str) -> String {
+    if n == 1 {
+        format!("1 {unit}")
+    } else {
+        format!("{n} {unit}s")
+    }
 }
 
 fn report_check(conn: &mut crate::DbConnection) -> crate::Result<()> {

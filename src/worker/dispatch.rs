@@ -28,6 +28,8 @@ pub(crate) struct Dispatcher {
     in_flight: AtomicUsize,
     bound: usize,
     caller_runs: AtomicU64,
+    /// Queued units the claiming thread took from the queue and ran while it waited.
+    helped: AtomicU64,
     /// Whether the claiming thread runs queued work while it waits for room (see
     /// [`Self::wait_for_room`]).
     caller_helps: bool,
@@ -149,6 +151,7 @@ impl Dispatcher {
             in_flight: AtomicUsize::new(0),
             bound: threads + queue,
             caller_runs: AtomicU64::new(0),
+            helped: AtomicU64::new(0),
             caller_helps,
             finished: (Mutex::new(()), Condvar::new()),
             wanted: AtomicUsize::new(0),
@@ -178,7 +181,7 @@ impl Dispatcher {
             // What is still queued, the calling thread helps to run rather than wait for.
             if self.caller_helps {
                 while let Some(job) = feed.try_pop() {
-                    feed.run(self, job);
+                    self.help(&feed, job);
                 }
             }
             result
@@ -238,7 +241,7 @@ impl Dispatcher {
             && feed.queued() > self.threads
         {
             let Some(job) = feed.try_pop() else { break };
-            feed.run(self, job);
+            self.help(feed, job);
         }
         if self.room() >= want {
             return;
@@ -258,8 +261,19 @@ impl Dispatcher {
         self.wanted.store(0, Ordering::Release);
     }
 
+    /// Runs a queued `job` on the calling (claiming) thread, which helps while it waits.
+    fn help<'j>(&self, feed: &Feed<'j>, job: Job<'j>) {
+        self.helped.fetch_add(1, Ordering::Relaxed);
+        feed.run(self, job);
+    }
+
     /// How many units the calling thread has run itself because the pool was full.
     pub(crate) fn caller_runs(&self) -> u64 {
         self.caller_runs.load(Ordering::Relaxed)
+    }
+
+    /// How many queued units the calling thread has run while it waited (`caller_helps`).
+    pub(crate) fn helped(&self) -> u64 {
+        self.helped.load(Ordering::Relaxed)
     }
 }

@@ -329,9 +329,17 @@ impl Worker {
         self.stopping.load(Ordering::Relaxed)
     }
 
-    /// How many tasks the claiming thread ran itself because the pool was full (CallerRuns).
+    /// How many tasks (chunks, in batched mode) the claiming thread ran itself because the
+    /// pool was full (CallerRuns).
     pub fn caller_runs(&self) -> u64 {
         self.dispatcher.caller_runs()
+    }
+
+    /// How many queued tasks (chunks, in batched mode) the claiming thread took from the
+    /// queue and ran while it waited for room to claim or for its page to finish. Only on
+    /// PostgreSQL; always 0 on SQLite, whose writers take turns anyway.
+    pub fn caller_helped(&self) -> u64 {
+        self.dispatcher.helped()
     }
 
     /// Tasks claimed by this worker and not finished yet.

@@ -78,10 +78,13 @@ both_backends! {
             ("drain", (|w: &Worker| w.drain().unwrap().tally) as fn(&Worker) -> Tally),
             ("run_once", |w: &Worker| w.run_once().unwrap()),
         ] {
-            let (tally, on_claimer, caller_runs) = run_with_one_held_pool_thread(db, phase, run);
+            let (tally, on_claimer, caller_runs, helped) =
+                run_with_one_held_pool_thread(db, phase, run);
             assert_eq!(tally.done, 3, "{phase}: {tally:?}");
-            // The queue had room: nothing ran through CallerRuns.
+            // The queue had room: nothing ran through CallerRuns, so every task that ran on
+            // the claiming thread is one it helped with, and the worker counts each.
             assert_eq!(caller_runs, 0, "{phase}");
+            assert_eq!(helped, on_claimer as u64, "{phase}");
             match db.url.backend() {
                 Backend::Postgres => assert!(on_claimer >= 1, "{phase}: the claiming thread ran nothing"),
                 // SQLite's writers take turns: a second thread running tasks would only wait.
@@ -94,12 +97,12 @@ both_backends! {
 /// Runs 3 tasks with one pool thread and a queue of 2. On PostgreSQL the pool thread's
 /// first task waits (up to 10 s, then fails) until a task has run on another thread, which
 /// only the claiming thread can be. Returns the tally, the tasks run on the claiming thread,
-/// and the worker's CallerRuns count.
+/// and the worker's CallerRuns and helping counts.
 fn run_with_one_held_pool_thread(
     db: &crate::support::TestDb,
     phase: &str,
     run: fn(&Worker) -> Tally,
-) -> (Tally, usize, u64) {
+) -> (Tally, usize, u64, u64) {
     let hold = db.url.backend() == Backend::Postgres;
     let on_claimer = Arc::new(AtomicUsize::new(0));
     let (count, latch) = (Arc::clone(&on_claimer), Arc::new(Latch::default()));
@@ -130,7 +133,12 @@ fn run_with_one_held_pool_thread(
     };
     let w = Worker::new(&db.url, registry, config).unwrap();
     let tally = run(&w);
-    (tally, on_claimer.load(Ordering::SeqCst), w.caller_runs())
+    (
+        tally,
+        on_claimer.load(Ordering::SeqCst),
+        w.caller_runs(),
+        w.caller_helped(),
+    )
 }
 
 /// Whether the current thread is one of the execution pool's (not the claiming thread).
