@@ -66,10 +66,7 @@ pub(super) fn run(url: &DatabaseUrl, registry: Registry, args: DemoArgs) -> crat
         println!("tasks enqueued; drain them, then run `outbox demo --check`");
         return Ok(());
     }
-    let threads = match config.threads {
-        1 => "1 thread".to_owned(),
-        n => format!("{n} threads"),
-    };
+    let threads = counted(config.threads as u64, "thread");
     let unit = if config.commit_batch > 1 {
         "chunk"
     } else {
