@@ -13,6 +13,7 @@ pub const DEFAULT_BACKOFF_JITTER: f64 = 0.2;
 /// Exponential backoff with jitter, capped: `base × 2^(failures − 1) × (1 ± jitter)`, never
 /// more than `max`.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct Backoff {
     /// The delay after the first failure (default 1 s).
     pub base: Duration,
@@ -33,6 +34,21 @@ impl Default for Backoff {
 }
 
 impl Backoff {
+    /// `base × 2^(failures − 1)`, capped at `max`, with the default jitter (±20%).
+    pub fn new(base: Duration, max: Duration) -> Self {
+        Backoff {
+            base,
+            max,
+            jitter: DEFAULT_BACKOFF_JITTER,
+        }
+    }
+
+    /// Sets the relative jitter (0 to 1).
+    pub fn jitter(mut self, jitter: f64) -> Self {
+        self.jitter = jitter;
+        self
+    }
+
     /// The delay after the `failures`-th failure (1 for the first), with `unit` a random
     /// number in `[0, 1)` choosing where in the jitter band the delay falls.
     ///
@@ -40,7 +56,7 @@ impl Backoff {
     /// use std::time::Duration;
     /// use outbox::Backoff;
     ///
-    /// let b = Backoff { base: Duration::from_secs(1), max: Duration::from_secs(60), jitter: 0.0 };
+    /// let b = Backoff::new(Duration::from_secs(1), Duration::from_secs(60)).jitter(0.0);
     /// assert_eq!(b.delay(1, 0.5), Duration::from_secs(1));
     /// assert_eq!(b.delay(4, 0.5), Duration::from_secs(8));
     /// assert_eq!(b.delay(30, 0.5), Duration::from_secs(60)); // capped

@@ -2,9 +2,6 @@
 
 use std::collections::HashMap;
 
-use diesel::pg::PgConnection;
-use diesel::sqlite::SqliteConnection;
-
 use crate::db::DbConnection;
 use crate::driver::{driver, Driver, InsertRow, TaskKey};
 use crate::error::{Error, OpContext, Result};
@@ -20,18 +17,22 @@ pub trait EnqueueConnection: sealed::Sealed {
 
 mod sealed {
     pub trait Sealed {}
+    #[cfg(feature = "postgres")]
     impl Sealed for diesel::pg::PgConnection {}
+    #[cfg(feature = "sqlite")]
     impl Sealed for diesel::sqlite::SqliteConnection {}
     impl Sealed for crate::db::DbConnection {}
 }
 
-impl EnqueueConnection for PgConnection {
+#[cfg(feature = "postgres")]
+impl EnqueueConnection for diesel::pg::PgConnection {
     fn driver(&mut self) -> &mut dyn Driver {
         self
     }
 }
 
-impl EnqueueConnection for SqliteConnection {
+#[cfg(feature = "sqlite")]
+impl EnqueueConnection for diesel::sqlite::SqliteConnection {
     fn driver(&mut self) -> &mut dyn Driver {
         self
     }
@@ -53,8 +54,14 @@ pub struct Enqueued {
     pub created: bool,
 }
 
-/// Settings of the producer side.
+/// Settings of the producer side: [`EnqueueOptions::default`] and its setters.
+///
+/// ```
+/// let options = outbox::EnqueueOptions::default().max_payload_bytes(4096);
+/// assert_eq!(options.max_payload_bytes, 4096);
+/// ```
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct EnqueueOptions {
     /// The largest payload accepted, in bytes of JSON text (default
     /// [`DEFAULT_MAX_PAYLOAD_BYTES`], 64 KiB).
@@ -100,6 +107,12 @@ pub fn enqueue_batch<C: EnqueueConnection + ?Sized>(
 }
 
 impl EnqueueOptions {
+    /// Sets the largest payload accepted, in bytes of JSON text.
+    pub fn max_payload_bytes(mut self, bytes: usize) -> Self {
+        self.max_payload_bytes = bytes;
+        self
+    }
+
     /// Enqueues one task on `conn`, inside whatever transaction the caller has open.
     ///
     /// The task becomes visible to workers only when the caller's transaction commits, and

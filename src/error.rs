@@ -1,7 +1,5 @@
 //! The library's error type.
 
-use std::fmt;
-
 /// Everything that can go wrong in an outbox operation, named after the operation that failed.
 ///
 /// Input errors ([`Error::InvalidKeyword`], [`Error::InvalidBizId`], [`Error::InvalidPayload`],
@@ -74,11 +72,18 @@ pub enum Error {
         reason: String,
     },
 
-    /// A configuration value is out of range.
-    #[error("invalid configuration: {0}")]
-    InvalidConfig(String),
+    /// A setting is out of range (a worker's, a prune's, an enqueue option).
+    #[error("invalid configuration: {setting} {reason}")]
+    InvalidConfig {
+        /// The setting, as the CLI flag or builder method names it (`threads`, `queue`…).
+        setting: &'static str,
+        /// What is wrong with its value, as a predicate of the setting ("must be at least
+        /// 10ms").
+        reason: String,
+    },
 
-    /// Connecting to the database failed (server down, bad credentials, unreadable file).
+    /// Connecting to the database failed (server down, bad credentials, unreadable file):
+    /// the source is the server's or the driver's own message.
     #[error("cannot connect to {url}: {source}")]
     Connect {
         /// The URL with any password masked.
@@ -89,8 +94,14 @@ pub enum Error {
     },
 
     /// Applying or checking the embedded migrations failed.
-    #[error("migration failed: {0}")]
-    Migration(String),
+    #[error("{operation} failed: {source}")]
+    Migration {
+        /// `migrate` or `migration check`.
+        operation: &'static str,
+        /// What the migration harness or the database said.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
 
     /// The schema is older than this build: `outbox migrate` has not been run.
     #[error("the database schema is not up to date ({pending} pending migration(s)); run `outbox migrate`")]
@@ -114,15 +125,36 @@ pub enum Error {
     Pool {
         /// The operation that needed the connection.
         operation: &'static str,
-        /// r2d2's error.
+        /// r2d2's error, which carries the last connection error.
         #[source]
         source: r2d2::Error,
     },
 
-    /// The process could not do something it needs to run: start a thread, install a signal
-    /// handler, find its own node row.
-    #[error("{0}")]
-    Runtime(String),
+    /// A thread the worker needs could not be started.
+    #[error("cannot start the {thread} thread: {source}")]
+    Thread {
+        /// Which thread (`heartbeat`, `rescue`, `watchdog`, `claiming`, `execution pool`).
+        thread: &'static str,
+        /// The operating system's error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// The SIGINT/SIGTERM handlers could not be installed.
+    #[error("cannot install the signal handlers: {source}")]
+    Signal {
+        /// The operating system's error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A worker thread panicked outside any handler (handlers' panics are caught and counted
+    /// as the task's failure); its tasks are left to rescue.
+    #[error("the {thread} thread panicked")]
+    Panicked {
+        /// Which thread.
+        thread: &'static str,
+    },
 
     /// The node has not recorded a heartbeat for so long that other nodes may rescue its
     /// tasks: it does not claim more until a heartbeat succeeds again.
@@ -145,11 +177,6 @@ pub enum Error {
         /// The shutdown timeout.
         timeout: std::time::Duration,
     },
-
-    /// The demo's exactly-once check found orders credited or granted a number of times other
-    /// than one.
-    #[error("demo check failed: {0}")]
-    DemoCheck(String),
 }
 
 /// The library's result type.
@@ -196,47 +223,9 @@ pub(crate) fn truncate(message: &str, max: usize) -> String {
     format!("{}...", &message[..end])
 }
 
-/// Displays a URL with its password replaced by `***`, for error messages and logs.
-pub(crate) struct MaskedUrl<'a>(pub &'a str);
-
-impl fmt::Display for MaskedUrl<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let url = self.0;
-        if let Some(scheme_end) = url.find("://") {
-            let rest = &url[scheme_end + 3..];
-            let authority_end = rest.find('/').unwrap_or(rest.len());
-            if let Some(at) = rest[..authority_end].rfind('@') {
-                if let Some(colon) = rest[..at].find(':') {
-                    return write!(
-                        f,
-                        "{}{}:***{}",
-                        &url[..scheme_end + 3],
-                        &rest[..colon],
-                        &rest[at..]
-                    );
-                }
-            }
-        }
-        f.write_str(url)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn masks_password_only() {
-        assert_eq!(
-            MaskedUrl("postgres://u:secret@h:5432/db").to_string(),
-            "postgres://u:***@h:5432/db"
-        );
-        assert_eq!(
-            MaskedUrl("postgres://u@h/db").to_string(),
-            "postgres://u@h/db"
-        );
-        assert_eq!(MaskedUrl("outbox.db").to_string(), "outbox.db");
-    }
 
     #[test]
     fn truncates_on_char_boundary() {

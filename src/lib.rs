@@ -18,34 +18,39 @@
 //!
 //! Backends: PostgreSQL (`postgres://…`, any number of worker processes on any number of
 //! machines) and SQLite (a file, one machine), chosen by the URL scheme, never one in place of
-//! the other.
+//! the other. Each is a cargo feature (`postgres`, `sqlite`; both by default), so that an
+//! SQLite-only build needs no libpq.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod backoff;
-pub mod bench;
 pub mod cli;
 pub mod db;
-pub mod demo;
 mod driver;
 pub mod enqueue;
 pub mod error;
+pub mod handler;
 pub mod migrate;
-mod node;
 pub mod prune;
 pub mod registry;
-pub mod rescue;
 mod sql;
 pub mod stats;
 pub mod task;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod worker;
 
 pub use backoff::Backoff;
-pub use db::{write_transaction, Backend, DatabaseUrl, DbConnection, DbPool, TaskTx};
+pub use db::{write_transaction, Backend, DatabaseUrl, DbConnection, DbPool};
 pub use enqueue::{enqueue, enqueue_batch, EnqueueConnection, EnqueueOptions, Enqueued};
 pub use error::{Error, Result};
+pub use handler::{Handler, HandlerError, HandlerResult, TaskContext, TaskTx};
 pub use migrate::run_migrations;
-pub use registry::{Handler, HandlerError, HandlerResult, Registry};
-pub use rescue::RescueReport;
-pub use task::{validate_keyword, ClaimedTask, NewTask, TaskContext, TaskState};
-pub use worker::{Report, Tally, Worker, WorkerConfig};
+pub use registry::Registry;
+pub use task::{validate_keyword, ClaimedTask, NewTask, TaskState};
+pub use worker::{Report, RescueReport, Tally, Worker, WorkerConfig};
+
+/// Every Rust block of the README compiles (and runs, unless marked `no_run`) as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -8,15 +8,23 @@
 //! `finished_at`, and stays).
 //!
 //! Tasks go in batches of [`PruneParams::batch_size`] rows (default
-//! [`DEFAULT_PRUNE_BATCH`]), each one `DELETE` in its own short transaction, oldest first,
-//! until a batch deletes fewer rows than the batch size. A prune of millions of rows therefore
-//! never holds its locks (on SQLite, the database's single write lock) for longer than one
-//! batch, and never writes one huge transaction to the WAL: workers keep claiming and
-//! completing in between. Each batch reads the candidates through the partial index
-//! `async_task_finished_idx` on PostgreSQL, and walks the rowid from the oldest task on
-//! SQLite (which has no such index: see its migration). On PostgreSQL a batch skips rows another transaction has locked
-//! (`FOR UPDATE SKIP LOCKED`), so concurrent prunes do not wait for one another and a row
-//! being retried at that moment is left alone; it goes at the next prune.
+//! [`DEFAULT_PRUNE_BATCH`]), each one `DELETE` in its own short transaction, so that a prune
+//! of millions of rows never holds its locks (on SQLite, the database's single write lock)
+//! for longer than one batch, and never writes one huge transaction to the WAL: workers keep
+//! claiming and completing in between.
+//!
+//! - PostgreSQL: each batch deletes the oldest finished tasks through the partial index
+//!   `async_task_finished_idx`, until a batch deletes fewer rows than the batch size. A batch
+//!   skips rows another transaction has locked (`FOR UPDATE SKIP LOCKED`), so concurrent
+//!   prunes do not wait for one another and a row being retried at that moment is left
+//!   alone; it goes at the next prune.
+//! - SQLite has no such index (its upkeep cost every completion a third of strict-mode
+//!   throughput), so prune walks the table by id, oldest first: each batch reads the next
+//!   window of `batch_size` tasks after where the previous one stopped and deletes the old
+//!   finished ones among them. The walk stops at the first window with no task created
+//!   before the cutoff (ids follow creation time). A batch thus never reads more than
+//!   `batch_size` rows under the write lock, and dead tasks kept by `--keep-dead` are read
+//!   once per prune, not once per batch.
 //!
 //! Every worker process registers a row in `async_node`, so the node table grows by one row
 //! per process start (one a minute with a cron-driven `drain`). A node's row is deleted when
@@ -36,10 +44,8 @@
 
 use std::time::{Duration, Instant};
 
-use diesel::sql_types::{BigInt, Text};
-use diesel::{QueryableByName, RunQueryDsl};
-
 use crate::db::{write_transaction, DbConnection};
+use crate::driver::{driver, PruneBatch};
 use crate::error::{Error, OpContext, Result};
 use crate::task::TaskState;
 
@@ -62,8 +68,9 @@ pub const NODE_SILENT_MIN_AGE: Duration = Duration::from_secs(3600);
 pub const PRUNABLE_STATES: [TaskState; 3] =
     [TaskState::Done, TaskState::Dead, TaskState::Cancelled];
 
-/// What to prune.
+/// What to prune: built with [`PruneParams::new`] and its setters.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PruneParams {
     /// The retention period: tasks that finished more than this long ago (by the database
     /// clock) are deleted, and so are nodes gone or silent for that long. Millisecond
@@ -95,6 +102,18 @@ impl PruneParams {
         self
     }
 
+    /// Sets the rows per `DELETE` statement and transaction (1 to [`MAX_PRUNE_BATCH`]).
+    pub fn batch_size(mut self, rows: usize) -> Self {
+        self.batch_size = rows;
+        self
+    }
+
+    /// Sets the task states to delete (a non-empty subset of [`PRUNABLE_STATES`]).
+    pub fn states(mut self, states: &[TaskState]) -> Self {
+        self.states = states.to_vec();
+        self
+    }
+
     /// Fails with [`Error::InvalidConfig`] when a setting is out of range.
     ///
     /// ```
@@ -103,32 +122,41 @@ impl PruneParams {
     /// use outbox::TaskState;
     ///
     /// assert!(PruneParams::new(Duration::from_secs(7 * 86400)).validate().is_ok());
-    /// let mut params = PruneParams::new(Duration::from_secs(60));
-    /// params.states = vec![TaskState::Pending];
+    /// let params = PruneParams::new(Duration::from_secs(60)).states(&[TaskState::Pending]);
     /// assert!(params.validate().is_err());
     /// ```
     pub fn validate(&self) -> Result<()> {
         if !(1..=MAX_PRUNE_BATCH).contains(&self.batch_size) {
-            return Err(Error::InvalidConfig(format!(
-                "prune batch size must be between 1 and {MAX_PRUNE_BATCH}, not {}",
-                self.batch_size
-            )));
+            return Err(Error::InvalidConfig {
+                setting: "batch size",
+                reason: format!(
+                    "must be between 1 and {MAX_PRUNE_BATCH}, not {}",
+                    self.batch_size
+                ),
+            });
         }
         if self.older_than > MAX_PRUNE_OLDER_THAN {
-            return Err(Error::InvalidConfig(format!(
-                "prune age must be at most 100 years, not {}",
-                humantime::format_duration(self.older_than)
-            )));
+            return Err(Error::InvalidConfig {
+                setting: "older-than",
+                reason: format!(
+                    "must be at most 100 years, not {}",
+                    humantime::format_duration(self.older_than)
+                ),
+            });
         }
         if self.states.is_empty() {
-            return Err(Error::InvalidConfig(
-                "prune needs at least one task state to delete".into(),
-            ));
+            return Err(Error::InvalidConfig {
+                setting: "states",
+                reason: "must name at least one task state to delete".into(),
+            });
         }
         if let Some(state) = self.states.iter().find(|s| !PRUNABLE_STATES.contains(s)) {
-            return Err(Error::InvalidConfig(format!(
-                "prune deletes only finished tasks (done, dead, cancelled), never {state} ones"
-            )));
+            return Err(Error::InvalidConfig {
+                setting: "states",
+                reason: format!(
+                    "may only be finished ones (done, dead, cancelled), never {state} ones"
+                ),
+            });
         }
         Ok(())
     }
@@ -145,8 +173,7 @@ pub struct PruneReport {
     pub cancelled: u64,
     /// `async_node` rows deleted.
     pub nodes: u64,
-    /// `DELETE` statements run on `async_task` (the last one deletes fewer rows than the
-    /// batch size, possibly none).
+    /// Batches (transactions) run on `async_task`.
     pub batches: u64,
     /// How long the prune took.
     pub elapsed: Duration,
@@ -182,43 +209,39 @@ pub fn prune(conn: &mut DbConnection, params: &PruneParams) -> Result<PruneRepor
     params.validate()?;
     let started = Instant::now();
     let older_than_ms = millis(params.older_than);
-    let batch = i64::try_from(params.batch_size).expect("batch size checked above");
-    let tasks_sql = task_delete_sql(conn, &params.states);
+    let limit = i64::try_from(params.batch_size).expect("batch size checked above");
     let mut report = PruneReport::default();
+    let mut after_id = 0;
     loop {
-        let rows: Vec<StateCount> = write_transaction(conn, |conn| {
-            diesel::sql_query(tasks_sql.as_str())
-                .bind::<BigInt, _>(older_than_ms)
-                .bind::<BigInt, _>(batch)
-                .load(conn)
-                .op("task prune")
+        let batch = PruneBatch {
+            states: &params.states,
+            older_than_ms,
+            limit,
+            after_id,
+        };
+        let pruned = write_transaction(conn, |conn| {
+            driver(conn).task_prune_batch(&batch).op("task prune")
         })?;
         report.batches += 1;
-        let mut deleted = 0;
-        for row in rows {
-            let n = u64::try_from(row.n).unwrap_or(0);
-            deleted += n;
-            match row.state.as_str() {
-                "done" => report.done += n,
-                "dead" => report.dead += n,
-                "cancelled" => report.cancelled += n,
-                other => unreachable!("prune deleted a task in state {other:?}"),
+        for (state, n) in &pruned.deleted {
+            match state {
+                TaskState::Done => report.done += n,
+                TaskState::Dead => report.dead += n,
+                TaskState::Cancelled => report.cancelled += n,
+                other => unreachable!("prune deleted a task in state {other}"),
             }
         }
-        log::debug!("prune batch {}: {deleted} task(s)", report.batches);
-        if deleted < params.batch_size as u64 {
+        log::debug!("prune batch {}: {:?}", report.batches, pruned.deleted);
+        if !pruned.more {
             break;
         }
+        after_id = pruned.resume_after;
     }
-    let nodes_sql = node_delete_sql(conn);
     let silent_ms = millis(NODE_SILENT_MIN_AGE);
     loop {
         let deleted = write_transaction(conn, |conn| {
-            diesel::sql_query(nodes_sql)
-                .bind::<BigInt, _>(older_than_ms)
-                .bind::<BigInt, _>(silent_ms)
-                .bind::<BigInt, _>(batch)
-                .execute(conn)
+            driver(conn)
+                .node_prune_batch(older_than_ms, silent_ms, limit)
                 .op("node prune")
         })?;
         report.nodes += deleted as u64;
@@ -240,103 +263,8 @@ pub fn prune(conn: &mut DbConnection, params: &PruneParams) -> Result<PruneRepor
     Ok(report)
 }
 
-/// Deleted tasks of one state in one batch.
-#[derive(QueryableByName)]
-struct StateCount {
-    #[diesel(sql_type = Text)]
-    state: String,
-    #[diesel(sql_type = BigInt)]
-    n: i64,
-}
-
 fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).expect("durations are checked to be at most 100 years")
-}
-
-/// One batch's `DELETE` on `async_task`; binds: the age in milliseconds, the batch size.
-///
-/// The states are written into the SQL as literals (they come from [`PRUNABLE_STATES`], never
-/// from text) next to the index's own predicate, `state IN ('done', 'dead', 'cancelled')`:
-/// a planner may use a partial index only when it can prove the query implies the index's
-/// predicate, which PostgreSQL cannot do through a bind parameter in a generic plan, and
-/// SQLite only when the very same term appears in the query.
-fn task_delete_sql(conn: &DbConnection, states: &[TaskState]) -> String {
-    let states = states
-        .iter()
-        .map(|s| format!("'{}'", s.as_str()))
-        .collect::<Vec<_>>()
-        .join(", ");
-    match conn {
-        // The ids are locked in a CTE first (materialised, so it runs exactly once), skipping
-        // rows another transaction holds. The DELETE takes them as one array, which makes
-        // it look each id up in the primary key: joined to the CTE instead, the planner
-        // merge-joins with a scan of the whole primary key, once per batch. It reports the
-        // counts per state.
-        DbConnection::Pg(_) => format!(
-            "WITH doomed AS MATERIALIZED (
-                 SELECT id FROM async_task
-                 WHERE state IN ('done', 'dead', 'cancelled') AND state IN ({states})
-                   AND finished_at < now() - $1 * interval '1 millisecond'
-                 ORDER BY finished_at
-                 LIMIT $2
-                 FOR UPDATE SKIP LOCKED),
-             deleted AS (
-                 DELETE FROM async_task WHERE id = ANY (ARRAY(SELECT id FROM doomed))
-                 RETURNING state)
-             SELECT state, count(*) AS n FROM deleted GROUP BY state"
-        ),
-        // SQLite times are UTC text in one format, so the cutoff is written in that format
-        // and compared as text. The statement runs under the write lock (BEGIN IMMEDIATE):
-        // nothing changes between the SELECT and the DELETE. SQLite has no index on
-        // finished_at (its upkeep on every completion cost a third of strict-mode
-        // throughput): the batch walks the rowid from the oldest task, where old finished
-        // tasks are, and stops at the batch size.
-        DbConnection::Sqlite(_) => format!(
-            "DELETE FROM async_task WHERE id IN (
-                 SELECT id FROM async_task
-                 WHERE state IN ('done', 'dead', 'cancelled') AND state IN ({states})
-                   AND finished_at < strftime('%Y-%m-%d %H:%M:%f', 'now',
-                                              printf('-%.3f seconds', ?1 / 1000.0))
-                 ORDER BY id
-                 LIMIT ?2)
-             RETURNING state, 1 AS n"
-        ),
-    }
-}
-
-/// One batch's `DELETE` on `async_node`; binds: the age and the minimum silence of an alive
-/// node in milliseconds, the batch size. A node that owns a running task stays (rescue
-/// returns those tasks to pending first, after which the node goes at the next prune).
-fn node_delete_sql(conn: &DbConnection) -> &'static str {
-    match conn {
-        // FOR UPDATE re-checks the conditions on a row that a heartbeat is updating at that
-        // moment (after waiting for it), so a node that beats just now stays.
-        DbConnection::Pg(_) => {
-            "DELETE FROM async_node WHERE id = ANY (ARRAY(
-                 SELECT n.id FROM async_node n
-                 WHERE n.heartbeat_at < now() - $1 * interval '1 millisecond'
-                   AND (n.state = 'gone' OR n.heartbeat_at < now() - $2 * interval '1 millisecond')
-                   AND NOT EXISTS (SELECT 1 FROM async_task t
-                                   WHERE t.owner = n.id AND t.state = 'running')
-                 ORDER BY n.id
-                 LIMIT $3
-                 FOR UPDATE OF n))"
-        }
-        DbConnection::Sqlite(_) => {
-            "DELETE FROM async_node WHERE id IN (
-                 SELECT n.id FROM async_node n
-                 WHERE n.heartbeat_at < strftime('%Y-%m-%d %H:%M:%f', 'now',
-                                                 printf('-%.3f seconds', ?1 / 1000.0))
-                   AND (n.state = 'gone'
-                        OR n.heartbeat_at < strftime('%Y-%m-%d %H:%M:%f', 'now',
-                                                     printf('-%.3f seconds', ?2 / 1000.0)))
-                   AND NOT EXISTS (SELECT 1 FROM async_task t
-                                   WHERE t.owner = n.id AND t.deadline_at IS NOT NULL
-                                     AND t.state = 'running')
-                 ORDER BY n.id
-                 LIMIT ?3)"
-        }
-    }
 }
 
 #[cfg(test)]
@@ -368,7 +296,7 @@ mod tests {
                 batch_size: 0,
                 ..ok.clone()
             },
-            "batch size must be between 1 and 1000000, not 0",
+            "must be between 1 and 1000000, not 0",
         );
         refused(
             PruneParams {

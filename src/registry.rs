@@ -1,116 +1,11 @@
-//! Handlers: one function per keyword, and what they return.
+//! The registry: one handler per keyword.
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
-use crate::db::TaskTx;
-use crate::task::{validate_keyword, TaskContext};
-
-/// What a handler returns: `Ok(())`, or a [`HandlerError`].
-pub type HandlerResult = Result<(), HandlerError>;
-
-/// Runs the side-effect of one task.
-///
-/// `tx.conn()?` is the connection inside the task's transaction: everything the handler
-/// writes through it commits together with the task's completion, or not at all
-/// (exactly-once). A handler that returns an error, or panics, has its writes rolled back.
-/// Effects outside the database (an HTTP call, a file) are at-least-once: make them
-/// idempotent by `biz_id`. A handler that never asks for the connection opens no transaction:
-/// its completion is one statement (see [`TaskTx`]).
-///
-/// Any `Fn(&TaskContext, &mut TaskTx) -> HandlerResult + Send + Sync` is a handler.
-pub trait Handler: Send + Sync + 'static {
-    /// Runs the task.
-    fn handle(&self, task: &TaskContext, tx: &mut TaskTx<'_>) -> HandlerResult;
-}
-
-impl<F> Handler for F
-where
-    F: Fn(&TaskContext, &mut TaskTx<'_>) -> HandlerResult + Send + Sync + 'static,
-{
-    fn handle(&self, task: &TaskContext, tx: &mut TaskTx<'_>) -> HandlerResult {
-        self(task, tx)
-    }
-}
-
-/// A handler's failure: retryable (the default — the task runs again after a backoff, until
-/// its max attempts) or permanent (the task is dead at once, e.g. a payload that can never be
-/// processed).
-///
-/// Any error converts into a retryable `HandlerError` with `?`:
-///
-/// ```
-/// use outbox::{HandlerError, HandlerResult};
-///
-/// fn parse_points(text: &str) -> HandlerResult {
-///     let points: i64 = text.parse()?; // a ParseIntError becomes a retryable failure
-///     if points < 0 {
-///         return Err(HandlerError::permanent(anyhow::anyhow!("negative points {points}")));
-///     }
-///     Ok(())
-/// }
-/// assert!(parse_points("12").is_ok());
-/// assert!(!parse_points("x").unwrap_err().is_permanent());
-/// assert!(parse_points("-1").unwrap_err().is_permanent());
-/// ```
-pub struct HandlerError {
-    permanent: bool,
-    error: anyhow::Error,
-}
-
-impl HandlerError {
-    /// A failure worth retrying.
-    pub fn retry(error: impl Into<anyhow::Error>) -> Self {
-        HandlerError {
-            permanent: false,
-            error: error.into(),
-        }
-    }
-
-    /// A failure that retrying cannot fix: the task is dead at once.
-    pub fn permanent(error: impl Into<anyhow::Error>) -> Self {
-        HandlerError {
-            permanent: true,
-            error: error.into(),
-        }
-    }
-
-    /// Whether the failure is permanent.
-    pub fn is_permanent(&self) -> bool {
-        self.permanent
-    }
-
-    /// The underlying error.
-    pub fn error(&self) -> &anyhow::Error {
-        &self.error
-    }
-}
-
-// Like anyhow::Error, HandlerError is deliberately not std::error::Error, so that this
-// blanket conversion (which makes `?` work on any error in a handler) does not overlap with
-// `impl From<T> for T`.
-impl<E: Into<anyhow::Error>> From<E> for HandlerError {
-    fn from(error: E) -> Self {
-        HandlerError::retry(error)
-    }
-}
-
-impl fmt::Display for HandlerError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // `{:#}` prints the whole context chain on one line.
-        write!(f, "{:#}", self.error)
-    }
-}
-
-impl fmt::Debug for HandlerError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("HandlerError")
-            .field("permanent", &self.permanent)
-            .field("error", &self.error)
-            .finish()
-    }
-}
+use crate::handler::Handler;
+use crate::task::validate_keyword;
 
 /// The handlers a worker runs, one per keyword. A worker claims only tasks whose keyword is
 /// registered here; other keywords stay pending (useful in a rolling deploy) and show up in
@@ -184,6 +79,7 @@ impl fmt::Debug for Registry {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::handler::{HandlerResult, TaskContext, TaskTx};
 
     fn noop(_: &TaskContext, _: &mut TaskTx) -> HandlerResult {
         Ok(())

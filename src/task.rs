@@ -4,11 +4,10 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::error::{Error, Result};
-use crate::registry::HandlerError;
+use crate::handler::TaskContext;
 
 /// The longest keyword, in characters.
 pub const MAX_KEYWORD_LEN: usize = 64;
@@ -116,7 +115,7 @@ pub fn validate_keyword(keyword: &str) -> Result<()> {
 ///     .tenant("shop-eu")
 ///     .delay(Duration::from_secs(30));
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct NewTask {
     pub(crate) keyword: String,
     pub(crate) biz_id: String,
@@ -257,6 +256,25 @@ impl NewTask {
     }
 }
 
+impl std::fmt::Debug for NewTask {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The payload may hold personal data: only its size.
+        let payload = match &self.payload {
+            Ok(json) => format!("<{} bytes>", json.len()),
+            Err(_) => "<not serialisable>".to_owned(),
+        };
+        f.debug_struct("NewTask")
+            .field("keyword", &self.keyword)
+            .field("biz_id", &self.biz_id)
+            .field("payload", &format_args!("{payload}"))
+            .field("tenant", &self.tenant)
+            .field("priority", &self.priority)
+            .field("max_attempts", &self.max_attempts)
+            .field("delay", &self.delay)
+            .finish()
+    }
+}
+
 fn contains_nul(value: &serde_json::Value) -> bool {
     match value {
         serde_json::Value::String(s) => s.contains('\0'),
@@ -268,64 +286,9 @@ fn contains_nul(value: &serde_json::Value) -> bool {
     }
 }
 
-/// What a handler knows of the task it runs.
-#[derive(Debug, Clone)]
-pub struct TaskContext {
-    pub(crate) id: i64,
-    pub(crate) keyword: String,
-    pub(crate) biz_id: String,
-    pub(crate) tenant: Option<String>,
-    pub(crate) attempt: i32,
-    pub(crate) payload: String,
-}
-
-impl TaskContext {
-    /// The task's id.
-    pub fn id(&self) -> i64 {
-        self.id
-    }
-
-    /// The task's keyword.
-    pub fn keyword(&self) -> &str {
-        &self.keyword
-    }
-
-    /// The business key, such as an order number.
-    pub fn biz_id(&self) -> &str {
-        &self.biz_id
-    }
-
-    /// The tenant, when the producer gave one.
-    pub fn tenant(&self) -> Option<&str> {
-        self.tenant.as_deref()
-    }
-
-    /// Which attempt this is: 1 the first time, 2 after one failure, and so on.
-    pub fn attempt(&self) -> i32 {
-        self.attempt
-    }
-
-    /// The payload as JSON text.
-    pub fn payload_json(&self) -> &str {
-        &self.payload
-    }
-
-    /// The payload deserialised into `T`. A payload that does not fit `T` will never fit it,
-    /// so the error is permanent: returned with `?` from a handler, it makes the task dead at
-    /// once instead of retrying.
-    pub fn payload<T: DeserializeOwned>(&self) -> std::result::Result<T, HandlerError> {
-        serde_json::from_str(&self.payload).map_err(|e| {
-            HandlerError::permanent(anyhow::anyhow!(
-                "payload of {} {} does not fit the expected type: {e}",
-                self.keyword,
-                self.biz_id
-            ))
-        })
-    }
-}
-
 /// A task claimed by this node: its context and the claim that fences every later write.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct ClaimedTask {
     /// What the handler sees.
     pub context: TaskContext,
@@ -337,6 +300,20 @@ pub struct ClaimedTask {
     pub claim_token: i64,
     /// The claiming node.
     pub owner: i64,
+    /// When the task's deadline passes, by this process's clock (its claim plus the claim
+    /// timeout, measured from just before the claim): outcomes are recorded until then.
+    pub(crate) deadline: std::time::Instant,
+}
+
+impl ClaimedTask {
+    /// The fence of this claim.
+    pub(crate) fn claim(&self) -> crate::driver::Claim {
+        crate::driver::Claim {
+            id: self.context.id,
+            owner: self.owner,
+            token: self.claim_token,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -1,8 +1,8 @@
 //! `coupon.grant`: grant a coupon for an order (the campaign of seed 003).
 
+use crate::demo::{schema::demo_coupon, OrderPayload};
 use anyhow::Context;
 use diesel::prelude::*;
-use outbox::demo::{schema::demo_coupon, OrderPayload};
 use outbox::{HandlerError, HandlerResult, TaskContext, TaskTx};
 
 /// Writes one coupon row in the task's transaction, so each order gets exactly one coupon.

@@ -1,16 +1,22 @@
-//! The business handlers of the `outbox` binary, one file per keyword, registered here.
+//! The business handlers of the `outbox` binary, one file per keyword, registered here; and
+//! the binary's own commands (`demo`, `bench`) around the library's CLI.
 //!
-//! To add one: write `src/<keyword>.rs` with a `pub fn handle(task: &TaskContext, tx: &mut
-//! TaskTx) -> HandlerResult` (`tx.conn()?` is the connection inside the task's transaction),
-//! and register it in [`registry`] below.
+//! To add a handler: write `src/<keyword>.rs` with a `pub fn handle(task: &TaskContext, tx:
+//! &mut TaskTx) -> HandlerResult` (`tx.conn()?` is the connection inside the task's
+//! transaction), and register it in [`registry`] below.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+mod app;
+pub mod bench;
 pub mod coupon_grant;
+pub mod demo;
 pub mod points_credit;
 
-use outbox::demo::{COUPON_GRANT, POINTS_CREDIT};
+use demo::{COUPON_GRANT, POINTS_CREDIT};
 use outbox::Registry;
+
+pub use app::main;
 
 /// Every handler of this binary, by keyword.
 pub fn registry() -> Registry {

@@ -4,5 +4,5 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
-    outbox::cli::main(outbox_handlers::registry())
+    outbox_handlers::main(outbox_handlers::registry())
 }

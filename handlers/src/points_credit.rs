@@ -1,8 +1,8 @@
 //! `points.credit`: credit loyalty points for an order (one point per whole currency unit).
 
+use crate::demo::{schema::demo_points_ledger, OrderPayload};
 use anyhow::Context;
 use diesel::prelude::*;
-use outbox::demo::{schema::demo_points_ledger, OrderPayload};
 use outbox::{HandlerError, HandlerResult, TaskContext, TaskTx};
 
 /// Writes one ledger row in the task's transaction: it commits with the task's completion,

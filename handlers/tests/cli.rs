@@ -349,7 +349,7 @@ fn invalid_arguments_exit_2() {
         .stderr_has("--tasks");
     run(outbox(dir.path()).args(["run", "--poll-interval", "5ms"]))
         .expect_code(2)
-        .stderr_has("poll interval must be at least 10ms");
+        .stderr_has("poll-interval must be at least 10ms");
     run(outbox(dir.path()).args(["drain", "--threads", "0"]))
         .expect_code(2)
         .stderr_has("threads must be between 1 and 1024");
@@ -860,7 +860,7 @@ both_backends! {
 
         // Two hours later (by the database clock), one of them dead, one finished just now.
         let two_hours_ago = hours_ago(db, 2);
-        db.exec(&format!("UPDATE async_task SET finished_at = {two_hours_ago}"));
+        db.exec(&format!("UPDATE async_task SET created_at = {two_hours_ago}, finished_at = {two_hours_ago}"));
         db.exec(&format!("UPDATE async_node SET heartbeat_at = {two_hours_ago}"));
         let first = db.count("SELECT min(id) FROM async_task");
         let last = db.count("SELECT max(id) FROM async_task");

@@ -9,8 +9,9 @@ use crate::enqueue::enqueue;
 use crate::migrate::ensure_migrated;
 use crate::task::NewTask;
 
+/// The flags of `outbox enqueue`.
 #[derive(Debug, Args)]
-pub(super) struct EnqueueArgs {
+pub struct EnqueueArgs {
     /// The handler's keyword: 1 to 64 characters of a-z 0-9 . _ : -
     keyword: String,
     /// The business key (such as an order number); enqueueing it twice yields one task.

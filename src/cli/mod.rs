@@ -1,10 +1,14 @@
 //! The operator CLI, as library code: a binary builds its [`Registry`] and calls [`main`].
 //!
 //! Exit codes: 0 success; 1 the command failed (the message on stderr names what failed);
-//! 2 bad usage (unknown flag, invalid argument, invalid task or configuration).
+//! 2 bad usage (unknown flag, invalid argument, invalid task, URL or configuration); 3 a
+//! handler hung past its task timeout and the worker exited to free what it held.
+//!
+//! A binary with commands of its own (the `outbox` binary adds `demo` and `bench`) parses
+//! its own `clap` command line, flattening [`DatabaseArgs`] and [`Command`] into it, and
+//! calls [`run`] and [`exit_code`].
 
-mod bench;
-mod demo;
+mod args;
 mod enqueue;
 mod prune;
 mod stats;
@@ -15,12 +19,15 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
+pub use args::WorkerArgs;
+pub use enqueue::EnqueueArgs;
+pub use prune::PruneArgs;
+pub use stats::StatsArgs;
+pub use work::RunArgs;
+
 use crate::db::{DatabaseUrl, DEFAULT_DATABASE_URL};
-use crate::error::Error;
+use crate::error::{Error, Result};
 use crate::registry::Registry;
-use crate::worker::{
-    WorkerConfig, DEFAULT_DEAD_AFTER_BEATS, DEFAULT_MAX_ATTEMPTS, DEFAULT_PAGE_SIZE,
-};
 
 /// Runs the CLI with the process's arguments and `registry`'s handlers; returns the exit code.
 ///
@@ -49,7 +56,16 @@ where
             return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
         }
     };
-    match run(cli, registry) {
+    finish(
+        cli.database
+            .url()
+            .and_then(|url| run(cli.command, &url, registry)),
+    )
+}
+
+/// Prints a command's error (`outbox: …` on stderr) and turns the result into the exit code.
+pub fn finish(result: Result<()>) -> ExitCode {
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // Every variant's message already includes its cause.
@@ -60,7 +76,7 @@ where
 }
 
 /// 2 for input the user can fix on the command line, 1 for everything else.
-fn exit_code(error: &Error) -> u8 {
+pub fn exit_code(error: &Error) -> u8 {
     match error {
         Error::InvalidKeyword { .. }
         | Error::InvalidBizId { .. }
@@ -68,7 +84,7 @@ fn exit_code(error: &Error) -> u8 {
         | Error::PayloadTooLarge { .. }
         | Error::InvalidTask { .. }
         | Error::InvalidDatabaseUrl { .. }
-        | Error::InvalidConfig(_) => 2,
+        | Error::InvalidConfig { .. } => 2,
         _ => 1,
     }
 }
@@ -77,17 +93,32 @@ fn exit_code(error: &Error) -> u8 {
 #[derive(Debug, Parser)]
 #[command(name = "outbox", version, about, long_about = None)]
 struct Cli {
-    /// Database URL: postgres://… or postgresql://… for PostgreSQL; sqlite://PATH or a file
-    /// path for SQLite. The backend is chosen from the scheme alone.
-    #[arg(long, env = "DATABASE_URL", default_value = DEFAULT_DATABASE_URL, global = true)]
-    database_url: String,
-
+    #[command(flatten)]
+    database: DatabaseArgs,
     #[command(subcommand)]
     command: Command,
 }
 
+/// `--database-url` (or `DATABASE_URL`), shared by every command.
+#[derive(Debug, Clone, Args)]
+pub struct DatabaseArgs {
+    /// Database URL: postgres://… or postgresql://… for PostgreSQL; sqlite://PATH or a file
+    /// path for SQLite. The backend is chosen from the scheme alone.
+    #[arg(long, env = "DATABASE_URL", default_value = DEFAULT_DATABASE_URL, global = true)]
+    database_url: String,
+}
+
+impl DatabaseArgs {
+    /// The parsed URL ([`Error::InvalidDatabaseUrl`] when it names no backend plainly).
+    pub fn url(&self) -> Result<DatabaseUrl> {
+        DatabaseUrl::parse(&self.database_url)
+    }
+}
+
+/// The library's commands.
 #[derive(Debug, Subcommand)]
-enum Command {
+#[non_exhaustive]
+pub enum Command {
     /// Apply the embedded schema migrations (safe to run from several processes at once).
     Migrate,
     /// Enqueue one task (for scripts and operators; programs enqueue in their own transaction).
@@ -96,102 +127,20 @@ enum Command {
     Drain(WorkerArgs),
     /// Run as a long-lived worker until SIGINT or SIGTERM.
     Run(work::RunArgs),
-    /// Tasks per keyword and state, the oldest due task, and keywords no handler serves.
+    /// Tasks per keyword and state, the oldest due task, and keywords this binary's handlers
+    /// do not serve.
     Stats(stats::StatsArgs),
-    /// The quick start: place orders that enqueue points.credit and coupon.grant, drain them,
-    /// and check that every order was credited exactly once.
-    Demo(demo::DemoArgs),
-    /// Measure drain throughput against a reference loop (or commit-to-start latency) on a
-    /// scratch database.
-    Bench(bench::BenchArgs),
     /// Delete finished tasks older than a cutoff, so that the table does not keep growing.
     Prune(prune::PruneArgs),
 }
 
-/// Settings shared by the commands that run tasks.
-#[derive(Debug, Clone, Args)]
-struct WorkerArgs {
-    /// Execution threads [default: twice the cores; 1 on SQLite].
-    #[arg(long)]
-    threads: Option<usize>,
-    /// Tasks claimed per claim statement, at most [default: 100; with --commit-batch K,
-    /// enough for a chunk per thread and queue slot: (threads + queue + 1) × K].
-    #[arg(long = "page")]
-    page_size: Option<usize>,
-    /// Tasks that may wait for a thread before the claiming thread runs them itself
-    /// [default: 8 × threads; 128 on SQLite unless --threads is given; with --commit-batch,
-    /// as many chunks as threads].
-    #[arg(long)]
-    queue: Option<usize>,
-    /// Attempts for tasks that do not set their own.
-    #[arg(long, default_value_t = DEFAULT_MAX_ATTEMPTS)]
-    max_attempts: i32,
-    /// How often this node records its heartbeat and rescues the tasks of dead nodes.
-    #[arg(long, value_parser = parse_duration, default_value = "5s")]
-    heartbeat: Duration,
-    /// A node silent for this long is dead and its running tasks are rescued
-    /// [default: 3 heartbeats].
-    #[arg(long, value_parser = parse_duration)]
-    dead_after: Option<Duration>,
-    /// A task running longer than this is rescued as hung; if its handler is still running a
-    /// heartbeat later, the process exits with status 3 to free what it holds.
-    #[arg(long, value_parser = parse_duration, default_value = "5m")]
-    task_timeout: Duration,
-    /// On SIGINT/SIGTERM, how long in-flight tasks may take to finish before the process
-    /// exits anyway (leaving them to rescue).
-    #[arg(long, value_parser = parse_duration, default_value = "30s")]
-    shutdown_timeout: Duration,
-    /// Tasks per transaction: 1 is strict mode (one transaction per task); K > 1 runs up to K
-    /// tasks in one transaction with one fenced completion, re-running a failed chunk task by
-    /// task (external effects of a rolled-back chunk then happen again).
-    #[arg(long, default_value_t = 1)]
-    commit_batch: usize,
-    /// Print the summary as one JSON object.
-    #[arg(long)]
-    json: bool,
-}
-
-impl WorkerArgs {
-    /// The worker configuration these flags describe, validated.
-    fn config(&self, backend: crate::db::Backend) -> crate::Result<WorkerConfig> {
-        let defaults = WorkerConfig::for_backend(backend);
-        let threads = self.threads.unwrap_or(defaults.threads);
-        // An explicit --threads without --queue gets 8 queue slots per thread.
-        // In batched mode the queue counts chunks: one per thread is plenty.
-        let queue = self.queue.unwrap_or(match self.threads {
-            _ if self.commit_batch > 1 => threads,
-            Some(threads) => threads * crate::worker::QUEUE_PER_THREAD,
-            None => defaults.queue,
-        });
-        let config = WorkerConfig {
-            threads,
-            queue,
-            page_size: self.page_size.unwrap_or(if self.commit_batch > 1 {
-                ((threads + queue + 1) * self.commit_batch).min(10_000)
-            } else {
-                DEFAULT_PAGE_SIZE
-            }),
-            max_attempts: self.max_attempts,
-            heartbeat: self.heartbeat,
-            dead_after: self
-                .dead_after
-                .unwrap_or(self.heartbeat * DEFAULT_DEAD_AFTER_BEATS),
-            task_timeout: self.task_timeout,
-            exit_on_hang: true,
-            commit_batch: self.commit_batch,
-            ..defaults
-        };
-        config.validate()?;
-        Ok(config)
-    }
-}
-
-fn run(cli: Cli, registry: Registry) -> crate::Result<()> {
-    let url = DatabaseUrl::parse(&cli.database_url)?;
-    // Each command checks its own input first, so that bad usage is reported as such before
-    // any database is touched; commands that work an existing database then refuse a missing
-    // SQLite file (`DatabaseUrl::require_existing`).
-    match cli.command {
+/// Runs one of the library's commands on `url` with `registry`'s handlers.
+///
+/// Each command checks its own input first, so that bad usage is reported as such before any
+/// database is touched; commands that work an existing database then refuse a missing SQLite
+/// file ([`DatabaseUrl::require_existing`]).
+pub fn run(command: Command, url: &DatabaseUrl, registry: Registry) -> Result<()> {
+    match command {
         Command::Migrate => {
             let mut conn = url.connect()?;
             let applied = crate::migrate::run_migrations(&mut conn)?;
@@ -206,18 +155,16 @@ fn run(cli: Cli, registry: Registry) -> crate::Result<()> {
             }
             Ok(())
         }
-        Command::Enqueue(args) => enqueue::run(&url, args),
-        Command::Drain(args) => work::drain(&url, registry, args),
-        Command::Run(args) => work::run(&url, registry, args),
-        Command::Stats(args) => stats::run(&url, &registry, args),
-        Command::Demo(args) => demo::run(&url, registry, args),
-        Command::Prune(args) => prune::run(&url, args),
-        Command::Bench(args) => bench::run(&url, args),
+        Command::Enqueue(args) => enqueue::run(url, args),
+        Command::Drain(args) => work::drain(url, registry, args),
+        Command::Run(args) => work::run(url, registry, args),
+        Command::Stats(args) => stats::run(url, &registry, args),
+        Command::Prune(args) => prune::run(url, args),
     }
 }
 
 /// Parses durations written like `500ms`, `5s`, `10m`, `2h`, `7d`.
-fn parse_duration(text: &str) -> Result<Duration, String> {
+pub fn parse_duration(text: &str) -> std::result::Result<Duration, String> {
     humantime::parse_duration(text)
         .map_err(|e| format!("{e} (write durations like 500ms, 5s, 10m, 2h, 7d)"))
 }
@@ -237,15 +184,5 @@ mod tests {
         assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
         assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(7 * 86400)));
         assert!(parse_duration("soon").is_err());
-    }
-
-    #[test]
-    fn worker_args_default_queue_follows_threads() {
-        let cli = Cli::try_parse_from(["outbox", "drain", "--threads", "3"]).unwrap();
-        let Command::Drain(args) = cli.command else {
-            panic!("drain")
-        };
-        let config = args.config(crate::db::Backend::Postgres).unwrap();
-        assert_eq!((config.threads, config.queue), (3, 24));
     }
 }

@@ -8,9 +8,9 @@ use crate::db::DatabaseUrl;
 use crate::migrate::ensure_migrated;
 use crate::prune::{prune, PruneParams, PruneReport, DEFAULT_PRUNE_BATCH};
 
-/// Flags of `outbox prune`.
+/// The flags of `outbox prune`.
 #[derive(Debug, Args)]
-pub(super) struct PruneArgs {
+pub struct PruneArgs {
     /// Delete tasks that finished more than this long ago, by the database clock (e.g. 7d),
     /// and nodes gone or silent for that long. Required: there is no default age.
     #[arg(long, value_parser = super::parse_duration)]
@@ -28,11 +28,10 @@ pub(super) struct PruneArgs {
 }
 
 pub(super) fn run(url: &DatabaseUrl, args: PruneArgs) -> crate::Result<()> {
-    let mut params = PruneParams::new(args.older_than);
+    let mut params = PruneParams::new(args.older_than).batch_size(args.batch_size);
     if args.keep_dead {
         params = params.keep_dead();
     }
-    params.batch_size = args.batch_size;
     params.validate()?;
     url.require_existing()?;
     let mut conn = url.connect()?;

@@ -7,8 +7,9 @@ use crate::migrate::ensure_migrated;
 use crate::registry::Registry;
 use crate::stats::keyword_stats;
 
+/// The flags of `outbox stats`.
 #[derive(Debug, Args)]
-pub(super) struct StatsArgs {
+pub struct StatsArgs {
     /// One JSON object per keyword per line.
     #[arg(long)]
     json: bool,

@@ -1,6 +1,7 @@
 //! The one interface between the engine and the database. Each backend implements it with
-//! its own SQL (`postgres.rs`, `sqlite.rs`): diesel's `MultiConnection` covers only what both
-//! share, and the claim needs `SKIP LOCKED` on PostgreSQL and nothing of the kind on SQLite.
+//! its own SQL and its own migrations (`postgres/`, `sqlite/`): diesel's `MultiConnection`
+//! covers only what both share, and the claim needs `SKIP LOCKED` on PostgreSQL and nothing
+//! of the kind on SQLite. No SQL of the engine lives outside this module.
 //!
 //! Operations are named entity first (`task_claim_page`, `node_register`) so that they sort
 //! by table. Every write to a claimed task is fenced: it names the task's id, owner and claim
@@ -9,7 +10,9 @@
 //! The items here are `pub` only so that the sealed [`crate::EnqueueConnection`] can name
 //! them; the module itself is private.
 
+#[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(feature = "sqlite")]
 mod sqlite;
 
 use diesel::backend::Backend;
@@ -19,9 +22,26 @@ use serde::Serialize;
 
 use crate::db::DbConnection;
 use crate::sql::Statement;
+use crate::task::TaskState;
+
+/// An error of the migration harness.
+pub type MigrationError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The database interface of the engine.
 pub trait Driver {
+    /// Applies the session settings every connection needs (SQLite: WAL, busy timeout).
+    fn connection_configure(&mut self) -> QueryResult<()>;
+
+    /// Opens a write transaction (`BEGIN IMMEDIATE` on SQLite).
+    fn transaction_begin(&mut self) -> QueryResult<()>;
+
+    /// Applies the pending migrations, serialised against other processes doing the same;
+    /// returns the versions applied.
+    fn migrations_run(&mut self) -> Result<Vec<String>, MigrationError>;
+
+    /// How many migrations this build has that the database lacks.
+    fn migrations_pending(&mut self) -> Result<usize, MigrationError>;
+
     /// Inserts `rows` (at least one), skipping those whose `(keyword, biz_id)` exists;
     /// returns the keys of the rows it created. All or nothing.
     fn task_insert_many(&mut self, rows: &[InsertRow<'_>]) -> QueryResult<Vec<TaskKey>>;
@@ -61,6 +81,12 @@ pub trait Driver {
     /// given, replaces `last_error` (why it was released after its handler may have run).
     fn task_release(&mut self, claim: &Claim, note: Option<&str>) -> QueryResult<usize>;
 
+    /// Where a task stands now: its state, owner and claim token (`None`: no such task).
+    fn task_get_claim(&mut self, id: i64) -> QueryResult<Option<ClaimState>>;
+
+    /// The task `(keyword, biz_id)`, as stored.
+    fn task_get_by_key(&mut self, keyword: &str, biz_id: &str) -> QueryResult<Option<TaskRecord>>;
+
     /// Returns to pending (or dead, at max attempts) every running task whose owner is not a
     /// live node (no heartbeat for `dead_after_ms`, gone, unknown) or whose deadline has
     /// passed, counting a failure. One statement that re-checks those conditions itself.
@@ -69,18 +95,35 @@ pub trait Driver {
     /// Task counts per keyword and state, with the age of the oldest due pending task.
     fn task_count_by_keyword_state(&mut self) -> QueryResult<Vec<KeywordStateCount>>;
 
+    /// Deletes one batch of finished tasks (see [`crate::prune`]), in the caller's write
+    /// transaction.
+    fn task_prune_batch(&mut self, batch: &PruneBatch<'_>) -> QueryResult<PrunedBatch>;
+
     /// Registers a worker process; returns its node id.
     fn node_register(&mut self, name: &str) -> QueryResult<i64>;
 
-    /// Records a node's heartbeat with the database clock (and marks it alive again).
+    /// Records a live node's heartbeat with the database clock; returns the rows touched: 0
+    /// when the node is marked gone or its row was deleted.
     fn node_heartbeat(&mut self, node_id: i64) -> QueryResult<usize>;
 
     /// Marks a node gone (clean exit).
     fn node_mark_gone(&mut self, node_id: i64) -> QueryResult<usize>;
-}
 
-/// The channel on which enqueues of due tasks notify idle workers (PostgreSQL).
-pub(crate) const NOTIFY_CHANNEL: &str = "outbox_task";
+    /// Deletes one batch of rows of stopped nodes (see [`crate::prune`]); returns how many.
+    fn node_prune_batch(
+        &mut self,
+        older_than_ms: i64,
+        silent_ms: i64,
+        limit: i64,
+    ) -> QueryResult<usize>;
+
+    /// Starts listening for the notifications an enqueue of a due task sends; `false` when
+    /// the backend has none (SQLite).
+    fn listen_start(&mut self) -> QueryResult<bool>;
+
+    /// Whether notifications arrived since the last call (consumes them; never waits).
+    fn listen_poll(&mut self) -> QueryResult<bool>;
+}
 
 /// Appends the fence of a claimed task to an `UPDATE async_task SET …` statement.
 fn fence<DB>(set: Statement<DB>, claim: &Claim) -> Statement<DB>
@@ -97,13 +140,14 @@ where
         .sql(" AND state = 'running'")
 }
 
-/// `WITH params AS (SELECT … AS default_max, … AS dead_ms, … AS base_ms, … AS max_ms)`, the
-/// head of both backends' rescue statement.
+/// `WITH params AS (SELECT … AS default_max, … AS dead_ms, … AS base_ms, … AS max_ms, … AS
+/// jitter)`, the head of both backends' rescue statement.
 fn rescue_params<DB>(rescue: &RescueParams) -> Statement<DB>
 where
-    DB: Backend + HasSqlType<BigInt> + HasSqlType<Integer>,
+    DB: Backend + HasSqlType<BigInt> + HasSqlType<Integer> + HasSqlType<Double>,
     i64: diesel::serialize::ToSql<BigInt, DB>,
     i32: diesel::serialize::ToSql<Integer, DB>,
+    f64: diesel::serialize::ToSql<Double, DB>,
 {
     Statement::new("WITH params AS (SELECT ")
         .bind::<Integer, _>(rescue.default_max_attempts)
@@ -113,23 +157,57 @@ where
         .bind::<BigInt, _>(rescue.backoff_base_ms)
         .sql(" AS base_ms, ")
         .bind::<BigInt, _>(rescue.backoff_max_ms)
-        .sql(" AS max_ms)")
+        .sql(" AS max_ms, ")
+        .bind::<Double, _>(rescue.backoff_jitter)
+        .sql(" AS jitter)")
 }
 
 /// The driver behind a connection.
 pub(crate) fn driver(conn: &mut DbConnection) -> &mut dyn Driver {
     match conn {
+        #[cfg(feature = "postgres")]
         DbConnection::Pg(c) => c,
+        #[cfg(feature = "sqlite")]
         DbConnection::Sqlite(c) => c,
     }
 }
 
 /// The fence of a claimed task.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Claim {
     pub id: i64,
     pub owner: i64,
     pub token: i64,
+}
+
+/// Where a task stands: its state and the claim it was last under.
+#[derive(Debug, Clone, diesel::QueryableByName)]
+pub struct ClaimState {
+    #[diesel(sql_type = Text)]
+    pub state: String,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub owner: Option<i64>,
+    #[diesel(sql_type = BigInt)]
+    pub claim_token: i64,
+}
+
+/// A task as stored.
+#[derive(Debug, Clone, diesel::QueryableByName)]
+pub struct TaskRecord {
+    #[diesel(sql_type = BigInt)]
+    pub id: i64,
+    #[diesel(sql_type = Text)]
+    pub state: String,
+    #[diesel(sql_type = Text)]
+    pub biz_data: String,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub tenant: Option<String>,
+    #[diesel(sql_type = Integer)]
+    pub priority: i32,
+    #[diesel(sql_type = Integer)]
+    pub failures: i32,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub last_error: Option<String>,
 }
 
 /// One task to insert. On PostgreSQL a batch travels as one JSON document of these (short
@@ -193,6 +271,8 @@ pub struct RescueParams {
     pub backoff_base_ms: i64,
     /// The longest retry delay.
     pub backoff_max_ms: i64,
+    /// The relative jitter of each rescued task's delay (0 to 1).
+    pub backoff_jitter: f64,
 }
 
 /// A rescued task: its id, its new state (`pending` or `dead`), and why it was rescued
@@ -219,4 +299,55 @@ pub struct KeywordStateCount {
     /// Seconds since the oldest due pending task became due.
     #[diesel(sql_type = Nullable<Double>)]
     pub oldest_due_secs: Option<f64>,
+}
+
+/// One batch of a prune.
+#[derive(Debug, Clone, Copy)]
+pub struct PruneBatch<'a> {
+    /// The finished states to delete.
+    pub states: &'a [TaskState],
+    /// Tasks that finished more than this long ago, by the database clock.
+    pub older_than_ms: i64,
+    /// Rows per batch.
+    pub limit: i64,
+    /// Where the previous batch stopped (0 at first): backends that walk the table resume
+    /// after it.
+    pub after_id: i64,
+}
+
+/// What one prune batch did.
+#[derive(Debug, Clone, Default)]
+pub struct PrunedBatch {
+    /// Deleted tasks per state.
+    pub deleted: Vec<(TaskState, u64)>,
+    /// Whether another batch may find more.
+    pub more: bool,
+    /// Where the next batch resumes (see [`PruneBatch::after_id`]).
+    pub resume_after: i64,
+}
+
+/// The states as SQL literals, for a statement's `state IN (…)` (never from user text: the
+/// states come from [`TaskState`]).
+fn state_literals(states: &[TaskState]) -> String {
+    states
+        .iter()
+        .map(|s| format!("'{}'", s.as_str()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Deleted-row counts per state, as the prune statements report them.
+fn counts_by_state(rows: impl Iterator<Item = (String, i64)>) -> Vec<(TaskState, u64)> {
+    let mut counts: Vec<(TaskState, u64)> = Vec::new();
+    for (state, n) in rows {
+        let state = state
+            .parse::<TaskState>()
+            .expect("prune deletes rows in a known state");
+        let n = u64::try_from(n).unwrap_or(0);
+        match counts.iter_mut().find(|(s, _)| *s == state) {
+            Some((_, total)) => *total += n,
+            None => counts.push((state, n)),
+        }
+    }
+    counts
 }

@@ -3,19 +3,22 @@
 use std::time::Duration;
 
 use crate::backoff::Backoff;
+use crate::db::Backend;
 use crate::error::{Error, Result};
 
-/// Tasks claimed per claim statement by default.
+/// Tasks claimed per claim statement by default in strict mode.
 pub const DEFAULT_PAGE_SIZE: usize = 100;
+/// The largest page a claim may take.
+pub const MAX_PAGE_SIZE: usize = 10_000;
 /// Attempts a task gets by default before it is dead.
 pub const DEFAULT_MAX_ATTEMPTS: i32 = 20;
 /// How often an idle `run` worker looks for due tasks by default (jittered by ±10%).
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
-/// How often a node records its heartbeat by default.
+/// How often a node records its heartbeat (and rescues the tasks of dead nodes) by default.
 pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(5);
 /// A node is dead after this many heartbeat intervals without one, by default.
 pub const DEFAULT_DEAD_AFTER_BEATS: u32 = 3;
-/// How long a task may run before any live node rescues it, by default.
+/// How long a task's handler may run before any live node rescues the task, by default.
 pub const DEFAULT_TASK_TIMEOUT: Duration = Duration::from_secs(300);
 /// The longest task timeout accepted (100 years): a claim's deadline is the database clock
 /// plus the timeout, and past the year 9999 SQLite's date functions give NULL, a task without
@@ -23,56 +26,79 @@ pub const DEFAULT_TASK_TIMEOUT: Duration = Duration::from_secs(300);
 pub const MAX_TASK_TIMEOUT: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 /// The longest error message stored in `last_error`, in bytes.
 pub const MAX_ERROR_LEN: usize = 2000;
+/// The default queue per execution thread on PostgreSQL: larger claims, fewer of them (each
+/// claim is a statement that locks and updates its rows).
+pub const QUEUE_PER_THREAD: usize = 8;
+/// The default queue on SQLite, where one thread runs tasks by default.
+pub const SQLITE_DEFAULT_QUEUE: usize = 128;
 
-/// The default number of execution threads: twice the cores, because a task spends most of
-/// its time waiting for database round trips.
+/// The default number of execution threads on PostgreSQL: twice the cores, because a task
+/// spends most of its time waiting for database round trips.
 pub fn default_threads() -> usize {
     std::thread::available_parallelism().map_or(2, |n| n.get() * 2)
 }
 
 /// How a [`crate::Worker`] claims and runs tasks.
+///
+/// Built from [`WorkerConfig::default`] with its setters; a setting left unset takes the
+/// default of the worker's backend when the worker starts.
+///
+/// ```
+/// use std::time::Duration;
+/// use outbox::WorkerConfig;
+///
+/// let config = WorkerConfig::default()
+///     .threads(8)
+///     .task_timeout(Duration::from_secs(60))
+///     .commit_batch(50);
+/// assert_eq!(config.threads, Some(8));
+/// ```
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct WorkerConfig {
-    /// Execution threads in the rayon pool (default: twice the cores).
-    pub threads: usize,
-    /// Tasks waiting for a thread beyond those running (default: [`QUEUE_PER_THREAD`] ×
-    /// `threads`; a longer queue makes claims larger, and each claim is a statement that
-    /// locks and updates its rows, so fewer claims per task is faster). When
-    /// `threads + queue` tasks are in flight, the claiming thread runs the next one itself.
-    pub queue: usize,
-    /// Tasks claimed per claim statement, at most (default 100). A claim never takes more
-    /// than can start at once (`threads + queue + 1`, the claiming thread), so that a claimed
-    /// task waits at most for the queue ahead of it.
-    pub page_size: usize,
+    /// Execution threads (default: twice the cores on PostgreSQL, 1 on SQLite).
+    pub threads: Option<usize>,
+    /// Tasks (chunks, in batched mode) waiting for a thread beyond those running. Default:
+    /// [`QUEUE_PER_THREAD`] × threads on PostgreSQL, [`SQLITE_DEFAULT_QUEUE`] on SQLite
+    /// unless `threads` is set (then 8 per thread), and one chunk per thread in batched
+    /// mode. A longer queue makes claims larger. When `threads + queue` units are in flight,
+    /// the claiming thread runs the next one itself (CallerRuns).
+    pub queue: Option<usize>,
+    /// Tasks claimed per claim statement, at most (default 100; in batched mode, enough for
+    /// a chunk per thread and queue slot: `(threads + queue + 1) × commit_batch`). A claim
+    /// never takes more than can start at once, so that a claimed task waits at most for the
+    /// queue ahead of it.
+    pub page_size: Option<usize>,
     /// Attempts for tasks that do not set their own (default 20).
     pub max_attempts: i32,
     /// Delay between attempts.
     pub backoff: Backoff,
-    /// How often an idle `run` worker polls (default 1 s, jittered).
+    /// How often an idle `run` worker polls (default 1 s, jittered ±10%).
     pub poll_interval: Duration,
     /// Whether `run` listens for `NOTIFY` on PostgreSQL to wake early (default on; turn it off
     /// behind PgBouncer in transaction mode).
     pub listen: bool,
-    /// How often the node records its heartbeat (and rescues the tasks of dead nodes) on its
-    /// own connection (default 5 s).
+    /// How often the node records its heartbeat, and rescues the tasks of dead nodes, each on
+    /// a thread of its own (default 5 s).
     pub heartbeat: Duration,
     /// A node whose last heartbeat is older than this, by the database clock, is dead: its
     /// running tasks are rescued (default 3 heartbeats). A node that has not managed to
     /// record a heartbeat for `dead_after − heartbeat` stops claiming.
-    pub dead_after: Duration,
-    /// How long a task may take from its claim before it is rescued as hung (default 5 min).
-    /// It must exceed the longest handler by the time a claimed task may wait in the queue.
-    /// The handler thread cannot be killed; its late completion is fenced out. At most
-    /// [`MAX_TASK_TIMEOUT`].
+    pub dead_after: Option<Duration>,
+    /// How long a task's handler may run (default 5 min). A claimed task's deadline in the
+    /// database is its claim time plus this (times `commit_batch` in batched mode, whose
+    /// chunk runs its handlers one after another), and must also cover the time it waits in
+    /// the queue; any live node rescues a task past its deadline, counting a failure, and the
+    /// late completion is fenced out. At most [`MAX_TASK_TIMEOUT`].
     pub task_timeout: Duration,
     /// Whether the process exits (status 3) when a handler has run past `task_timeout` by one
     /// more heartbeat interval (default off; the `outbox` binary turns it on).
     ///
     /// A Rust thread cannot be killed, and a hung handler keeps its transaction open: on
     /// SQLite that transaction holds the database's only write lock, so every process
-    /// stalls; on PostgreSQL it holds a connection, its row locks and the worker's claiming
-    /// thread. Exiting frees them all; the supervisor (systemd, cron) starts a fresh process
-    /// and the hung task is rescued, counting a failure.
+    /// stalls; on PostgreSQL it holds a connection, its row locks and a thread. Exiting frees
+    /// them all; the supervisor (systemd, cron) starts a fresh process and the hung task is
+    /// rescued, counting a failure. Each handler is timed alone, in batched mode too.
     pub exit_on_hang: bool,
     /// Tasks per transaction (default 1: strict mode, one transaction per task).
     ///
@@ -81,25 +107,22 @@ pub struct WorkerConfig {
     /// error or panic, a claim taken over, the commit — the whole chunk rolls back and its
     /// tasks are run again one by one in strict mode, so in-database effects stay
     /// exactly-once and a failing task neither loses nor completes the others; external
-    /// effects of the rolled-back chunk happen again. A claim takes up to
-    /// `(threads + queue + 1) × K` tasks, capped by `page_size`: raise `page_size` to that to
-    /// give every thread a chunk (the CLI does so by default).
+    /// effects of the rolled-back chunk happen again.
     pub commit_batch: usize,
 }
 
 impl Default for WorkerConfig {
     fn default() -> Self {
-        let threads = default_threads();
         WorkerConfig {
-            threads,
-            queue: threads * QUEUE_PER_THREAD,
-            page_size: DEFAULT_PAGE_SIZE,
+            threads: None,
+            queue: None,
+            page_size: None,
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             backoff: Backoff::default(),
             poll_interval: DEFAULT_POLL_INTERVAL,
             listen: true,
             heartbeat: DEFAULT_HEARTBEAT,
-            dead_after: DEFAULT_HEARTBEAT * DEFAULT_DEAD_AFTER_BEATS,
+            dead_after: None,
             task_timeout: DEFAULT_TASK_TIMEOUT,
             exit_on_hang: false,
             commit_batch: 1,
@@ -107,99 +130,248 @@ impl Default for WorkerConfig {
     }
 }
 
-/// The default queue per execution thread. Measured on PostgreSQL (2 cores, fsync on), strict
-/// mode: 0.46 of the single-row reference with 1 per thread, 0.56 with 8.
-pub const QUEUE_PER_THREAD: usize = 8;
-
-/// The default queue on SQLite (see [`WorkerConfig::for_backend`]).
-pub const SQLITE_DEFAULT_QUEUE: usize = 128;
+macro_rules! setters {
+    ($($(#[$doc:meta])* $name:ident: $ty:ty => $value:expr;)*) => {$(
+        $(#[$doc])*
+        pub fn $name(mut self, $name: $ty) -> Self {
+            self.$name = $value;
+            self
+        }
+    )*};
+}
 
 impl WorkerConfig {
-    /// The defaults for a backend. PostgreSQL: [`WorkerConfig::default`]. SQLite: one thread
-    /// and a queue of [`SQLITE_DEFAULT_QUEUE`]: SQLite has one writer at a time and a task's
-    /// transaction holds the write lock from its start, so more threads run nothing more at
-    /// once and only take turns; a long queue makes claims larger (each claim is a write
-    /// transaction of its own). Measured (strict mode, no-op tasks): 0.17 of the single-row
-    /// reference with 4 threads and a queue of 4, 0.45 with 1 and 64, 0.50 with 1 and 128.
-    /// A claimed task may then wait behind 128 others, and its deadline runs from its claim:
-    /// keep SQLite handlers short (milliseconds), or lower the queue.
-    pub fn for_backend(backend: crate::db::Backend) -> WorkerConfig {
-        match backend {
-            crate::db::Backend::Postgres => WorkerConfig::default(),
-            crate::db::Backend::Sqlite => WorkerConfig {
-                threads: 1,
-                queue: SQLITE_DEFAULT_QUEUE,
-                ..WorkerConfig::default()
-            },
-        }
+    setters! {
+        /// Sets the execution threads.
+        threads: usize => Some(threads);
+        /// Sets the queue (tasks, or chunks in batched mode, waiting for a thread).
+        queue: usize => Some(queue);
+        /// Sets the most tasks one claim takes.
+        page_size: usize => Some(page_size);
+        /// Sets the attempts of tasks that set none.
+        max_attempts: i32 => max_attempts;
+        /// Sets the retry backoff.
+        backoff: Backoff => backoff;
+        /// Sets the idle poll interval of `run`.
+        poll_interval: Duration => poll_interval;
+        /// Turns `LISTEN` on PostgreSQL on or off.
+        listen: bool => listen;
+        /// Sets the heartbeat (and rescue) interval.
+        heartbeat: Duration => heartbeat;
+        /// Sets how long a silent node has before it is dead.
+        dead_after: Duration => Some(dead_after);
+        /// Sets how long a handler may run.
+        task_timeout: Duration => task_timeout;
+        /// Makes the process exit (status 3) when a handler hangs.
+        exit_on_hang: bool => exit_on_hang;
+        /// Sets the tasks per transaction (1: strict mode).
+        commit_batch: usize => commit_batch;
     }
 
+    /// The settings for `backend`, every default filled in, checked.
+    ///
+    /// Fails with [`Error::InvalidConfig`] naming the setting out of range.
+    pub(crate) fn resolve(&self, backend: Backend) -> Result<Settings> {
+        let threads = self.threads.unwrap_or(match backend {
+            Backend::Postgres => default_threads(),
+            Backend::Sqlite => 1,
+        });
+        let queue = self
+            .queue
+            .unwrap_or(match (self.commit_batch > 1, self.threads, backend) {
+                (true, _, _) => threads,
+                (false, Some(threads), _) => threads * QUEUE_PER_THREAD,
+                (false, None, Backend::Postgres) => threads * QUEUE_PER_THREAD,
+                (false, None, Backend::Sqlite) => SQLITE_DEFAULT_QUEUE,
+            });
+        let page_size = self.page_size.unwrap_or(if self.commit_batch > 1 {
+            ((threads + queue + 1) * self.commit_batch).min(MAX_PAGE_SIZE)
+        } else {
+            DEFAULT_PAGE_SIZE
+        });
+        let settings = Settings {
+            threads,
+            queue,
+            page_size,
+            max_attempts: self.max_attempts,
+            backoff: self.backoff,
+            poll_interval: self.poll_interval,
+            listen: self.listen,
+            heartbeat: self.heartbeat,
+            dead_after: self
+                .dead_after
+                .unwrap_or(self.heartbeat * DEFAULT_DEAD_AFTER_BEATS),
+            task_timeout: self.task_timeout,
+            exit_on_hang: self.exit_on_hang,
+            commit_batch: self.commit_batch,
+        };
+        settings.validate()?;
+        Ok(settings)
+    }
+}
+
+/// A [`WorkerConfig`] with every default filled in for one backend.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    pub(crate) threads: usize,
+    pub(crate) queue: usize,
+    pub(crate) page_size: usize,
+    pub(crate) max_attempts: i32,
+    pub(crate) backoff: Backoff,
+    pub(crate) poll_interval: Duration,
+    pub(crate) listen: bool,
+    pub(crate) heartbeat: Duration,
+    pub(crate) dead_after: Duration,
+    pub(crate) task_timeout: Duration,
+    pub(crate) exit_on_hang: bool,
+    pub(crate) commit_batch: usize,
+}
+
+impl Settings {
     /// Checks every setting, naming the one out of range.
-    pub fn validate(&self) -> Result<()> {
-        let bad = |what: String| Err(Error::InvalidConfig(what));
+    fn validate(&self) -> Result<()> {
+        let bad =
+            |setting: &'static str, reason: String| Err(Error::InvalidConfig { setting, reason });
         if !(1..=1024).contains(&self.threads) {
-            return bad(format!(
-                "threads must be between 1 and 1024, not {}",
-                self.threads
-            ));
+            return bad(
+                "threads",
+                format!("must be between 1 and 1024, not {}", self.threads),
+            );
         }
         if self.queue > 100_000 {
-            return bad(format!("queue must be at most 100000, not {}", self.queue));
+            return bad(
+                "queue",
+                format!("must be at most 100000, not {}", self.queue),
+            );
         }
-        if !(1..=10_000).contains(&self.page_size) {
-            return bad(format!(
-                "page size must be between 1 and 10000, not {}",
-                self.page_size
-            ));
+        if !(1..=MAX_PAGE_SIZE).contains(&self.page_size) {
+            return bad(
+                "page",
+                format!(
+                    "must be between 1 and {MAX_PAGE_SIZE}, not {}",
+                    self.page_size
+                ),
+            );
         }
         if self.max_attempts < 1 {
-            return bad(format!(
-                "max attempts must be at least 1, not {}",
-                self.max_attempts
-            ));
+            return bad(
+                "max-attempts",
+                format!("must be at least 1, not {}", self.max_attempts),
+            );
         }
         if self.poll_interval < Duration::from_millis(10) {
-            return bad("poll interval must be at least 10ms".into());
+            return bad("poll-interval", "must be at least 10ms".into());
         }
         if self.heartbeat < Duration::from_millis(100) {
-            return bad("heartbeat must be at least 100ms".into());
+            return bad("heartbeat", "must be at least 100ms".into());
         }
         if self.dead_after < self.heartbeat * 2 {
-            return bad(format!(
-                "dead-after ({:?}) must be at least two heartbeats ({:?})",
-                self.dead_after,
-                self.heartbeat * 2
-            ));
+            return bad(
+                "dead-after",
+                format!(
+                    "({:?}) must be at least two heartbeats ({:?})",
+                    self.dead_after,
+                    self.heartbeat * 2
+                ),
+            );
         }
         if !(1..=1000).contains(&self.commit_batch) {
-            return bad(format!(
-                "commit batch must be between 1 and 1000, not {}",
-                self.commit_batch
-            ));
+            return bad(
+                "commit-batch",
+                format!("must be between 1 and 1000, not {}", self.commit_batch),
+            );
         }
         if self.task_timeout < Duration::from_millis(100) {
-            return bad("task timeout must be at least 100ms".into());
+            return bad("task-timeout", "must be at least 100ms".into());
         }
-        if self.task_timeout > MAX_TASK_TIMEOUT {
-            return bad(format!(
-                "task timeout must be at most 100 years, not {:?}",
-                self.task_timeout
-            ));
+        // The deadline of a chunk's tasks is the timeout times the chunk size.
+        if self.task_timeout * self.commit_batch as u32 > MAX_TASK_TIMEOUT {
+            return bad(
+                "task-timeout",
+                format!(
+                    "times commit-batch must be at most 100 years, not {:?}",
+                    self.task_timeout * self.commit_batch as u32
+                ),
+            );
         }
-        self.backoff.validate().map_err(Error::InvalidConfig)
+        self.backoff
+            .validate()
+            .map_err(|reason| Error::InvalidConfig {
+                setting: "backoff",
+                reason,
+            })
     }
 
     /// The most tasks one claim may take: every thread, the queue, and the claiming thread,
     /// each with a chunk of `commit_batch` tasks.
-    pub fn claim_capacity(&self) -> usize {
+    pub(crate) fn claim_capacity(&self) -> usize {
         (self.threads + self.queue + 1) * self.commit_batch
+    }
+
+    /// How long a claimed task has, in the database, before it is rescued as hung: the task
+    /// timeout per handler of its chunk.
+    pub(crate) fn claim_timeout(&self) -> Duration {
+        self.task_timeout * self.commit_batch as u32
     }
 
     /// Connections the worker's pool needs: one per thread, one for the claiming thread
     /// (which also runs tasks when the pool is full and, on PostgreSQL, while it waits for
-    /// room), one to spare (the rescue pass). The heartbeat has its own
-    /// connection outside the pool.
-    pub fn pool_size(&self) -> u32 {
+    /// room), one for the rescue pass. The heartbeat has its own connection outside the
+    /// pool.
+    pub(crate) fn pool_size(&self) -> u32 {
         u32::try_from(self.threads + 2).unwrap_or(u32::MAX)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_follow_the_backend() {
+        let pg = WorkerConfig::default().resolve(Backend::Postgres).unwrap();
+        assert_eq!(pg.threads, default_threads());
+        assert_eq!(pg.queue, default_threads() * QUEUE_PER_THREAD);
+        let sqlite = WorkerConfig::default().resolve(Backend::Sqlite).unwrap();
+        assert_eq!((sqlite.threads, sqlite.queue), (1, SQLITE_DEFAULT_QUEUE));
+        let three = WorkerConfig::default().threads(3);
+        assert_eq!(three.resolve(Backend::Sqlite).unwrap().queue, 24);
+        let batched = WorkerConfig::default().threads(4).commit_batch(50);
+        let batched = batched.resolve(Backend::Postgres).unwrap();
+        assert_eq!((batched.queue, batched.page_size), (4, 450));
+        assert_eq!(batched.claim_timeout(), DEFAULT_TASK_TIMEOUT * 50);
+    }
+
+    #[test]
+    fn an_out_of_range_setting_is_named() {
+        let error = WorkerConfig::default()
+            .threads(0)
+            .resolve(Backend::Postgres)
+            .unwrap_err();
+        assert!(
+            matches!(
+                error,
+                Error::InvalidConfig {
+                    setting: "threads",
+                    ..
+                }
+            ),
+            "{error}"
+        );
+        let error = WorkerConfig::default()
+            .heartbeat(Duration::from_secs(5))
+            .dead_after(Duration::from_secs(6))
+            .resolve(Backend::Postgres)
+            .unwrap_err();
+        assert!(
+            matches!(
+                error,
+                Error::InvalidConfig {
+                    setting: "dead-after",
+                    ..
+                }
+            ),
+            "{error}"
+        );
     }
 }

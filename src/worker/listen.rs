@@ -4,12 +4,9 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use diesel::connection::SimpleConnection;
-use diesel::pg::PgConnection;
-
 use crate::db::{DatabaseUrl, DbConnection};
-use crate::driver::NOTIFY_CHANNEL;
-use crate::error::{Error, Result};
+use crate::driver::driver;
+use crate::error::{OpContext, Result};
 
 /// How often the listening connection is checked for notifications while idle. diesel
 /// exposes no blocking wait, so this bounds the added wake-up latency; each check is one
@@ -17,20 +14,17 @@ use crate::error::{Error, Result};
 const CHECK_INTERVAL: Duration = Duration::from_millis(2);
 
 pub(crate) struct Listener {
-    conn: PgConnection,
+    conn: DbConnection,
 }
 
 impl Listener {
-    pub(crate) fn connect(url: &DatabaseUrl) -> Result<Listener> {
-        let DbConnection::Pg(mut conn) = url.connect()? else {
-            return Err(Error::Runtime("LISTEN needs PostgreSQL".into()));
-        };
-        conn.batch_execute(&format!("LISTEN {NOTIFY_CHANNEL}"))
-            .map_err(|source| Error::Database {
-                operation: "listen",
-                source,
-            })?;
-        Ok(Listener { conn })
+    /// A listening connection; `None` when the backend has no notifications (SQLite).
+    pub(crate) fn connect(url: &DatabaseUrl) -> Result<Option<Listener>> {
+        let mut conn = url.connect()?;
+        if !driver(&mut conn).listen_start().op("listen")? {
+            return Ok(None);
+        }
+        Ok(Some(Listener { conn }))
     }
 
     /// Waits until a notification arrives, `timeout` passes, or `stop` is set. Returns
@@ -38,15 +32,7 @@ impl Listener {
     pub(crate) fn wait(&mut self, timeout: Duration, stop: &AtomicBool) -> Result<bool> {
         let deadline = Instant::now() + timeout;
         loop {
-            let mut woke = false;
-            for notification in self.conn.notifications_iter() {
-                notification.map_err(|source| Error::Database {
-                    operation: "listen",
-                    source,
-                })?;
-                woke = true;
-            }
-            if woke {
+            if driver(&mut self.conn).listen_poll().op("listen")? {
                 return Ok(true);
             }
             if stop.load(Ordering::Relaxed) || Instant::now() >= deadline {

@@ -14,13 +14,11 @@ use crate::write_ledger;
 
 /// One thread, no queue, chunks of 5, pages of 5: a page is exactly one chunk.
 fn one_chunk_config() -> WorkerConfig {
-    WorkerConfig {
-        threads: 1,
-        queue: 0,
-        page_size: 5,
-        commit_batch: 5,
-        ..WorkerConfig::default()
-    }
+    WorkerConfig::default()
+        .threads(1)
+        .queue(0)
+        .page_size(5)
+        .commit_batch(5)
 }
 
 /// Five tasks `1`…`5`; returns their ids in order.

@@ -7,7 +7,6 @@ use std::time::Duration;
 use outbox::stats::keyword_stats;
 use outbox::{
     enqueue, enqueue_batch, HandlerResult, NewTask, Registry, TaskContext, TaskTx, Worker,
-    WorkerConfig,
 };
 
 use crate::{ledger_registry, small_config, worker};
@@ -46,7 +45,7 @@ both_backends! {
         let low = enqueue(&mut conn, &NewTask::new("ledger", "low").priority(5)).unwrap().id;
         let first = enqueue(&mut conn, &NewTask::new("ledger", "first")).unwrap().id;
         let second = enqueue(&mut conn, &NewTask::new("ledger", "second")).unwrap().id;
-        let config = WorkerConfig { page_size: 1, ..small_config() };
+        let config = small_config().page_size(1);
         let w = Worker::new(&db.url, ledger_registry("ledger"), config).unwrap();
         let order: Vec<i64> = (0..3).map(|_| w.claim().unwrap()[0].context.id()).collect();
         assert_eq!(order, [first, second, low]);
@@ -56,13 +55,13 @@ both_backends! {
         let tasks: Vec<NewTask> = (0..25).map(|n| NewTask::new("ledger", n.to_string())).collect();
         enqueue_batch(&mut db.conn(), &tasks).unwrap();
         // Room for 2 + 20 + 1: the page (10) is the bound.
-        let roomy = WorkerConfig { threads: 2, queue: 20, page_size: 10, ..small_config() };
+        let roomy = small_config().threads(2).queue(20).page_size(10);
         let w = Worker::new(&db.url, ledger_registry("ledger"), roomy).unwrap();
         let tally = w.run_once().unwrap();
         assert_eq!((tally.claimed, tally.done), (10, 10));
         assert_eq!(db.count("SELECT count(*) FROM async_task WHERE state = 'pending'"), 15);
         // One thread, no queue, and the claiming thread: 2 can start at once.
-        let narrow = WorkerConfig { threads: 1, queue: 0, page_size: 10, ..small_config() };
+        let narrow = small_config().threads(1).queue(0).page_size(10);
         let w = Worker::new(&db.url, ledger_registry("ledger"), narrow).unwrap();
         assert_eq!(w.run_once().unwrap().claimed, 2);
         let report = w.drain().unwrap();
@@ -116,14 +115,14 @@ both_backends! {
 
     fn a_worker_refuses_an_unmigrated_database_and_bad_settings(db: &TestDb) {
         let registry = ledger_registry("ledger");
-        let bad = WorkerConfig { page_size: 0, ..small_config() };
-        assert!(matches!(Worker::new(&db.url, registry.clone(), bad), Err(outbox::Error::InvalidConfig(_))));
-        assert!(matches!(Worker::new(&db.url, Registry::new(), small_config()), Err(outbox::Error::InvalidConfig(_))));
+        let bad = small_config().page_size(0);
+        assert!(matches!(Worker::new(&db.url, registry.clone(), bad), Err(outbox::Error::InvalidConfig { setting: "page", .. })));
+        assert!(matches!(Worker::new(&db.url, Registry::new(), small_config()), Err(outbox::Error::InvalidConfig { setting: "registry", .. })));
         // A deadline past the year 9999 would be NULL on SQLite: a running task rescue
         // could never find.
-        let endless = WorkerConfig { task_timeout: Duration::from_secs(8000 * 365 * 24 * 3600), ..small_config() };
+        let endless = small_config().task_timeout(Duration::from_secs(8000 * 365 * 24 * 3600));
         match Worker::new(&db.url, registry.clone(), endless) {
-            Err(outbox::Error::InvalidConfig(what)) => assert!(what.contains("task timeout"), "{what}"),
+            Err(outbox::Error::InvalidConfig { setting, reason }) => assert_eq!(setting, "task-timeout", "{reason}"),
             other => panic!("{:?}", other.map(|_| "a worker")),
         }
         let applied = db.count("SELECT count(*) FROM __diesel_schema_migrations");
@@ -143,10 +142,7 @@ fn notify_wakes_an_idle_run_worker() {
     use std::time::Instant;
 
     let db = &crate::support::TestDb::postgres();
-    let config = WorkerConfig {
-        poll_interval: Duration::from_secs(3600),
-        ..small_config()
-    };
+    let config = small_config().poll_interval(Duration::from_secs(3600));
     let w = Worker::new(&db.url, ledger_registry("ledger"), config).unwrap();
     let stop = w.stop_flag();
     std::thread::scope(|s| {
@@ -186,13 +182,7 @@ both_backends! {
         // A claim takes at most threads + queue + 1 = 5 tasks, fewer than the page size: a
         // claim of 5 is full, and the worker must claim again at once instead of waiting for
         // its poll interval (an hour; LISTEN off so that no NOTIFY can wake it).
-        let config = WorkerConfig {
-            poll_interval: Duration::from_secs(3600),
-            listen: false,
-            page_size: 100,
-            ..small_config()
-        };
-        assert_eq!(config.claim_capacity(), 5);
+        let config = small_config().poll_interval(Duration::from_secs(3600)).listen(false).page_size(100);
         let tasks: Vec<NewTask> = (0..23).map(|n| NewTask::new("ledger", n.to_string())).collect();
         enqueue_batch(&mut db.conn(), &tasks).unwrap();
         let w = Worker::new(&db.url, ledger_registry("ledger"), config).unwrap();
@@ -252,7 +242,7 @@ both_backends! {
         });
         let tasks: Vec<NewTask> = (1..=6).map(|n| NewTask::new("nasty", n.to_string())).collect();
         enqueue_batch(&mut db.conn(), &tasks).unwrap();
-        let config = WorkerConfig { threads: 1, queue: 4, ..small_config() };
+        let config = small_config().threads(1).queue(4);
         let w = Worker::new(&db.url, registry, config).unwrap();
         let (done, finished) = std::sync::mpsc::channel();
         std::thread::scope(|s| {

@@ -172,7 +172,7 @@ both_backends! {
         let result: Result<(), Error> = write_transaction(&mut conn, |conn| {
             diesel::sql_query("INSERT INTO test_ledger (task_id, note) VALUES (0, 'order')").execute(conn)?;
             enqueue(conn, &NewTask::new("points.credit", "order-7"))?;
-            Err(Error::InvalidConfig("the business rule failed".into()))
+            Err(Error::InvalidConfig { setting: "business rule", reason: "failed".into() })
         });
         assert!(result.is_err());
         assert_eq!(db.count("SELECT count(*) FROM async_task"), 0);
@@ -207,7 +207,7 @@ both_backends! {
 
     fn every_class_of_bad_input_is_a_typed_error_and_writes_nothing(db: &TestDb) {
         let mut conn = db.conn();
-        let small = EnqueueOptions { max_payload_bytes: 100 };
+        let small = EnqueueOptions::default().max_payload_bytes(100);
         let cases: Vec<(NewTask, ErrorCheck)> = vec![
             (NewTask::new("", "1"), |e| matches!(e, Error::InvalidKeyword { .. })),
             (NewTask::new("Bad Keyword", "1"), |e| matches!(e, Error::InvalidKeyword { .. })),

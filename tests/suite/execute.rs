@@ -82,7 +82,7 @@ both_backends! {
 
     fn the_workers_default_max_attempts_applies_when_the_task_sets_none(db: &TestDb) {
         let id = enqueue(&mut db.conn(), &NewTask::new("flaky", "1")).unwrap().id;
-        let config = outbox::WorkerConfig { max_attempts: 2, ..crate::small_config() };
+        let config = crate::small_config().max_attempts(2);
         let w = outbox::Worker::new(&db.url, registry_with("flaky", write_then_fail), config).unwrap();
         w.run_once().unwrap();
         db.make_all_due();
@@ -251,7 +251,7 @@ fn terminated_pool_connections_are_replaced() {
     let db = &TestDb::postgres();
     let w = worker(db, crate::ledger_registry("victim"));
     let mut conn = db.conn();
-    let pool_size = crate::small_config().pool_size();
+    let pool_size = w.pool().max_size() as usize;
     for n in 0..8 {
         enqueue(&mut conn, &NewTask::new("victim", n.to_string())).unwrap();
     }
@@ -273,7 +273,7 @@ fn terminated_pool_connections_are_replaced() {
             Err(e) => errors.push(e.to_string()),
         }
         assert!(
-            errors.len() <= pool_size as usize,
+            errors.len() <= pool_size,
             "more failed claims than pooled connections: dead connections are reused: {errors:?}"
         );
     };

@@ -20,7 +20,7 @@ both_backends! {
                 .collect();
             enqueue_batch(&mut conn, &tasks).unwrap();
         }
-        let config = WorkerConfig { threads: 3, queue: 3, page_size: 50, ..WorkerConfig::default() };
+        let config = WorkerConfig::default().threads(3).queue(3).page_size(50);
         let workers: Vec<Worker> = (0..2)
             .map(|_| Worker::new(&db.url, ledger_registry("ledger"), config.clone()).unwrap())
             .collect();
@@ -55,7 +55,7 @@ both_backends! {
         });
         let tasks: Vec<NewTask> = (0..2).map(|n| NewTask::new("latch", n.to_string())).collect();
         enqueue_batch(&mut db.conn(), &tasks).unwrap();
-        let config = WorkerConfig { threads: 1, queue: 0, page_size: 10, ..WorkerConfig::default() };
+        let config = WorkerConfig::default().threads(1).queue(0).page_size(10);
         let w = Worker::new(&db.url, registry, config).unwrap();
         let tally = w.run_once().unwrap();
         assert_eq!(tally.done, 2);
@@ -65,7 +65,7 @@ both_backends! {
     fn no_caller_runs_while_the_pool_has_room(db: &TestDb) {
         let tasks: Vec<NewTask> = (0..5).map(|n| NewTask::new("ledger", n.to_string())).collect();
         enqueue_batch(&mut db.conn(), &tasks).unwrap();
-        let config = WorkerConfig { threads: 2, queue: 3, page_size: 10, ..WorkerConfig::default() };
+        let config = WorkerConfig::default().threads(2).queue(3).page_size(10);
         let w = Worker::new(&db.url, ledger_registry("ledger"), config).unwrap();
         assert_eq!(w.run_once().unwrap().done, 5);
         assert_eq!(w.caller_runs(), 0);
@@ -125,12 +125,7 @@ fn run_with_one_held_pool_thread(
     enqueue_batch(&mut db.conn(), &tasks).unwrap();
     // Claiming 3 fills the pool (1 running, 2 queued: no CallerRuns), so `drain`'s next
     // claim waits for room with 2 queued for 1 thread: it helps there.
-    let config = WorkerConfig {
-        threads: 1,
-        queue: 2,
-        page_size: 10,
-        ..WorkerConfig::default()
-    };
+    let config = WorkerConfig::default().threads(1).queue(2).page_size(10);
     let w = Worker::new(&db.url, registry, config).unwrap();
     let tally = run(&w);
     (

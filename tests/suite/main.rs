@@ -52,12 +52,7 @@ pub fn ledger_registry(keyword: &str) -> Registry {
 
 /// A small worker configuration for tests.
 pub fn small_config() -> WorkerConfig {
-    WorkerConfig {
-        threads: 2,
-        queue: 2,
-        page_size: 10,
-        ..WorkerConfig::default()
-    }
+    WorkerConfig::default().threads(2).queue(2).page_size(10)
 }
 
 /// A worker on `db` with `registry`.

@@ -20,7 +20,8 @@ fn ago(db: &TestDb, secs: u64) -> String {
 }
 
 /// Enqueues one task per biz_id, then puts each in `state`, finished `age` seconds ago
-/// (`None`: no finished_at, as for a task that never finished).
+/// (`None`: no finished_at, as for a task that never finished); a finished task was created
+/// when it finished, as no task finishes before it is created.
 fn tasks(db: &TestDb, rows: &[(&str, &str, Option<u64>)]) {
     let new: Vec<NewTask> = rows
         .iter()
@@ -30,7 +31,9 @@ fn tasks(db: &TestDb, rows: &[(&str, &str, Option<u64>)]) {
     for (biz_id, state, age) in rows {
         let finished = age.map_or_else(|| "NULL".to_owned(), |secs| ago(db, secs));
         db.exec(&format!(
-            "UPDATE async_task SET state = '{state}', finished_at = {finished} WHERE biz_id = '{biz_id}'"
+            "UPDATE async_task SET state = '{state}', finished_at = {finished},
+                    created_at = COALESCE({finished}, created_at)
+             WHERE biz_id = '{biz_id}'"
         ));
     }
 }
@@ -139,7 +142,7 @@ both_backends! {
         assert_eq!(counts(&report), (1, 0, 1, 0, 1));
         assert_eq!(remaining(db), ["dead-old"]);
         // Only the states asked for.
-        let only_dead = PruneParams { states: vec![TaskState::Dead], ..PruneParams::new(HOUR) };
+        let only_dead = PruneParams::new(HOUR).states(&[TaskState::Dead]);
         assert_eq!(counts(&prune(&mut db.conn(), &only_dead).unwrap()), (0, 1, 0, 0, 1));
         assert_eq!(remaining(db), Vec::<String>::new());
     }
@@ -147,7 +150,7 @@ both_backends! {
     fn batches_loop_until_one_deletes_fewer_than_the_batch_size(db: &TestDb) {
         old_done(db, "a", 10);
         tasks(db, &[("recent", "done", Some(10))]);
-        let params = PruneParams { batch_size: 3, ..PruneParams::new(HOUR) };
+        let params = PruneParams::new(HOUR).batch_size(3);
         let report = prune(&mut db.conn(), &params).unwrap();
         // 3 + 3 + 3 + 1.
         assert_eq!(counts(&report), (10, 0, 0, 0, 4));
@@ -158,6 +161,26 @@ both_backends! {
         let report = prune(&mut db.conn(), &params).unwrap();
         assert_eq!(counts(&report), (6, 0, 0, 0, 3));
         assert_eq!(remaining(db), ["recent"]);
+    }
+
+    fn prune_walks_past_tasks_it_keeps_without_reading_them_again(db: &TestDb) {
+        // Thirty old dead tasks kept by --keep-dead, then ten old done ones, then a new one.
+        let dead: Vec<String> = (0..30).map(|i| format!("dead-{i:02}")).collect();
+        let rows: Vec<(&str, &str, Option<u64>)> =
+            dead.iter().map(|id| (id.as_str(), "dead", Some(7200))).collect();
+        tasks(db, &rows);
+        old_done(db, "done", 10);
+        tasks(db, &[("new", "done", Some(10))]);
+        let report = prune(&mut db.conn(), &PruneParams::new(HOUR).keep_dead().batch_size(10)).unwrap();
+        assert_eq!((report.done, report.dead), (10, 0));
+        assert_eq!(remaining(db).len(), 31);
+        match db.backend() {
+            // The finished-task index: ten, then none.
+            Backend::Postgres => assert_eq!(report.batches, 2),
+            // One window of ten tasks per batch, each read once: three of dead tasks, one of
+            // done tasks, one with the new task (short: the end of the table).
+            Backend::Sqlite => assert_eq!(report.batches, 5),
+        }
     }
 
     fn nodes_go_when_gone_or_long_silent_and_owning_no_running_task(db: &TestDb) {
@@ -220,7 +243,7 @@ both_backends! {
         for i in 0..7 {
             node(db, &format!("gone-{i}"), "gone", 7200);
         }
-        let report = prune(&mut db.conn(), &PruneParams { batch_size: 3, ..PruneParams::new(HOUR) }).unwrap();
+        let report = prune(&mut db.conn(), &PruneParams::new(HOUR).batch_size(3)).unwrap();
         assert_eq!(report.nodes, 7);
         assert_eq!(nodes_left(db), 0);
     }
@@ -230,17 +253,17 @@ both_backends! {
         node(db, "gone-old", "gone", 7200);
         let refused = |params: PruneParams, needle: &str| {
             match prune(&mut db.conn(), &params) {
-                Err(Error::InvalidConfig(message)) => assert!(message.contains(needle), "{message}"),
+                Err(Error::InvalidConfig { reason, .. }) => assert!(reason.contains(needle), "{reason}"),
                 other => panic!("{params:?}: expected InvalidConfig, got {other:?}"),
             }
         };
         let base = PruneParams::new(Duration::ZERO);
-        refused(PruneParams { batch_size: 0, ..base.clone() }, "batch size must be between 1 and 1000000");
-        refused(PruneParams { batch_size: 1_000_001, ..base.clone() }, "batch size");
-        refused(PruneParams { states: vec![TaskState::Done, TaskState::Pending], ..base.clone() }, "never pending ones");
-        refused(PruneParams { states: vec![TaskState::Running], ..base.clone() }, "never running ones");
-        refused(PruneParams { states: vec![], ..base.clone() }, "at least one task state");
-        refused(PruneParams { older_than: Duration::from_secs(200 * 365 * 86400), ..base.clone() }, "at most 100 years");
+        refused(base.clone().batch_size(0), "must be between 1 and 1000000");
+        refused(base.clone().batch_size(1_000_001), "must be between 1 and 1000000");
+        refused(base.clone().states(&[TaskState::Done, TaskState::Pending]), "never pending ones");
+        refused(base.clone().states(&[TaskState::Running]), "never running ones");
+        refused(base.clone().states(&[]), "at least one task state");
+        refused(PruneParams::new(Duration::from_secs(200 * 365 * 86400)), "at most 100 years");
         assert_eq!(db.count("SELECT count(*) FROM async_task"), 3);
         assert_eq!(nodes_left(db), 1);
     }

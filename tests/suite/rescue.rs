@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use outbox::{enqueue_batch, Error, NewTask, Worker, WorkerConfig};
+use outbox::{enqueue_batch, Error, NewTask, Worker};
 
 use crate::support::TestDb;
 use crate::{ledger_registry, small_config};
@@ -11,11 +11,9 @@ use crate::{ledger_registry, small_config};
 /// A worker whose own upkeep thread never ticks during a test (1 h heartbeat), so that only
 /// the test moves heartbeats.
 fn quiet_worker(db: &TestDb) -> Worker {
-    let config = WorkerConfig {
-        heartbeat: Duration::from_secs(3600),
-        dead_after: Duration::from_secs(7200),
-        ..small_config()
-    };
+    let config = small_config()
+        .heartbeat(Duration::from_secs(3600))
+        .dead_after(Duration::from_secs(7200));
     Worker::new(&db.url, ledger_registry("ledger"), config).unwrap()
 }
 
@@ -168,14 +166,10 @@ both_backends! {
 
     fn a_node_whose_heartbeat_keeps_failing_stops_claiming(db: &TestDb) {
         enqueue_n(db, 1);
-        let config = WorkerConfig {
-            heartbeat: Duration::from_millis(100),
-            dead_after: Duration::from_millis(200),
-            ..small_config()
-        };
+        let config = small_config().heartbeat(Duration::from_millis(100)).dead_after(Duration::from_millis(200));
         let w = Worker::new(&db.url, ledger_registry("ledger"), config).unwrap();
-        // Its row disappears, so every heartbeat fails from now on.
-        db.exec(&format!("DELETE FROM async_node WHERE id = {}", w.node_id()));
+        // The node table is out of reach, so every heartbeat fails from now on.
+        db.exec("ALTER TABLE async_node RENAME TO async_node_away");
         assert!(w.heartbeat_once().is_err());
         // Past dead_after − heartbeat (100 ms) since the registration, the last success.
         std::thread::sleep(Duration::from_millis(150));
@@ -183,7 +177,7 @@ both_backends! {
         assert!(matches!(w.run_once(), Err(Error::HeartbeatStale { .. })));
         assert_eq!(db.count("SELECT count(*) FROM async_task WHERE state = 'pending'"), 1);
         // Once a heartbeat succeeds again, it claims.
-        db.exec(&format!("INSERT INTO async_node (id, name) VALUES ({}, 'back')", w.node_id()));
+        db.exec("ALTER TABLE async_node_away RENAME TO async_node");
         w.heartbeat_once().unwrap();
         assert_eq!(w.run_once().unwrap().done, 1);
     }
@@ -218,16 +212,14 @@ fn sqlite_finished_tasks_leave_the_lease_index_at_the_next_claim_or_rescue() {
             )))
         },
     );
-    let config = WorkerConfig {
-        heartbeat: Duration::from_secs(3600),
-        dead_after: Duration::from_secs(7200),
-        // The retried task stays not due for the whole test.
-        backoff: outbox::Backoff {
-            base: Duration::from_secs(3600),
-            ..outbox::Backoff::default()
-        },
-        ..small_config()
-    };
+    // The retried task stays not due for the whole test.
+    let config = small_config()
+        .heartbeat(Duration::from_secs(3600))
+        .dead_after(Duration::from_secs(7200))
+        .backoff(outbox::Backoff::new(
+            Duration::from_secs(3600),
+            Duration::from_secs(3600),
+        ));
     let w = Worker::new(&db.url, registry, config).unwrap();
     let rescuer = quiet_worker(db);
 

@@ -9,7 +9,7 @@ use diesel::connection::TransactionManager;
 use diesel::Connection;
 use outbox::{
     enqueue, enqueue_batch, DbConnection, HandlerResult, NewTask, Registry, TaskContext, TaskTx,
-    Worker, WorkerConfig,
+    Worker,
 };
 
 use crate::{worker, write_ledger};
@@ -97,7 +97,7 @@ both_backends! {
         });
         let tasks: Vec<NewTask> = (1..=5).map(|n| NewTask::new("mail.send", n.to_string())).collect();
         enqueue_batch(&mut db.conn(), &tasks).unwrap();
-        let config = WorkerConfig { commit_batch: 5, page_size: 5, ..crate::small_config() };
+        let config = crate::small_config().commit_batch(5).page_size(5);
         let w = Worker::new(&db.url, registry.clone(), config.clone()).unwrap();
         let tally = w.run_once().unwrap();
         assert_eq!((tally.done, tally.retried), (4, 1), "{tally:?}");
@@ -135,7 +135,7 @@ both_backends! {
         });
         let tasks: Vec<NewTask> = (1..=5).map(|n| NewTask::new("mail.send", n.to_string())).collect();
         enqueue_batch(&mut db.conn(), &tasks).unwrap();
-        let config = WorkerConfig { commit_batch: 5, page_size: 5, ..crate::small_config() };
+        let config = crate::small_config().commit_batch(5).page_size(5);
         let w = Worker::new(&db.url, registry, config).unwrap();
         let tally = w.run_once().unwrap();
         assert_eq!((tally.done, tally.lost), (4, 1), "{tally:?}");

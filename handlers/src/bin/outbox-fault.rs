@@ -86,5 +86,5 @@ fn main() -> ExitCode {
         .register("fault.panic", panic)
         .register("fault.abort", abort)
         .register("fault.hang", hang);
-    outbox::cli::main(registry)
+    outbox_handlers::main(registry)
 }

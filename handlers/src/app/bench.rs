@@ -4,9 +4,11 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 
-use crate::bench::{drain_bench, latency_bench, median, DrainBench, DrainFigures, Mode};
-use crate::db::DatabaseUrl;
-use crate::error::{Error, Result};
+use outbox::cli::parse_duration;
+use outbox::DatabaseUrl;
+
+use crate::bench::latency::latency_bench;
+use crate::bench::{drain_bench, median, DrainBench, DrainFigures, Mode};
 
 /// Which modes to measure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -60,28 +62,31 @@ pub(super) struct BenchArgs {
     #[arg(long, default_value_t = 200)]
     latency_samples: usize,
     /// The poll interval of the latency measurement with polling only.
-    #[arg(long, value_parser = super::parse_duration, default_value = "1s")]
+    #[arg(long, value_parser = parse_duration, default_value = "1s")]
     poll_interval: Duration,
     /// One JSON object per line per measured configuration.
     #[arg(long)]
     json: bool,
 }
 
-pub(super) fn run(url: &DatabaseUrl, args: BenchArgs) -> Result<()> {
-    let defaults = crate::worker::WorkerConfig::for_backend(url.backend());
-    let threads = args.threads.unwrap_or(defaults.threads);
+pub(super) fn run(url: &DatabaseUrl, args: BenchArgs) -> anyhow::Result<()> {
     let backlog = args.backlog.unwrap_or(args.tasks);
     if !(1..=100).contains(&args.runs) {
-        return Err(Error::InvalidConfig(format!(
-            "runs must be between 1 and 100, not {}",
-            args.runs
-        )));
+        return Err(outbox::Error::InvalidConfig {
+            setting: "runs",
+            reason: format!("must be between 1 and 100, not {}", args.runs),
+        }
+        .into());
     }
     if args.tasks == 0 || backlog < args.tasks || backlog > 100_000_000 {
-        return Err(Error::InvalidConfig(format!(
-            "need 0 < tasks ({}) ≤ backlog ({backlog}) ≤ 100000000",
-            args.tasks
-        )));
+        return Err(outbox::Error::InvalidConfig {
+            setting: "tasks",
+            reason: format!(
+                "must be more than 0 and at most the backlog ({backlog}, itself at most 100000000), not {}",
+                args.tasks
+            ),
+        }
+        .into());
     }
     if args.latency {
         return latency(url, &args);
@@ -94,23 +99,17 @@ pub(super) fn run(url: &DatabaseUrl, args: BenchArgs) -> Result<()> {
     let backend = url.backend().name();
     if !args.json {
         println!(
-            "outbox bench on {backend}: {} no-op tasks drained of a backlog of {backlog}, {threads} thread(s), {} run(s) per mode; scratch databases",
+            "outbox bench on {backend}: {} no-op tasks drained of a backlog of {backlog}, {} run(s) per mode; scratch databases",
             args.tasks, args.runs
         );
     }
     for &mode in modes {
-        // As the CLI's workers: in batched mode the queue counts chunks, one per thread.
-        let queue = args.queue.unwrap_or(match args.threads {
-            _ if mode == Mode::Batched => threads,
-            Some(threads) => threads * crate::worker::QUEUE_PER_THREAD,
-            None => defaults.queue,
-        });
         let bench = DrainBench {
             mode,
             tasks: args.tasks,
             backlog,
-            threads,
-            queue,
+            threads: args.threads,
+            queue: args.queue,
             commit_batch: args.commit_batch,
             explain: args.explain,
             open_tx: args.open_tx,
@@ -170,7 +169,7 @@ fn report(backend: &str, bench: &DrainBench, runs: &[DrainFigures], json: bool) 
                 "mode": bench.mode.name(),
                 "tasks": bench.tasks,
                 "backlog": bench.backlog,
-                "threads": bench.threads,
+                "threads": runs.first().map_or(0, |r| r.threads),
                 "commit_batch": commit_batch,
                 "handler": bench.handler_name(),
                 "runs": runs.len(),
@@ -208,10 +207,10 @@ fn report(backend: &str, bench: &DrainBench, runs: &[DrainFigures], json: bool) 
 }
 
 /// Commit-to-start latency with LISTEN (PostgreSQL only) and with polling.
-fn latency(url: &DatabaseUrl, args: &BenchArgs) -> Result<()> {
+fn latency(url: &DatabaseUrl, args: &BenchArgs) -> anyhow::Result<()> {
     let backend = url.backend().name();
     let mut configurations = Vec::new();
-    if url.backend() == crate::db::Backend::Postgres {
+    if url.backend() == outbox::Backend::Postgres {
         configurations.push((true, args.latency_samples));
     }
     configurations.push((false, (args.latency_samples / 10).max(5)));

@@ -4,13 +4,12 @@ use std::time::Instant;
 
 use clap::Args;
 
-use super::WorkerArgs;
-use crate::db::{Backend, DatabaseUrl};
+use outbox::cli::WorkerArgs;
+use outbox::migrate::ensure_migrated;
+use outbox::{run_migrations, Backend, DatabaseUrl, Registry, Worker};
+
+use super::{counted, worker_config};
 use crate::demo::{check, place_orders, setup, COUPON_GRANT, POINTS_CREDIT};
-use crate::error::Error;
-use crate::migrate::{ensure_migrated, run_migrations};
-use crate::registry::Registry;
-use crate::worker::Worker;
 
 #[derive(Debug, Args)]
 pub(super) struct DemoArgs {
@@ -28,16 +27,20 @@ pub(super) struct DemoArgs {
     worker: WorkerArgs,
 }
 
-pub(super) fn run(url: &DatabaseUrl, registry: Registry, args: DemoArgs) -> crate::Result<()> {
+pub(super) fn run(url: &DatabaseUrl, registry: Registry, args: DemoArgs) -> anyhow::Result<()> {
     for keyword in [POINTS_CREDIT, COUPON_GRANT] {
         if registry.get(keyword).is_none() && !args.enqueue_only && !args.check {
-            return Err(Error::InvalidConfig(format!(
-                "the demo needs a handler for {keyword}; this binary registers {:?}",
-                registry.keywords().collect::<Vec<_>>()
-            )));
+            return Err(outbox::Error::InvalidConfig {
+                setting: "registry",
+                reason: format!(
+                    "the demo needs a handler for {keyword}; this binary registers {:?}",
+                    registry.keywords().collect::<Vec<_>>()
+                ),
+            }
+            .into());
         }
     }
-    let config = args.worker.config(url.backend())?;
+    let config = worker_config(&args.worker, url)?;
     if args.check {
         // Checking writes nothing: a mistyped URL must fail, not pass on an empty database.
         url.require_existing()?;
@@ -66,13 +69,13 @@ pub(super) fn run(url: &DatabaseUrl, registry: Registry, args: DemoArgs) -> crat
         println!("tasks enqueued; drain them, then run `outbox demo --check`");
         return Ok(());
     }
-    let threads = counted(config.threads as u64, "thread");
     let unit = if config.commit_batch > 1 {
         "chunk"
     } else {
         "task"
     };
     let worker = Worker::new(url, registry, config)?;
+    let threads = counted(worker.threads() as u64, "thread");
     let report = worker.drain()?;
     let t = report.tally;
     println!(
@@ -93,16 +96,7 @@ pub(super) fn run(url: &DatabaseUrl, registry: Registry, args: DemoArgs) -> crat
     report_check(&mut conn)
 }
 
-/// `1 task`, `2 tasks`.
-fn counted(n: u64, unit: &str) -> String {
-    if n == 1 {
-        format!("1 {unit}")
-    } else {
-        format!("{n} {unit}s")
-    }
-}
-
-fn report_check(conn: &mut crate::DbConnection) -> crate::Result<()> {
+fn report_check(conn: &mut outbox::DbConnection) -> anyhow::Result<()> {
     let report = check(conn)?;
     report.verify()?;
     println!(

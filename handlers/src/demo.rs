@@ -10,10 +10,8 @@ use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use crate::db::{write_transaction, DbConnection};
-use crate::enqueue::{enqueue_batch, Enqueued};
-use crate::error::{Error, OpContext, Result};
-use crate::task::NewTask;
+use anyhow::Context;
+use outbox::{enqueue_batch, write_transaction, DbConnection, Enqueued, NewTask};
 
 /// The keyword of the points task.
 pub const POINTS_CREDIT: &str = "points.credit";
@@ -97,28 +95,28 @@ CREATE INDEX IF NOT EXISTS demo_coupon_order_idx ON demo_coupon (order_id);
 ";
 
 /// Creates the demo tables if they do not exist.
-pub fn setup(conn: &mut DbConnection) -> Result<()> {
+pub fn setup(conn: &mut DbConnection) -> anyhow::Result<()> {
     let sql = match conn {
         DbConnection::Pg(_) => POSTGRES_TABLES,
         DbConnection::Sqlite(_) => SQLITE_TABLES,
     };
-    conn.batch_execute(sql).op("demo setup")
+    conn.batch_execute(sql).context("creating the demo tables")
 }
 
 /// Places `count` orders, each in its own business transaction that inserts the order and
 /// enqueues `points.credit` and `coupon.grant` for it. Returns the new order ids.
-pub fn place_orders(conn: &mut DbConnection, count: u64) -> Result<Vec<i64>> {
+pub fn place_orders(conn: &mut DbConnection, count: u64) -> anyhow::Result<Vec<i64>> {
     use schema::demo_order::dsl::*;
     let mut ids = Vec::with_capacity(count as usize);
     for n in 0..count {
         let customer = (n % 97 + 1) as i64;
         let amount = 1_000 + (n as i64 * 37) % 9_000;
-        let order_id = write_transaction(conn, |conn| -> Result<i64> {
+        let order_id = write_transaction(conn, |conn| -> anyhow::Result<i64> {
             let order: i64 = diesel::insert_into(demo_order)
                 .values((user_id.eq(customer), amount_cents.eq(amount)))
                 .returning(id)
                 .get_result(conn)
-                .op("demo order insert")?;
+                .context("inserting the demo order")?;
             let payload = OrderPayload {
                 user_id: customer,
                 amount_cents: amount,
@@ -169,12 +167,12 @@ struct OffenderRow {
 }
 
 /// Checks that every order was credited exactly once and got exactly one coupon.
-pub fn check(conn: &mut DbConnection) -> Result<CheckReport> {
+pub fn check(conn: &mut DbConnection) -> anyhow::Result<CheckReport> {
     use schema::demo_order::dsl::demo_order;
     let orders: i64 = demo_order
         .count()
         .get_result(conn)
-        .op("demo check (are there demo tables here?)")?;
+        .context("demo check (are there demo tables here?)")?;
     let bad: Vec<OffenderRow> = diesel::sql_query(
         "SELECT o.id AS order_id,
                 (SELECT count(*) FROM demo_points_ledger p WHERE p.order_id = o.id) AS credits,
@@ -185,7 +183,7 @@ pub fn check(conn: &mut DbConnection) -> Result<CheckReport> {
          ORDER BY o.id",
     )
     .load(conn)
-    .op("demo check")?;
+    .context("demo check")?;
     let offenders_total = bad.len() as i64;
     Ok(CheckReport {
         orders,
@@ -203,15 +201,13 @@ pub fn check(conn: &mut DbConnection) -> Result<CheckReport> {
 }
 
 impl CheckReport {
-    /// `Ok` when every order's side-effects happened exactly once, else
-    /// [`Error::DemoCheck`] listing the first offenders.
-    pub fn verify(&self) -> Result<()> {
-        if self.orders == 0 {
-            return Err(Error::DemoCheck(
-                "no demo orders in this database; place some with `outbox demo --enqueue-only`"
-                    .into(),
-            ));
-        }
+    /// `Ok` when every order's side-effects happened exactly once, else an error listing
+    /// the first offenders.
+    pub fn verify(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.orders > 0,
+            "demo check failed: no demo orders in this database; place some with `outbox demo --enqueue-only`"
+        );
         if self.offenders.is_empty() {
             return Ok(());
         }
@@ -226,11 +222,11 @@ impl CheckReport {
                 )
             })
             .collect();
-        Err(Error::DemoCheck(format!(
-            "{} of {} orders not applied exactly once: {}",
+        anyhow::bail!(
+            "demo check failed: {} of {} orders not applied exactly once: {}",
             self.orders - self.exactly_once,
             self.orders,
             listed.join(", ")
-        )))
+        )
     }
 }

@@ -1,0 +1,84 @@
+//! The `outbox` binary's command line: the library's commands (`outbox::cli`) and two of
+//! its own, `demo` (the quick start) and `bench` (the benchmarks).
+
+mod bench;
+mod demo;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use outbox::cli::{DatabaseArgs, WorkerArgs};
+use outbox::Registry;
+
+/// Run business side-effects reliably, after the fact.
+#[derive(Debug, Parser)]
+#[command(name = "outbox", version, about, long_about = None)]
+struct Cli {
+    #[command(flatten)]
+    database: DatabaseArgs,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    #[command(flatten)]
+    Library(outbox::cli::Command),
+    /// The quick start: place orders that enqueue points.credit and coupon.grant, drain them,
+    /// and check that every order was credited exactly once.
+    Demo(demo::DemoArgs),
+    /// Measure drain throughput against a reference loop (or commit-to-start latency) on a
+    /// scratch database.
+    Bench(bench::BenchArgs),
+}
+
+/// Runs the command line with the process's arguments and `registry`'s handlers; returns the
+/// exit code (0 success, 1 failure, 2 bad usage, as `outbox::cli`).
+pub fn main(registry: Registry) -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
+        }
+    };
+    let url = match cli.database.url() {
+        Ok(url) => url,
+        Err(e) => return outbox::cli::finish(Err(e)),
+    };
+    let result = match cli.command {
+        Command::Library(command) => {
+            return outbox::cli::finish(outbox::cli::run(command, &url, registry))
+        }
+        Command::Demo(args) => demo::run(&url, registry, args),
+        Command::Bench(args) => bench::run(&url, args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("outbox: {e:#}");
+            // The library's errors keep their exit codes (2 for bad usage).
+            let code = e
+                .downcast_ref::<outbox::Error>()
+                .map_or(1, outbox::cli::exit_code);
+            ExitCode::from(code)
+        }
+    }
+}
+
+/// `1 task`, `2 tasks`.
+fn counted(n: u64, unit: &str) -> String {
+    if n == 1 {
+        format!("1 {unit}")
+    } else {
+        format!("{n} {unit}s")
+    }
+}
+
+/// Worker flags as the library parses them, for the binary's own commands.
+fn worker_config(
+    args: &WorkerArgs,
+    url: &outbox::DatabaseUrl,
+) -> anyhow::Result<outbox::WorkerConfig> {
+    Ok(args.config(url.backend())?)
+}

@@ -1,0 +1,92 @@
+//! Connections: the backend a URL names ([`url`]), the connection enum handlers receive, the
+//! r2d2 pool ([`pool`]), and write transactions that are `IMMEDIATE` on SQLite
+//! ([`transaction`]).
+
+pub mod pool;
+pub mod transaction;
+pub mod url;
+
+pub use multi::DbConnection;
+pub use pool::{ConnectionManager, DbPool, PooledConnection, SQLITE_BUSY_TIMEOUT};
+pub use transaction::write_transaction;
+pub use url::{DatabaseUrl, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DATABASE_URL};
+
+#[cfg(not(any(feature = "postgres", feature = "sqlite")))]
+compile_error!("outbox needs at least one backend: enable the `postgres` or `sqlite` feature");
+
+// The derive generates public helper types without docs; they live in their own module.
+#[allow(missing_docs)]
+mod multi {
+    /// A connection to the database: what a handler's [`crate::TaskTx::conn`] returns, inside
+    /// the task's transaction.
+    ///
+    /// Code written with diesel's DSL runs on every variant; where a handler needs SQL that
+    /// only one backend has, it matches on the variant. A variant exists when its backend's
+    /// cargo feature (`postgres`, `sqlite`; both by default) is enabled.
+    ///
+    /// ```no_run
+    /// use outbox::DbConnection;
+    ///
+    /// fn backend_name(conn: &mut DbConnection) -> &'static str {
+    ///     match conn {
+    ///         DbConnection::Pg(_) => "postgres",
+    ///         DbConnection::Sqlite(_) => "sqlite",
+    ///     }
+    /// }
+    /// ```
+    #[derive(diesel::MultiConnection)]
+    pub enum DbConnection {
+        /// A PostgreSQL connection (the fleet backend).
+        #[cfg(feature = "postgres")]
+        Pg(diesel::pg::PgConnection),
+        /// An SQLite connection (the embedded backend).
+        #[cfg(feature = "sqlite")]
+        Sqlite(diesel::sqlite::SqliteConnection),
+    }
+}
+
+/// Which database a URL names. Chosen from the scheme alone: there is no fallback from one
+/// backend to the other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Backend {
+    /// `postgres://` or `postgresql://`.
+    Postgres,
+    /// `sqlite://PATH`, `sqlite:PATH`, or a plain file path.
+    Sqlite,
+}
+
+impl Backend {
+    /// The backend's name as printed in reports: `postgres` or `sqlite`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Postgres => "postgres",
+            Backend::Sqlite => "sqlite",
+        }
+    }
+
+    /// Whether this build includes the backend (its cargo feature is enabled).
+    pub fn is_built(self) -> bool {
+        match self {
+            Backend::Postgres => cfg!(feature = "postgres"),
+            Backend::Sqlite => cfg!(feature = "sqlite"),
+        }
+    }
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl DbConnection {
+    /// The backend of this connection.
+    pub fn backend(&self) -> Backend {
+        match self {
+            #[cfg(feature = "postgres")]
+            DbConnection::Pg(_) => Backend::Postgres,
+            #[cfg(feature = "sqlite")]
+            DbConnection::Sqlite(_) => Backend::Sqlite,
+        }
+    }
+}

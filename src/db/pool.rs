@@ -1,0 +1,114 @@
+//! The r2d2 pool: connections opened by the backend's own driver, configured alike.
+
+use std::time::Duration;
+
+use diesel::connection::{SimpleConnection, TransactionManager};
+use diesel::Connection;
+
+use super::{DatabaseUrl, DbConnection};
+use crate::driver::driver;
+use crate::error::{Error, Result};
+
+/// How long SQLite waits for a competing writer before it reports `database is locked`.
+pub const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long taking a connection from the pool may wait before it fails.
+pub const DEFAULT_CHECKOUT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A pool of [`DbConnection`]s.
+pub type DbPool = r2d2::Pool<ConnectionManager>;
+
+/// A connection checked out of a [`DbPool`].
+pub type PooledConnection = r2d2::PooledConnection<ConnectionManager>;
+
+/// Opens the pool's connections for one [`DatabaseUrl`], with that backend's own driver, and
+/// configures each as [`DatabaseUrl::connect`] does.
+///
+/// Build a pool of your own with r2d2's builder to choose its size and timeouts, and hand it
+/// to [`crate::Worker::with_pool`]:
+///
+/// ```no_run
+/// use outbox::db::{ConnectionManager, DatabaseUrl};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let url = DatabaseUrl::parse("postgres://app@db.internal/app")?;
+/// let pool = r2d2::Pool::builder()
+///     .max_size(16)
+///     .connection_timeout(std::time::Duration::from_secs(5))
+///     .build(ConnectionManager::new(&url))?;
+/// # Ok(())
+/// # }
+/// ```
+///
+/// A connection that cannot be opened fails with the server's own message (`connection
+/// refused`, `password authentication failed`, `database "app" does not exist`), which r2d2
+/// reports when a checkout times out.
+#[derive(Debug, Clone)]
+pub struct ConnectionManager {
+    url: DatabaseUrl,
+}
+
+impl ConnectionManager {
+    /// A manager opening connections to `url`.
+    pub fn new(url: &DatabaseUrl) -> Self {
+        ConnectionManager { url: url.clone() }
+    }
+
+    /// The database this manager connects to.
+    pub fn url(&self) -> &DatabaseUrl {
+        &self.url
+    }
+}
+
+impl r2d2::ManageConnection for ConnectionManager {
+    type Connection = DbConnection;
+    type Error = diesel::r2d2::Error;
+
+    fn connect(&self) -> std::result::Result<DbConnection, Self::Error> {
+        let mut conn = self
+            .url
+            .establish()
+            .map_err(diesel::r2d2::Error::ConnectionError)?;
+        driver(&mut conn)
+            .connection_configure()
+            .map_err(diesel::r2d2::Error::QueryError)?;
+        Ok(conn)
+    }
+
+    fn is_valid(&self, conn: &mut DbConnection) -> std::result::Result<(), Self::Error> {
+        conn.batch_execute("SELECT 1")
+            .map_err(diesel::r2d2::Error::QueryError)
+    }
+
+    fn has_broken(&self, conn: &mut DbConnection) -> bool {
+        std::thread::panicking()
+            || <DbConnection as Connection>::TransactionManager::is_broken_transaction_manager(conn)
+    }
+}
+
+impl DatabaseUrl {
+    /// Builds a pool of at most `max_size` connections.
+    ///
+    /// One connection is opened first so that an unreachable server fails here, at once, with
+    /// [`Error::Connect`]. Connections are not re-tested on every checkout (that would cost a
+    /// round trip per task); a connection that failed is discarded by the pool.
+    pub fn pool(&self, max_size: u32) -> Result<DbPool> {
+        if max_size == 0 {
+            return Err(Error::InvalidConfig {
+                setting: "pool size",
+                reason: "must be at least 1".into(),
+            });
+        }
+        drop(self.connect()?);
+        r2d2::Pool::builder()
+            .max_size(max_size)
+            .min_idle(Some(0))
+            .test_on_check_out(false)
+            .connection_timeout(DEFAULT_CHECKOUT_TIMEOUT)
+            .build(ConnectionManager::new(self))
+            .map_err(|e| Error::Connect {
+                url: self.masked(),
+                source: Box::new(e),
+            })
+    }
+}

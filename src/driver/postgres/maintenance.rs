@@ -1,0 +1,120 @@
+//! Nodes, statistics and pruning on PostgreSQL.
+
+use diesel::pg::{Pg, PgConnection};
+use diesel::sql_types::{BigInt, Text};
+use diesel::{QueryResult, RunQueryDsl};
+
+use crate::driver::{counts_by_state, state_literals, KeywordStateCount, PruneBatch, PrunedBatch};
+use crate::sql::Statement;
+
+pub(super) fn count_by_keyword_state(
+    conn: &mut PgConnection,
+) -> QueryResult<Vec<KeywordStateCount>> {
+    Statement::<Pg>::new(
+        "SELECT keyword, state, count(*) AS count,
+                EXTRACT(EPOCH FROM now() - min(run_at) FILTER (
+                    WHERE state = 'pending' AND run_at <= now()))::float8 AS oldest_due_secs
+         FROM async_task GROUP BY keyword, state ORDER BY keyword, state",
+    )
+    .load(conn)
+}
+
+#[derive(diesel::QueryableByName)]
+struct StateCount {
+    #[diesel(sql_type = Text)]
+    state: String,
+    #[diesel(sql_type = BigInt)]
+    n: i64,
+}
+
+/// Deletes up to `limit` tasks that finished before the cutoff, oldest first.
+///
+/// The ids are locked in a CTE first (materialised, so it runs exactly once), skipping rows
+/// another transaction holds, read through the partial index on `finished_at`. The DELETE
+/// takes them as one array, which makes it look each id up in the primary key: joined to the
+/// CTE instead, the planner merge-joins with a scan of the whole primary key, once per batch.
+/// The states are literals next to the index's own predicate: a planner may use a partial
+/// index only when it can prove the query implies the predicate, which it cannot do through
+/// a bind parameter in a generic plan.
+pub(super) fn prune_tasks(
+    conn: &mut PgConnection,
+    batch: &PruneBatch<'_>,
+) -> QueryResult<PrunedBatch> {
+    let sql = format!(
+        "WITH doomed AS MATERIALIZED (
+             SELECT id FROM async_task
+             WHERE state IN ('done', 'dead', 'cancelled') AND state IN ({})
+               AND finished_at < now() - $1 * interval '1 millisecond'
+             ORDER BY finished_at
+             LIMIT $2
+             FOR UPDATE SKIP LOCKED),
+         deleted AS (
+             DELETE FROM async_task WHERE id = ANY (ARRAY(SELECT id FROM doomed))
+             RETURNING state)
+         SELECT state, count(*) AS n FROM deleted GROUP BY state",
+        state_literals(batch.states)
+    );
+    let rows: Vec<StateCount> = diesel::sql_query(sql)
+        .bind::<BigInt, _>(batch.older_than_ms)
+        .bind::<BigInt, _>(batch.limit)
+        .load(conn)?;
+    let deleted = counts_by_state(rows.into_iter().map(|r| (r.state, r.n)));
+    let total: u64 = deleted.iter().map(|(_, n)| n).sum();
+    Ok(PrunedBatch {
+        more: total >= batch.limit as u64,
+        resume_after: 0,
+        deleted,
+    })
+}
+
+pub(super) fn node_register(conn: &mut PgConnection, name: &str) -> QueryResult<i64> {
+    #[derive(diesel::QueryableByName)]
+    struct Id {
+        #[diesel(sql_type = BigInt)]
+        id: i64,
+    }
+    let row: Id = Statement::<Pg>::new("INSERT INTO async_node (name) VALUES (")
+        .bind::<Text, _>(name.to_owned())
+        .sql(") RETURNING id")
+        .get_result(conn)?;
+    Ok(row.id)
+}
+
+pub(super) fn node_heartbeat(conn: &mut PgConnection, node_id: i64) -> QueryResult<usize> {
+    Statement::<Pg>::new("UPDATE async_node SET heartbeat_at = now() WHERE id = ")
+        .bind::<BigInt, _>(node_id)
+        .sql(" AND state = 'alive'")
+        .execute(conn)
+}
+
+pub(super) fn node_mark_gone(conn: &mut PgConnection, node_id: i64) -> QueryResult<usize> {
+    Statement::<Pg>::new("UPDATE async_node SET state = 'gone', heartbeat_at = now() WHERE id = ")
+        .bind::<BigInt, _>(node_id)
+        .execute(conn)
+}
+
+/// Deletes up to `limit` rows of stopped nodes. FOR UPDATE re-checks the conditions on a row
+/// that a heartbeat is updating at that moment (after waiting for it), so a node that beats
+/// just now stays.
+pub(super) fn prune_nodes(
+    conn: &mut PgConnection,
+    older_than_ms: i64,
+    silent_ms: i64,
+    limit: i64,
+) -> QueryResult<usize> {
+    diesel::sql_query(
+        "DELETE FROM async_node WHERE id = ANY (ARRAY(
+             SELECT n.id FROM async_node n
+             WHERE n.heartbeat_at < now() - $1 * interval '1 millisecond'
+               AND (n.state = 'gone' OR n.heartbeat_at < now() - $2 * interval '1 millisecond')
+               AND NOT EXISTS (SELECT 1 FROM async_task t
+                               WHERE t.owner = n.id AND t.state = 'running')
+             ORDER BY n.id
+             LIMIT $3
+             FOR UPDATE OF n))",
+    )
+    .bind::<BigInt, _>(older_than_ms)
+    .bind::<BigInt, _>(silent_ms)
+    .bind::<BigInt, _>(limit)
+    .execute(conn)
+}

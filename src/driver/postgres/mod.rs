@@ -1,0 +1,147 @@
+//! The driver on PostgreSQL: `SKIP LOCKED` claims, `jsonb` payloads, `NOTIFY` on enqueue, an
+//! advisory lock around migrations.
+
+mod maintenance;
+mod task;
+
+use diesel::connection::{AnsiTransactionManager, SimpleConnection, TransactionManager};
+use diesel::pg::PgConnection;
+use diesel::QueryResult;
+use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
+
+use super::{
+    Claim, ClaimRow, ClaimState, Driver, InsertRow, KeywordStateCount, MigrationError, PruneBatch,
+    PrunedBatch, RescueParams, RescuedRow, TaskKey, TaskRecord,
+};
+
+/// The channel on which enqueues of due tasks notify idle workers (the enqueue statement
+/// names it too).
+const NOTIFY_CHANNEL: &str = "outbox_task";
+
+const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/postgres");
+
+/// The advisory lock key that serialises concurrent migration runs ("outbox" in ASCII).
+const MIGRATION_LOCK_KEY: i64 = 0x6f7574626f78;
+
+impl Driver for PgConnection {
+    fn connection_configure(&mut self) -> QueryResult<()> {
+        Ok(())
+    }
+
+    fn transaction_begin(&mut self) -> QueryResult<()> {
+        AnsiTransactionManager::begin_transaction(self)
+    }
+
+    fn migrations_run(&mut self) -> Result<Vec<String>, MigrationError> {
+        self.batch_execute(&format!("SELECT pg_advisory_lock({MIGRATION_LOCK_KEY})"))?;
+        let applied = self
+            .run_pending_migrations(MIGRATIONS)
+            .map(|v| v.iter().map(ToString::to_string).collect::<Vec<_>>());
+        let unlocked =
+            self.batch_execute(&format!("SELECT pg_advisory_unlock({MIGRATION_LOCK_KEY})"));
+        let applied = applied?;
+        unlocked?;
+        Ok(applied)
+    }
+
+    fn migrations_pending(&mut self) -> Result<usize, MigrationError> {
+        Ok(self.pending_migrations(MIGRATIONS)?.len())
+    }
+
+    fn task_insert_many(&mut self, rows: &[InsertRow<'_>]) -> QueryResult<Vec<TaskKey>> {
+        task::insert_many(self, rows)
+    }
+
+    fn task_find_many(&mut self, keys_json: &str) -> QueryResult<Vec<TaskKey>> {
+        task::find_many(self, keys_json)
+    }
+
+    fn task_claim_page(
+        &mut self,
+        owner: i64,
+        keywords: &[String],
+        limit: i64,
+        timeout_ms: i64,
+    ) -> QueryResult<Vec<ClaimRow>> {
+        task::claim_page(self, owner, keywords, limit, timeout_ms)
+    }
+
+    fn task_claim_plan(&mut self, keywords: &[String], limit: i64) -> QueryResult<Vec<String>> {
+        task::claim_plan(self, keywords, limit)
+    }
+
+    fn task_complete(&mut self, claim: &Claim) -> QueryResult<usize> {
+        task::complete(self, claim)
+    }
+
+    fn task_complete_many(&mut self, owner: i64, claims: &[(i64, i64)]) -> QueryResult<usize> {
+        task::complete_many(self, owner, claims)
+    }
+
+    fn task_fail_retry(&mut self, claim: &Claim, error: &str, delay_ms: i64) -> QueryResult<usize> {
+        task::fail_retry(self, claim, error, delay_ms)
+    }
+
+    fn task_fail_dead(&mut self, claim: &Claim, error: &str) -> QueryResult<usize> {
+        task::fail_dead(self, claim, error)
+    }
+
+    fn task_release(&mut self, claim: &Claim, note: Option<&str>) -> QueryResult<usize> {
+        task::release(self, claim, note)
+    }
+
+    fn task_get_claim(&mut self, id: i64) -> QueryResult<Option<ClaimState>> {
+        task::get_claim(self, id)
+    }
+
+    fn task_get_by_key(&mut self, keyword: &str, biz_id: &str) -> QueryResult<Option<TaskRecord>> {
+        task::get_by_key(self, keyword, biz_id)
+    }
+
+    fn task_rescue_many(&mut self, rescue: &RescueParams) -> QueryResult<Vec<RescuedRow>> {
+        task::rescue_many(self, rescue)
+    }
+
+    fn task_count_by_keyword_state(&mut self) -> QueryResult<Vec<KeywordStateCount>> {
+        maintenance::count_by_keyword_state(self)
+    }
+
+    fn task_prune_batch(&mut self, batch: &PruneBatch<'_>) -> QueryResult<PrunedBatch> {
+        maintenance::prune_tasks(self, batch)
+    }
+
+    fn node_register(&mut self, name: &str) -> QueryResult<i64> {
+        maintenance::node_register(self, name)
+    }
+
+    fn node_heartbeat(&mut self, node_id: i64) -> QueryResult<usize> {
+        maintenance::node_heartbeat(self, node_id)
+    }
+
+    fn node_mark_gone(&mut self, node_id: i64) -> QueryResult<usize> {
+        maintenance::node_mark_gone(self, node_id)
+    }
+
+    fn node_prune_batch(
+        &mut self,
+        older_than_ms: i64,
+        silent_ms: i64,
+        limit: i64,
+    ) -> QueryResult<usize> {
+        maintenance::prune_nodes(self, older_than_ms, silent_ms, limit)
+    }
+
+    fn listen_start(&mut self) -> QueryResult<bool> {
+        self.batch_execute(&format!("LISTEN {NOTIFY_CHANNEL}"))?;
+        Ok(true)
+    }
+
+    fn listen_poll(&mut self) -> QueryResult<bool> {
+        let mut woke = false;
+        for notification in self.notifications_iter() {
+            notification?;
+            woke = true;
+        }
+        Ok(woke)
+    }
+}

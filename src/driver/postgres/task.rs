@@ -1,0 +1,258 @@
+//! Task statements on PostgreSQL: enqueue, claim, completion, failure, release, rescue.
+
+use diesel::pg::{Pg, PgConnection};
+use diesel::sql_types::{Array, BigInt, Nullable, Text};
+use diesel::{OptionalExtension, QueryResult, RunQueryDsl};
+
+use crate::driver::{
+    fence, rescue_params, Claim, ClaimRow, ClaimState, InsertRow, RescueParams, RescuedRow,
+    TaskKey, TaskRecord,
+};
+use crate::sql::Statement;
+
+pub(super) fn insert_many(
+    conn: &mut PgConnection,
+    rows: &[InsertRow<'_>],
+) -> QueryResult<Vec<TaskKey>> {
+    let rows_json = serde_json::to_string(rows).expect("task rows serialise");
+    // The notification is sent only if the producer's transaction commits, and only for
+    // tasks that are due now: once per keyword of the batch (the scalar subquery runs the
+    // `notified` CTE once), not once per row.
+    Statement::<Pg>::new(
+        "WITH input AS (
+            SELECT * FROM jsonb_to_recordset(",
+    )
+    .bind::<Text, _>(rows_json)
+    .sql(
+        "::jsonb) AS x(k text, b text, d text, t text, p smallint, m integer, ms bigint)
+        ), created AS (
+            INSERT INTO async_task (keyword, biz_id, biz_data, tenant, priority, max_attempts, run_at)
+            SELECT k, b, d::jsonb, t, p, m, now() + ms * interval '1 millisecond' FROM input
+            ON CONFLICT (keyword, biz_id) DO NOTHING
+            RETURNING id, keyword, biz_id, run_at
+        ), notified AS (
+            SELECT pg_notify('outbox_task', k)
+            FROM (SELECT DISTINCT keyword AS k FROM created WHERE run_at <= now()) due
+        )
+        SELECT id, keyword, biz_id, (SELECT count(*) FROM notified) AS notified
+        FROM created",
+    )
+    .load(conn)
+}
+
+pub(super) fn find_many(conn: &mut PgConnection, keys_json: &str) -> QueryResult<Vec<TaskKey>> {
+    Statement::<Pg>::new(
+        "SELECT id, keyword, biz_id FROM async_task
+         WHERE (keyword, biz_id) IN (SELECT k, b FROM jsonb_to_recordset(",
+    )
+    .bind::<Text, _>(keys_json.to_owned())
+    .sql("::jsonb) AS x(k text, b text))")
+    .load(conn)
+}
+
+/// Claims a page for `owner`: see [`crate::driver::Driver::task_claim_page`].
+pub(super) fn claim_page(
+    conn: &mut PgConnection,
+    owner: i64,
+    keywords: &[String],
+    limit: i64,
+    timeout_ms: i64,
+) -> QueryResult<Vec<ClaimRow>> {
+    claim_statement("", owner, keywords, limit, timeout_ms).load(conn)
+}
+
+pub(super) fn claim_plan(
+    conn: &mut PgConnection,
+    keywords: &[String],
+    limit: i64,
+) -> QueryResult<Vec<String>> {
+    #[derive(diesel::QueryableByName)]
+    struct Line {
+        #[diesel(sql_type = Text, column_name = "QUERY PLAN")]
+        line: String,
+    }
+    let lines: Vec<Line> =
+        claim_statement("EXPLAIN (COSTS OFF) ", 0, keywords, limit, 0).load(conn)?;
+    Ok(lines.into_iter().map(|l| l.line).collect())
+}
+
+pub(super) fn complete(conn: &mut PgConnection, claim: &Claim) -> QueryResult<usize> {
+    // Inside the handler's transaction now() is the transaction's start; the clock is the
+    // time it finished.
+    let set = "UPDATE async_task SET state = 'done', finished_at = clock_timestamp(), updated_at = clock_timestamp()";
+    fence(Statement::new(set), claim).execute(conn)
+}
+
+pub(super) fn complete_many(
+    conn: &mut PgConnection,
+    owner: i64,
+    claims: &[(i64, i64)],
+) -> QueryResult<usize> {
+    let (ids, tokens): (Vec<i64>, Vec<i64>) = claims.iter().copied().unzip();
+    // One probe per task of the running-task index (owner, id), and each row's token
+    // looked up by its position in the chunk: no join. Joined with the pairs instead,
+    // the planner either read every task the node was running (a hash join) or
+    // compared every pair with every row (a nested loop), both slower than the updates.
+    Statement::<Pg>::new(
+        "UPDATE async_task t
+         SET state = 'done', finished_at = clock_timestamp(), updated_at = clock_timestamp()
+         WHERE t.owner = ",
+    )
+    .bind::<BigInt, _>(owner)
+    .sql(" AND t.id = ANY(")
+    .bind::<Array<BigInt>, _>(ids.clone())
+    .sql(") AND t.state = 'running' AND t.claim_token = (")
+    .bind::<Array<BigInt>, _>(tokens)
+    .sql(")[array_position(")
+    .bind::<Array<BigInt>, _>(ids)
+    .sql(", t.id)]")
+    .execute(conn)
+}
+
+pub(super) fn fail_retry(
+    conn: &mut PgConnection,
+    claim: &Claim,
+    error: &str,
+    delay_ms: i64,
+) -> QueryResult<usize> {
+    let set = Statement::<Pg>::new(
+        "UPDATE async_task SET state = 'pending', owner = NULL, failures = failures + 1, last_error = ",
+    )
+    .bind::<Text, _>(error.to_owned())
+    .sql(", run_at = now() + ")
+    .bind::<BigInt, _>(delay_ms)
+    .sql(" * interval '1 millisecond', updated_at = now()");
+    fence(set, claim).execute(conn)
+}
+
+pub(super) fn fail_dead(conn: &mut PgConnection, claim: &Claim, error: &str) -> QueryResult<usize> {
+    let set = Statement::<Pg>::new(
+        "UPDATE async_task SET state = 'dead', failures = failures + 1, last_error = ",
+    )
+    .bind::<Text, _>(error.to_owned())
+    .sql(", finished_at = now(), updated_at = now()");
+    fence(set, claim).execute(conn)
+}
+
+pub(super) fn release(
+    conn: &mut PgConnection,
+    claim: &Claim,
+    note: Option<&str>,
+) -> QueryResult<usize> {
+    let set = Statement::<Pg>::new(
+        "UPDATE async_task SET state = 'pending', owner = NULL, updated_at = now(), last_error = COALESCE(",
+    )
+    .bind::<Nullable<Text>, _>(note.map(str::to_owned))
+    .sql(", last_error)");
+    fence(set, claim).execute(conn)
+}
+
+pub(super) fn get_claim(conn: &mut PgConnection, id: i64) -> QueryResult<Option<ClaimState>> {
+    Statement::<Pg>::new("SELECT state, owner, claim_token FROM async_task WHERE id = ")
+        .bind::<BigInt, _>(id)
+        .get_result(conn)
+        .optional()
+}
+
+pub(super) fn get_by_key(
+    conn: &mut PgConnection,
+    keyword: &str,
+    biz_id: &str,
+) -> QueryResult<Option<TaskRecord>> {
+    Statement::<Pg>::new(
+        "SELECT id, state, biz_data::text AS biz_data, tenant, priority::integer AS priority, failures, last_error
+         FROM async_task WHERE keyword = ",
+    )
+    .bind::<Text, _>(keyword.to_owned())
+    .sql(" AND biz_id = ")
+    .bind::<Text, _>(biz_id.to_owned())
+    .get_result(conn)
+    .optional()
+}
+
+pub(super) fn rescue_many(
+    conn: &mut PgConnection,
+    rescue: &RescueParams,
+) -> QueryResult<Vec<RescuedRow>> {
+    // In SET, every column reference reads the row as it was before this UPDATE; random() is
+    // drawn per row, so that the tasks of a dead node do not all come due at once. A
+    // concurrent rescuer blocks on the row lock and then re-checks the WHERE clause
+    // against the updated row, so a task is rescued once.
+    rescue_params(rescue).sql(
+        "
+        UPDATE async_task t SET
+            failures = t.failures + 1,
+            state = CASE WHEN t.failures + 1 >= COALESCE(t.max_attempts, p.default_max)
+                         THEN 'dead' ELSE 'pending' END,
+            run_at = CASE WHEN t.failures + 1 >= COALESCE(t.max_attempts, p.default_max) THEN t.run_at
+                          ELSE now() + LEAST(LEAST(p.base_ms * power(2, LEAST(t.failures, 40)), p.max_ms)
+                                             * (1 - p.jitter + 2 * p.jitter * random()), p.max_ms)
+                                       * interval '1 millisecond' END,
+            finished_at = CASE WHEN t.failures + 1 >= COALESCE(t.max_attempts, p.default_max)
+                               THEN now() END,
+            owner = CASE WHEN t.failures + 1 >= COALESCE(t.max_attempts, p.default_max)
+                         THEN t.owner END,
+            last_error = 'rescued from node ' || COALESCE(t.owner::text, '(none)') || ': ' ||
+                         CASE WHEN t.deadline_at < now() THEN 'running past its deadline'
+                              ELSE 'the node stopped heartbeating' END,
+            updated_at = now()
+        FROM params p
+        WHERE t.state = 'running'
+          AND (t.deadline_at < now()
+               OR NOT EXISTS (SELECT 1 FROM async_node n
+                              WHERE n.id = t.owner AND n.state = 'alive'
+                                AND n.heartbeat_at >= now() - p.dead_ms * interval '1 millisecond'))
+        RETURNING t.id, t.state, t.last_error AS reason",
+    )
+    .load(conn)
+}
+
+/// The claim statement, after `prefix` (empty, or `EXPLAIN …` to show its plan).
+fn claim_statement(
+    prefix: &'static str,
+    owner: i64,
+    keywords: &[String],
+    limit: i64,
+    timeout_ms: i64,
+) -> Statement<Pg> {
+    // The claim commits without waiting for its WAL flush (`synchronous_commit` off for
+    // this statement's transaction): a claim lost in a crash only puts its tasks back to
+    // pending, and no completion under it can be durable before the WAL up to and past the
+    // claim is flushed (a completion under a lost claim would be fenced out anyway). That
+    // saves one fsync wait per claim.
+    //
+    // The ids are materialised in a CTE first: `SKIP LOCKED` skips rows that a concurrent
+    // claim has locked, so two nodes never wait on each other nor claim the same row.
+    Statement::<Pg>::new(prefix)
+        .sql(
+            "WITH picked AS (
+                SELECT id FROM async_task
+                WHERE state = 'pending' AND run_at <= now() AND keyword = ANY(",
+        )
+        .bind::<Array<Text>, _>(keywords.to_vec())
+        .sql(
+            ")
+                ORDER BY priority, run_at, id
+                LIMIT ",
+        )
+        .bind::<BigInt, _>(limit)
+        .sql(
+            "
+                FOR UPDATE SKIP LOCKED
+            )
+            UPDATE async_task t
+            SET state = 'running', owner = ",
+        )
+        .bind::<BigInt, _>(owner)
+        .sql(
+", claim_token = t.claim_token + 1, claimed_at = now(), updated_at = now(), deadline_at = now() + ",
+        )
+        .bind::<BigInt, _>(timeout_ms)
+        .sql(
+            " * interval '1 millisecond'
+            FROM picked, (SELECT set_config('synchronous_commit', 'off', true)) AS no_flush_wait
+            WHERE t.id = picked.id
+            RETURNING t.id, t.keyword, t.biz_id, t.biz_data::text AS biz_data, t.tenant,
+                      t.failures, t.max_attempts, t.claim_token, t.priority::integer AS priority",
+        )
+}

@@ -1,0 +1,176 @@
+//! The driver on SQLite: one writer at a time, so the claim needs no `SKIP LOCKED`; times
+//! are text written by SQLite's own clock; migrations in an exclusive transaction.
+
+// Every time column is written with this expression (millisecond precision, UTC), so that
+// times compare correctly as text. The migrations' column defaults use the same.
+macro_rules! now {
+    () => {
+        "strftime('%Y-%m-%d %H:%M:%f', 'now')"
+    };
+}
+
+mod enqueue;
+mod maintenance;
+mod task;
+
+use std::time::{Duration, Instant};
+
+use diesel::connection::{AnsiTransactionManager, SimpleConnection};
+use diesel::sqlite::SqliteConnection;
+use diesel::QueryResult;
+use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
+
+use super::{
+    Claim, ClaimRow, ClaimState, Driver, InsertRow, KeywordStateCount, MigrationError, PruneBatch,
+    PrunedBatch, RescueParams, RescuedRow, TaskKey, TaskRecord,
+};
+use crate::db::SQLITE_BUSY_TIMEOUT;
+
+const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/sqlite");
+
+impl Driver for SqliteConnection {
+    /// WAL so readers never block the writer, `synchronous=NORMAL` (durable at checkpoints,
+    /// never corrupt), a busy timeout so that competing writers queue instead of failing,
+    /// and foreign keys on.
+    ///
+    /// Switching a new file to WAL needs an exclusive lock and SQLite reports `database is
+    /// locked` at once, without consulting the busy timeout, when another process holds the
+    /// file (five `migrate`s at once on a new file): that is retried until the busy timeout.
+    fn connection_configure(&mut self) -> QueryResult<()> {
+        self.batch_execute(&format!(
+            "PRAGMA busy_timeout = {};",
+            SQLITE_BUSY_TIMEOUT.as_millis()
+        ))?;
+        let give_up = Instant::now() + SQLITE_BUSY_TIMEOUT;
+        loop {
+            match self.batch_execute("PRAGMA journal_mode = WAL;") {
+                Err(diesel::result::Error::DatabaseError(_, info))
+                    if info.message().contains("locked") && Instant::now() < give_up =>
+                {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                other => break other,
+            }
+        }?;
+        self.batch_execute("PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON;")
+    }
+
+    fn transaction_begin(&mut self) -> QueryResult<()> {
+        AnsiTransactionManager::begin_transaction_sql(self, "BEGIN IMMEDIATE")
+    }
+
+    /// In an `EXCLUSIVE` transaction: diesel's harness runs each migration in a savepoint
+    /// inside it, and a second process waits (busy timeout) instead of racing.
+    fn migrations_run(&mut self) -> Result<Vec<String>, MigrationError> {
+        let mut applied = Err(MigrationError::from("not run"));
+        self.exclusive_transaction(|conn| -> QueryResult<()> {
+            applied = conn
+                .run_pending_migrations(MIGRATIONS)
+                .map(|v| v.iter().map(ToString::to_string).collect());
+            match &applied {
+                Ok(_) => Ok(()),
+                Err(_) => Err(diesel::result::Error::RollbackTransaction),
+            }
+        })
+        .or_else(|e| match e {
+            diesel::result::Error::RollbackTransaction => Ok(()),
+            other => Err(other),
+        })?;
+        applied
+    }
+
+    fn migrations_pending(&mut self) -> Result<usize, MigrationError> {
+        Ok(self.pending_migrations(MIGRATIONS)?.len())
+    }
+
+    fn task_insert_many(&mut self, rows: &[InsertRow<'_>]) -> QueryResult<Vec<TaskKey>> {
+        enqueue::insert_many(self, rows)
+    }
+
+    fn task_find_many(&mut self, keys_json: &str) -> QueryResult<Vec<TaskKey>> {
+        enqueue::find_many(self, keys_json)
+    }
+
+    fn task_claim_page(
+        &mut self,
+        owner: i64,
+        keywords: &[String],
+        limit: i64,
+        timeout_ms: i64,
+    ) -> QueryResult<Vec<ClaimRow>> {
+        task::claim_page(self, owner, keywords, limit, timeout_ms)
+    }
+
+    fn task_claim_plan(&mut self, keywords: &[String], limit: i64) -> QueryResult<Vec<String>> {
+        task::claim_plan(self, keywords, limit)
+    }
+
+    fn task_complete(&mut self, claim: &Claim) -> QueryResult<usize> {
+        task::complete(self, claim)
+    }
+
+    fn task_complete_many(&mut self, owner: i64, claims: &[(i64, i64)]) -> QueryResult<usize> {
+        task::complete_many(self, owner, claims)
+    }
+
+    fn task_fail_retry(&mut self, claim: &Claim, error: &str, delay_ms: i64) -> QueryResult<usize> {
+        task::fail_retry(self, claim, error, delay_ms)
+    }
+
+    fn task_fail_dead(&mut self, claim: &Claim, error: &str) -> QueryResult<usize> {
+        task::fail_dead(self, claim, error)
+    }
+
+    fn task_release(&mut self, claim: &Claim, note: Option<&str>) -> QueryResult<usize> {
+        task::release(self, claim, note)
+    }
+
+    fn task_get_claim(&mut self, id: i64) -> QueryResult<Option<ClaimState>> {
+        task::get_claim(self, id)
+    }
+
+    fn task_get_by_key(&mut self, keyword: &str, biz_id: &str) -> QueryResult<Option<TaskRecord>> {
+        task::get_by_key(self, keyword, biz_id)
+    }
+
+    fn task_rescue_many(&mut self, rescue: &RescueParams) -> QueryResult<Vec<RescuedRow>> {
+        task::rescue_many(self, rescue)
+    }
+
+    fn task_count_by_keyword_state(&mut self) -> QueryResult<Vec<KeywordStateCount>> {
+        maintenance::count_by_keyword_state(self)
+    }
+
+    fn task_prune_batch(&mut self, batch: &PruneBatch<'_>) -> QueryResult<PrunedBatch> {
+        maintenance::prune_tasks(self, batch)
+    }
+
+    fn node_register(&mut self, name: &str) -> QueryResult<i64> {
+        maintenance::node_register(self, name)
+    }
+
+    fn node_heartbeat(&mut self, node_id: i64) -> QueryResult<usize> {
+        maintenance::node_heartbeat(self, node_id)
+    }
+
+    fn node_mark_gone(&mut self, node_id: i64) -> QueryResult<usize> {
+        maintenance::node_mark_gone(self, node_id)
+    }
+
+    fn node_prune_batch(
+        &mut self,
+        older_than_ms: i64,
+        silent_ms: i64,
+        limit: i64,
+    ) -> QueryResult<usize> {
+        maintenance::prune_nodes(self, older_than_ms, silent_ms, limit)
+    }
+
+    fn listen_start(&mut self) -> QueryResult<bool> {
+        Ok(false)
+    }
+
+    fn listen_poll(&mut self) -> QueryResult<bool> {
+        Ok(false)
+    }
+}

@@ -1,0 +1,261 @@
+//! Task statements on SQLite: claim, completion, failure, release, rescue.
+
+use diesel::sql_types::{BigInt, Nullable, Text};
+use diesel::sqlite::{Sqlite, SqliteConnection};
+use diesel::{OptionalExtension, QueryResult, RunQueryDsl};
+
+use crate::driver::{
+    fence, rescue_params, Claim, ClaimRow, ClaimState, RescueParams, RescuedRow, TaskRecord,
+};
+use crate::sql::Statement;
+
+pub(super) fn claim_page(
+    conn: &mut SqliteConnection,
+    owner: i64,
+    keywords: &[String],
+    limit: i64,
+    timeout_ms: i64,
+) -> QueryResult<Vec<ClaimRow>> {
+    // The node's tasks that finished since its last claim leave the lease index first
+    // (see `async_task_lease_idx`): one statement for the page, in the claim's
+    // transaction, instead of an index write at every completion.
+    conn.immediate_transaction(|conn| {
+        Statement::<Sqlite>::new(
+            "UPDATE async_task SET deadline_at = NULL
+             WHERE owner = ",
+        )
+        .bind::<BigInt, _>(owner)
+        .sql(" AND deadline_at IS NOT NULL AND state <> 'running'")
+        .execute(conn)?;
+        claim_statement("", owner, keywords, limit, timeout_ms).load(conn)
+    })
+}
+
+pub(super) fn claim_plan(
+    conn: &mut SqliteConnection,
+    keywords: &[String],
+    limit: i64,
+) -> QueryResult<Vec<String>> {
+    #[derive(diesel::QueryableByName)]
+    struct Line {
+        #[diesel(sql_type = Text)]
+        detail: String,
+    }
+    let lines: Vec<Line> =
+        claim_statement("EXPLAIN QUERY PLAN ", 0, keywords, limit, 0).load(conn)?;
+    Ok(lines.into_iter().map(|l| l.detail).collect())
+}
+
+pub(super) fn complete(conn: &mut SqliteConnection, claim: &Claim) -> QueryResult<usize> {
+    let set = concat!(
+        "UPDATE async_task SET state = 'done', finished_at = ",
+        now!(),
+        ", updated_at = ",
+        now!()
+    );
+    fence(Statement::new(set), claim).execute(conn)
+}
+
+pub(super) fn complete_many(
+    conn: &mut SqliteConnection,
+    owner: i64,
+    claims: &[(i64, i64)],
+) -> QueryResult<usize> {
+    let claims_json = serde_json::to_string(claims).expect("integers serialise");
+    Statement::<Sqlite>::new(concat!(
+        "UPDATE async_task SET state = 'done', finished_at = ",
+        now!(),
+        ", updated_at = ",
+        now!(),
+        " WHERE state = 'running' AND owner = "
+    ))
+    .bind::<BigInt, _>(owner)
+    .sql(
+        " AND (id, claim_token) IN
+           (SELECT value ->> 0, value ->> 1 FROM json_each(",
+    )
+    .bind::<Text, _>(claims_json)
+    .sql("))")
+    .execute(conn)
+}
+
+pub(super) fn fail_retry(
+    conn: &mut SqliteConnection,
+    claim: &Claim,
+    error: &str,
+    delay_ms: i64,
+) -> QueryResult<usize> {
+    let set = Statement::<Sqlite>::new(
+        "UPDATE async_task SET state = 'pending', owner = NULL, deadline_at = NULL, failures = failures + 1, last_error = ",
+    )
+    .bind::<Text, _>(error.to_owned())
+    .sql(", run_at = strftime('%Y-%m-%d %H:%M:%f', 'now', printf('+%.3f seconds', ")
+    .bind::<BigInt, _>(delay_ms)
+    .sql(concat!(" / 1000.0)), updated_at = ", now!()));
+    fence(set, claim).execute(conn)
+}
+
+pub(super) fn fail_dead(
+    conn: &mut SqliteConnection,
+    claim: &Claim,
+    error: &str,
+) -> QueryResult<usize> {
+    let set = Statement::<Sqlite>::new(
+        "UPDATE async_task SET state = 'dead', deadline_at = NULL, failures = failures + 1, last_error = ",
+    )
+    .bind::<Text, _>(error.to_owned())
+    .sql(concat!(
+        ", finished_at = ",
+        now!(),
+        ", updated_at = ",
+        now!()
+    ));
+    fence(set, claim).execute(conn)
+}
+
+pub(super) fn release(
+    conn: &mut SqliteConnection,
+    claim: &Claim,
+    note: Option<&str>,
+) -> QueryResult<usize> {
+    let set = Statement::<Sqlite>::new(concat!(
+        "UPDATE async_task SET state = 'pending', owner = NULL, deadline_at = NULL, updated_at = ",
+        now!(),
+        ", last_error = COALESCE("
+    ))
+    .bind::<Nullable<Text>, _>(note.map(str::to_owned))
+    .sql(", last_error)");
+    fence(set, claim).execute(conn)
+}
+
+pub(super) fn get_claim(conn: &mut SqliteConnection, id: i64) -> QueryResult<Option<ClaimState>> {
+    Statement::<Sqlite>::new("SELECT state, owner, claim_token FROM async_task WHERE id = ")
+        .bind::<BigInt, _>(id)
+        .get_result(conn)
+        .optional()
+}
+
+pub(super) fn get_by_key(
+    conn: &mut SqliteConnection,
+    keyword: &str,
+    biz_id: &str,
+) -> QueryResult<Option<TaskRecord>> {
+    Statement::<Sqlite>::new(
+        "SELECT id, state, biz_data, tenant, priority, failures, last_error
+         FROM async_task WHERE keyword = ",
+    )
+    .bind::<Text, _>(keyword.to_owned())
+    .sql(" AND biz_id = ")
+    .bind::<Text, _>(biz_id.to_owned())
+    .get_result(conn)
+    .optional()
+}
+
+pub(super) fn rescue_many(
+    conn: &mut SqliteConnection,
+    rescue: &RescueParams,
+) -> QueryResult<Vec<RescuedRow>> {
+    // SQLite runs one writer at a time, so the WHERE clause is evaluated under the write
+    // lock and two rescuers cannot both take a task. In SET, column references read the
+    // row as it was before this UPDATE. Running tasks are read through the lease index
+    // (`deadline_at IS NOT NULL`); first, the finished tasks still in it (those of nodes
+    // that have not claimed since) leave it, so that it stays about as small as the
+    // number of running tasks.
+    conn.immediate_transaction(|conn| {
+        Statement::<Sqlite>::new(
+            "UPDATE async_task SET deadline_at = NULL
+             WHERE deadline_at IS NOT NULL AND state <> 'running'",
+        )
+        .execute(conn)?;
+        rescue_statement(rescue).load(conn)
+    })
+}
+
+/// The rescue: one UPDATE that re-checks its conditions in its WHERE clause.
+fn rescue_statement(rescue: &RescueParams) -> Statement<Sqlite> {
+    rescue_params(rescue).sql(concat!(
+                "
+                UPDATE async_task SET
+                    failures = failures + 1,
+                    state = CASE WHEN failures + 1 >= COALESCE(max_attempts, (SELECT default_max FROM params))
+                                 THEN 'dead' ELSE 'pending' END,
+                    run_at = CASE WHEN failures + 1 >= COALESCE(max_attempts, (SELECT default_max FROM params))
+                                  THEN run_at
+                                  ELSE strftime('%Y-%m-%d %H:%M:%f', 'now', printf('+%.3f seconds',
+                                       min(min((SELECT base_ms FROM params) * (1 << min(failures, 40)),
+                                               (SELECT max_ms FROM params))
+                                           * (1 - (SELECT jitter FROM params)
+                                              + 2 * (SELECT jitter FROM params)
+                                                  * (random() / 18446744073709551616.0 + 0.5)),
+                                           (SELECT max_ms FROM params)) / 1000.0)) END,
+                    finished_at = CASE WHEN failures + 1 >= COALESCE(max_attempts, (SELECT default_max FROM params))
+                                       THEN ",
+                now!(),
+                " END,
+                    owner = CASE WHEN failures + 1 >= COALESCE(max_attempts, (SELECT default_max FROM params))
+                                 THEN owner END,
+                    last_error = 'rescued from node ' || COALESCE(owner, '(none)') || ': ' ||
+                                 CASE WHEN deadline_at < ",
+                now!(),
+                " THEN 'running past its deadline' ELSE 'the node stopped heartbeating' END,
+                    deadline_at = NULL,
+                    updated_at = ",
+                now!(),
+                "
+                WHERE deadline_at IS NOT NULL AND state = 'running'
+                  AND (deadline_at < ",
+                now!(),
+                " OR NOT EXISTS (SELECT 1 FROM async_node n
+                                  WHERE n.id = async_task.owner AND n.state = 'alive'
+                                    AND n.heartbeat_at >= strftime('%Y-%m-%d %H:%M:%f', 'now',
+                                        printf('-%.3f seconds', (SELECT dead_ms FROM params) / 1000.0))))
+                RETURNING id, state, last_error AS reason"
+            ))
+}
+
+/// The claim statement, after `prefix` (empty, or `EXPLAIN QUERY PLAN` to show its plan).
+fn claim_statement(
+    prefix: &'static str,
+    owner: i64,
+    keywords: &[String],
+    limit: i64,
+    timeout_ms: i64,
+) -> Statement<Sqlite> {
+    // A single UPDATE takes SQLite's write lock before it reads, so two claimers are
+    // serialised by the lock (waiting out the busy timeout) and never see the same row
+    // pending. The keyword list is one JSON bind. INDEXED BY: left to itself, the planner
+    // serves `keyword IN (…)` from the unique (keyword, biz_id) index and sorts every task
+    // of those keywords, done ones included, on every claim.
+    let keywords = serde_json::to_string(keywords).expect("a list of strings serialises");
+    Statement::<Sqlite>::new(prefix)
+        .sql("UPDATE async_task SET state = 'running', owner = ")
+        .bind::<BigInt, _>(owner)
+        // The times are uncorrelated scalar subqueries: SQLite computes each once per
+        // statement, not once per claimed row (a tenth of a claim's time otherwise).
+        .sql(concat!(
+            ", claim_token = claim_token + 1, claimed_at = (SELECT ",
+            now!(),
+            "), updated_at = (SELECT ",
+            now!(),
+            "), deadline_at = (SELECT strftime('%Y-%m-%d %H:%M:%f', 'now', printf('+%.3f seconds', "
+        ))
+        .bind::<BigInt, _>(timeout_ms)
+        .sql(concat!(
+            " / 1000.0))) WHERE id IN (
+                SELECT id FROM async_task INDEXED BY async_task_claim_idx
+                WHERE state = 'pending' AND run_at <= ",
+            now!(),
+            " AND keyword IN (SELECT value FROM json_each("
+        ))
+        .bind::<Text, _>(keywords)
+        .sql(
+            "))
+                ORDER BY priority, run_at, id
+                LIMIT ",
+        )
+        .bind::<BigInt, _>(limit)
+        .sql(
+            ")
+            RETURNING id, keyword, biz_id, biz_data, tenant, failures, max_attempts, claim_token, priority",
+        )
+}

@@ -1,0 +1,201 @@
+//! What a handler knows of the task it runs.
+
+use std::fmt;
+
+use serde::de::DeserializeOwned;
+
+use super::HandlerError;
+
+/// What a handler knows of the task it runs: its id, keyword, business key, tenant, attempt
+/// and payload.
+///
+/// Its `Debug` output leaves the payload out (it may hold personal data): only its size.
+#[derive(Clone)]
+pub struct TaskContext {
+    pub(crate) id: i64,
+    pub(crate) keyword: String,
+    pub(crate) biz_id: String,
+    pub(crate) tenant: Option<String>,
+    pub(crate) attempt: i32,
+    pub(crate) payload: String,
+}
+
+impl TaskContext {
+    /// The task's id.
+    pub fn id(&self) -> i64 {
+        self.id
+    }
+
+    /// The task's keyword.
+    pub fn keyword(&self) -> &str {
+        &self.keyword
+    }
+
+    /// The business key, such as an order number.
+    pub fn biz_id(&self) -> &str {
+        &self.biz_id
+    }
+
+    /// The tenant, when the producer gave one.
+    pub fn tenant(&self) -> Option<&str> {
+        self.tenant.as_deref()
+    }
+
+    /// Which attempt this is: 1 the first time, 2 after one failure, and so on.
+    pub fn attempt(&self) -> i32 {
+        self.attempt
+    }
+
+    /// The payload as JSON text.
+    pub fn payload_json(&self) -> &str {
+        &self.payload
+    }
+
+    /// The payload deserialised into `T`.
+    ///
+    /// A payload that does not fit `T` will never fit it, so the error is permanent: returned
+    /// with `?` from a handler, it makes the task dead at once instead of retrying. The error
+    /// names the class of the mismatch and where in the payload it is (`data error at
+    /// user.email (line 1, column 31)`, `missing field `user_id``), never a value of the
+    /// payload: it is stored in `last_error` and logged, and payloads hold personal data.
+    ///
+    /// ```
+    /// # #[cfg(feature = "testing")] {
+    /// #[derive(Debug, serde::Deserialize)]
+    /// struct Order { user_id: i64 }
+    ///
+    /// let task = outbox::testing::task_context("points.credit", "42")
+    ///     .payload_json(r#"{"user_id": "alice@example.com"}"#)
+    ///     .build();
+    /// let error = task.payload::<Order>().unwrap_err();
+    /// assert!(error.is_permanent());
+    /// assert!(error.to_string().contains("at user_id"));
+    /// assert!(!error.to_string().contains("alice"));
+    /// # }
+    /// ```
+    pub fn payload<T: DeserializeOwned>(&self) -> Result<T, HandlerError> {
+        let mut deserializer = serde_json::Deserializer::from_str(&self.payload);
+        serde_path_to_error::deserialize(&mut deserializer).map_err(|e| {
+            HandlerError::permanent(anyhow::anyhow!(
+                "payload of {} {} does not fit the expected type: {}",
+                self.keyword,
+                self.biz_id,
+                describe_mismatch(&e)
+            ))
+        })
+    }
+}
+
+/// The class of a deserialisation error and its path in the document, without any of the
+/// document's values (serde's own message quotes them: `invalid type: string "…"`).
+fn describe_mismatch(error: &serde_path_to_error::Error<serde_json::Error>) -> String {
+    let inner = error.inner();
+    let class = match inner.classify() {
+        serde_json::error::Category::Io => "read error",
+        serde_json::error::Category::Syntax => "syntax error",
+        serde_json::error::Category::Eof => "unexpected end",
+        serde_json::error::Category::Data => {
+            // A missing field's name comes from the type, not from the payload.
+            let message = inner.to_string();
+            if let Some(rest) = message.strip_prefix("missing field `") {
+                if let Some(field) = rest.split('`').next() {
+                    return format!(
+                        "missing field `{field}` at {} (line {}, column {})",
+                        error.path(),
+                        inner.line(),
+                        inner.column()
+                    );
+                }
+            }
+            "data error"
+        }
+    };
+    format!(
+        "{class} at {} (line {}, column {})",
+        error.path(),
+        inner.line(),
+        inner.column()
+    )
+}
+
+impl fmt::Debug for TaskContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TaskContext")
+            .field("id", &self.id)
+            .field("keyword", &self.keyword)
+            .field("biz_id", &self.biz_id)
+            .field("tenant", &self.tenant)
+            .field("attempt", &self.attempt)
+            .field("payload", &format_args!("<{} bytes>", self.payload.len()))
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn context(payload: &str) -> TaskContext {
+        TaskContext {
+            id: 1,
+            keyword: "k".into(),
+            biz_id: "b".into(),
+            tenant: None,
+            attempt: 1,
+            payload: payload.into(),
+        }
+    }
+
+    #[derive(Debug, serde::Deserialize)]
+    #[allow(dead_code)]
+    struct Order {
+        user: User,
+        items: Vec<Item>,
+    }
+
+    #[derive(Debug, serde::Deserialize)]
+    #[allow(dead_code)]
+    struct User {
+        id: i64,
+    }
+
+    #[derive(Debug, serde::Deserialize)]
+    #[allow(dead_code)]
+    enum Item {
+        Book,
+    }
+
+    #[test]
+    fn a_mismatch_names_its_class_and_path_but_no_value() {
+        let secret = "alice@example.com";
+        for (payload, expected) in [
+            (
+                format!(r#"{{"user": {{"id": "{secret}"}}, "items": []}}"#),
+                "data error at user.id",
+            ),
+            (
+                format!(r#"{{"user": {{"id": 1}}, "items": ["{secret}"]}}"#),
+                "data error at items[0]",
+            ),
+            (r#"{"items": []}"#.to_owned(), "missing field `user` at ."),
+            (
+                format!(r#"{{"user": {{"id": 1}}, "items": [], "{secret}"#),
+                "unexpected end at",
+            ),
+        ] {
+            let message = context(&payload)
+                .payload::<Order>()
+                .unwrap_err()
+                .to_string();
+            assert!(message.contains(expected), "{message}");
+            assert!(!message.contains(secret), "{message}");
+        }
+    }
+
+    #[test]
+    fn debug_leaves_the_payload_out() {
+        let shown = format!("{:?}", context(r#"{"card": "4242"}"#));
+        assert!(!shown.contains("4242"), "{shown}");
+        assert!(shown.contains("<16 bytes>"), "{shown}");
+    }
+}

@@ -1,0 +1,92 @@
+//! The claim: one statement that takes a page of due tasks for this node.
+
+use std::time::Instant;
+
+use super::heartbeat::may_claim;
+use super::{millis, Worker};
+use crate::db::transaction::DiscardBroken;
+use crate::driver::driver;
+use crate::error::{Error, OpContext, Result};
+use crate::handler::TaskContext;
+use crate::task::ClaimedTask;
+
+impl Worker {
+    /// Claims one page of due tasks for registered keywords, in one statement: state
+    /// running, owner this node, claim token bumped. The first half of [`Worker::run_once`].
+    ///
+    /// Fails with [`Error::HeartbeatStale`] when this node has not recorded a heartbeat for
+    /// `dead_after − heartbeat`: other nodes may soon rescue its tasks, so it must not claim.
+    pub fn claim(&self) -> Result<Vec<ClaimedTask>> {
+        self.claim_up_to(self.claim_limit())
+    }
+
+    /// Claims at most `limit` due tasks (see [`Worker::claim`]).
+    pub(super) fn claim_up_to(&self, limit: usize) -> Result<Vec<ClaimedTask>> {
+        self.ensure_heartbeat_fresh()?;
+        let mut conn = self.pool.get().op("task claim")?;
+        let owner = self.node.id();
+        let timeout = self.settings.claim_timeout();
+        // The local deadline starts before the statement, so it never ends after the
+        // database's.
+        let deadline = Instant::now() + timeout;
+        let rows = {
+            let _turn = self.writer_turn.take();
+            driver(&mut conn)
+                .task_claim_page(
+                    owner,
+                    &self.keywords,
+                    i64::try_from(limit).unwrap_or(i64::MAX),
+                    millis(timeout),
+                )
+                .discard_broken(&mut conn)
+                .op("task claim")?
+        };
+        let mut rows = rows;
+        // RETURNING gives no order; run in claim order (priority first, then age).
+        rows.sort_by_key(|row| (row.priority, row.id));
+        Ok(rows
+            .into_iter()
+            .map(|row| ClaimedTask {
+                context: TaskContext {
+                    id: row.id,
+                    keyword: row.keyword,
+                    biz_id: row.biz_id,
+                    tenant: row.tenant,
+                    attempt: row.failures.saturating_add(1),
+                    payload: row.biz_data,
+                },
+                failures: row.failures,
+                max_attempts: row.max_attempts,
+                claim_token: row.claim_token,
+                owner,
+                deadline,
+            })
+            .collect())
+    }
+
+    /// The most tasks one claim takes: a page, but never more than can start at once (a
+    /// claimed task's deadline runs from its claim, so it must not wait for more than the
+    /// queue ahead of it).
+    pub(super) fn claim_limit(&self) -> usize {
+        self.settings.page_size.min(self.settings.claim_capacity())
+    }
+
+    /// Fails with [`Error::HeartbeatStale`] when this node has not recorded a heartbeat for
+    /// so long that other nodes may soon rescue its tasks; tries one heartbeat first.
+    fn ensure_heartbeat_fresh(&self) -> Result<()> {
+        let heartbeat = &self.services.heartbeat;
+        let fresh = |since| may_claim(since, self.settings.heartbeat, self.settings.dead_after);
+        if fresh(heartbeat.since_last_ok()) {
+            return Ok(());
+        }
+        let _ = heartbeat.run_once();
+        let since = heartbeat.since_last_ok();
+        if fresh(since) {
+            return Ok(());
+        }
+        Err(Error::HeartbeatStale {
+            node_id: self.node.id(),
+            since,
+        })
+    }
+}

@@ -1,0 +1,174 @@
+//! The heartbeat: a node proves it is alive by updating its `async_node` row, with the
+//! database clock, on a connection of its own (outside the work pool, so that a saturated
+//! pool cannot starve it), on a thread of its own (so that a slow rescue pass cannot delay
+//! it).
+//!
+//! A node whose row is gone (deleted by `outbox prune` after it was silent for an hour: a
+//! paused VM, SIGSTOP, a partition) or marked gone registers again under a new id and says
+//! so: the fleet treats the old id as dead and rescues the tasks claimed under it, and their
+//! late completions are fenced out by the claim token. The node then claims as the new id.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use crate::db::{DatabaseUrl, DbConnection};
+use crate::driver::driver;
+use crate::error::{OpContext, Result};
+
+/// This process as a node: its current id in `async_node` and its name (`host:pid`).
+#[derive(Debug)]
+pub(crate) struct Node {
+    id: AtomicI64,
+    name: String,
+}
+
+impl Node {
+    /// Registers a new node row for this process.
+    pub(crate) fn register(conn: &mut DbConnection) -> Result<Node> {
+        let name = format!(
+            "{}:{}",
+            gethostname::gethostname().to_string_lossy(),
+            std::process::id()
+        );
+        let id = driver(conn).node_register(&name).op("node register")?;
+        Ok(Node {
+            id: AtomicI64::new(id),
+            name,
+        })
+    }
+
+    /// The node's current id: the owner of the tasks it claims now.
+    pub(crate) fn id(&self) -> i64 {
+        self.id.load(Ordering::SeqCst)
+    }
+
+    /// `host:pid`.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+/// The heartbeat's state between beats.
+#[derive(Default)]
+struct Beat {
+    conn: Option<DbConnection>,
+    failing: bool,
+    /// Set by [`Heartbeat::retire`]: the node is being marked gone, so no more beats (and
+    /// no registering again).
+    retired: bool,
+}
+
+/// One node's heartbeat.
+pub(crate) struct Heartbeat {
+    url: DatabaseUrl,
+    node: std::sync::Arc<Node>,
+    /// The heartbeat's own connection (reopened after a failure), whether the last attempt
+    /// failed (to log changes of state only), and whether the node has retired.
+    conn: Mutex<Beat>,
+    /// When a heartbeat last succeeded (the registration counts as one). Apart from `conn`
+    /// so that the claim path never waits for a slow heartbeat.
+    last_ok: Mutex<Instant>,
+}
+
+impl Heartbeat {
+    pub(crate) fn new(url: DatabaseUrl, node: std::sync::Arc<Node>) -> Self {
+        Heartbeat {
+            url,
+            node,
+            conn: Mutex::new(Beat::default()),
+            last_ok: Mutex::new(Instant::now()),
+        }
+    }
+
+    /// Records one heartbeat, reconnecting first if the last attempt failed, and registering
+    /// the node again if its row is gone. Logs once when heartbeats start failing and once
+    /// when they recover.
+    pub(crate) fn run_once(&self) -> Result<()> {
+        let mut guard = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
+        let Beat {
+            conn: slot,
+            failing,
+            retired,
+        } = &mut *guard;
+        if *retired {
+            return Ok(());
+        }
+        let result = (|| {
+            if slot.is_none() {
+                *slot = Some(self.url.connect()?);
+            }
+            let conn = slot.as_mut().expect("connected above");
+            let old = self.node.id();
+            if driver(conn).node_heartbeat(old).op("node heartbeat")? == 0 {
+                let new = driver(conn)
+                    .node_register(self.node.name())
+                    .op("node register")?;
+                self.node.id.store(new, Ordering::SeqCst);
+                log::warn!(
+                    "node {old} ({}) is no longer registered as alive (its row was pruned or \
+                     marked gone while it was silent): registered again as node {new}; the \
+                     tasks claimed as node {old} are rescued and their completions fenced out",
+                    self.node.name()
+                );
+            }
+            Ok(())
+        })();
+        match &result {
+            Ok(()) => {
+                *self.last_ok.lock().unwrap_or_else(PoisonError::into_inner) = Instant::now();
+                if *failing {
+                    log::warn!("node {}: heartbeat recovered", self.node.id());
+                }
+                *failing = false;
+            }
+            Err(e) => {
+                // A fresh connection next time: this one may be dead.
+                *slot = None;
+                if !*failing {
+                    log::error!("node {}: heartbeat failed: {e}", self.node.id());
+                }
+                *failing = true;
+            }
+        }
+        result
+    }
+
+    /// Stops beating for good (waiting for a beat under way): the node is about to be marked
+    /// gone, and must not register again.
+    pub(crate) fn retire(&self) {
+        self.conn
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retired = true;
+    }
+
+    /// Time since the last successful heartbeat.
+    pub(crate) fn since_last_ok(&self) -> Duration {
+        self.last_ok
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .elapsed()
+    }
+}
+
+/// Whether a node whose last successful heartbeat was `since` ago may claim: others rescue
+/// its tasks once its heartbeat is `dead_after` old (by the database clock), so it stops
+/// claiming one heartbeat before that.
+pub(crate) fn may_claim(since: Duration, heartbeat: Duration, dead_after: Duration) -> bool {
+    since <= dead_after.saturating_sub(heartbeat)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_stops_claiming_one_heartbeat_before_others_may_rescue_it() {
+        let (beat, dead_after) = (Duration::from_secs(5), Duration::from_secs(15));
+        assert!(may_claim(Duration::from_secs(9), beat, dead_after));
+        assert!(may_claim(Duration::from_secs(10), beat, dead_after));
+        assert!(!may_claim(Duration::from_millis(10_001), beat, dead_after));
+        assert!(!may_claim(Duration::from_secs(13), beat, dead_after));
+    }
+}

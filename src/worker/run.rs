@@ -1,0 +1,222 @@
+//! The claim loops: one page ([`Worker::run_once`]), until nothing is due
+//! ([`Worker::drain`]), until stopped ([`Worker::run`]).
+
+use std::sync::atomic::Ordering;
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use super::dispatch::Feed;
+use super::listen::Listener;
+use super::tally::{Outcome, Report, Tally};
+use super::ticker::sleep_unless;
+use super::Worker;
+use crate::error::Result;
+use crate::task::ClaimedTask;
+
+/// The first pause after a claim failed for want of the database; it doubles up to
+/// [`MAX_OUTAGE_PAUSE`].
+const FIRST_OUTAGE_PAUSE: Duration = Duration::from_millis(100);
+/// The longest pause between two claims while the database is unavailable.
+const MAX_OUTAGE_PAUSE: Duration = Duration::from_secs(30);
+
+impl Worker {
+    /// Runs a claimed page in the execution pool and waits for all of it. The second half
+    /// of [`Worker::run_once`].
+    pub fn execute(&self, page: Vec<ClaimedTask>) -> Tally {
+        let tally = Mutex::new(Tally::default());
+        self.dispatcher
+            .scope(|feed| self.submit_page(feed, page, &tally));
+        tally.into_inner().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Hands a claimed page to the execution pool, a task (or, in batched mode, a chunk) at a
+    /// time; outcomes are counted in `tally` and in the worker's totals as they come.
+    fn submit_page<'s>(&'s self, feed: &Feed<'s>, page: Vec<ClaimedTask>, tally: &'s Mutex<Tally>) {
+        let n = page.len() as u64;
+        lock(tally).claimed += n;
+        lock(&self.totals).claimed += n;
+        self.in_flight.fetch_add(n, Ordering::Relaxed);
+        let record = move |outcomes: &[Outcome]| {
+            self.in_flight
+                .fetch_sub(outcomes.len() as u64, Ordering::Relaxed);
+            let mut tally = lock(tally);
+            let mut totals = lock(&self.totals);
+            for &outcome in outcomes {
+                tally.count(outcome);
+                totals.count(outcome);
+            }
+        };
+        if self.settings.commit_batch > 1 {
+            let mut tasks = page.into_iter().peekable();
+            while tasks.peek().is_some() {
+                let chunk: Vec<ClaimedTask> =
+                    tasks.by_ref().take(self.settings.commit_batch).collect();
+                self.dispatcher.submit(feed, move || {
+                    let n = chunk.len() as u64;
+                    record_or_unwind(self, n, || self.execute_chunk(chunk), &record)
+                });
+            }
+        } else {
+            for task in page {
+                self.dispatcher.submit(feed, move || {
+                    record_or_unwind(self, 1, || vec![self.execute_task(&task)], &record)
+                });
+            }
+        }
+    }
+
+    /// Waits until at least half of the units that can start (threads + queue + the claiming
+    /// thread) are free, claims as many tasks as can start, and hands them to the pool
+    /// without waiting for them: the next claim overlaps the end of this page. Returns how
+    /// many it claimed and the most it could have claimed; claims nothing once stopping.
+    fn refill<'s>(&'s self, feed: &Feed<'s>, tally: &'s Mutex<Tally>) -> Result<(usize, usize)> {
+        let units = self.dispatcher.capacity();
+        self.dispatcher
+            .wait_for_room(feed, units.div_ceil(2), &self.stopping);
+        if self.is_stopping() {
+            return Ok((0, 0));
+        }
+        let room = self.dispatcher.room().max(1);
+        let limit = self
+            .settings
+            .page_size
+            .min(room * self.settings.commit_batch);
+        let page = self.claim_up_to(limit)?;
+        let claimed = page.len();
+        self.submit_page(feed, page, tally);
+        Ok((claimed, limit))
+    }
+
+    /// Claims one page and runs it; returns what happened to it. An empty tally means
+    /// nothing was due.
+    pub fn run_once(&self) -> Result<Tally> {
+        let page = self.claim()?;
+        Ok(self.execute(page))
+    }
+
+    /// Rescues the tasks of dead nodes, then works until nothing is due (or the stop flag is
+    /// set), then returns once the tasks it claimed have finished. For cron.
+    ///
+    /// Claims overlap execution: a new page is claimed as soon as half the pool is free. An
+    /// empty claim while tasks are still running waits for them and claims once more, so
+    /// that what they make due (a follow-up task a handler enqueued, a retry with a short
+    /// backoff) is run by this drain too.
+    pub fn drain(&self) -> Result<Report> {
+        self.rescue_once()?;
+        self.drain_at_most(u64::MAX)
+    }
+
+    /// [`Worker::drain`] without its rescue pass, stopping once `max` tasks have been claimed
+    /// (the last claim may take a few more): what `outbox bench` times.
+    pub fn drain_at_most(&self, max: u64) -> Result<Report> {
+        let started = Instant::now();
+        let tally = Mutex::new(Tally::default());
+        self.dispatcher.scope(|feed| -> Result<()> {
+            while !self.is_stopping() && lock(&tally).claimed < max {
+                // Whether anything was running before the claim: a task that commits a
+                // follow-up after the claim looked, and finishes before the check below,
+                // must still be followed by one more claim.
+                let busy_before = self.dispatcher.in_flight() > 0;
+                let (claimed, _) = self.refill(feed, &tally)?;
+                if claimed == 0 {
+                    if !busy_before || self.is_stopping() {
+                        break;
+                    }
+                    self.dispatcher
+                        .wait_for_room(feed, self.dispatcher.capacity(), &self.stopping);
+                }
+            }
+            Ok(())
+        })?;
+        Ok(Report::new(
+            tally.into_inner().unwrap_or_else(PoisonError::into_inner),
+            started.elapsed(),
+        ))
+    }
+
+    /// Works until the stop flag is set: claims while there is work, otherwise waits for the
+    /// poll interval (±10% jitter, so that a fleet does not poll in step) or, on PostgreSQL
+    /// with `listen`, until a producer's `NOTIFY`. A database outage is waited out with
+    /// capped exponential backoff, logging once when it starts and once when it ends.
+    pub fn run(&self) -> Result<Report> {
+        let started = Instant::now();
+        let tally = Mutex::new(Tally::default());
+        let mut listener: Option<Listener> = None;
+        // Whether to (re)connect a listener: not when asked not to, nor on a backend that
+        // has no notifications.
+        let mut listen = self.settings.listen;
+        let mut outage: Option<(Instant, Duration)> = None;
+        self.dispatcher.scope(|feed| {
+            while !self.is_stopping() {
+                if listener.is_none() && listen {
+                    match Listener::connect(&self.url) {
+                        Ok(Some(l)) => listener = Some(l),
+                        Ok(None) => listen = false,
+                        Err(e) => log::debug!("LISTEN not available yet: {e}"),
+                    }
+                }
+                match self.refill(feed, &tally) {
+                    Ok((claimed, limit)) => {
+                        if let Some((since, _)) = outage.take() {
+                            log::warn!("database reachable again after {:?}", since.elapsed());
+                        }
+                        // A full claim means more may be due: claim again at once.
+                        if claimed >= limit {
+                            continue;
+                        }
+                        let jitter = 0.9 + 0.2 * fastrand::f64();
+                        let wait = self.settings.poll_interval.mul_f64(jitter);
+                        match listener.as_mut() {
+                            Some(l) => {
+                                if let Err(e) = l.wait(wait, &self.stopping) {
+                                    log::debug!("LISTEN connection lost: {e}");
+                                    listener = None;
+                                }
+                            }
+                            None => sleep_unless(wait, &self.stopping),
+                        }
+                    }
+                    Err(e) => {
+                        let pause = match outage {
+                            None => {
+                                log::error!("database unavailable, retrying with backoff: {e}");
+                                FIRST_OUTAGE_PAUSE
+                            }
+                            Some((_, last)) => (last * 2).min(MAX_OUTAGE_PAUSE),
+                        };
+                        outage =
+                            Some((outage.map_or_else(Instant::now, |(since, _)| since), pause));
+                        listener = None;
+                        sleep_unless(pause, &self.stopping);
+                    }
+                }
+            }
+        });
+        Ok(Report::new(
+            tally.into_inner().unwrap_or_else(PoisonError::into_inner),
+            started.elapsed(),
+        ))
+    }
+}
+
+/// Runs a unit of work and records its outcomes; if it panics outside the handlers (which are
+/// caught), its tasks leave the in-flight count before the panic goes on (rescue recovers
+/// them).
+fn record_or_unwind(
+    worker: &Worker,
+    n: u64,
+    work: impl FnOnce() -> Vec<Outcome>,
+    record: &impl Fn(&[Outcome]),
+) {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)) {
+        Ok(outcomes) => record(&outcomes),
+        Err(panic) => {
+            worker.in_flight.fetch_sub(n, Ordering::Relaxed);
+            std::panic::resume_unwind(panic);
+        }
+    }
+}
+
+fn lock(tally: &Mutex<Tally>) -> std::sync::MutexGuard<'_, Tally> {
+    tally.lock().unwrap_or_else(PoisonError::into_inner)
+}
