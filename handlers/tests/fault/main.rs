@@ -24,7 +24,7 @@
 //! `RUST_LOG=info`) goes to a file in the scenario's temporary directory; on failure the
 //! tails are printed and the directory is kept.
 
-#[path = "../../tests/suite/support.rs"]
+#[path = "../../../tests/suite/support.rs"]
 mod support;
 
 use std::cell::RefCell;
