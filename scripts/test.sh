@@ -3,7 +3,7 @@
 #
 #   scripts/test.sh [--long] [ARGS...]
 #
-#   --long   run the fault suite (handlers/tests/fault.rs) in its long profile
+#   --long   run the fault suite (handlers/tests/fault/) in its long profile
 #            (≥ 50 kills, more restarts; tens of minutes) instead of the short one
 #   ARGS     passed to `cargo test`, e.g. scripts/test.sh -- --nocapture
 #

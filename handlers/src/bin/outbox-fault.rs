@@ -1,6 +1,6 @@
 //! `outbox-fault`: the `outbox` CLI plus the fault suite's test handlers (`fault.*`). It
-//! exists for `handlers/tests/fault.rs`, which starts it as real worker processes and kills
-//! them; it is not meant for production.
+//! exists for the fault suite (`handlers/tests/fault/`), which starts it as real worker
+//! processes and kills them; it is not meant for production.
 //!
 //! Every handler takes an optional `{"sleep_ms": N}` payload, so that kills land mid-work.
 //! - `fault.ledger`: one `fault_ledger` row in the task's transaction (exactly once).

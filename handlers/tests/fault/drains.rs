@@ -1,0 +1,88 @@
+//! Overlapping drains.
+
+use std::time::{Duration, Instant};
+
+use outbox::Backend;
+
+use crate::db::{fault_db, ledger_and_external};
+use crate::invariants::check_and_publish;
+use crate::report::{secs, Report};
+use crate::scenario::{tail, worker_args, Proc, Scenario};
+use crate::{by_profile, work_limit};
+
+#[test]
+fn overlapping_drains() {
+    let sc = Scenario::start("overlapping_drains", "postgres");
+    let (test_db, db) = fault_db(Backend::Postgres);
+    let tasks = by_profile(5_000, 20_000);
+    let sleep_ms = by_profile(10, 30);
+    let target = by_profile(5, 15);
+    db.enqueue(&ledger_and_external(tasks, sleep_ms, 20));
+
+    let args = worker_args("drain", &[]);
+    let mut drains: Vec<Proc> = Vec::new();
+    let mut overlaps = Vec::new();
+    loop {
+        if !drains.is_empty() {
+            let running = drains
+                .iter_mut()
+                .filter_map(|d| d.is_running().then_some(()))
+                .count();
+            let unfinished = db.unfinished();
+            assert!(
+                running > 0 && unfinished > 0,
+                "drain {} would not overlap ({running} drains running, {unfinished} tasks left): raise tasks or sleep_ms",
+                drains.len() + 1
+            );
+            overlaps.push(running);
+        }
+        drains.push(sc.spawn(
+            &format!("drain{}", drains.len() + 1),
+            &test_db.url_text,
+            &args,
+        ));
+        if drains.len() == target {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1000));
+        for drain in &mut drains {
+            if let Some(status) = drain.poll() {
+                assert_eq!(
+                    status.code(),
+                    Some(0),
+                    "{} failed: {status}\n{}",
+                    drain.label,
+                    tail(&drain.stderr, 30)
+                );
+            }
+        }
+    }
+    let started = Instant::now();
+    for drain in &mut drains {
+        drain.expect_exit_0(work_limit());
+    }
+    let last_exit = started.elapsed();
+    // Every drain works until nothing is due: once all have exited, nothing is left.
+    let left = db.unfinished();
+    let summaries: Vec<String> = drains
+        .iter()
+        .map(|d| d.stdout_text().lines().next().unwrap_or("").to_owned())
+        .collect();
+
+    let mut report = Report::new();
+    report.add(
+        "tasks",
+        format!("{tasks} (3/4 fault.ledger, 1/4 fault.external, sleep_ms {sleep_ms})"),
+    );
+    report.add(
+        "processes",
+        format!("{target} drains started ~1 s apart, all exit 0; drains already running at each start: {overlaps:?}"),
+    );
+    report.add("last exit after last start", secs(last_exit));
+    report.add("unfinished after all exited", left);
+    for (i, summary) in summaries.iter().enumerate() {
+        report.add(&format!("drain{}", i + 1), summary);
+    }
+    check_and_publish(&sc, &db, report, true);
+    assert_eq!(left, 0, "tasks left after every drain exited");
+}

@@ -1,0 +1,269 @@
+//! The invariants checked after each scenario, and the figures they are checked on.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::Path;
+
+use diesel::prelude::*;
+
+use crate::db::{Db, StateCount};
+use crate::report::Report;
+use crate::scenario::Scenario;
+use crate::DEFAULT_MAX_ATTEMPTS;
+
+/// What a finished scenario left in the database and the external file.
+#[derive(Debug, Default)]
+pub struct Figures {
+    tasks: i64,
+    done: i64,
+    dead: i64,
+    states: BTreeMap<String, i64>,
+    ledger_rows: i64,
+    /// Ledger task ids with more than one row.
+    ledger_dups: i64,
+    /// Done `fault.ledger` tasks without a row.
+    ledger_missing: i64,
+    /// Rows for tasks that are not done `fault.ledger` tasks.
+    ledger_stray: i64,
+    external_lines: usize,
+    /// Done `fault.external` tasks not in the file.
+    external_missing: usize,
+    /// Tasks in the file more than once, and their extra lines.
+    external_dup_tasks: usize,
+    external_dup_lines: usize,
+    /// Of those, tasks with no `last_error` (a silent second run).
+    external_dup_unexplained: Vec<i64>,
+    /// Tasks of that kind that a worker logged as a claim taken over, in a scenario where a
+    /// server crash can lose a claim (see [`Figures::explain_lost_claims`]).
+    external_dup_lost_claim: usize,
+    /// Ids in the file that are not `fault.external` tasks.
+    external_unknown: usize,
+    /// Tasks with more failures than their max attempts.
+    over_max: i64,
+    /// Tasks charged at least one failure, by the start of their `last_error`.
+    pub charged: BTreeMap<String, i64>,
+}
+
+impl Figures {
+    fn collect(db: &Db, external: &Path) -> Figures {
+        let states = db.states();
+        let get = |s: &str| states.get(s).copied().unwrap_or(0);
+        let mut f = Figures {
+            tasks: states.values().sum(),
+            done: get("done"),
+            dead: get("dead"),
+            ledger_rows: db.count("SELECT count(*) FROM fault_ledger"),
+            ledger_dups: db.count(
+                "SELECT count(*) FROM (SELECT task_id FROM fault_ledger GROUP BY task_id HAVING count(*) > 1) d",
+            ),
+            ledger_missing: db.count(
+                "SELECT count(*) FROM async_task t WHERE t.keyword = 'fault.ledger' AND t.state = 'done'
+                   AND NOT EXISTS (SELECT 1 FROM fault_ledger l WHERE l.task_id = t.id)",
+            ),
+            ledger_stray: db.count(
+                "SELECT count(*) FROM fault_ledger l WHERE NOT EXISTS (SELECT 1 FROM async_task t
+                   WHERE t.id = l.task_id AND t.keyword = 'fault.ledger' AND t.state = 'done')",
+            ),
+            over_max: db.count(&format!(
+                "SELECT count(*) FROM async_task WHERE failures > COALESCE(max_attempts, {DEFAULT_MAX_ATTEMPTS})"
+            )),
+            charged: db
+                .with("charged failures", |c| {
+                    diesel::sql_query(
+                        "SELECT CASE
+                           WHEN last_error LIKE 'rescued from node %: the node stopped heartbeating'
+                             THEN 'rescued: node stopped heartbeating'
+                           WHEN last_error LIKE 'rescued from node %: running past its deadline'
+                             THEN 'rescued: past its deadline'
+                           ELSE COALESCE(substr(last_error, 1, 50), '(none)') END AS state,
+                           count(*) AS n
+                         FROM async_task WHERE failures > 0 GROUP BY 1",
+                    )
+                    .load::<StateCount>(c)
+                })
+                .into_iter()
+                .map(|r| (r.state, r.n))
+                .collect(),
+            states,
+            ..Figures::default()
+        };
+
+        let text = std::fs::read_to_string(external).unwrap_or_default();
+        let mut seen: HashMap<i64, usize> = HashMap::new();
+        for line in text.lines() {
+            let id: i64 = line
+                .trim()
+                .parse()
+                .unwrap_or_else(|e| panic!("external file line {line:?}: {e}"));
+            *seen.entry(id).or_default() += 1;
+            f.external_lines += 1;
+        }
+        let external: HashSet<i64> = db
+            .numbers("SELECT id AS n FROM async_task WHERE keyword = 'fault.external'")
+            .into_iter()
+            .collect();
+        let done: Vec<i64> = db.numbers(
+            "SELECT id AS n FROM async_task WHERE keyword = 'fault.external' AND state = 'done'",
+        );
+        let without_error: HashSet<i64> = db
+            .numbers("SELECT id AS n FROM async_task WHERE keyword = 'fault.external' AND last_error IS NULL")
+            .into_iter()
+            .collect();
+        f.external_missing = done.iter().filter(|id| !seen.contains_key(id)).count();
+        f.external_unknown = seen.keys().filter(|id| !external.contains(id)).count();
+        for (&id, &times) in &seen {
+            if times > 1 {
+                f.external_dup_tasks += 1;
+                f.external_dup_lines += times - 1;
+                if without_error.contains(&id) {
+                    f.external_dup_unexplained.push(id);
+                }
+            }
+        }
+        f.external_dup_unexplained.sort_unstable();
+        f
+    }
+
+    /// Accepts a silent second run of the tasks in `lost_claims`: a claim commits without
+    /// waiting for its WAL flush (README, "Choices"), so a server crash can lose it; the task
+    /// then runs again with no `last_error`, and the worker that ran it first logs that its
+    /// claim was taken over. Only for scenarios that crash the server.
+    fn explain_lost_claims(&mut self, lost_claims: &HashSet<i64>) {
+        let before = self.external_dup_unexplained.len();
+        self.external_dup_unexplained
+            .retain(|id| !lost_claims.contains(id));
+        self.external_dup_lost_claim = before - self.external_dup_unexplained.len();
+    }
+
+    /// Tasks neither done nor dead.
+    fn lost(&self) -> i64 {
+        self.tasks - self.done - self.dead
+    }
+
+    /// Every invariant that does not hold.
+    fn violations(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        if self.lost() != 0 {
+            v.push(format!(
+                "{} task(s) neither done nor dead: {:?}",
+                self.lost(),
+                self.states
+            ));
+        }
+        if self.ledger_dups != 0 {
+            v.push(format!(
+                "{} ledger task(s) with more than one row",
+                self.ledger_dups
+            ));
+        }
+        if self.ledger_missing != 0 {
+            v.push(format!(
+                "{} done fault.ledger task(s) without a ledger row",
+                self.ledger_missing
+            ));
+        }
+        if self.ledger_stray != 0 {
+            v.push(format!(
+                "{} ledger row(s) for tasks that are not done fault.ledger tasks",
+                self.ledger_stray
+            ));
+        }
+        if self.external_missing != 0 {
+            v.push(format!(
+                "{} done fault.external task(s) missing from the external file",
+                self.external_missing
+            ));
+        }
+        if self.external_unknown != 0 {
+            v.push(format!(
+                "{} id(s) in the external file are not fault.external tasks",
+                self.external_unknown
+            ));
+        }
+        if !self.external_dup_unexplained.is_empty() {
+            v.push(format!(
+                "{} task(s) ran their external effect more than once with no last_error: {:?}",
+                self.external_dup_unexplained.len(),
+                &self.external_dup_unexplained[..self.external_dup_unexplained.len().min(20)]
+            ));
+        }
+        if self.over_max != 0 {
+            v.push(format!(
+                "{} task(s) with failures > max_attempts",
+                self.over_max
+            ));
+        }
+        v
+    }
+
+    fn add_to(&self, report: &mut Report) {
+        report.add(
+            "done / dead / lost",
+            format!("{} / {} / {}", self.done, self.dead, self.lost()),
+        );
+        report.add(
+            "ledger rows",
+            format!(
+                "{} ({} duplicated, {} missing, {} stray)",
+                self.ledger_rows, self.ledger_dups, self.ledger_missing, self.ledger_stray
+            ),
+        );
+        report.add(
+            "external duplicates",
+            format!(
+                "{} task(s), {} extra line(s) of {} ({} without last_error, {} more after a claim lost in a crash)",
+                self.external_dup_tasks,
+                self.external_dup_lines,
+                self.external_lines,
+                self.external_dup_unexplained.len(),
+                self.external_dup_lost_claim
+            ),
+        );
+        report.add("failures > max", self.over_max);
+        report.add(
+            "charged a failure",
+            format!(
+                "{} task(s) {:?}",
+                self.charged.values().sum::<i64>(),
+                self.charged
+            ),
+        );
+    }
+}
+
+/// Collects the figures, adds them to the report, publishes it, and fails the test if an
+/// invariant does not hold (or, with `expect_no_dead`, if any task died).
+pub fn check_and_publish(sc: &Scenario, db: &Db, report: Report, expect_no_dead: bool) -> Figures {
+    check_and_publish_after_crash(sc, db, report, expect_no_dead, &HashSet::new())
+}
+
+/// [`check_and_publish`] for a scenario that crashed the server: a silent second run of a
+/// task in `lost_claims` is not a violation ([`Figures::explain_lost_claims`]).
+pub fn check_and_publish_after_crash(
+    sc: &Scenario,
+    db: &Db,
+    mut report: Report,
+    expect_no_dead: bool,
+    lost_claims: &HashSet<i64>,
+) -> Figures {
+    let mut figures = Figures::collect(db, &sc.external_file());
+    figures.explain_lost_claims(lost_claims);
+    figures.add_to(&mut report);
+    let mut violations = figures.violations();
+    if expect_no_dead && figures.dead != 0 {
+        violations.push(format!(
+            "{} task(s) dead, none expected in this scenario",
+            figures.dead
+        ));
+    }
+    report.add(
+        "invariants",
+        if violations.is_empty() {
+            "OK".to_owned()
+        } else {
+            format!("VIOLATED: {}", violations.join("; "))
+        },
+    );
+    sc.publish(&report);
+    assert!(violations.is_empty(), "{}", violations.join("\n"));
+    figures
+}

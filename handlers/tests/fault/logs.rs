@@ -1,0 +1,67 @@
+//! What the processes wrote: the workers' log lines (stderr) and summaries (stdout).
+
+use std::collections::HashSet;
+
+use crate::scenario::Proc;
+
+/// The worker's log line when its claims start failing (`Worker::run`).
+pub const OUTAGE_LOG: &[&str] = &["retrying with backoff"];
+/// The worker's log lines when a task is released because the database failed under it.
+pub const RELEASE_LOG: &[&str] = &["while running it", "the connection broke under its handler"];
+
+/// The tasks whose claim the workers logged as taken over before completion.
+pub fn lost_claim_tasks(procs: &[&Proc]) -> HashSet<i64> {
+    procs
+        .iter()
+        .flat_map(|p| lost_claim_ids(&p.stderr_text()))
+        .collect()
+}
+
+/// The task ids of a worker log's "task N: …its claim was taken over" lines.
+fn lost_claim_ids(log: &str) -> Vec<i64> {
+    log.lines()
+        .filter(|l| l.contains("its claim was taken over"))
+        .filter_map(|l| {
+            let rest = &l[l.find("] task ")? + "] task ".len()..];
+            rest[..rest.find(':')?].parse().ok()
+        })
+        .collect()
+}
+
+#[test]
+fn lost_claim_ids_reads_both_log_lines_of_a_lost_claim() {
+    let log = "\
+[2026-11-23T15:41:48Z WARN  outbox::worker::execute] task 1784: its claim was taken over before completion; effects rolled back
+[2026-11-23T15:41:48Z WARN  outbox::worker::execute] task 17: task fail: its claim was taken over
+[2026-11-23T15:41:48Z WARN  outbox::worker::execute] task 1765: could not open its transaction: server closed the connection unexpectedly
+";
+    assert_eq!(lost_claim_ids(log), vec![1784, 17]);
+}
+
+/// Lines of the workers' stderr that contain one of `needles`.
+pub fn log_lines(procs: &[&Proc], needles: &[&str]) -> usize {
+    procs
+        .iter()
+        .map(|p| {
+            p.stderr_text()
+                .lines()
+                .filter(|l| needles.iter().any(|n| l.contains(n)))
+                .count()
+        })
+        .sum()
+}
+
+/// The first line of each process's stdout (a worker's summary).
+pub fn summaries(procs: &[Proc]) -> String {
+    procs
+        .iter()
+        .map(|p| {
+            p.stdout_text()
+                .lines()
+                .next()
+                .unwrap_or("(nothing)")
+                .to_owned()
+        })
+        .collect::<Vec<_>>()
+        .join(" | ")
+}

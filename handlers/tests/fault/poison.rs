@@ -1,0 +1,234 @@
+//! Poison tasks: handlers that fail, panic, abort the process or hang.
+
+use std::os::unix::process::ExitStatusExt;
+use std::time::{Duration, Instant};
+
+use diesel::prelude::*;
+use diesel::sql_types::{BigInt, Text};
+use outbox::Backend;
+
+use crate::db::{fault_db, task, wait_until, Db};
+use crate::invariants::check_and_publish;
+use crate::report::{secs, Report};
+use crate::scenario::{stop_all, tail, worker_args, Proc, Scenario};
+
+/// `(state, failures, last_error)` of the tasks with `keyword`.
+fn task_rows(db: &Db, keyword: &str) -> Vec<(String, i64, String)> {
+    #[derive(QueryableByName)]
+    struct Row {
+        #[diesel(sql_type = Text)]
+        state: String,
+        #[diesel(sql_type = BigInt)]
+        failures: i64,
+        #[diesel(sql_type = Text)]
+        last_error: String,
+    }
+    let sql = format!(
+        "SELECT state, CAST(failures AS BIGINT) AS failures, COALESCE(last_error, '') AS last_error
+         FROM async_task WHERE keyword = '{keyword}' ORDER BY id"
+    );
+    db.with(&sql, |c| diesel::sql_query(&sql).load::<Row>(c))
+        .into_iter()
+        .map(|r| (r.state, r.failures, r.last_error))
+        .collect()
+}
+
+fn assert_dead(db: &Db, keyword: &str, failures: i64, error: &str) {
+    for (state, f, last_error) in task_rows(db, keyword) {
+        assert_eq!(
+            (state.as_str(), f),
+            ("dead", failures),
+            "{keyword}: {last_error}"
+        );
+        assert!(
+            last_error.contains(error),
+            "{keyword}: last_error {last_error:?} lacks {error:?}"
+        );
+    }
+}
+
+fn poison_tasks(backend: Backend) {
+    let sc = Scenario::start("poison_tasks", backend.name());
+    let (test_db, db) = fault_db(backend);
+    let url = test_db.url_text.clone();
+    let mut report = Report::new();
+
+    // fail and panic: dead after 3 attempts, the worker alive throughout.
+    db.enqueue(&[
+        task("fault.fail", 1, 0, 3),
+        task("fault.fail", 2, 0, 3),
+        task("fault.panic", 1, 0, 3),
+        task("fault.panic", 2, 0, 3),
+    ]);
+    let started = Instant::now();
+    let mut worker = sc.spawn("worker-fail-panic", &url, &worker_args("run", &[]));
+    wait_until(
+        &db,
+        Duration::from_secs(30),
+        "the fail and panic tasks to be dead",
+        || {
+            worker.assert_running("while running failing and panicking handlers");
+            db.in_state("dead") == 4
+        },
+    );
+    let took = started.elapsed();
+    worker.assert_running("after the poison tasks died");
+    assert_dead(&db, "fault.fail", 3, "fault.fail always fails");
+    assert_dead(&db, "fault.panic", 3, "handler panicked");
+    stop_all(std::slice::from_mut(&mut worker));
+    report.add(
+        "fail, panic",
+        format!(
+            "2 + 2 tasks, max_attempts 3: dead with failures 3 in {}, one worker alive throughout",
+            secs(took)
+        ),
+    );
+
+    // abort: each attempt kills the process; restarted as systemd would, until dead.
+    db.enqueue(&[task("fault.abort", 1, 0, 3)]);
+    let started = Instant::now();
+    let mut starts = 1;
+    let mut worker = sc.spawn("worker-abort-1", &url, &worker_args("run", &[]));
+    let mut aborts: Vec<Proc> = Vec::new();
+    wait_until(
+        &db,
+        Duration::from_secs(60),
+        "the abort task to be dead",
+        || {
+            if let Some(status) = worker.poll() {
+                assert_eq!(
+                    status.signal(),
+                    Some(libc::SIGABRT),
+                    "{} exited with {status}, expected SIGABRT\n{}",
+                    worker.label,
+                    tail(&worker.stderr, 20)
+                );
+                starts += 1;
+                let next = sc.spawn(
+                    &format!("worker-abort-{starts}"),
+                    &url,
+                    &worker_args("run", &[]),
+                );
+                aborts.push(std::mem::replace(&mut worker, next));
+            }
+            task_rows(&db, "fault.abort")[0].0 == "dead"
+        },
+    );
+    let took = started.elapsed();
+    assert_dead(&db, "fault.abort", 3, "rescued from node");
+    assert_eq!(
+        aborts.len(),
+        3,
+        "the abort task should kill one process per attempt"
+    );
+    stop_all(std::slice::from_mut(&mut worker));
+    report.add(
+        "abort",
+        format!(
+            "1 task, max_attempts 3: {} process aborts, {} restarts, dead with failures 3 in {}",
+            aborts.len(),
+            starts - 1,
+            secs(took)
+        ),
+    );
+
+    report.add("tasks", "4 + 1 poison tasks");
+    check_and_publish(&sc, &db, report, false);
+}
+
+#[test]
+fn poison_tasks_postgres() {
+    poison_tasks(Backend::Postgres);
+}
+
+#[test]
+fn poison_tasks_sqlite() {
+    poison_tasks(Backend::Sqlite);
+}
+
+/// `fault.hang`: rescued past its deadline, twice, then dead. A handler cannot be cancelled,
+/// so a worker whose handler outlives `--task-timeout` by a heartbeat exits with status 3 (on
+/// SQLite the hung transaction holds the only write lock; on PostgreSQL a connection and the
+/// claiming thread); each such exit is checked and the worker restarted, as systemd would.
+fn poison_hang(backend: Backend) {
+    let sc = Scenario::start("poison_hang", backend.name());
+    let (test_db, db) = fault_db(backend);
+    let url = test_db.url_text.clone();
+    db.enqueue(&[task("fault.hang", 1, 0, 2)]);
+    let started = Instant::now();
+    let args = worker_args("run", &[("--task-timeout", "1s")]);
+    let mut spawned = 2;
+    let mut workers: Vec<Proc> = (1..=spawned)
+        .map(|i| sc.spawn(&format!("worker-hang-{i}"), &url, &args))
+        .collect();
+    let mut watchdog_exits = 0;
+    // Restarts every worker that exited (each must have been the watchdog); returns how many.
+    let mut reap = |workers: &mut Vec<Proc>| {
+        let mut exits = 0;
+        for worker in workers.iter_mut() {
+            if let Some(status) = worker.poll() {
+                assert_eq!(
+                    status.code(),
+                    Some(3),
+                    "{} exited otherwise than by the hang watchdog ({status})\n{}",
+                    worker.label,
+                    tail(&worker.stderr, 40)
+                );
+                assert!(
+                    worker.stderr_text().contains("past its task timeout"),
+                    "{} exited 3 without saying why\n{}",
+                    worker.label,
+                    tail(&worker.stderr, 40)
+                );
+                exits += 1;
+                spawned += 1;
+                *worker = sc.spawn(&format!("worker-hang-{spawned}"), &url, &args);
+            }
+        }
+        exits
+    };
+    wait_until(
+        &db,
+        Duration::from_secs(60),
+        "the hang task to be dead",
+        || {
+            watchdog_exits += reap(&mut workers);
+            task_rows(&db, "fault.hang")[0].0 == "dead"
+        },
+    );
+    let took = started.elapsed();
+    assert_dead(&db, "fault.hang", 2, "running past its deadline");
+    // The worker hung in the second attempt exits too; then nothing is left hung.
+    wait_until(
+        &db,
+        Duration::from_secs(30),
+        "both hung workers to exit",
+        || {
+            watchdog_exits += reap(&mut workers);
+            watchdog_exits >= 2
+        },
+    );
+    let stop_time = stop_all(&mut workers);
+    let mut report = Report::new();
+    report.add("tasks", "1 fault.hang, max_attempts 2");
+    report.add(
+        "hang",
+        format!(
+            "--task-timeout 1s: dead via deadline rescue in {}; {watchdog_exits} workers exited 3 \
+             (hang watchdog) and were restarted",
+            secs(took)
+        ),
+    );
+    report.add("SIGTERM to exit", secs(stop_time));
+    check_and_publish(&sc, &db, report, false);
+}
+
+#[test]
+fn poison_hang_postgres() {
+    poison_hang(Backend::Postgres);
+}
+
+#[test]
+fn poison_hang_sqlite() {
+    poison_hang(Backend::Sqlite);
+}

@@ -1,0 +1,134 @@
+//! PostgreSQL restarted mid-run, on a cluster of its own.
+
+use std::collections::HashSet;
+use std::time::Instant;
+
+use crate::cluster::Cluster;
+use crate::db::{
+    done_since, ledger_and_external, pg_clock_ms, wait_until, wait_until_finished, Db,
+};
+use crate::invariants::check_and_publish_after_crash;
+use crate::logs::{log_lines, lost_claim_tasks, summaries, OUTAGE_LOG, RELEASE_LOG};
+use crate::report::{secs, Report};
+use crate::scenario::{stop_all, worker_args, Proc, Scenario};
+use crate::{by_profile, work_limit, COMMAND_LIMIT, LEFT_AFTER_LAST_FAULT};
+
+fn postgres_restarted_mid_run(how: &'static str) {
+    let sc = Scenario::start(&format!("postgres_restarted_mid_run_{how}"), "postgres");
+    let cluster = Cluster::start(&sc);
+    let url = cluster.create_database("fault_restart");
+    sc.spawn("migrate", &url, &["migrate".to_owned()])
+        .expect_exit_0(COMMAND_LIMIT);
+    let db = Db::new(&url);
+    db.create_fault_ledger();
+    let tasks = 5_000;
+    let sleep_ms = by_profile(10, 20);
+    let restarts = by_profile(1, 2);
+    db.enqueue(&ledger_and_external(tasks, sleep_ms, 20));
+
+    let args = worker_args("run", &[]);
+    let mut workers: Vec<Proc> = (1..=2)
+        .map(|i| sc.spawn(&format!("worker{i}"), &url, &args))
+        .collect();
+    let mut downtime = Vec::new();
+    let mut unfinished_at_restart = Vec::new();
+    for r in 0..restarts {
+        // Restart once a share of the work is done, while the rest is still to do.
+        let threshold = tasks as i64 * (r + 1) / (restarts + 2);
+        wait_until(
+            &db,
+            work_limit(),
+            &format!("{threshold} tasks done"),
+            || db.in_state("done") >= threshold,
+        );
+        let unfinished = db.unfinished();
+        assert!(
+            unfinished > 0,
+            "the tasks ran out before restart {}: raise sleep_ms",
+            r + 1
+        );
+        unfinished_at_restart.push(unfinished);
+        let started = Instant::now();
+        cluster.pg_sh(&sc, &["restart", how]);
+        downtime.push(started.elapsed());
+        for worker in &mut workers {
+            worker.assert_running("after the restart");
+        }
+    }
+    let last_fault = pg_clock_ms(&db);
+    let left = db.unfinished();
+    assert!(
+        left >= LEFT_AFTER_LAST_FAULT,
+        "only {left} tasks left after the last restart: raise sleep_ms"
+    );
+    let tail_time = wait_until_finished(&db, work_limit(), || {
+        for worker in &mut workers {
+            worker.assert_running("while finishing");
+        }
+    });
+    let resumed = done_since(&db, &workers, last_fault);
+    let all: Vec<&Proc> = workers.iter().collect();
+    let outages = log_lines(&all, OUTAGE_LOG);
+    let recovered = log_lines(&all, &["database reachable again"]);
+    let released = log_lines(&all, RELEASE_LOG);
+    let panics = log_lines(&all, &["panicked"]);
+    let stop_time = stop_all(&mut workers);
+    // An immediate shutdown is a crash: claims whose WAL was not flushed yet are lost.
+    let lost_claims = match how {
+        "immediate" => lost_claim_tasks(&workers.iter().collect::<Vec<_>>()),
+        _ => HashSet::new(),
+    };
+
+    let mut report = Report::new();
+    report.add(
+        "tasks",
+        format!("{tasks} (3/4 fault.ledger, 1/4 fault.external, sleep_ms {sleep_ms})"),
+    );
+    report.add(
+        "processes",
+        "2 run workers, 0 restarts (all alive to the end)",
+    );
+    report.add(
+        "server restarts",
+        format!(
+            "{restarts} × pg.sh restart {how} (took {}), unfinished tasks at each: {unfinished_at_restart:?}",
+            downtime.iter().map(|d| secs(*d)).collect::<Vec<_>>().join(", ")
+        ),
+    );
+    report.add(
+        "worker log lines",
+        format!("{outages} claim outages, {recovered} 'database reachable again', {released} tasks released by a database error, {panics} 'panicked'"),
+    );
+    report.add(
+        "after the last restart",
+        format!("{left} tasks left; done per worker since: {resumed:?}"),
+    );
+    report.add("finish after last restart", secs(tail_time));
+    report.add("SIGTERM to exit", secs(stop_time));
+    report.add("worker summaries", summaries(&workers));
+    report.add("tasks of claims lost", lost_claims.len());
+    let figures = check_and_publish_after_crash(&sc, &db, report, true, &lost_claims);
+    assert_eq!(panics, 0, "a worker panicked (see its stderr)");
+    assert!(
+        resumed.iter().all(|&n| n > 0),
+        "a worker did no task after the last restart (done per worker: {resumed:?})"
+    );
+    // README: "PostgreSQL restarts: [...] no task is charged a failure for it".
+    assert!(
+        figures.charged.is_empty(),
+        "tasks charged a failure by the restart: {:?}",
+        figures.charged
+    );
+    drop(db);
+    drop(cluster);
+}
+
+#[test]
+fn postgres_restarted_mid_run_fast() {
+    postgres_restarted_mid_run("fast");
+}
+
+#[test]
+fn postgres_restarted_mid_run_immediate() {
+    postgres_restarted_mid_run("immediate");
+}

@@ -1,0 +1,199 @@
+//! SIGTERM mid-batch, and SIGTERM while a handler hangs (the shutdown timeout).
+
+use std::time::{Duration, Instant};
+
+use outbox::Backend;
+
+use crate::db::{fault_db, task, wait_until};
+use crate::invariants::check_and_publish;
+use crate::report::{secs, Report};
+use crate::scenario::{worker_args, Scenario};
+use crate::{work_limit, SHUTDOWN_TIMEOUT};
+
+fn sigterm_mid_batch(backend: Backend) {
+    let sc = Scenario::start("sigterm_mid_batch", backend.name());
+    let (test_db, db) = fault_db(backend);
+    let url = test_db.url_text.clone();
+    let tasks = 100;
+    db.enqueue(
+        &(0..tasks)
+            .map(|i| task("fault.ledger", i, 200, 20))
+            .collect::<Vec<_>>(),
+    );
+    // Two threads and a queue of 48, so that a claim takes a whole page of 50 (a claim
+    // takes no more than threads + queue + 1) of which two start; a deadline well past the
+    // scenario, so that no task of the page is rescued while it waits.
+    let args = worker_args(
+        "run",
+        &[
+            ("--threads", "2"),
+            ("--queue", "48"),
+            ("--page", "50"),
+            ("--task-timeout", "60s"),
+        ],
+    );
+    let mut worker = sc.spawn("worker", &url, &args);
+    wait_until(&db, Duration::from_secs(60), "10 tasks running", || {
+        worker.assert_running("before SIGTERM");
+        db.in_state("running") >= 10
+    });
+    let node = db
+        .node_id(&worker.node_name())
+        .expect("the worker registered its node");
+    let running_at_signal = db.in_state("running");
+    worker.signal(libc::SIGTERM);
+    let exit_time = worker.expect_exit_0(SHUTDOWN_TIMEOUT + Duration::from_secs(1));
+
+    // Right after the exit.
+    let running_under_node = db.count(&format!(
+        "SELECT count(*) FROM async_task WHERE owner = {node} AND state = 'running'"
+    ));
+    let running = db.in_state("running");
+    let node_state = db.count(&format!(
+        "SELECT count(*) FROM async_node WHERE id = {node} AND state = 'gone'"
+    ));
+    let claimed = db.count("SELECT count(*) FROM async_task WHERE claim_token > 0");
+    let done = db.in_state("done");
+    let released =
+        db.count("SELECT count(*) FROM async_task WHERE state = 'pending' AND claim_token > 0");
+    let released_marked = db.count(
+        "SELECT count(*) FROM async_task WHERE state = 'pending' AND claim_token > 0
+           AND (failures <> 0 OR last_error IS NOT NULL)",
+    );
+    let failures = db.count("SELECT COALESCE(sum(failures), 0) FROM async_task");
+    let ledger_missing = db.count(
+        "SELECT count(*) FROM async_task t WHERE t.state = 'done'
+           AND NOT EXISTS (SELECT 1 FROM fault_ledger l WHERE l.task_id = t.id)",
+    );
+    let ledger_rows = db.count("SELECT count(*) FROM fault_ledger");
+
+    // Then let a drain finish the rest (without the sleep: on SQLite tasks run one at a
+    // time), and check the whole run.
+    db.exec(r#"UPDATE async_task SET biz_data = '{"sleep_ms": 0}' WHERE state = 'pending'"#);
+    let mut drain = sc.spawn(
+        "drain",
+        &url,
+        &worker_args("drain", &[("--threads", "8"), ("--task-timeout", "60s")]),
+    );
+    drain.expect_exit_0(work_limit());
+
+    let mut report = Report::new();
+    report.add("tasks", format!("{tasks} fault.ledger, sleep_ms 200"));
+    report.add(
+        "processes",
+        "1 run worker (--threads 2 --queue 48 --page 50), SIGTERM; then 1 drain",
+    );
+    report.add(
+        "at SIGTERM",
+        format!("{running_at_signal} running (claimed by the worker)"),
+    );
+    report.add(
+        "SIGTERM to exit 0",
+        format!(
+            "{} (shutdown timeout {})",
+            secs(exit_time),
+            secs(SHUTDOWN_TIMEOUT)
+        ),
+    );
+    report.add(
+        "right after exit",
+        format!(
+            "{claimed} claimed: {done} done, {released} released ({released_marked} with a failure or error); \
+             {running} running; node gone: {}; ledger rows {ledger_rows}",
+            node_state == 1
+        ),
+    );
+    check_and_publish(&sc, &db, report, true);
+    assert_eq!(running_under_node, 0, "tasks left running under the node");
+    assert_eq!(running, 0, "tasks left running");
+    assert_eq!(node_state, 1, "the node is not marked gone");
+    assert!(released > 0, "SIGTERM released nothing: not mid-batch");
+    assert_eq!(
+        released_marked, 0,
+        "released tasks must have failures 0 and no error"
+    );
+    assert_eq!(failures, 0, "a failure was counted");
+    assert_eq!(
+        claimed,
+        done + released,
+        "claimed tasks neither done nor released"
+    );
+    assert_eq!(ledger_missing, 0, "done tasks without their ledger row");
+    assert_eq!(ledger_rows, done, "ledger rows for tasks that are not done");
+}
+
+#[test]
+fn sigterm_mid_batch_postgres() {
+    sigterm_mid_batch(Backend::Postgres);
+}
+
+#[test]
+fn sigterm_mid_batch_sqlite() {
+    sigterm_mid_batch(Backend::Sqlite);
+}
+
+// ---------------------------------------------------------------------------------------------
+// SIGTERM while a handler hangs: the shutdown timeout
+// ---------------------------------------------------------------------------------------------
+
+/// README: "running handlers get `--shutdown-timeout`; [...] past the timeout the process
+/// exits (status 1) and rescue recovers what was still running". Checked for `drain` and
+/// `run`, each holding a hung handler when SIGTERMed.
+#[test]
+fn sigterm_past_the_shutdown_timeout() {
+    let sc = Scenario::start("sigterm_past_the_shutdown_timeout", "postgres");
+    let (test_db, db) = fault_db(Backend::Postgres);
+    let url = test_db.url_text.clone();
+    let timeout = Duration::from_secs(2);
+    let mut report = Report::new();
+    let mut failures = Vec::new();
+    for (n, command) in ["drain", "run"].into_iter().enumerate() {
+        db.enqueue(&[task("fault.hang", n, 0, 2)]);
+        let mut worker = sc.spawn(
+            command,
+            &url,
+            &worker_args(
+                command,
+                &[("--shutdown-timeout", "2s"), ("--task-timeout", "60s")],
+            ),
+        );
+        wait_until(&db, Duration::from_secs(30), "the hang task to run", || {
+            worker.assert_running("before SIGTERM");
+            db.count(&format!(
+                "SELECT count(*) FROM async_task WHERE biz_id = '{n}' AND state = 'running'"
+            )) == 1
+        });
+        // Let the handler start (the claim commits just before it).
+        std::thread::sleep(Duration::from_millis(300));
+        let node = db.node_id(&worker.node_name()).expect("node registered");
+        worker.signal(libc::SIGTERM);
+        let started = Instant::now();
+        let status = worker.wait_for_exit(timeout + Duration::from_secs(8));
+        let took = started.elapsed();
+        let gone = db.count(&format!(
+            "SELECT count(*) FROM async_node WHERE id = {node} AND state = 'gone'"
+        ));
+        let outcome = match status {
+            Some(status) => format!("exited {status} after {}", secs(took)),
+            None => {
+                worker.kill9();
+                format!("still running {} after SIGTERM; SIGKILLed", secs(took))
+            }
+        };
+        report.add(
+            &format!("{command} + hung handler"),
+            format!(
+                "SIGTERM with --shutdown-timeout 2s: {outcome}; node gone: {}",
+                gone == 1
+            ),
+        );
+        if status.and_then(|s| s.code()) != Some(1) || gone != 1 {
+            failures.push(format!(
+                "`{command}`: {outcome}, node gone: {} (expected: exit status 1 about 2s after SIGTERM, node gone)",
+                gone == 1
+            ));
+        }
+    }
+    sc.publish(&report);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
