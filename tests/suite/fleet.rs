@@ -40,6 +40,27 @@ both_backends! {
         assert_eq!(db.count("SELECT count(DISTINCT task_id) FROM test_ledger"), 10_000);
     }
 
+    fn handlers_that_do_not_touch_the_database_run_side_by_side(db: &TestDb) {
+        // Each handler waits (up to 10 s, then fails) until another one runs at the same
+        // time. On SQLite, whose writers take turns, a handler that never opens its
+        // transaction must not hold the turn.
+        let meeting = Arc::new(Meeting::default());
+        let mut registry = Registry::new();
+        {
+            let meeting = Arc::clone(&meeting);
+            registry.register("external", move |_: &TaskContext, _: &mut TaskTx| -> HandlerResult {
+                meeting.wait_for_company(Duration::from_secs(10))
+            });
+        }
+        let tasks: Vec<NewTask> = (0..4).map(|n| NewTask::new("external", n.to_string())).collect();
+        enqueue_batch(&mut db.conn(), &tasks).unwrap();
+        let config = WorkerConfig::default().threads(4).queue(4);
+        let w = Worker::new(&db.url, registry, config).unwrap();
+        let tally = w.run_once().unwrap();
+        assert_eq!(tally.done, 4, "{tally:?}");
+        assert!(meeting.most() >= 2, "at most {} handler(s) ran at once", meeting.most());
+    }
+
     fn caller_runs_when_the_pool_is_saturated(db: &TestDb) {
         // One thread, no queue: the first task occupies the pool and blocks until a task runs
         // on the claiming thread itself, which can only happen through CallerRuns.
@@ -141,6 +162,38 @@ fn on_pool_thread() -> bool {
     std::thread::current()
         .name()
         .is_some_and(|n| n.starts_with("outbox-task-"))
+}
+
+/// Handlers running now, and the most that ran at once.
+#[derive(Default)]
+struct Meeting {
+    running: Mutex<(usize, usize)>,
+    changed: Condvar,
+}
+
+impl Meeting {
+    /// Counts this handler in, waits until another one is running too (or `limit` passes,
+    /// failing the task), counts it out.
+    fn wait_for_company(&self, limit: Duration) -> HandlerResult {
+        let mut guard = self.running.lock().unwrap();
+        guard.0 += 1;
+        guard.1 = guard.1.max(guard.0);
+        self.changed.notify_all();
+        let (mut guard, timeout) = self
+            .changed
+            .wait_timeout_while(guard, limit, |(_, most)| *most < 2)
+            .unwrap();
+        guard.0 -= 1;
+        drop(guard);
+        if timeout.timed_out() {
+            return Err(anyhow::anyhow!("no other handler ran at the same time").into());
+        }
+        Ok(())
+    }
+
+    fn most(&self) -> usize {
+        self.running.lock().unwrap().1
+    }
 }
 
 /// Holds a task on a pool thread until a task runs on the claiming thread.
