@@ -52,6 +52,25 @@ fn registry(calls: &Arc<AtomicUsize>, bad: fn(&TaskContext) -> HandlerResult) ->
 }
 
 both_backends! {
+    fn a_chunks_tasks_get_a_deadline_that_covers_the_whole_chunk(db: &TestDb) {
+        five_tasks(db);
+        let config = one_chunk_config().task_timeout(std::time::Duration::from_secs(60));
+        let w = Worker::new(&db.url, registry(&Arc::new(AtomicUsize::new(0)), |_| Ok(())), config).unwrap();
+        assert_eq!(w.claim().unwrap().len(), 5);
+        // Five handlers of up to a minute each, one after another: five minutes.
+        let (low, high) = match db.backend() {
+            outbox::Backend::Postgres => ("now() + interval '290 seconds'", "now() + interval '310 seconds'"),
+            outbox::Backend::Sqlite => (
+                "strftime('%Y-%m-%d %H:%M:%f', 'now', '+290 seconds')",
+                "strftime('%Y-%m-%d %H:%M:%f', 'now', '+310 seconds')",
+            ),
+        };
+        assert_eq!(
+            db.count(&format!("SELECT count(*) FROM async_task WHERE deadline_at BETWEEN {low} AND {high}")),
+            5
+        );
+    }
+
     fn a_chunk_commits_all_its_tasks_together(db: &TestDb) {
         let ids = five_tasks(db);
         let calls = Arc::new(AtomicUsize::new(0));

@@ -232,3 +232,50 @@ fn poison_hang_postgres() {
 fn poison_hang_sqlite() {
     poison_hang(Backend::Sqlite);
 }
+
+/// Batched mode runs a chunk's handlers one after another: each handler gets
+/// `--task-timeout`, and the chunk's tasks a deadline that covers the whole chunk. Five
+/// 300 ms handlers in a chunk of five, with a 1 s timeout, are not a hang.
+fn batched_handlers_are_timed_one_by_one(backend: Backend) {
+    let sc = Scenario::start("batched_handlers_are_timed_one_by_one", backend.name());
+    let (test_db, db) = fault_db(backend);
+    let url = test_db.url_text.clone();
+    let tasks: Vec<_> = (1..=5).map(|n| task("fault.ledger", n, 300, 3)).collect();
+    db.enqueue(&tasks);
+    let args = worker_args(
+        "drain",
+        &[
+            ("--commit-batch", "5"),
+            ("--task-timeout", "1s"),
+            ("--heartbeat", "200ms"),
+            ("--dead-after", "600ms"),
+        ],
+    );
+    let mut worker = sc.spawn("drain-batched", &url, &args);
+    let took = worker.expect_exit_0(Duration::from_secs(60));
+    assert_eq!(
+        task_rows(&db, "fault.ledger")
+            .iter()
+            .map(|(state, failures, _)| (state.as_str(), *failures))
+            .collect::<Vec<_>>(),
+        vec![("done", 0); 5],
+        "every task done at its first attempt, none rescued"
+    );
+    let mut report = Report::new();
+    report.add(
+        "tasks",
+        "5 fault.ledger of 300 ms, one chunk of 5, --task-timeout 1s",
+    );
+    report.add("drain", format!("exit 0 in {}", secs(took)));
+    check_and_publish(&sc, &db, report, false);
+}
+
+#[test]
+fn batched_handlers_are_timed_one_by_one_postgres() {
+    batched_handlers_are_timed_one_by_one(Backend::Postgres);
+}
+
+#[test]
+fn batched_handlers_are_timed_one_by_one_sqlite() {
+    batched_handlers_are_timed_one_by_one(Backend::Sqlite);
+}
