@@ -118,6 +118,29 @@ both_backends! {
         assert!(row.last_error.unwrap().contains("does not fit"));
     }
 
+    fn a_payload_that_does_not_fit_leaves_its_values_in_no_column_and_no_log_line(db: &TestDb) {
+        #[derive(serde::Deserialize)]
+        #[allow(dead_code)]
+        struct Order { user_id: i64 }
+        fn typed(task: &TaskContext, _: &mut TaskTx) -> HandlerResult {
+            let _order: Order = task.payload()?;
+            Ok(())
+        }
+        crate::logs::start();
+        let secret = format!("alice-{}-{:?}@example.com", std::process::id(), db.backend());
+        let id = enqueue(&mut db.conn(), &NewTask::new("typed", "1").payload(&serde_json::json!({"user_id": secret}))).unwrap().id;
+        let w = worker(db, registry_with("typed", typed));
+        assert_eq!(w.run_once().unwrap().dead, 1);
+        let error = db.task(id).last_error.unwrap();
+        assert!(error.contains("does not fit the expected type: data error at user_id"), "{error}");
+        // Every text column but the payload itself.
+        let columns = "keyword || '|' || biz_id || '|' || COALESCE(tenant, '') || '|' || state || '|' || COALESCE(last_error, '')";
+        assert_eq!(db.count(&format!("SELECT count(*) FROM async_task WHERE ({columns}) LIKE '%{secret}%'")), 0);
+        assert_eq!(db.count(&format!("SELECT count(*) FROM async_node WHERE name LIKE '%{secret}%'")), 0);
+        assert!(!crate::logs::containing(&format!("task {id} ")).is_empty(), "the failure was logged");
+        assert_eq!(crate::logs::containing(&secret), Vec::<String>::new());
+    }
+
     fn a_panic_is_a_failure_and_the_worker_survives(db: &TestDb) {
         let mut conn = db.conn();
         let panicking = enqueue(&mut conn, &NewTask::new("buggy", "1").max_attempts(2)).unwrap().id;

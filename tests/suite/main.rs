@@ -10,6 +10,7 @@ mod enqueue;
 mod execute;
 mod fencing;
 mod fleet;
+mod logs;
 mod prune;
 mod rescue;
 mod task_tx;
