@@ -41,7 +41,9 @@ pub mod testing;
 pub mod worker;
 
 pub use backoff::Backoff;
-pub use db::{write_transaction, Backend, DatabaseUrl, DbConnection, DbPool};
+pub use db::{
+    write_transaction, Backend, DatabaseUrl, DbConnection, DbPool, DEFAULT_CONNECT_TIMEOUT,
+};
 pub use enqueue::{enqueue, enqueue_batch, EnqueueConnection, EnqueueOptions, Enqueued};
 pub use error::{Error, Result};
 pub use handler::{Handler, HandlerError, HandlerResult, TaskContext, TaskTx};

@@ -673,6 +673,26 @@ fn unsupported_scheme_exits_2() {
     );
 }
 
+#[test]
+fn a_string_that_names_no_backend_plainly_exits_2_and_creates_no_file() {
+    let dir = workdir();
+    for (url, why) in [
+        ("dbname=app host=db", "libpq keyword/value string"),
+        ("postgres:/db/app", "unsupported scheme \"postgres\""),
+    ] {
+        for args in DATABASE_COMMANDS {
+            run(outbox(dir.path()).env("DATABASE_URL", url).args(args))
+                .expect_code(2)
+                .stderr_has(why);
+        }
+    }
+    assert_eq!(
+        entries(dir.path()),
+        Vec::<String>::new(),
+        "a string that is not a URL was taken for a file"
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // drain, and commands on a database that was never migrated
 // ---------------------------------------------------------------------------------------------

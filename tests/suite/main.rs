@@ -6,6 +6,7 @@ mod support;
 
 mod batched;
 mod claim;
+mod connect;
 mod enqueue;
 mod execute;
 mod fencing;

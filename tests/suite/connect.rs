@@ -1,0 +1,62 @@
+//! Connections: errors carry the database's own message; a server that never answers fails
+//! within the connect timeout.
+
+use std::net::TcpListener;
+use std::time::{Duration, Instant};
+
+use diesel::connection::SimpleConnection;
+use diesel::Connection;
+use outbox::{Backend, DatabaseUrl, DEFAULT_CONNECT_TIMEOUT};
+
+use crate::support::pg_server_url;
+
+both_backends! {
+    fn a_pool_that_cannot_open_a_connection_reports_the_databases_own_message(db: &TestDb) {
+        let pool = db.url.pool(2).unwrap();
+        // The database goes away after the pool was built.
+        let expected = match db.backend() {
+            Backend::Postgres => {
+                let name = db.url_text.rsplit('/').next().unwrap();
+                diesel::pg::PgConnection::establish(pg_server_url())
+                    .unwrap()
+                    .batch_execute(&format!("DROP DATABASE {name} WITH (FORCE)"))
+                    .unwrap();
+                "does not exist"
+            }
+            Backend::Sqlite => {
+                let dir = std::path::Path::new(&db.url_text).parent().unwrap();
+                std::fs::remove_dir_all(dir).unwrap();
+                "nable to open the database file"
+            }
+        };
+        let error = match pool.get_timeout(Duration::from_secs(2)) {
+            Ok(_) => panic!("a connection to a database that is gone"),
+            Err(e) => e.to_string(),
+        };
+        assert!(error.contains(expected), "{error}");
+    }
+}
+
+/// A server that accepts the TCP connection and never answers (a black-holed host, a hung
+/// server) fails the connection within the connect timeout instead of blocking for good.
+#[test]
+fn a_server_that_never_answers_fails_within_the_connect_timeout() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let url = DatabaseUrl::parse(&format!("postgres://outbox@127.0.0.1:{port}/app")).unwrap();
+    let (done, result) = std::sync::mpsc::channel();
+    let started = Instant::now();
+    std::thread::spawn(move || {
+        let _ = done.send(url.connect().map(|_| ()).map_err(|e| e.to_string()));
+    });
+    let outcome = result
+        .recv_timeout(DEFAULT_CONNECT_TIMEOUT + Duration::from_secs(20))
+        .expect("connect() did not return within the connect timeout");
+    let error = outcome.expect_err("a server that never answers");
+    assert!(
+        error.contains("cannot connect to postgres://outbox@127.0.0.1"),
+        "{error}"
+    );
+    assert!(started.elapsed() >= DEFAULT_CONNECT_TIMEOUT - Duration::from_secs(1));
+    drop(listener);
+}
