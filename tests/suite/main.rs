@@ -11,6 +11,7 @@ mod enqueue;
 mod execute;
 mod fencing;
 mod fleet;
+mod heartbeat;
 mod logs;
 mod prune;
 mod rescue;

@@ -3,21 +3,21 @@
 
 use std::time::Duration;
 
-use outbox::{enqueue_batch, Error, NewTask, Worker};
+use outbox::{enqueue_batch, NewTask, Worker};
 
 use crate::support::TestDb;
 use crate::{ledger_registry, small_config};
 
 /// A worker whose own upkeep thread never ticks during a test (1 h heartbeat), so that only
 /// the test moves heartbeats.
-fn quiet_worker(db: &TestDb) -> Worker {
+pub(crate) fn quiet_worker(db: &TestDb) -> Worker {
     let config = small_config()
         .heartbeat(Duration::from_secs(3600))
         .dead_after(Duration::from_secs(7200));
     Worker::new(&db.url, ledger_registry("ledger"), config).unwrap()
 }
 
-fn enqueue_n(db: &TestDb, n: usize) {
+pub(crate) fn enqueue_n(db: &TestDb, n: usize) {
     let tasks: Vec<NewTask> = (0..n)
         .map(|i| NewTask::new("ledger", i.to_string()))
         .collect();
@@ -25,7 +25,7 @@ fn enqueue_n(db: &TestDb, n: usize) {
 }
 
 /// The node stops heartbeating: its last beat is three hours old by the database clock.
-fn kill_heartbeat(db: &TestDb, node: i64) {
+pub(crate) fn kill_heartbeat(db: &TestDb, node: i64) {
     let past = match db.backend() {
         outbox::Backend::Postgres => "now() - interval '3 hours'".to_owned(),
         outbox::Backend::Sqlite => "strftime('%Y-%m-%d %H:%M:%f', 'now', '-3 hours')".to_owned(),
@@ -137,6 +137,33 @@ both_backends! {
         assert_eq!(other.rescue_once().unwrap().pending, 2);
     }
 
+    fn rescued_tasks_come_due_spread_out_not_all_at_once(db: &TestDb) {
+        enqueue_n(db, 5);
+        let dying = quiet_worker(db);
+        let survivor = quiet_worker(db);
+        assert_eq!(dying.claim().unwrap().len(), 5);
+        kill_heartbeat(db, dying.node_id());
+        assert_eq!(survivor.rescue_once().unwrap().pending, 5);
+        // Each waits the first retry's backoff (1 s) with its own ±20% jitter, by the
+        // database clock: not the same instant for all five.
+        assert!(
+            db.count("SELECT count(DISTINCT run_at) FROM async_task WHERE failures = 1") > 1,
+            "every rescued task came due at the same instant"
+        );
+        let (early, late) = match db.backend() {
+            outbox::Backend::Postgres => ("now() + interval '300 milliseconds'", "now() + interval '1300 milliseconds'"),
+            outbox::Backend::Sqlite => (
+                "strftime('%Y-%m-%d %H:%M:%f', 'now', '+0.3 seconds')",
+                "strftime('%Y-%m-%d %H:%M:%f', 'now', '+1.3 seconds')",
+            ),
+        };
+        assert_eq!(
+            db.count(&format!("SELECT count(*) FROM async_task WHERE failures = 1 AND run_at BETWEEN {early} AND {late}")),
+            5,
+            "within the jitter band of the first backoff"
+        );
+    }
+
     fn drain_rescues_before_it_claims(db: &TestDb) {
         enqueue_n(db, 2);
         let crashed = quiet_worker(db);
@@ -147,39 +174,6 @@ both_backends! {
         assert_eq!(db.count("SELECT count(*) FROM async_task WHERE state = 'pending' AND failures = 1"), 2);
         db.make_all_due();
         assert_eq!(cron.drain().unwrap().tally.done, 2);
-    }
-
-    fn a_heartbeat_records_the_database_clock_and_revives_the_node(db: &TestDb) {
-        let w = quiet_worker(db);
-        kill_heartbeat(db, w.node_id());
-        db.exec(&format!("UPDATE async_node SET state = 'gone' WHERE id = {}", w.node_id()));
-        w.heartbeat_once().unwrap();
-        let fresh = match db.backend() {
-            outbox::Backend::Postgres => "heartbeat_at > now() - interval '1 minute'",
-            outbox::Backend::Sqlite => "heartbeat_at > strftime('%Y-%m-%d %H:%M:%f', 'now', '-1 minutes')",
-        };
-        assert_eq!(
-            db.count(&format!("SELECT count(*) FROM async_node WHERE id = {} AND state = 'alive' AND {fresh}", w.node_id())),
-            1
-        );
-    }
-
-    fn a_node_whose_heartbeat_keeps_failing_stops_claiming(db: &TestDb) {
-        enqueue_n(db, 1);
-        let config = small_config().heartbeat(Duration::from_millis(100)).dead_after(Duration::from_millis(200));
-        let w = Worker::new(&db.url, ledger_registry("ledger"), config).unwrap();
-        // The node table is out of reach, so every heartbeat fails from now on.
-        db.exec("ALTER TABLE async_node RENAME TO async_node_away");
-        assert!(w.heartbeat_once().is_err());
-        // Past dead_after − heartbeat (100 ms) since the registration, the last success.
-        std::thread::sleep(Duration::from_millis(150));
-        assert!(matches!(w.claim(), Err(Error::HeartbeatStale { .. })));
-        assert!(matches!(w.run_once(), Err(Error::HeartbeatStale { .. })));
-        assert_eq!(db.count("SELECT count(*) FROM async_task WHERE state = 'pending'"), 1);
-        // Once a heartbeat succeeds again, it claims.
-        db.exec("ALTER TABLE async_node_away RENAME TO async_node");
-        w.heartbeat_once().unwrap();
-        assert_eq!(w.run_once().unwrap().done, 1);
     }
 }
 
