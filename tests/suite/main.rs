@@ -14,6 +14,7 @@ mod fleet;
 mod heartbeat;
 mod logs;
 mod prune;
+mod record;
 mod rescue;
 mod task_tx;
 
