@@ -7,6 +7,8 @@ pub mod transaction;
 pub mod url;
 
 pub use multi::DbConnection;
+#[cfg(feature = "sqlite")]
+pub use pool::configure_sqlite;
 pub use pool::{ConnectionManager, DbPool, PooledConnection, SQLITE_BUSY_TIMEOUT};
 pub use transaction::write_transaction;
 pub use url::{DatabaseUrl, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DATABASE_URL};

@@ -86,6 +86,32 @@ impl r2d2::ManageConnection for ConnectionManager {
     }
 }
 
+/// Applies to an SQLite connection you opened yourself the settings of outbox's own (WAL, a
+/// busy timeout of [`SQLITE_BUSY_TIMEOUT`], `synchronous = NORMAL`, foreign keys).
+///
+/// A producer whose connection lacks them gets `database is locked` while a worker writes:
+/// SQLite's default busy timeout is zero. Open its business transactions with
+/// `immediate_transaction` too (a deferred transaction that reads and then writes fails at
+/// once when another writer holds the lock, whatever the timeout).
+///
+/// ```no_run
+/// use diesel::prelude::*;
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let mut conn = SqliteConnection::establish("app.db")?;
+/// outbox::db::configure_sqlite(&mut conn)?;
+/// conn.immediate_transaction(|conn| {
+///     diesel::sql_query("UPDATE orders SET paid = 1 WHERE id = 42").execute(conn)?;
+///     outbox::enqueue(conn, &outbox::NewTask::new("points.credit", "42"))
+/// })?;
+/// # Ok(())
+/// # }
+/// ```
+#[cfg(feature = "sqlite")]
+pub fn configure_sqlite(conn: &mut diesel::sqlite::SqliteConnection) -> diesel::QueryResult<()> {
+    crate::driver::Driver::connection_configure(conn)
+}
+
 impl DatabaseUrl {
     /// Builds a pool of at most `max_size` connections.
     ///

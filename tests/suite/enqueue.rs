@@ -272,3 +272,99 @@ both_backends! {
         assert_eq!(db.count("SELECT count(*) FROM async_task WHERE biz_id LIKE 'edge-%'"), 3);
     }
 }
+
+/// A batch of several statements outside any transaction opens an IMMEDIATE one on SQLite: a
+/// deferred transaction could meet another process's writer between its statements.
+#[test]
+fn an_sqlite_batch_outside_a_transaction_opens_an_immediate_one() {
+    use diesel::connection::{Instrumentation, InstrumentationEvent};
+    use std::sync::{Arc, Mutex};
+
+    let db = crate::support::TestDb::sqlite();
+    let mut conn = SqliteConnection::establish(&db.url_text).unwrap();
+    let queries: Arc<Mutex<Vec<String>>> = Arc::default();
+    struct Record(Arc<Mutex<Vec<String>>>);
+    impl Instrumentation for Record {
+        fn on_connection_event(&mut self, event: InstrumentationEvent<'_>) {
+            if let InstrumentationEvent::StartQuery { query, .. } = event {
+                self.0.lock().unwrap().push(query.to_string());
+            }
+        }
+    }
+    conn.set_instrumentation(Record(Arc::clone(&queries)));
+    // Three rows: statements of two and one.
+    let tasks: Vec<NewTask> = (0..3).map(|n| NewTask::new("k", n.to_string())).collect();
+    enqueue_batch(&mut conn, &tasks).unwrap();
+    let begins: Vec<String> = queries
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|q| q.starts_with("BEGIN"))
+        .cloned()
+        .collect();
+    assert_eq!(begins, ["BEGIN IMMEDIATE"]);
+    assert_eq!(db.count("SELECT count(*) FROM async_task"), 3);
+}
+
+/// Producers on SQLite connections of their own, configured as outbox's are and writing in
+/// IMMEDIATE transactions, never get `database is locked` while a worker drains.
+#[test]
+fn sqlite_producers_on_configured_connections_never_see_a_locked_database() {
+    let db = crate::support::TestDb::sqlite();
+    let worker = outbox::Worker::new(
+        &db.url,
+        crate::ledger_registry("ledger"),
+        crate::small_config(),
+    )
+    .unwrap();
+    let producers = 4;
+    let orders = 100;
+    let stop = worker.stop_flag();
+    std::thread::scope(|s| {
+        let draining = s.spawn(|| worker.run());
+        let results: Vec<Result<(), String>> = (0..producers)
+            .map(|p| {
+                let url_text = &db.url_text;
+                s.spawn(move || -> Result<(), String> {
+                    let mut conn =
+                        SqliteConnection::establish(url_text).map_err(|e| e.to_string())?;
+                    outbox::db::configure_sqlite(&mut conn).map_err(|e| e.to_string())?;
+                    for n in 0..orders {
+                        conn.immediate_transaction(|conn| {
+                            diesel::sql_query(
+                                "INSERT INTO test_ledger (task_id, note) VALUES (0, 'order')",
+                            )
+                            .execute(conn)?;
+                            enqueue(conn, &NewTask::new("ledger", format!("{p}-{n}")))
+                        })
+                        .map_err(|e| format!("producer {p}, order {n}: {e}"))?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .collect();
+        let total = (producers * orders) as i64;
+        let give_up = std::time::Instant::now() + Duration::from_secs(60);
+        while db.count("SELECT count(*) FROM async_task WHERE state = 'done'") < total
+            && std::time::Instant::now() < give_up
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        draining.join().unwrap().unwrap();
+        assert_eq!(
+            results
+                .into_iter()
+                .filter_map(Result::err)
+                .collect::<Vec<_>>(),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            db.count("SELECT count(*) FROM async_task WHERE state = 'done'"),
+            total
+        );
+    });
+}
