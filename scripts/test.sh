@@ -7,9 +7,11 @@
 #            (≥ 50 kills, more restarts; tens of minutes) instead of the short one
 #   ARGS     passed to `cargo test`, e.g. scripts/test.sh -- --nocapture
 #
-# Runs rustfmt, clippy and the whole test suite (unit tests, doctests and the
-# integration suite) against a PostgreSQL given by OUTBOX_TEST_PG_URL, or a
-# throwaway local cluster started by scripts/pg.sh and stopped on exit.
+# Runs rustfmt, clippy (the workspace, and the library with each backend feature
+# alone) and the whole test suite (unit tests, doctests, the integration suite,
+# the CLI tests and the fault suite) against a PostgreSQL given by
+# OUTBOX_TEST_PG_URL, or a throwaway local cluster started by scripts/pg.sh and
+# stopped on exit.
 set -euo pipefail
 
 # Work from the repo root whatever the caller's cwd, so cargo finds the
@@ -53,6 +55,13 @@ cargo fmt --all -- --check
 
 step "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+
+# An SQLite-only user builds without libpq, a PostgreSQL-only one without SQLite: each backend
+# feature alone must build (and lint) cleanly.
+for backend in sqlite postgres; do
+    step "cargo clippy -p outbox --no-default-features --features $backend"
+    cargo clippy -p outbox --lib --locked --no-default-features --features "$backend" -- -D warnings
+done
 
 step "cargo test"
 # A stale fault report from an earlier run must not be shown as this run's.
