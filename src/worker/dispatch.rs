@@ -21,7 +21,7 @@ use std::time::Duration;
 /// scope's [`Feed`] until work comes. A rayon thread that runs out of jobs spins on
 /// `sched_yield` for a while before it sleeps; with a task every few hundred microseconds it
 /// would spin most of the time, taking the CPU the database (often on the same machine)
-/// needs. Measured on 2 cores, that spinning was a fifth of the worker's CPU.
+/// needs (`docs/performance.md`).
 pub(crate) struct Dispatcher {
     pool: rayon::ThreadPool,
     threads: usize,

@@ -1,18 +1,18 @@
--- Two changes that make every claim and completion cheaper for the server (measured with
--- `outbox bench`, README "Performance").
+-- Two changes that make every claim and completion cheaper for the server (the figures are
+-- in docs/performance.md).
 --
 -- 1. The keyword check, written so that the regular expression is cheap. PostgreSQL checks
 --    every CHECK constraint of a row on every UPDATE of it, whichever columns change, so
 --    each task pays for it three times (insert, claim, completion). `{1,64}` made the regex
---    engine expand 64 copies of the character class: 2.8 µs per check here, a tenth of the
---    server's CPU in a batched drain. `+` with a separate length bound accepts exactly the
---    same keywords in 0.2 µs. (A domain type would not be checked on updates at all, but
+--    engine expand 64 copies of the character class, a visible share of the server's CPU in
+--    a batched drain. `+` with a separate length bound accepts exactly the same keywords at
+--    a fraction of the cost. (A domain type would not be checked on updates at all, but
 --    changing the column's type rewrites the table.)
 --
 --    The migration runs in one transaction and holds an exclusive lock on async_task while
 --    it checks every row against the new constraint and builds the index below (both read
---    the whole table): readers and writers of the table wait, about a third of a second per
---    million rows here (0.36 s for 1,000,000).
+--    the whole table): readers and writers of the table wait meanwhile (time per million
+--    rows: docs/performance.md).
 ALTER TABLE async_task
     DROP CONSTRAINT async_task_keyword_check,
     ADD CONSTRAINT async_task_keyword_check

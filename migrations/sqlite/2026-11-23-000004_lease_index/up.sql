@@ -2,8 +2,8 @@
 --
 -- `async_task_owner_idx (owner) WHERE state = 'running'` lost an entry at every completion,
 -- and on SQLite every commit writes each page it changed to the WAL: a completion wrote the
--- index's page as well as the row's, which measured as a quarter of a strict-mode
--- completion's time.
+-- index's page as well as the row's, a large share of a strict-mode completion's time
+-- (docs/performance.md).
 --
 -- The new index holds the tasks that have a lease (a deadline): `deadline_at` is set by the
 -- claim, and no longer left in place once a task stops running. Tasks that go back to
@@ -15,8 +15,8 @@
 -- read running tasks through it with `deadline_at IS NOT NULL AND state = 'running'`.
 --
 -- First the deadlines of tasks that are not running are cleared, so that the index starts
--- with the running tasks only: this rewrites every finished task's row once (measured: about
--- 1.5 s per million finished tasks, holding the write lock).
+-- with the running tasks only: this rewrites every finished task's row once, holding the
+-- write lock (time per million rows: docs/performance.md).
 UPDATE async_task SET deadline_at = NULL WHERE state <> 'running' AND deadline_at IS NOT NULL;
 -- A task claimed with a timeout that reached past the year 9999 has a NULL deadline (SQLite's
 -- date functions give NULL there; workers now refuse such timeouts): it gets the latest

@@ -14,8 +14,8 @@ pub(super) fn insert_many(
     rows: &[InsertRow<'_>],
 ) -> QueryResult<Vec<TaskKey>> {
     // Bind parameters rather than one JSON document as on PostgreSQL: SQLite would parse
-    // each row's JSON object again for every field it reads (a sixth of an enqueue's
-    // time, measured). Statements of INSERT_CHUNK rows, then of powers of two for the
+    // each row's JSON object again for every field it reads (docs/performance.md).
+    // Statements of INSERT_CHUNK rows, then of powers of two for the
     // rest, so that a connection caches at most eighteen prepared statements (nine
     // sizes, two shapes: see `insert_statement`) and a bulk enqueue parses no SQL;
     // several statements run in one transaction (a savepoint inside the caller's, or an
@@ -63,11 +63,11 @@ fn insert_chunks(
 }
 
 /// One enqueue statement over `rows`, binding the rows' own text in place (no copies: a
-/// bulk enqueue's allocations were a tenth of its time).
+/// bulk enqueue's allocations were a cost of their own).
 ///
 /// Rows that share their tenant, priority, max attempts and delay (a bulk enqueue, usually)
 /// bind those once, with `run_at` computed once per statement: three parameters per row
-/// instead of seven (measured at the SQL level: 0.81 → 0.97 of a plain literal INSERT).
+/// instead of seven (docs/performance.md).
 /// Otherwise each row binds all seven. `WHERE true` tells the parser that `ON CONFLICT`
 /// belongs to the INSERT, not to the SELECT's join.
 struct InsertStatement<'r, 'a> {

@@ -231,7 +231,7 @@ fn claim_statement(
         .sql("UPDATE async_task SET state = 'running', owner = ")
         .bind::<BigInt, _>(owner)
         // The times are uncorrelated scalar subqueries: SQLite computes each once per
-        // statement, not once per claimed row (a tenth of a claim's time otherwise).
+        // statement, not once per claimed row.
         .sql(concat!(
             ", claim_token = claim_token + 1, claimed_at = (SELECT ",
             now!(),
