@@ -6,7 +6,7 @@
 //! or invalid input. Every child process is waited for with a time limit, so a hanging
 //! command fails its test instead of hanging the suite.
 
-#[path = "../../tests/suite/support.rs"]
+#[path = "../../../tests/suite/support.rs"]
 mod support;
 
 use std::io::Read;
