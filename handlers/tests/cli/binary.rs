@@ -23,6 +23,18 @@ const POLL: Duration = Duration::from_millis(50);
 /// A PostgreSQL URL on which no server listens.
 pub const DOWN_PG_URL: &str = "postgres://outbox@127.0.0.1:1/nope";
 
+/// Every command that needs the database, with arguments that are valid.
+pub const DATABASE_COMMANDS: [&[&str]; 8] = [
+    &["migrate"],
+    &["prune", "--older-than", "7d"],
+    &["bench", "--tasks", "10", "--runs", "1"],
+    &["drain"],
+    &["run"],
+    &["stats"],
+    &["enqueue", "mail.send", "1"],
+    &["demo", "--tasks", "1"],
+];
+
 /// A fresh, empty working directory.
 pub fn workdir() -> TempDir {
     tempfile::tempdir().expect("temp dir")
