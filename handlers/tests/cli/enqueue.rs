@@ -1,0 +1,152 @@
+//! `migrate` and `enqueue`; `stats`.
+
+use serde_json::Value;
+
+use crate::binary::{entries, outbox, outbox_on, run, workdir, DOWN_PG_URL};
+use crate::both_backends;
+use crate::db::unmigrate;
+
+both_backends! {
+    fn migrate_twice_applies_then_reports_up_to_date(db: &TestDb) {
+        let dir = workdir();
+        unmigrate(db);
+        run(outbox_on(db, dir.path()).arg("migrate"))
+            .expect_code(0)
+            .stdout_has("applied 4 migration(s)");
+        assert_eq!(db.count("SELECT count(*) FROM async_task"), 0);
+        run(outbox_on(db, dir.path()).arg("migrate"))
+            .expect_code(0)
+            .stdout_has("schema up to date");
+    }
+
+    fn enqueue_twice_yields_one_task(db: &TestDb) {
+        let dir = workdir();
+        let out = run(outbox_on(db, dir.path()).args(["enqueue", "mail.send", "42", "--data", r#"{"to":"a@b"}"#]))
+            .expect_code(0);
+        out.stdout_has("created task").stdout_has("mail.send 42");
+
+        // Same keyword and biz_id, other data: reported as existing, nothing overwritten.
+        run(outbox_on(db, dir.path()).args(["enqueue", "mail.send", "42", "--data", r#"{"to":"c@d"}"#]))
+            .expect_code(0)
+            .stdout_has("already exists")
+            .stdout_has("nothing written");
+
+        let out = run(outbox_on(db, dir.path()).args(["enqueue", "mail.send", "42", "--json"]))
+            .expect_code(0);
+        let json: Value = serde_json::from_str(out.stdout.trim())
+            .unwrap_or_else(|e| panic!("--json output is not JSON ({e}): {}", out.stdout));
+        assert_eq!(json["created"], Value::Bool(false), "{json}");
+        assert_eq!(json["keyword"], "mail.send", "{json}");
+        assert_eq!(json["biz_id"], "42", "{json}");
+        let id = db.count("SELECT id FROM async_task WHERE keyword = 'mail.send' AND biz_id = '42'");
+        assert_eq!(json["id"].as_i64(), Some(id), "{json}");
+
+        assert_eq!(db.count("SELECT count(*) FROM async_task"), 1);
+        assert_eq!(
+            db.count("SELECT count(*) FROM async_task WHERE biz_data ->> 'to' = 'a@b'"),
+            1,
+            "the first payload was not kept"
+        );
+    }
+
+    fn invalid_keyword_exits_2_and_writes_nothing(db: &TestDb) {
+        let dir = workdir();
+        run(outbox_on(db, dir.path()).args(["enqueue", "Bad Keyword", "1"]))
+            .expect_code(2)
+            .stderr_has("\"Bad Keyword\"");
+        assert_eq!(db.count("SELECT count(*) FROM async_task"), 0);
+    }
+
+    fn invalid_json_payload_exits_2_and_writes_nothing(db: &TestDb) {
+        let dir = workdir();
+        run(outbox_on(db, dir.path()).args(["enqueue", "mail.send", "1", "--data", "{"]))
+            .expect_code(2)
+            .stderr_has("not valid JSON");
+        assert_eq!(db.count("SELECT count(*) FROM async_task"), 0);
+    }
+
+    fn database_url_flag_overrides_the_environment(db: &TestDb) {
+        let dir = workdir();
+        let mut cmd = outbox(dir.path());
+        cmd.env("DATABASE_URL", "mysql://x/y")
+            .args(["--database-url", &db.url_text, "enqueue", "mail.send", "7"]);
+        run(&mut cmd).expect_code(0).stdout_has("created task");
+        assert_eq!(db.count("SELECT count(*) FROM async_task WHERE biz_id = '7'"), 1);
+    }
+}
+
+#[test]
+fn invalid_enqueue_is_refused_before_connecting() {
+    let dir = workdir();
+    // On the default SQLite file: refused without creating it.
+    run(outbox(dir.path()).args(["enqueue", "Bad Keyword", "1"]))
+        .expect_code(2)
+        .stderr_has("\"Bad Keyword\"");
+    // With the server down: still reported as bad input (2), not as a failed connection.
+    run(outbox(dir.path()).args([
+        "--database-url",
+        DOWN_PG_URL,
+        "enqueue",
+        "mail.send",
+        "1",
+        "--data",
+        "{",
+    ]))
+    .expect_code(2)
+    .stderr_has("not valid JSON");
+    assert_eq!(
+        entries(dir.path()),
+        Vec::<String>::new(),
+        "invalid input created a database"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// stats
+// ---------------------------------------------------------------------------------------------
+
+both_backends! {
+    fn stats_on_an_empty_database_says_no_tasks(db: &TestDb) {
+        let dir = workdir();
+        run(outbox_on(db, dir.path()).arg("stats"))
+            .expect_code(0)
+            .stdout_has("no tasks");
+        let out = run(outbox_on(db, dir.path()).args(["stats", "--json"])).expect_code(0);
+        assert_eq!(out.stdout.trim(), "", "stats --json on no tasks printed lines");
+    }
+
+    fn stats_names_keywords_without_a_handler(db: &TestDb) {
+        let dir = workdir();
+        run(outbox_on(db, dir.path()).args(["enqueue", "mail.send", "1"])).expect_code(0);
+        run(outbox_on(db, dir.path()).args([
+            "enqueue", "points.credit", "1", "--data", r#"{"user_id":1,"amount_cents":100}"#,
+        ]))
+        .expect_code(0);
+
+        let out = run(outbox_on(db, dir.path()).arg("stats")).expect_code(0);
+        let unserved = out
+            .stdout
+            .lines()
+            .find(|l| l.starts_with("no handler in this binary for:"))
+            .unwrap_or_else(|| panic!("no unserved-keyword line:\n{}", out.stdout));
+        assert!(unserved.contains("mail.send"), "{unserved}");
+        assert!(!unserved.contains("points.credit"), "{unserved}");
+
+        let out = run(outbox_on(db, dir.path()).args(["stats", "--json"])).expect_code(0);
+        let lines: Vec<Value> = out
+            .stdout
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+            .collect();
+        let line = |keyword: &str| {
+            lines
+                .iter()
+                .find(|v| v["keyword"] == keyword)
+                .unwrap_or_else(|| panic!("no line for {keyword}:\n{}", out.stdout))
+        };
+        assert_eq!(line("mail.send")["served"], Value::Bool(false));
+        assert_eq!(line("mail.send")["pending"], 1);
+        assert_eq!(line("points.credit")["served"], Value::Bool(true));
+        assert_eq!(lines.len(), 2, "{}", out.stdout);
+    }
+}

@@ -1,0 +1,26 @@
+//! Smoke tests of the built `outbox` binary: each test runs it as a separate process, in a
+//! temporary directory of its own as working directory, and checks its exit code, its
+//! output and what it left in the database.
+//!
+//! Exit codes under test (see `outbox::cli`): 0 success, 1 the command failed, 2 bad usage
+//! or invalid input. Every child process is waited for with a time limit, so a hanging
+//! command fails its test instead of hanging the suite.
+//!
+//! Layout: one module per command family (`usage`, `demo`, `enqueue`, `work`, `prune`,
+//! `bench`), so a test's full name is, e.g., `demo::demo_on_postgres`; the modules they
+//! share are listed below.
+
+#[path = "../../../tests/suite/support.rs"]
+mod support;
+
+// Support: running the binary, looking into databases.
+mod binary;
+mod db;
+
+// The command families.
+mod bench;
+mod demo;
+mod enqueue;
+mod prune;
+mod usage;
+mod work;
