@@ -89,9 +89,7 @@ pub(crate) fn updates(
                     let _turn = sqlite.then(|| sqlite_turn.lock().expect("turn lock"));
                     write_transaction(&mut conn, |c| -> QueryResult<()> {
                         for id in first..first + rows_per_txn as i64 {
-                            diesel::update(bench_ref::table.find(id))
-                                .set(bench_ref::n.eq(bench_ref::n + 1))
-                                .execute(c)?;
+                            update_row(c, id)?;
                         }
                         Ok(())
                     })
@@ -113,4 +111,15 @@ pub(crate) fn updates(
         .batch_execute("DROP TABLE bench_ref")
         .context("dropping the reference table")?;
     Ok((txns_per_thread * rows) as f64 / elapsed.as_secs_f64())
+}
+
+/// `UPDATE bench_ref SET n = n + 1 WHERE id = ?`, on the backend's own connection so that
+/// the prepared statement is cached as the worker's are.
+fn update_row(conn: &mut DbConnection, id: i64) -> QueryResult<usize> {
+    let row = bench_ref::table.find(id);
+    let set = bench_ref::n.eq(bench_ref::n + 1);
+    match conn {
+        DbConnection::Pg(c) => diesel::update(row).set(set).execute(c),
+        DbConnection::Sqlite(c) => diesel::update(row).set(set).execute(c),
+    }
 }
