@@ -63,8 +63,8 @@ pub struct Enqueued {
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct EnqueueOptions {
-    /// The largest payload accepted, in bytes of JSON text (default
-    /// [`DEFAULT_MAX_PAYLOAD_BYTES`], 64 KiB).
+    /// The largest payload accepted, in bytes of JSON text as the database stores it (default
+    /// and maximum [`DEFAULT_MAX_PAYLOAD_BYTES`], 64 KiB, the schema's own bound).
     pub max_payload_bytes: usize,
 }
 
@@ -107,7 +107,9 @@ pub fn enqueue_batch<C: EnqueueConnection + ?Sized>(
 }
 
 impl EnqueueOptions {
-    /// Sets the largest payload accepted, in bytes of JSON text.
+    /// Sets the largest payload accepted, in bytes of JSON text as the database stores it: at
+    /// most [`DEFAULT_MAX_PAYLOAD_BYTES`], which the schema enforces (a larger value is an
+    /// [`Error::InvalidConfig`] at enqueue).
     pub fn max_payload_bytes(mut self, bytes: usize) -> Self {
         self.max_payload_bytes = bytes;
         self
@@ -146,12 +148,24 @@ impl EnqueueOptions {
         conn: &mut C,
         tasks: &[NewTask],
     ) -> Result<Vec<Enqueued>> {
+        if self.max_payload_bytes > DEFAULT_MAX_PAYLOAD_BYTES {
+            return Err(Error::InvalidConfig {
+                setting: "max_payload_bytes",
+                reason: format!(
+                    "must be at most {DEFAULT_MAX_PAYLOAD_BYTES} (the schema's bound), not {}",
+                    self.max_payload_bytes
+                ),
+            });
+        }
         if tasks.is_empty() {
             return Ok(Vec::new());
         }
+        let driver = conn.driver();
+        let stored_len =
+            |json: &str, value: &serde_json::Value| driver.task_payload_len(json, value);
         let mut rows = Vec::with_capacity(tasks.len());
         for task in tasks {
-            let payload = task.validate(self.max_payload_bytes)?;
+            let payload = task.validate(self.max_payload_bytes, &stored_len)?;
             rows.push(InsertRow {
                 k: &task.keyword,
                 b: &task.biz_id,
@@ -162,7 +176,6 @@ impl EnqueueOptions {
                 ms: i64::try_from(task.delay.as_millis()).unwrap_or(i64::MAX),
             });
         }
-        let driver = conn.driver();
         let created = driver.task_insert_many(&rows).op("task enqueue")?;
 
         let mut created_ids = key_map(&created);

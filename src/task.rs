@@ -15,7 +15,9 @@ pub const MAX_KEYWORD_LEN: usize = 64;
 pub const MAX_BIZ_ID_LEN: usize = 128;
 /// The longest tenant, in bytes.
 pub const MAX_TENANT_LEN: usize = 128;
-/// The default limit on a payload's size: 64 KiB of JSON text.
+/// The limit on a payload's size, and the largest the schema accepts: 64 KiB of JSON text as
+/// the database stores it (SQLite: the text itself; PostgreSQL: jsonb's text form,
+/// `biz_data::text`). [`crate::EnqueueOptions::max_payload_bytes`] may lower it.
 pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 64 * 1024;
 /// The longest delay an enqueue accepts: ten years.
 pub const MAX_DELAY: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
@@ -188,8 +190,13 @@ impl NewTask {
         &self.biz_id
     }
 
-    /// Checks every field; returns the payload text on success.
-    pub(crate) fn validate(&self, max_payload_bytes: usize) -> Result<&str> {
+    /// Checks every field, the payload's size as `stored_len` measures it (the backend's
+    /// stored form); returns the payload text on success.
+    pub(crate) fn validate(
+        &self,
+        max_payload_bytes: usize,
+        stored_len: &dyn Fn(&str, &serde_json::Value) -> usize,
+    ) -> Result<&str> {
         validate_keyword(&self.keyword)?;
         let biz_reason = if self.biz_id.is_empty() {
             Some("it is empty")
@@ -237,20 +244,21 @@ impl NewTask {
             .payload
             .as_deref()
             .map_err(|e| invalid_payload(e.clone()))?;
-        if payload.len() > max_payload_bytes {
-            return Err(Error::PayloadTooLarge {
-                keyword: self.keyword.clone(),
-                biz_id: self.biz_id.clone(),
-                size: payload.len(),
-                limit: max_payload_bytes,
-            });
-        }
         let value: serde_json::Value = serde_json::from_str(payload)
             .map_err(|e| invalid_payload(format!("not valid JSON: {e}")))?;
         if contains_nul(&value) {
             return Err(invalid_payload(
                 "contains \\u0000, which PostgreSQL's jsonb rejects".into(),
             ));
+        }
+        let size = stored_len(payload, &value);
+        if size > max_payload_bytes {
+            return Err(Error::PayloadTooLarge {
+                keyword: self.keyword.clone(),
+                biz_id: self.biz_id.clone(),
+                size,
+                limit: max_payload_bytes,
+            });
         }
         Ok(payload)
     }
@@ -320,6 +328,10 @@ impl ClaimedTask {
 mod tests {
     use super::*;
 
+    fn text_len(json: &str, _: &serde_json::Value) -> usize {
+        json.len()
+    }
+
     #[test]
     fn keyword_rules() {
         assert!(validate_keyword("a").is_ok());
@@ -342,25 +354,25 @@ mod tests {
     #[test]
     fn payload_checks() {
         let ok = NewTask::new("k", "1").payload_json(r#"{"a":"\\u0000 is text here"}"#);
-        assert!(ok.validate(1024).is_ok());
+        assert!(ok.validate(1024, &text_len).is_ok());
         let nul = NewTask::new("k", "1").payload_json(r#"{"a":"x\u0000"}"#);
         assert!(matches!(
-            nul.validate(1024),
+            nul.validate(1024, &text_len),
             Err(Error::InvalidPayload { .. })
         ));
         let nul_key = NewTask::new("k", "1").payload_json(r#"{"\u0000":1}"#);
         assert!(matches!(
-            nul_key.validate(1024),
+            nul_key.validate(1024, &text_len),
             Err(Error::InvalidPayload { .. })
         ));
         let bad = NewTask::new("k", "1").payload_json("{");
         assert!(matches!(
-            bad.validate(1024),
+            bad.validate(1024, &text_len),
             Err(Error::InvalidPayload { .. })
         ));
         let big = NewTask::new("k", "1").payload(&"x".repeat(2000));
         assert!(matches!(
-            big.validate(1024),
+            big.validate(1024, &text_len),
             Err(Error::PayloadTooLarge {
                 size: 2002,
                 limit: 1024,
@@ -372,20 +384,24 @@ mod tests {
     #[test]
     fn field_checks() {
         assert!(matches!(
-            NewTask::new("k", "").validate(10),
+            NewTask::new("k", "").validate(10, &text_len),
             Err(Error::InvalidBizId { .. })
         ));
         assert!(matches!(
-            NewTask::new("k", "x".repeat(129)).validate(10),
+            NewTask::new("k", "x".repeat(129)).validate(10, &text_len),
             Err(Error::InvalidBizId { .. })
         ));
-        assert!(NewTask::new("k", "x".repeat(128)).validate(10).is_ok());
+        assert!(NewTask::new("k", "x".repeat(128))
+            .validate(10, &text_len)
+            .is_ok());
         assert!(matches!(
-            NewTask::new("k", "1").max_attempts(0).validate(10),
+            NewTask::new("k", "1")
+                .max_attempts(0)
+                .validate(10, &text_len),
             Err(Error::InvalidTask { .. })
         ));
         assert!(matches!(
-            NewTask::new("k", "1").tenant("").validate(10),
+            NewTask::new("k", "1").tenant("").validate(10, &text_len),
             Err(Error::InvalidTask { .. })
         ));
     }

@@ -48,8 +48,9 @@ pub(super) fn run(url: &DatabaseUrl, args: EnqueueArgs) -> crate::Result<()> {
         task = task.max_attempts(max);
     }
     // Validate before connecting: bad input is reported as such even when the database is
-    // down, and nothing is written.
-    task.validate(crate::task::DEFAULT_MAX_PAYLOAD_BYTES)?;
+    // down, and nothing is written. The payload's size depends on the backend's stored form:
+    // the enqueue measures it.
+    task.validate(crate::task::DEFAULT_MAX_PAYLOAD_BYTES, &|_, _| 0)?;
     url.require_existing()?;
     let mut conn = url.connect()?;
     ensure_migrated(&mut conn)?;

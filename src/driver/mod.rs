@@ -42,6 +42,10 @@ pub trait Driver {
     /// How many migrations this build has that the database lacks.
     fn migrations_pending(&mut self) -> Result<usize, MigrationError>;
 
+    /// The size of a payload as this backend stores it, in bytes: what the schema bounds
+    /// (SQLite: the JSON text itself; PostgreSQL: jsonb's text form of `value`).
+    fn task_payload_len(&self, json: &str, value: &serde_json::Value) -> usize;
+
     /// Inserts `rows` (at least one), skipping those whose `(keyword, biz_id)` exists;
     /// returns the keys of the rows it created. All or nothing.
     fn task_insert_many(&mut self, rows: &[InsertRow<'_>]) -> QueryResult<Vec<TaskKey>>;

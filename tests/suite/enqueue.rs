@@ -238,39 +238,6 @@ both_backends! {
         assert!(matches!(enqueue(&mut conn, &big), Err(Error::PayloadTooLarge { limit: 65536, .. })));
         assert_eq!(db.count("SELECT count(*) FROM async_task"), 0);
     }
-
-    fn the_schema_rejects_what_enqueue_would_reject(db: &TestDb) {
-        // A producer in another language inserts with plain SQL; the CHECK constraints hold
-        // the same rules.
-        let mut conn = db.conn();
-        for bad in [
-            "INSERT INTO async_task (keyword, biz_id) VALUES ('Bad Keyword', '1')",
-            "INSERT INTO async_task (keyword, biz_id) VALUES ('k', '')",
-            "INSERT INTO async_task (keyword, biz_id, state) VALUES ('k', '1', 'finished')",
-            "INSERT INTO async_task (keyword, biz_id, biz_data) VALUES ('k', '1', 'not json')",
-        ] {
-            assert!(diesel::sql_query(bad).execute(&mut conn).is_err(), "{bad}");
-        }
-        diesel::sql_query("INSERT INTO async_task (keyword, biz_id, biz_data) VALUES ('points.credit', '42', '{\"user_id\": 7}')")
-            .execute(&mut conn)
-            .unwrap();
-        assert_eq!(db.count("SELECT count(*) FROM async_task WHERE state = 'pending'"), 1);
-
-        // The keyword rule, at its edges, is the same in the schema as in `enqueue`.
-        let max = "k".repeat(64);
-        let too_long = "k".repeat(65);
-        for (n, keyword) in [
-            "", "a", "a.b_c:d-9", &max, &too_long, "Upper", "a b", "a\nb", "a\n", "é", "a*", "a/b",
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            let sql = format!("INSERT INTO async_task (keyword, biz_id) VALUES ('{keyword}', 'edge-{n}')");
-            let stored = diesel::sql_query(&sql).execute(&mut conn).is_ok();
-            assert_eq!(stored, outbox::validate_keyword(keyword).is_ok(), "{keyword:?}");
-        }
-        assert_eq!(db.count("SELECT count(*) FROM async_task WHERE biz_id LIKE 'edge-%'"), 3);
-    }
 }
 
 /// A batch of several statements outside any transaction opens an IMMEDIATE one on SQLite: a

@@ -16,6 +16,7 @@ mod logs;
 mod prune;
 mod record;
 mod rescue;
+mod schema;
 mod task_tx;
 
 use diesel::prelude::*;

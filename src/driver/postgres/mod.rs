@@ -2,6 +2,7 @@
 //! advisory lock around migrations.
 
 mod maintenance;
+mod payload;
 mod task;
 
 use diesel::connection::{AnsiTransactionManager, SimpleConnection, TransactionManager};
@@ -46,6 +47,10 @@ impl Driver for PgConnection {
 
     fn migrations_pending(&mut self) -> Result<usize, MigrationError> {
         Ok(self.pending_migrations(MIGRATIONS)?.len())
+    }
+
+    fn task_payload_len(&self, _json: &str, value: &serde_json::Value) -> usize {
+        payload::jsonb_text_len(value)
     }
 
     fn task_insert_many(&mut self, rows: &[InsertRow<'_>]) -> QueryResult<Vec<TaskKey>> {

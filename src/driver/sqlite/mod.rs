@@ -83,6 +83,10 @@ impl Driver for SqliteConnection {
         Ok(self.pending_migrations(MIGRATIONS)?.len())
     }
 
+    fn task_payload_len(&self, json: &str, _value: &serde_json::Value) -> usize {
+        json.len()
+    }
+
     fn task_insert_many(&mut self, rows: &[InsertRow<'_>]) -> QueryResult<Vec<TaskKey>> {
         enqueue::insert_many(self, rows)
     }
