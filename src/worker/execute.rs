@@ -192,6 +192,16 @@ impl Worker {
         drop(conn);
         match result {
             Ok(()) => vec![Outcome::Done; chunk.len()],
+            // The connection failed at or after the chunk's completion: the commit may have
+            // happened with its reply lost. The chunk is all or nothing, so one task tells.
+            Err(ChunkRollback::Database(_)) if self.is_done_under_claim(&chunk[0]) => {
+                log::warn!(
+                    "a chunk of {} tasks found done under its claims after a database error: \
+                     its commit happened and the reply was lost",
+                    chunk.len()
+                );
+                vec![Outcome::Done; chunk.len()]
+            }
             Err(_) => {
                 log::debug!(
                     "a chunk of {} tasks rolled back; running them one by one",

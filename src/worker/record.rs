@@ -141,26 +141,38 @@ impl Worker {
         unreachable!("the loop returns")
     }
 
+    /// Whether `task` is done under its own claim, on a connection of the pool (`false` when
+    /// the database cannot say).
+    pub(super) fn is_done_under_claim(&self, task: &ClaimedTask) -> bool {
+        let Ok(mut conn) = self.pool.get() else {
+            return false;
+        };
+        done_under(&mut conn, &task.claim())
+    }
+
     /// What a fenced write that touched no row means: the claim was taken over, or the task
     /// is already done under this claim (its completion committed and the reply was lost).
     fn after_fenced_out(&self, conn: &mut DbConnection, claim: &Claim, what: &str) -> Outcome {
-        match driver(conn).task_get_claim(claim.id) {
-            Ok(Some(now))
-                if now.state == "done"
-                    && now.owner == Some(claim.owner)
-                    && now.claim_token == claim.token =>
-            {
-                log::warn!(
-                    "task {}: {what} found it done under this claim: its completion committed \
-                     and the reply was lost",
-                    claim.id
-                );
-                Outcome::Done
-            }
-            _ => {
-                log::warn!("task {}: {what}: its claim was taken over", claim.id);
-                Outcome::Lost
-            }
+        if done_under(conn, claim) {
+            log::warn!(
+                "task {}: {what} found it done under this claim: its completion committed \
+                 and the reply was lost",
+                claim.id
+            );
+            Outcome::Done
+        } else {
+            log::warn!("task {}: {what}: its claim was taken over", claim.id);
+            Outcome::Lost
         }
     }
+}
+
+/// Whether the task of `claim` is done under that very claim.
+fn done_under(conn: &mut DbConnection, claim: &Claim) -> bool {
+    matches!(
+        driver(conn).task_get_claim(claim.id),
+        Ok(Some(now)) if now.state == "done"
+            && now.owner == Some(claim.owner)
+            && now.claim_token == claim.token
+    )
 }
