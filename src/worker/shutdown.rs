@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use signal_hook::consts::{SIGINT, SIGTERM};
@@ -21,6 +21,10 @@ impl Worker {
     /// Past `grace` it returns [`Error::ShutdownTimeout`] with the node marked gone, leaving
     /// what still runs to rescue (the caller should exit the process: a thread cannot be
     /// stopped). A second signal exits the process at once with status 1.
+    ///
+    /// The signal handlers are the process's from the first call on (they cannot be removed
+    /// without leaving the signals ignored); a later call works the same way, and a signal
+    /// that arrives between two calls makes the next one stop at once.
     ///
     /// ```no_run
     /// # fn main() -> outbox::Result<()> {
@@ -43,16 +47,28 @@ impl Worker {
     }
 }
 
-/// The first SIGINT/SIGTERM sets `stop`; a second one exits at once with status 1 (rescue
-/// recovers what that process had claimed).
-fn install_signal_handlers(stop: &Arc<AtomicBool>) -> Result<()> {
+/// The process's stop signal: set by a SIGINT or SIGTERM once the handlers are installed;
+/// one that arrives while it is set exits the process with status 1.
+///
+/// The handlers are installed on the first call of [`until_stopped`] and stay for the life of
+/// the process: signal-hook cannot give a signal its default action back (an action removed
+/// leaves the signal ignored). Each call clears the flag when it returns, so that the next one
+/// starts afresh: a signal between two calls makes the next one stop at once.
+fn stop_signal() -> Result<&'static AtomicBool> {
+    static SIGNALLED: OnceLock<Arc<AtomicBool>> = OnceLock::new();
+    static INSTALL: Mutex<()> = Mutex::new(());
+    let _installing = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(flag) = SIGNALLED.get() {
+        return Ok(flag);
+    }
+    let flag = Arc::new(AtomicBool::new(false));
     for signal in [SIGINT, SIGTERM] {
         // Order matters: the conditional exit is checked before the flag is set.
-        signal_hook::flag::register_conditional_shutdown(signal, 1, Arc::clone(stop))
-            .and_then(|_| signal_hook::flag::register(signal, Arc::clone(stop)))
+        signal_hook::flag::register_conditional_shutdown(signal, 1, Arc::clone(&flag))
+            .and_then(|_| signal_hook::flag::register(signal, Arc::clone(&flag)))
             .map_err(|source| Error::Signal { source })?;
     }
-    Ok(())
+    Ok(SIGNALLED.get_or_init(|| flag))
 }
 
 /// Runs `work` on a thread of its own while this one waits for it to return, or for a stop
@@ -62,9 +78,20 @@ fn until_stopped(
     grace: Duration,
     work: fn(&Worker) -> Result<Report>,
 ) -> Result<Report> {
+    let signalled = stop_signal()?;
+    let result = until_stopped_or_signalled(worker, grace, work, signalled);
+    signalled.store(false, Ordering::Relaxed);
+    result
+}
+
+fn until_stopped_or_signalled(
+    worker: Worker,
+    grace: Duration,
+    work: fn(&Worker) -> Result<Report>,
+    signalled: &AtomicBool,
+) -> Result<Report> {
     let worker = Arc::new(worker);
     let stop = worker.stop_flag();
-    install_signal_handlers(&stop)?;
     log::info!(
         "node {} working; SIGINT or SIGTERM stops it",
         worker.node_id()
@@ -91,6 +118,10 @@ fn until_stopped(
             Ok(result) => return result,
             Err(RecvTimeoutError::Disconnected) => {
                 return Err(Error::Panicked { thread: "claiming" })
+            }
+            Err(RecvTimeoutError::Timeout) if signalled.load(Ordering::Relaxed) => {
+                stop.store(true, Ordering::Relaxed);
+                break;
             }
             Err(RecvTimeoutError::Timeout) if stop.load(Ordering::Relaxed) => break,
             Err(RecvTimeoutError::Timeout) => {}

@@ -17,6 +17,7 @@ mod prune;
 mod record;
 mod rescue;
 mod schema;
+mod signals;
 mod task_tx;
 
 use diesel::prelude::*;
