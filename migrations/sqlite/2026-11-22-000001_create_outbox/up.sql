@@ -35,6 +35,6 @@ CREATE TABLE async_task (
 
 CREATE INDEX async_task_claim_idx ON async_task (priority, run_at, id) WHERE state = 'pending';
 CREATE INDEX async_task_owner_idx ON async_task (owner) WHERE state = 'running';
--- No index on finished_at (PostgreSQL has one): on SQLite every completion would maintain it,
--- and measured that cost a third of strict-mode throughput. `outbox prune` walks the rowid
--- instead, oldest tasks first, which finds old finished tasks at the start of the table.
+-- No index on finished_at (PostgreSQL has one): on SQLite every completion would write it
+-- (its cost is in docs/performance.md). `outbox prune` walks the rowid instead, oldest tasks
+-- first, which finds old finished tasks at the start of the table.

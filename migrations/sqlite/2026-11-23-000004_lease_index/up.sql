@@ -1,11 +1,10 @@
--- The index of running tasks no longer changes when a task completes.
+-- An index of running tasks that a completion leaves alone.
 --
--- `async_task_owner_idx (owner) WHERE state = 'running'` lost an entry at every completion,
--- and on SQLite every commit writes each page it changed to the WAL: a completion wrote the
--- index's page as well as the row's, a large share of a strict-mode completion's time
--- (docs/performance.md).
+-- An index whose predicate is `state = 'running'` loses an entry at every completion, and on
+-- SQLite every commit writes each page it changed to the WAL: a completion would write the
+-- index's page as well as the row's (the cost is in docs/performance.md).
 --
--- The new index holds the tasks that have a lease (a deadline): `deadline_at` is set by the
+-- This index holds the tasks that have a lease (a deadline): `deadline_at` is set by the
 -- claim, and no longer left in place once a task stops running. Tasks that go back to
 -- pending (a retry, a release, a rescue) or die clear it in the same statement. A completion
 -- does not: the node's next claim clears the deadlines of its own finished tasks, in the
@@ -19,7 +18,7 @@
 -- write lock (time per million rows: docs/performance.md).
 UPDATE async_task SET deadline_at = NULL WHERE state <> 'running' AND deadline_at IS NOT NULL;
 -- A task claimed with a timeout that reached past the year 9999 has a NULL deadline (SQLite's
--- date functions give NULL there; workers now refuse such timeouts): it gets the latest
+-- date functions give NULL there; workers refuse such timeouts): it gets the latest
 -- deadline instead, so that it is in the index and is rescued if its node dies.
 UPDATE async_task SET deadline_at = '9999-12-31 23:59:59.999' WHERE state = 'running' AND deadline_at IS NULL;
 DROP INDEX async_task_owner_idx;
