@@ -46,6 +46,7 @@ impl EnqueueConnection for DbConnection {
 
 /// What an enqueue did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Enqueued {
     /// The task's id: the new one, or the existing task's for a duplicate.
     pub id: i64,

@@ -164,6 +164,7 @@ impl PruneParams {
 
 /// What a prune deleted.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PruneReport {
     /// Done tasks deleted.
     pub done: u64,

@@ -10,6 +10,7 @@ use crate::registry::Registry;
 
 /// One keyword's tasks by state.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct KeywordStats {
     /// The keyword.
     pub keyword: String,

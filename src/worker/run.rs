@@ -107,7 +107,8 @@ impl Worker {
     }
 
     /// [`Worker::drain`] without its rescue pass, stopping once `max` tasks have been claimed
-    /// (the last claim may take a few more): what `outbox bench` times.
+    /// (the last claim may take a few more): a drain whose work is bounded, such as a cron run
+    /// that must end, or a benchmark's timed part.
     pub fn drain_at_most(&self, max: u64) -> Result<Report> {
         let started = Instant::now();
         let tally = Mutex::new(Tally::default());

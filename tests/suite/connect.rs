@@ -60,3 +60,18 @@ fn a_server_that_never_answers_fails_within_the_connect_timeout() {
     assert!(started.elapsed() >= DEFAULT_CONNECT_TIMEOUT - Duration::from_secs(1));
     drop(listener);
 }
+
+both_backends! {
+    fn a_worker_runs_on_a_pool_of_the_callers_own(db: &TestDb) {
+        use outbox::db::ConnectionManager;
+        let id = outbox::enqueue(&mut db.conn(), &outbox::NewTask::new("ledger", "1")).unwrap().id;
+        let config = || outbox::WorkerConfig::default().threads(2);
+        let pool_of = |size| r2d2::Pool::builder().max_size(size).build(ConnectionManager::new(&db.url)).unwrap();
+        // Fewer connections than threads + 2 could starve the claim of one: refused, named.
+        let small = outbox::Worker::with_pool(&db.url, pool_of(3), crate::ledger_registry("ledger"), config());
+        assert!(matches!(small, Err(outbox::Error::InvalidConfig { setting: "pool size", .. })));
+        let worker = outbox::Worker::with_pool(&db.url, pool_of(4), crate::ledger_registry("ledger"), config()).unwrap();
+        assert_eq!(worker.drain().unwrap().tally.done, 1);
+        assert_eq!(db.ledger_rows(id), 1);
+    }
+}

@@ -303,9 +303,9 @@ both_backends! {
         accepted(db, "a run_at 3650 days ahead", ", run_at", &format!("'k', 'sql', {}", time_from_now(db, 3650 * DAY - 60)));
         refused(db, "a run_at 3650 days and a minute ahead", ", run_at", &format!("'k', 'sql-late', {}", time_from_now(db, 3650 * DAY + 60)));
         refused(db, "a run_at 20 years ahead", ", run_at", &format!("'k', 'sql-20y', {}", time_from_now(db, 7300 * DAY)));
-        // A retry's backoff is not an enqueue: an update may set any run_at.
+        // A retry's backoff is not an enqueue: once a failure is counted, any run_at goes.
         db.exec(&format!(
-            "UPDATE async_task SET run_at = {} WHERE biz_id = 'sql'",
+            "UPDATE async_task SET failures = failures + 1, run_at = {} WHERE biz_id = 'sql'",
             time_from_now(db, 7300 * DAY)
         ));
     }

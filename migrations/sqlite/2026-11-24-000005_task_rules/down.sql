@@ -1,5 +1,4 @@
 -- Back to the table of migration 000004: the same columns, the earlier (looser) checks.
-DROP TRIGGER async_task_run_at_ahead;
 CREATE TABLE async_task_old (
     id           INTEGER PRIMARY KEY AUTOINCREMENT,
     keyword      TEXT    NOT NULL CHECK (

@@ -8,11 +8,12 @@
 --   tenant     NULL, or text of 1-128 bytes without NUL
 --   priority   an integer from -32768 to 32767 (the API's i16)
 --   max_attempts  NULL, or an integer from 1 to 2147483647
---   run_at, created_at  text in exactly the format '%Y-%m-%d %H:%M:%f' (UTC), the one that
---              compares correctly as text: an ISO 'T' timestamp or a time without
---              milliseconds would sort wrongly against the engine's and is refused
---   run_at     at most 3650 days after the insert, by the database clock (a trigger: a CHECK
---              may not read the clock)
+--   run_at, created_at  text of the shape 'YYYY-MM-DD HH:MM:SS.SSS' (UTC), the one that
+--              compares correctly as text with the engine's times: an ISO 'T' time or one
+--              without milliseconds would sort wrongly and is refused (the shape is checked,
+--              its digits are not)
+--   run_at     at most 3650 days after created_at (the insert's time, by default) when no
+--              failure has been counted: what a producer may delay a task by
 --
 -- SQLite's columns take any type whatever their declaration, so each rule also names the
 -- type (`typeof`): after the column's affinity, '12' is the integer 12, but 'abc' and 2.5
@@ -41,8 +42,9 @@ CREATE TABLE async_task_new (
         typeof(biz_data) = 'text' AND length(CAST(biz_data AS BLOB)) <= 65536
         AND instr(CAST(biz_data AS BLOB), x'00') = 0 AND json_valid(biz_data)
         -- \u0000 as an escape: preceded by an odd run of backslashes, so one is left once
-        -- every escaped backslash pair is removed.
-        AND instr(replace(biz_data, '\\', ''), '\u0000') = 0),
+        -- every escaped backslash pair is removed (looked for only in a payload whose text
+        -- has \u0000 at all).
+        AND (instr(biz_data, '\u0000') = 0 OR instr(replace(biz_data, '\\', ''), '\u0000') = 0)),
     tenant       TEXT    CONSTRAINT async_task_tenant_check CHECK (tenant IS NULL OR (
         typeof(tenant) = 'text' AND length(CAST(tenant AS BLOB)) BETWEEN 1 AND 128
         AND instr(CAST(tenant AS BLOB), x'00') = 0)),
@@ -55,19 +57,23 @@ CREATE TABLE async_task_new (
     priority     INTEGER NOT NULL DEFAULT 0 CONSTRAINT async_task_priority_check
         CHECK (typeof(priority) = 'integer' AND priority BETWEEN -32768 AND 32767),
     run_at       TEXT    NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now'))
-        CONSTRAINT async_task_run_at_check
-        CHECK (run_at IS strftime('%Y-%m-%d %H:%M:%f', run_at)),
+        CONSTRAINT async_task_run_at_check CHECK (run_at GLOB '????-??-?? ??:??:??.???'),
     owner        INTEGER,
     claim_token  INTEGER NOT NULL DEFAULT 0,
     parent_id    INTEGER,
     last_error   TEXT,
     created_at   TEXT    NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now'))
-        CONSTRAINT async_task_created_at_check
-        CHECK (created_at IS strftime('%Y-%m-%d %H:%M:%f', created_at)),
+        CONSTRAINT async_task_created_at_check CHECK (created_at GLOB '????-??-?? ??:??:??.???'),
     updated_at   TEXT    NOT NULL DEFAULT (strftime('%Y-%m-%d %H:%M:%f', 'now')),
     claimed_at   TEXT,
     deadline_at  TEXT,
     finished_at  TEXT,
+    -- What a producer may delay a task by. Retries and rescues (which count a failure) set
+    -- their own run_at; the cheap comparisons come first, so that a task due at once pays
+    -- no date arithmetic.
+    CONSTRAINT async_task_run_at_ahead_check CHECK (
+        run_at <= created_at OR failures > 0
+        OR run_at <= strftime('%Y-%m-%d %H:%M:%f', created_at, '+3650 days')),
     UNIQUE (keyword, biz_id)
 );
 
@@ -92,8 +98,3 @@ ALTER TABLE async_task_new RENAME TO async_task;
 CREATE INDEX async_task_claim_idx ON async_task (priority, run_at, id) WHERE state = 'pending';
 CREATE INDEX async_task_lease_idx ON async_task (owner) WHERE deadline_at IS NOT NULL;
 
-CREATE TRIGGER async_task_run_at_ahead BEFORE INSERT ON async_task
-WHEN NEW.run_at > strftime('%Y-%m-%d %H:%M:%f', 'now', '+3650 days')
-BEGIN
-    SELECT RAISE(ABORT, 'async_task: run_at is more than 3650 days ahead');
-END;
