@@ -101,7 +101,7 @@ fn describe_mismatch(error: &serde_path_to_error::Error<serde_json::Error>) -> S
                 if let Some(field) = rest.split('`').next() {
                     return format!(
                         "missing field `{field}` at {} (line {}, column {})",
-                        error.path(),
+                        path_without_data(error.path()),
                         inner.line(),
                         inner.column()
                     );
@@ -112,10 +112,45 @@ fn describe_mismatch(error: &serde_path_to_error::Error<serde_json::Error>) -> S
     };
     format!(
         "{class} at {} (line {}, column {})",
-        error.path(),
+        path_without_data(error.path()),
         inner.line(),
         inner.column()
     )
+}
+
+/// The path as serde_path_to_error writes it (`user.items[0].name`), with every key that could
+/// be the payload's data rather than a field's name shown as `<key>`: a map's keys are data
+/// (`{"alice@example.com": …}`), and the path cannot tell them from a struct's fields, so a
+/// key is kept only when it looks like a field name (1 to 64 letters, digits, `_` or `-`).
+fn path_without_data(path: &serde_path_to_error::Path) -> String {
+    use serde_path_to_error::Segment;
+    let looks_like_a_field = |key: &str| {
+        (1..=64).contains(&key.len())
+            && key
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    };
+    let mut text = String::new();
+    for segment in path {
+        match segment {
+            Segment::Seq { index } => {
+                text.push_str(&format!("[{index}]"));
+                continue;
+            }
+            _ if !text.is_empty() => text.push('.'),
+            _ => {}
+        }
+        match segment {
+            Segment::Map { key } if looks_like_a_field(key) => text.push_str(key),
+            Segment::Enum { variant } if looks_like_a_field(variant) => text.push_str(variant),
+            Segment::Unknown => text.push('?'),
+            _ => text.push_str("<key>"),
+        }
+    }
+    if text.is_empty() {
+        text.push('.');
+    }
+    text
 }
 
 impl fmt::Debug for TaskContext {
@@ -157,6 +192,8 @@ mod tests {
     #[allow(dead_code)]
     struct User {
         id: i64,
+        #[serde(default)]
+        points: std::collections::HashMap<String, i64>,
     }
 
     #[derive(Debug, serde::Deserialize)]
@@ -178,6 +215,11 @@ mod tests {
                 "data error at items[0]",
             ),
             (r#"{"items": []}"#.to_owned(), "missing field `user` at ."),
+            // A map's key is the payload's data.
+            (
+                format!(r#"{{"user": {{"id": 1, "points": {{"{secret}": "x"}}}}, "items": []}}"#),
+                "data error at user.points.<key>",
+            ),
             (
                 format!(r#"{{"user": {{"id": 1}}, "items": [], "{secret}"#),
                 "unexpected end at",
