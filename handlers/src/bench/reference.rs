@@ -16,17 +16,11 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
+use diesel::query_builder::{AstPass, QueryFragment, QueryId};
+use diesel::sql_types::BigInt;
 use outbox::{write_transaction, DatabaseUrl, DbConnection};
 
 use super::ENQUEUE_BATCH;
-
-diesel::table! {
-    /// The reference loop's rows.
-    bench_ref (id) {
-        id -> BigInt,
-        n -> BigInt,
-    }
-}
 
 /// `n` rows into `async_task` by plain multi-row INSERTs of [`ENQUEUE_BATCH`] literal rows,
 /// each statement its own transaction; returns rows per second. (Run on the empty table,
@@ -113,13 +107,35 @@ pub(crate) fn updates(
     Ok((txns_per_thread * rows) as f64 / elapsed.as_secs_f64())
 }
 
-/// `UPDATE bench_ref SET n = n + 1 WHERE id = ?`, on the backend's own connection so that
-/// the prepared statement is cached as the worker's are.
+/// `UPDATE bench_ref SET n = n + 1 WHERE id = ?` on the backend's own connection: fixed SQL
+/// text with one bind, whose prepared statement diesel caches by that text, as it caches the
+/// engine's own statements.
 fn update_row(conn: &mut DbConnection, id: i64) -> QueryResult<usize> {
-    let row = bench_ref::table.find(id);
-    let set = bench_ref::n.eq(bench_ref::n + 1);
     match conn {
-        DbConnection::Pg(c) => diesel::update(row).set(set).execute(c),
-        DbConnection::Sqlite(c) => diesel::update(row).set(set).execute(c),
+        DbConnection::Pg(c) => RowUpdate { id }.execute(c),
+        DbConnection::Sqlite(c) => RowUpdate { id }.execute(c),
     }
 }
+
+/// The reference row update, as a query diesel caches by its SQL text.
+struct RowUpdate {
+    id: i64,
+}
+
+impl<DB: diesel::backend::Backend> QueryFragment<DB> for RowUpdate
+where
+    i64: diesel::serialize::ToSql<BigInt, DB>,
+    DB: diesel::sql_types::HasSqlType<BigInt>,
+{
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()> {
+        out.push_sql("UPDATE bench_ref SET n = n + 1 WHERE id = ");
+        out.push_bind_param::<BigInt, _>(&self.id)
+    }
+}
+
+impl QueryId for RowUpdate {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+impl<Conn> RunQueryDsl<Conn> for RowUpdate {}
