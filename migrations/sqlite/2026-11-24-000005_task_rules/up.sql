@@ -1,11 +1,11 @@
 -- The schema refuses what the Rust API refuses, so that a producer's plain INSERT, from any
 -- language, is held to the same rules (README, "Enqueue from another language"):
 --
---   keyword    text, 1-64 characters of [a-z0-9._:-]
---   biz_id     text, 1-128 bytes, no NUL
---   biz_data   text, valid JSON, at most 65536 bytes, no NUL byte and no \u0000 escape
+--   keyword    1-64 characters of [a-z0-9._:-]
+--   biz_id     1-128 bytes, no NUL
+--   biz_data   valid JSON, at most 65536 bytes, no NUL byte and no \u0000 escape
 --              (PostgreSQL's jsonb refuses it; the same payload must work on both backends)
---   tenant     NULL, or text of 1-128 bytes without NUL
+--   tenant     NULL, or 1-128 bytes without NUL
 --   priority   an integer from -32768 to 32767 (the API's i16)
 --   max_attempts  NULL, or an integer from 1 to 2147483647
 --   run_at, created_at  text of the shape 'YYYY-MM-DD HH:MM:SS.SSS' (UTC), the one that
@@ -15,11 +15,12 @@
 --   run_at     at most 3650 days after created_at (the insert's time, by default) when no
 --              failure has been counted: what a producer may delay a task by
 --
--- SQLite's columns take any type whatever their declaration, so each rule also names the
--- type (`typeof`): after the column's affinity, '12' is the integer 12, but 'abc' and 2.5
+-- SQLite's columns take any type whatever their declaration, so each integer rule also names
+-- the type (`typeof`): after the column's affinity, '12' is the integer 12, but 'abc' and 2.5
 -- stay text and real and are refused. (A STRICT table would do the same, but a file with one
--- can no longer be opened by SQLite before 3.37, which other languages' producers may
--- still link.)
+-- can no longer be opened by SQLite before 3.37, which other languages' producers may still
+-- link.) The payload must be text (a BLOB could pass for JSONB); the other text columns'
+-- rules are checked on the value's text.
 --
 -- SQLite cannot add a constraint to a table, so the table is rebuilt: created under a new
 -- name, the rows copied, the old table dropped and the new one renamed, inside the
@@ -33,10 +34,10 @@
 CREATE TABLE async_task_new (
     id           INTEGER PRIMARY KEY AUTOINCREMENT,
     keyword      TEXT    NOT NULL CONSTRAINT async_task_keyword_check CHECK (
-        typeof(keyword) = 'text' AND length(keyword) BETWEEN 1 AND 64
+        length(keyword) BETWEEN 1 AND 64
         AND keyword NOT GLOB '*[^a-z0-9._:-]*' AND instr(CAST(keyword AS BLOB), x'00') = 0),
     biz_id       TEXT    NOT NULL CONSTRAINT async_task_biz_id_check CHECK (
-        typeof(biz_id) = 'text' AND length(CAST(biz_id AS BLOB)) BETWEEN 1 AND 128
+        length(CAST(biz_id AS BLOB)) BETWEEN 1 AND 128
         AND instr(CAST(biz_id AS BLOB), x'00') = 0),
     biz_data     TEXT    NOT NULL DEFAULT '{}' CONSTRAINT async_task_biz_data_check CHECK (
         typeof(biz_data) = 'text' AND length(CAST(biz_data AS BLOB)) <= 65536
@@ -46,7 +47,7 @@ CREATE TABLE async_task_new (
         -- has \u0000 at all).
         AND (instr(biz_data, '\u0000') = 0 OR instr(replace(biz_data, '\\', ''), '\u0000') = 0)),
     tenant       TEXT    CONSTRAINT async_task_tenant_check CHECK (tenant IS NULL OR (
-        typeof(tenant) = 'text' AND length(CAST(tenant AS BLOB)) BETWEEN 1 AND 128
+        length(CAST(tenant AS BLOB)) BETWEEN 1 AND 128
         AND instr(CAST(tenant AS BLOB), x'00') = 0)),
     state        TEXT    NOT NULL DEFAULT 'pending' CONSTRAINT async_task_state_check
         CHECK (state IN ('pending', 'running', 'done', 'dead', 'cancelled', 'blocked')),
