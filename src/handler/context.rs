@@ -118,10 +118,11 @@ fn describe_mismatch(error: &serde_path_to_error::Error<serde_json::Error>) -> S
     )
 }
 
-/// The path as serde_path_to_error writes it (`user.items[0].name`), with every key that could
-/// be the payload's data rather than a field's name shown as `<key>`: a map's keys are data
+/// The path as serde_path_to_error writes it (`user.items[0].name`), with a key that does not
+/// look like a field name shown as `<key>`: a map's keys are the payload's data
 /// (`{"alice@example.com": …}`), and the path cannot tell them from a struct's fields, so a
-/// key is kept only when it looks like a field name (1 to 64 letters, digits, `_` or `-`).
+/// key is kept only when it is 1 to 64 letters, digits, `_` or `-` (a map keyed by such
+/// values, user names or ids, still shows them).
 fn path_without_data(path: &serde_path_to_error::Path) -> String {
     use serde_path_to_error::Segment;
     let looks_like_a_field = |key: &str| {

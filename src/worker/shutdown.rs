@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use signal_hook::consts::{SIGINT, SIGTERM};
@@ -23,8 +23,9 @@ impl Worker {
     /// stopped). A second signal exits the process at once with status 1.
     ///
     /// The signal handlers are the process's from the first call on (they cannot be removed
-    /// without leaving the signals ignored); a later call works the same way, and a signal
-    /// that arrives between two calls makes the next one stop at once.
+    /// without leaving the signals ignored); a later call works the same way, calls running at
+    /// once (two workers) all stop at one signal, and a signal that arrives between two calls
+    /// makes the next one stop at once.
     ///
     /// ```no_run
     /// # fn main() -> outbox::Result<()> {
@@ -50,25 +51,69 @@ impl Worker {
 /// The process's stop signal: set by a SIGINT or SIGTERM once the handlers are installed;
 /// one that arrives while it is set exits the process with status 1.
 ///
-/// The handlers are installed on the first call of [`until_stopped`] and stay for the life of
+/// The handlers are installed by the first call of [`until_stopped`] and stay for the life of
 /// the process: signal-hook cannot give a signal its default action back (an action removed
-/// leaves the signal ignored). Each call clears the flag when it returns, so that the next one
-/// starts afresh: a signal between two calls makes the next one stop at once.
-fn stop_signal() -> Result<&'static AtomicBool> {
-    static SIGNALLED: OnceLock<Arc<AtomicBool>> = OnceLock::new();
-    static INSTALL: Mutex<()> = Mutex::new(());
-    let _installing = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(flag) = SIGNALLED.get() {
-        return Ok(flag);
+/// leaves the signal ignored). The flag is cleared when the last of the calls running at once
+/// returns, so that the next one starts afresh (a signal between two calls makes the next one
+/// stop at once), and every call running when a signal comes sees it.
+struct StopSignal {
+    flag: Option<Arc<AtomicBool>>,
+    /// Calls of [`until_stopped`] running now.
+    active: usize,
+}
+
+static STOP_SIGNAL: Mutex<StopSignal> = Mutex::new(StopSignal {
+    flag: None,
+    active: 0,
+});
+
+/// Joins the calls watching the stop signal, installing the handlers on first use.
+fn watch_stop_signal() -> Result<Arc<AtomicBool>> {
+    let mut stop = STOP_SIGNAL.lock().unwrap_or_else(PoisonError::into_inner);
+    let flag = match &stop.flag {
+        Some(flag) => Arc::clone(flag),
+        None => {
+            let flag = Arc::new(AtomicBool::new(false));
+            install_handlers(&flag)?;
+            stop.flag = Some(Arc::clone(&flag));
+            flag
+        }
+    };
+    stop.active += 1;
+    Ok(flag)
+}
+
+/// Leaves the calls watching the stop signal; the last one out clears it.
+fn unwatch_stop_signal() {
+    let mut stop = STOP_SIGNAL.lock().unwrap_or_else(PoisonError::into_inner);
+    stop.active -= 1;
+    if stop.active == 0 {
+        if let Some(flag) = &stop.flag {
+            flag.store(false, Ordering::Relaxed);
+        }
     }
-    let flag = Arc::new(AtomicBool::new(false));
-    for signal in [SIGINT, SIGTERM] {
+}
+
+/// For SIGINT and SIGTERM: exit with status 1 if `flag` is set, else set it. All or nothing:
+/// what was registered before a failure is removed again.
+fn install_handlers(flag: &Arc<AtomicBool>) -> Result<()> {
+    let mut installed = Vec::new();
+    let result = [SIGINT, SIGTERM].into_iter().try_for_each(|signal| {
         // Order matters: the conditional exit is checked before the flag is set.
-        signal_hook::flag::register_conditional_shutdown(signal, 1, Arc::clone(&flag))
-            .and_then(|_| signal_hook::flag::register(signal, Arc::clone(&flag)))
-            .map_err(|source| Error::Signal { source })?;
-    }
-    Ok(SIGNALLED.get_or_init(|| flag))
+        installed.push(signal_hook::flag::register_conditional_shutdown(
+            signal,
+            1,
+            Arc::clone(flag),
+        )?);
+        installed.push(signal_hook::flag::register(signal, Arc::clone(flag))?);
+        Ok(())
+    });
+    result.map_err(|source| {
+        for id in installed {
+            signal_hook::low_level::unregister(id);
+        }
+        Error::Signal { source }
+    })
 }
 
 /// Runs `work` on a thread of its own while this one waits for it to return, or for a stop
@@ -78,9 +123,9 @@ fn until_stopped(
     grace: Duration,
     work: fn(&Worker) -> Result<Report>,
 ) -> Result<Report> {
-    let signalled = stop_signal()?;
-    let result = until_stopped_or_signalled(worker, grace, work, signalled);
-    signalled.store(false, Ordering::Relaxed);
+    let signalled = watch_stop_signal()?;
+    let result = until_stopped_or_signalled(worker, grace, work, &signalled);
+    unwatch_stop_signal();
     result
 }
 

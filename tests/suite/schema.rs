@@ -53,8 +53,7 @@ fn with_nul(db: &TestDb, text: &str) -> String {
     }
 }
 
-/// The SQL of a time `offset` (an SQLite modifier such as `+3650 days`) from now, in the
-/// backend's stored form.
+/// The SQL of the time `seconds` from now, in the backend's stored form.
 fn time_from_now(db: &TestDb, seconds: i64) -> String {
     match db.backend() {
         Backend::Postgres => format!("now() + {seconds} * interval '1 second'"),
@@ -313,7 +312,7 @@ both_backends! {
     fn time_text_rule_holds_in_the_schema(db: &TestDb) {
         // SQLite keeps times as text that must compare correctly with the engine's; PostgreSQL
         // parses any time it is given into a timestamptz.
-        let (iso, no_millis) = ("'2026-01-02T03:04:05.678'", "'2026-01-02 03:04:05'");
+        let (iso, no_millis) = ("'2026-01-02T03:04:05.678Z'", "'2026-01-02 03:04:05'");
         match db.backend() {
             Backend::Sqlite => {
                 refused(db, "an ISO T run_at", ", run_at", &format!("'k', '1', {iso}"));
@@ -356,7 +355,14 @@ both_backends! {
         assert_eq!(db.count("SELECT count(*) FROM async_task WHERE state = 'done' AND biz_id = '1' AND tenant = 't'"), 1);
         let next = enqueue(&mut conn, &NewTask::new("k", "next")).unwrap();
         assert_eq!(next.id, 6, "an id is never handed out twice");
-        // The rules are in force.
+        // The rules are in force, and the claim's and the running tasks' indexes are there.
         refused(db, "an empty tenant", ", tenant", "'k', 'x', ''");
+        let indexes = match db.backend() {
+            Backend::Postgres => "SELECT count(*) FROM pg_indexes WHERE tablename = 'async_task'
+                                  AND indexname IN ('async_task_claim_idx', 'async_task_owner_idx')",
+            Backend::Sqlite => "SELECT count(*) FROM sqlite_master WHERE type = 'index'
+                                AND name IN ('async_task_claim_idx', 'async_task_lease_idx')",
+        };
+        assert_eq!(db.count(indexes), 2);
     }
 }

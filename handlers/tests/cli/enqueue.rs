@@ -10,9 +10,12 @@ both_backends! {
     fn migrate_twice_applies_then_reports_up_to_date(db: &TestDb) {
         let dir = workdir();
         unmigrate(db);
+        // Every migration of the tree (both backends have the same versions).
+        let tree = concat!(env!("CARGO_MANIFEST_DIR"), "/../migrations/sqlite");
+        let migrations = std::fs::read_dir(tree).unwrap().count();
         run(outbox_on(db, dir.path()).arg("migrate"))
             .expect_code(0)
-            .stdout_has("applied 4 migration(s)");
+            .stdout_has(&format!("applied {migrations} migration(s)"));
         assert_eq!(db.count("SELECT count(*) FROM async_task"), 0);
         run(outbox_on(db, dir.path()).arg("migrate"))
             .expect_code(0)

@@ -23,7 +23,7 @@
 ALTER TABLE async_task ADD CONSTRAINT async_task_tenant_check
     CHECK (tenant IS NULL OR octet_length(tenant) BETWEEN 1 AND 128);
 
-CREATE FUNCTION async_task_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION async_task_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     RAISE EXCEPTION 'async_task: %', TG_ARGV[0]
         USING ERRCODE = 'check_violation', TABLE = TG_TABLE_NAME;

@@ -7,11 +7,12 @@
 //! `\u00XX`, everything else as UTF-8), duplicate keys once, and numbers as `numeric` writes
 //! them: in full, never with an exponent, keeping the literal's fractional digits.
 //!
-//! The one place this count can differ from the database's: a number whose literal has more
-//! fractional digits than the shortest text of the same `f64` (`2.50`, `0.1000`), which
-//! `serde_json` parses to an `f64` and writes back shorter. The database then counts a few
-//! bytes more, and near the limit it refuses the row itself (the enqueue fails with its
-//! message; nothing is written).
+//! Where this count can differ from the database's: numbers. `serde_json` reads a number with
+//! a fraction or an exponent as an `f64` and writes it back in its shortest form (`1e2` as
+//! `100.0`, `2.50` as `2.5`, `1e-400` as `0.0`), which is what is counted here (through
+//! `numeric`'s rules: `1e-7` is `0.0000001`), while the database keeps the literal's digits.
+//! Near the limit either side may then refuse first; the database refuses with its own
+//! message, and nothing is written.
 
 use serde_json::Value;
 
