@@ -2,6 +2,7 @@
 # The standard benchmark set (README "Performance"):
 #
 #   scripts/bench.sh [--quick] [--out FILE]
+#   scripts/bench.sh --peers [--rounds N] [--out FILE]
 #
 # Builds the release binary, starts a throwaway PostgreSQL cluster with default
 # durability (fsync on; its own state dir, apart from the test cluster) unless
@@ -15,16 +16,26 @@
 # Every configuration prints one JSON line (also appended to --out, default
 # target/bench/results.jsonl); human-readable progress goes to stderr.
 # --quick: 1 run each and a 100,000-task backlog, to check that it all works.
+#
+# --peers: instead of the set above, outbox head to head with graphile-worker 0.17.3 (installed
+# from the npm registry into target/peers/; Node is a benchmark dependency only), interleaved
+# on the same cluster, N rounds (default 5) of: graphile-worker's fast preset (local queue,
+# batched completion, concurrency 4), outbox batched, graphile-worker's defaults (concurrency
+# 10), outbox strict; 20,000 no-op jobs each, on a scratch database each. Prints each round's
+# ratios (outbox batched / graphile fast, outbox strict / graphile defaults) and their medians,
+# and appends one JSON line per round and one of the medians to --out.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 repo_root=$PWD
 
-runs=5 scale_runs=3 backlog=1000000 out=target/bench/results.jsonl
+runs=5 scale_runs=3 backlog=1000000 out=target/bench/results.jsonl peers=false rounds=5
 while (($#)); do
     case $1 in
     --quick) runs=1 scale_runs=1 backlog=100000 ;;
     --out) out=$2; shift ;;
-    *) echo "usage: $0 [--quick] [--out FILE]" >&2; exit 2 ;;
+    --peers) peers=true ;;
+    --rounds) rounds=$2; shift ;;
+    *) echo "usage: $0 [--quick] [--out FILE] | --peers [--rounds N] [--out FILE]" >&2; exit 2 ;;
     esac
     shift
 done
@@ -57,6 +68,13 @@ bench() {
     step "$label: outbox bench $*"
     "$outbox" bench --json "$@" | tee -a "$out"
 }
+
+if $peers; then
+    . "$repo_root/scripts/peers/peers.sh"
+    run_peers
+    step "results appended to $out"
+    exit 0
+fi
 
 for url in "$pg_url" "$sqlite_url"; do
     name=postgres
