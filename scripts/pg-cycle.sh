@@ -12,7 +12,11 @@
 #   claim only       the claim alone: the cost of one write per task;
 #   HOT-friendly     the cycle on a variant schema whose completions can be HOT
 #                    (the claim index on `owner IS NULL`, no index naming `state`
-#                    or `finished_at`, fillfactor 75) — what a redesign would buy.
+#                    or `finished_at`, fillfactor 75) — what a redesign would buy;
+#   one write        one transaction that locks 50 pending tasks (`FOR UPDATE SKIP
+#                    LOCKED`, no claim written) and marks them done: one row version
+#                    per task, the cost of a claim that is the row lock of the task's
+#                    own transaction.
 # Prints cycles/s (pgbench's tps) and tasks/s for each.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -79,6 +83,14 @@ SQL
 oneline() { awk '/^\\/ { if (s != "") print s; s = ""; print; next } { s = s " " $0 } /;$/ || /\\gset$/ { print s; s = "" } END { if (s != "") print s }'; }
 { claim_sql "state = 'pending'"; complete_sql; } | oneline >"$work/cycle.sql"
 claim_sql "state = 'pending'" | oneline >"$work/claim.sql"
+oneline >"$work/one_write.sql" <<'SQL'
+BEGIN;
+SELECT string_agg(id::text, ',') AS ids FROM (SELECT id FROM async_task WHERE state = 'pending' AND run_at <= now() AND keyword = ANY('{noop}')
+    ORDER BY priority, run_at, id LIMIT 50 FOR UPDATE SKIP LOCKED) picked \gset
+UPDATE async_task SET state = 'done', finished_at = clock_timestamp(), updated_at = clock_timestamp()
+WHERE id = ANY(ARRAY[:ids]::bigint[]) AND state = 'pending';
+COMMIT;
+SQL
 { claim_sql "owner IS NULL AND state = 'pending'"; complete_sql; } | oneline >"$work/hot.sql"
 
 fresh_db() { # $1: name, $2: extra SQL after the migrations
@@ -105,4 +117,5 @@ DROP INDEX async_task_finished_idx;"
 step "claim+complete"; fresh_db outbox_cycle ""; measure "claim+complete" outbox_cycle "$work/cycle.sql"
 step "claim only"; fresh_db outbox_cycle ""; measure "claim only" outbox_cycle "$work/claim.sql"
 step "HOT-friendly"; fresh_db outbox_cycle "$hot_schema"; measure "HOT-friendly" outbox_cycle "$work/hot.sql"
+step "one write"; fresh_db outbox_cycle ""; measure "one write" outbox_cycle "$work/one_write.sql"
 "$bindir/psql" -qX "$base/postgres" -c "DROP DATABASE outbox_cycle" >&2
