@@ -124,9 +124,15 @@ fn until_stopped(
     work: fn(&Worker) -> Result<Report>,
 ) -> Result<Report> {
     let signalled = watch_stop_signal()?;
-    let result = until_stopped_or_signalled(worker, grace, work, &signalled);
-    unwatch_stop_signal();
-    result
+    // Leaves the watchers however this call ends, a panic included.
+    struct Unwatch;
+    impl Drop for Unwatch {
+        fn drop(&mut self) {
+            unwatch_stop_signal();
+        }
+    }
+    let _unwatch = Unwatch;
+    until_stopped_or_signalled(worker, grace, work, &signalled)
 }
 
 fn until_stopped_or_signalled(
