@@ -50,7 +50,7 @@ pub use handler::{Handler, HandlerError, HandlerResult, TaskContext, TaskTx};
 pub use migrate::run_migrations;
 pub use registry::Registry;
 pub use task::{validate_keyword, ClaimedTask, NewTask, TaskState};
-pub use worker::{Report, RescueReport, Tally, Worker, WorkerConfig};
+pub use worker::{ClaimStyle, Report, RescueReport, Tally, Worker, WorkerConfig};
 
 /// Every Rust block of the README compiles (and runs, unless marked `no_run`) as a doctest.
 #[cfg(doctest)]

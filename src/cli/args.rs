@@ -7,7 +7,7 @@ use clap::Args;
 use super::parse_duration;
 use crate::db::Backend;
 use crate::error::Result;
-use crate::worker::{WorkerConfig, DEFAULT_MAX_ATTEMPTS};
+use crate::worker::{ClaimStyle, WorkerConfig, DEFAULT_MAX_ATTEMPTS};
 
 /// Settings shared by the commands that run tasks (`drain`, `run`, and a binary's own).
 #[derive(Debug, Clone, Args)]
@@ -48,6 +48,12 @@ pub struct WorkerArgs {
     /// task (external effects of a rolled-back chunk then happen again).
     #[arg(long, default_value_t = 1)]
     commit_batch: usize,
+    /// How tasks are claimed: `stamp` writes owner, token and deadline at the claim and
+    /// completes with a second write; `lock` (PostgreSQL) locks a chunk's rows in the
+    /// transaction that runs it, one write per task, for short handlers; `auto` is lock with
+    /// --commit-batch > 1 on PostgreSQL (and no --queue), stamp otherwise.
+    #[arg(long = "claim", default_value_t = ClaimStyle::Auto)]
+    claim_style: ClaimStyle,
     /// Print the summary as one JSON object.
     #[arg(long)]
     pub(super) json: bool,
@@ -63,7 +69,8 @@ impl WorkerArgs {
             .heartbeat(self.heartbeat)
             .task_timeout(self.task_timeout)
             .exit_on_hang(true)
-            .commit_batch(self.commit_batch);
+            .commit_batch(self.commit_batch)
+            .claim_style(self.claim_style);
         config.threads = self.threads;
         config.queue = self.queue;
         config.page_size = self.page_size;

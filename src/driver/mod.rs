@@ -67,6 +67,41 @@ pub trait Driver {
     /// claim stays an index range scan however long the backlog.
     fn task_claim_plan(&mut self, keywords: &[String], limit: i64) -> QueryResult<Vec<String>>;
 
+    /// Locks up to `limit` due pending tasks of `keywords` in the open transaction (a lock
+    /// claim: nothing is written; PostgreSQL only); returns the backend holding the locks
+    /// and the rows.
+    fn task_lock_page(
+        &mut self,
+        keywords: &[String],
+        limit: i64,
+    ) -> QueryResult<(i32, Vec<ClaimRow>)>;
+
+    /// Marks done the tasks `ids` this transaction has locked, recording `owner` and a new
+    /// claim token; returns how many it marked.
+    fn task_complete_locked(&mut self, owner: i64, ids: &[i64]) -> QueryResult<usize>;
+
+    /// Claims for `owner` those of the tasks `ids` that are still due and pending and not
+    /// locked by another transaction, as [`Driver::task_claim_page`] does.
+    fn task_claim_ids(
+        &mut self,
+        owner: i64,
+        ids: &[i64],
+        timeout_ms: i64,
+    ) -> QueryResult<Vec<ClaimRow>>;
+
+    /// Ends the lock claim of a hung handler: terminates the backend holding the task's lock
+    /// (its transaction rolls back) and records a failure with `error`, retried after
+    /// `delay_ms` or dead at max attempts. Touches nothing if the task has left the state
+    /// `claim` saw (pending, that token).
+    fn task_charge_hung(
+        &mut self,
+        backend: i32,
+        claim: &Claim,
+        error: &str,
+        delay_ms: i64,
+        default_max_attempts: i32,
+    ) -> QueryResult<usize>;
+
     /// Marks a claimed task done (fenced); returns the rows touched, 0 or 1.
     fn task_complete(&mut self, claim: &Claim) -> QueryResult<usize>;
 

@@ -60,6 +60,18 @@ impl<'c> TaskTx<'c> {
         }
     }
 
+    /// The transaction already open on `conn` (a lock claim's, which holds the chunk's row
+    /// locks): the handlers run inside it.
+    pub(crate) fn opened(conn: &'c mut DbConnection) -> Self {
+        TaskTx {
+            conn,
+            turn: None,
+            held: None,
+            open: true,
+            unavailable: None,
+        }
+    }
+
     /// The connection inside the task's transaction, opening the transaction on first use.
     ///
     /// Fails when the transaction cannot be opened (the database is unreachable; on SQLite,

@@ -5,14 +5,15 @@ use std::time::Instant;
 use super::heartbeat::may_claim;
 use super::{millis, Worker};
 use crate::db::transaction::DiscardBroken;
-use crate::driver::driver;
+use crate::driver::{driver, ClaimRow};
 use crate::error::{Error, OpContext, Result};
 use crate::handler::TaskContext;
 use crate::task::ClaimedTask;
 
 impl Worker {
     /// Claims one page of due tasks for registered keywords, in one statement: state
-    /// running, owner this node, claim token bumped. The first half of [`Worker::run_once`].
+    /// running, owner this node, claim token bumped. The first half of [`Worker::run_once`]
+    /// with stamping claims; this is a stamping claim whatever the worker's claim style.
     ///
     /// Fails with [`Error::HeartbeatStale`] when this node has not recorded a heartbeat for
     /// `dead_after − heartbeat`: other nodes may soon rescue its tasks, so it must not claim.
@@ -41,27 +42,7 @@ impl Worker {
                 .discard_broken(&mut conn)
                 .op("task claim")?
         };
-        let mut rows = rows;
-        // RETURNING gives no order; run in claim order (priority first, then age).
-        rows.sort_by_key(|row| (row.priority, row.id));
-        Ok(rows
-            .into_iter()
-            .map(|row| ClaimedTask {
-                context: TaskContext {
-                    id: row.id,
-                    keyword: row.keyword,
-                    biz_id: row.biz_id,
-                    tenant: row.tenant,
-                    attempt: row.failures.saturating_add(1),
-                    payload: row.biz_data,
-                },
-                failures: row.failures,
-                max_attempts: row.max_attempts,
-                claim_token: row.claim_token,
-                owner,
-                deadline,
-            })
-            .collect())
+        Ok(claimed_tasks(rows, owner, deadline))
     }
 
     /// The most tasks one claim takes: a page, but never more than can start at once (a
@@ -73,7 +54,7 @@ impl Worker {
 
     /// Fails with [`Error::HeartbeatStale`] when this node has not recorded a heartbeat for
     /// so long that other nodes may soon rescue its tasks; tries one heartbeat first.
-    fn ensure_heartbeat_fresh(&self) -> Result<()> {
+    pub(super) fn ensure_heartbeat_fresh(&self) -> Result<()> {
         let heartbeat = &self.services.heartbeat;
         let fresh = |since| may_claim(since, self.settings.heartbeat, self.settings.dead_after);
         if fresh(heartbeat.since_last_ok()) {
@@ -89,4 +70,31 @@ impl Worker {
             since,
         })
     }
+}
+
+/// The claimed tasks of `rows`, in claim order (priority first, then age: `RETURNING` and
+/// the lock give no order).
+pub(super) fn claimed_tasks(
+    mut rows: Vec<ClaimRow>,
+    owner: i64,
+    deadline: Instant,
+) -> Vec<ClaimedTask> {
+    rows.sort_by_key(|row| (row.priority, row.id));
+    rows.into_iter()
+        .map(|row| ClaimedTask {
+            context: TaskContext {
+                id: row.id,
+                keyword: row.keyword,
+                biz_id: row.biz_id,
+                tenant: row.tenant,
+                attempt: row.failures.saturating_add(1),
+                payload: row.biz_data,
+            },
+            failures: row.failures,
+            max_attempts: row.max_attempts,
+            claim_token: row.claim_token,
+            owner,
+            deadline,
+        })
+        .collect()
 }

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use super::style::ClaimStyle;
 use crate::backoff::Backoff;
 use crate::db::Backend;
 use crate::error::{Error, Result};
@@ -109,6 +110,9 @@ pub struct WorkerConfig {
     /// exactly-once and a failing task neither loses nor completes the others; external
     /// effects of the rolled-back chunk happen again.
     pub commit_batch: usize,
+    /// How tasks are claimed: stamped, or locked for the length of their transaction (see
+    /// [`ClaimStyle`]; default [`ClaimStyle::Auto`]).
+    pub claim_style: ClaimStyle,
 }
 
 impl Default for WorkerConfig {
@@ -126,6 +130,7 @@ impl Default for WorkerConfig {
             task_timeout: DEFAULT_TASK_TIMEOUT,
             exit_on_hang: false,
             commit_batch: 1,
+            claim_style: ClaimStyle::Auto,
         }
     }
 }
@@ -166,6 +171,8 @@ impl WorkerConfig {
         exit_on_hang: bool => exit_on_hang;
         /// Sets the tasks per transaction (1: strict mode).
         commit_batch: usize => commit_batch;
+        /// Sets how tasks are claimed.
+        claim_style: ClaimStyle => claim_style;
     }
 
     /// The settings for `backend`, every default filled in, checked.
@@ -176,9 +183,21 @@ impl WorkerConfig {
             Backend::Postgres => default_threads(),
             Backend::Sqlite => 1,
         });
+        let lock = match self.claim_style {
+            ClaimStyle::Auto => {
+                backend == Backend::Postgres
+                    && self.commit_batch > 1
+                    && self.queue.unwrap_or(0) == 0
+            }
+            ClaimStyle::Stamp => false,
+            ClaimStyle::Lock => true,
+        };
+        // A lock claim starts each chunk at once: a queued chunk would hold its locks and a
+        // connection while it waited.
         let queue = self
             .queue
             .unwrap_or(match (self.commit_batch > 1, self.threads, backend) {
+                _ if lock => 0,
                 (true, _, _) => threads,
                 (false, Some(threads), _) => threads * QUEUE_PER_THREAD,
                 (false, None, Backend::Postgres) => threads * QUEUE_PER_THREAD,
@@ -204,7 +223,22 @@ impl WorkerConfig {
             task_timeout: self.task_timeout,
             exit_on_hang: self.exit_on_hang,
             commit_batch: self.commit_batch,
+            lock,
         };
+        if lock && backend != Backend::Postgres {
+            return Err(Error::InvalidConfig {
+                setting: "claim",
+                reason: format!("lock claims need PostgreSQL's row locks, not {backend}"),
+            });
+        }
+        if lock && settings.queue > 0 {
+            return Err(Error::InvalidConfig {
+                setting: "queue",
+                reason: "must be 0 with lock claims: a queued chunk would hold its row locks \
+                         and a connection while it waited"
+                    .into(),
+            });
+        }
         settings.validate()?;
         Ok(settings)
     }
@@ -225,6 +259,8 @@ pub(crate) struct Settings {
     pub(crate) task_timeout: Duration,
     pub(crate) exit_on_hang: bool,
     pub(crate) commit_batch: usize,
+    /// Whether chunks are claimed by locking their rows ([`ClaimStyle::Lock`]).
+    pub(crate) lock: bool,
 }
 
 impl Settings {

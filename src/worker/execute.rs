@@ -24,7 +24,7 @@ impl From<diesel::result::Error> for Rollback {
 }
 
 /// Why a chunk's transaction rolled back (batched mode).
-enum ChunkRollback {
+pub(super) enum ChunkRollback {
     /// A handler failed or panicked, or a claim was taken over.
     Task,
     Database(diesel::result::Error),
@@ -214,7 +214,7 @@ impl Worker {
 }
 
 /// Runs a task's handler, a panic caught as a retryable failure.
-fn run_handler(
+pub(super) fn run_handler(
     handler: &dyn crate::handler::Handler,
     task: &ClaimedTask,
     tx: &mut TaskTx,

@@ -7,10 +7,12 @@ mod dispatch;
 mod execute;
 mod heartbeat;
 mod listen;
+mod locked;
 mod record;
 mod rescue;
 mod run;
 mod shutdown;
+mod style;
 mod tally;
 mod ticker;
 mod watchdog;
@@ -26,6 +28,7 @@ pub use config::{
     MAX_ERROR_LEN, MAX_PAGE_SIZE, MAX_TASK_TIMEOUT, QUEUE_PER_THREAD, SQLITE_DEFAULT_QUEUE,
 };
 pub use rescue::RescueReport;
+pub use style::ClaimStyle;
 pub use tally::{Report, Tally};
 
 use config::Settings;
@@ -148,11 +151,16 @@ impl Services {
         // write lock, which is what a hung handler holds.
         if services.watchdog.limit().is_some() {
             let (watchdog, node) = (Arc::clone(&services.watchdog), Arc::clone(node));
+            let (pool, settings) = (pool.clone(), settings.clone());
             services.spawn(
                 "watchdog",
                 id,
                 || Duration::from_millis(100),
-                move || watchdog.exit_if_hung(node.id()),
+                move || {
+                    watchdog.exit_if_hung(node.id(), |hung| {
+                        locked::charge_hung(&pool, &settings, hung);
+                    });
+                },
             )?;
         }
         Ok(services)

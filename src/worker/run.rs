@@ -32,20 +32,7 @@ impl Worker {
     /// Hands a claimed page to the execution pool, a task (or, in batched mode, a chunk) at a
     /// time; outcomes are counted in `tally` and in the worker's totals as they come.
     fn submit_page<'s>(&'s self, feed: &Feed<'s>, page: Vec<ClaimedTask>, tally: &'s Mutex<Tally>) {
-        let n = page.len() as u64;
-        lock(tally).claimed += n;
-        lock(&self.totals).claimed += n;
-        self.in_flight.fetch_add(n, Ordering::Relaxed);
-        let record = move |outcomes: &[Outcome]| {
-            self.in_flight
-                .fetch_sub(outcomes.len() as u64, Ordering::Relaxed);
-            let mut tally = lock(tally);
-            let mut totals = lock(&self.totals);
-            for &outcome in outcomes {
-                tally.count(outcome);
-                totals.count(outcome);
-            }
-        };
+        let record = self.recorder(page.len(), tally);
         if self.settings.commit_batch > 1 {
             let mut tasks = page.into_iter().peekable();
             while tasks.peek().is_some() {
@@ -61,6 +48,29 @@ impl Worker {
                 self.dispatcher.submit(feed, move || {
                     record_or_unwind(self, 1, || vec![self.execute_task(&task)], &record)
                 });
+            }
+        }
+    }
+
+    /// Counts `n` tasks claimed, in `tally` and the worker's totals, and returns what counts
+    /// their outcomes as they come.
+    pub(super) fn recorder<'s>(
+        &'s self,
+        n: usize,
+        tally: &'s Mutex<Tally>,
+    ) -> impl Fn(&[Outcome]) + Copy + Send + 's {
+        let n = n as u64;
+        lock(tally).claimed += n;
+        lock(&self.totals).claimed += n;
+        self.in_flight.fetch_add(n, Ordering::Relaxed);
+        move |outcomes: &[Outcome]| {
+            self.in_flight
+                .fetch_sub(outcomes.len() as u64, Ordering::Relaxed);
+            let mut tally = lock(tally);
+            let mut totals = lock(&self.totals);
+            for &outcome in outcomes {
+                tally.count(outcome);
+                totals.count(outcome);
             }
         }
     }
@@ -81,6 +91,9 @@ impl Worker {
             .settings
             .page_size
             .min(room * self.settings.commit_batch);
+        if self.settings.lock {
+            return Ok((self.refill_locked(feed, tally, limit)?, limit));
+        }
         let page = self.claim_up_to(limit)?;
         let claimed = page.len();
         self.submit_page(feed, page, tally);
@@ -89,7 +102,18 @@ impl Worker {
 
     /// Claims one page and runs it; returns what happened to it. An empty tally means
     /// nothing was due.
+    ///
+    /// With lock claims ([`crate::ClaimStyle::Lock`]) the page is locked chunk by chunk, each
+    /// chunk run in the transaction that holds its locks.
     pub fn run_once(&self) -> Result<Tally> {
+        if self.settings.lock {
+            let tally = Mutex::new(Tally::default());
+            self.dispatcher.scope(|feed| {
+                self.refill_locked(feed, &tally, self.claim_limit())
+                    .map(|_| ())
+            })?;
+            return Ok(tally.into_inner().unwrap_or_else(PoisonError::into_inner));
+        }
         let page = self.claim()?;
         Ok(self.execute(page))
     }
@@ -203,7 +227,7 @@ impl Worker {
 /// Runs a unit of work and records its outcomes; if it panics outside the handlers (which are
 /// caught), its tasks leave the in-flight count before the panic goes on (rescue recovers
 /// them).
-fn record_or_unwind(
+pub(super) fn record_or_unwind(
     worker: &Worker,
     n: u64,
     work: impl FnOnce() -> Vec<Outcome>,

@@ -9,10 +9,12 @@ use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use crate::task::ClaimedTask;
+
 /// The handlers running now, by task id and claim token, with when each started.
 #[derive(Debug, Default)]
 pub(crate) struct Watchdog {
-    running: Mutex<HashMap<(i64, i64), Instant>>,
+    running: Mutex<HashMap<(i64, i64), (Instant, Option<LockedRun>)>>,
     /// How long a handler may run before the process exits; `None`: nothing is watched.
     limit: Option<Duration>,
 }
@@ -22,6 +24,17 @@ pub(crate) struct Watchdog {
 pub(crate) struct Hung {
     pub(crate) task: i64,
     pub(crate) running_for: Duration,
+    /// Set when the task runs under a lock claim.
+    pub(crate) lock: Option<LockedRun>,
+}
+
+/// What it takes to end a lock-claimed task's run and count its failure: the backend whose
+/// transaction holds the lock, the task's claim token and its failures so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LockedRun {
+    pub(crate) backend: i32,
+    pub(crate) token: i64,
+    pub(crate) failures: i32,
 }
 
 /// Watches one handler until dropped.
@@ -57,8 +70,22 @@ impl Watchdog {
     /// Keyed by id and claim token: a task rescued from a hung run and claimed again by this
     /// node is another run.
     pub(crate) fn watch(&self, task: i64, token: i64) -> Watch<'_> {
+        self.watch_run(task, token, None)
+    }
+
+    /// [`Watchdog::watch`] for a task of a locked chunk whose transaction runs on `backend`.
+    pub(crate) fn watch_locked(&self, task: &ClaimedTask, backend: i32) -> Watch<'_> {
+        let run = LockedRun {
+            backend,
+            token: task.claim_token,
+            failures: task.failures,
+        };
+        self.watch_run(task.context.id, task.claim_token, Some(run))
+    }
+
+    fn watch_run(&self, task: i64, token: i64, lock: Option<LockedRun>) -> Watch<'_> {
         if self.limit.is_some() {
-            self.lock().insert((task, token), Instant::now());
+            self.lock().insert((task, token), (Instant::now(), lock));
         }
         Watch {
             watchdog: self,
@@ -76,16 +103,19 @@ impl Watchdog {
         let limit = self.limit?;
         self.lock()
             .iter()
-            .map(|(&(task, _), started)| Hung {
+            .map(|(&(task, _), &(started, lock))| Hung {
                 task,
-                running_for: now.saturating_duration_since(*started),
+                running_for: now.saturating_duration_since(started),
+                lock,
             })
             .find(|hung| hung.running_for > limit)
     }
 
-    /// Exits the process (status 3) when a handler has run past the limit.
-    pub(crate) fn exit_if_hung(&self, node_id: i64) {
+    /// Exits the process (status 3) for a handler that has run past the limit, after
+    /// `before_exit` (which counts the failure of a lock-claimed task).
+    pub(crate) fn exit_if_hung(&self, node_id: i64, before_exit: impl FnOnce(&Hung)) {
         if let Some(hung) = self.run_once() {
+            before_exit(&hung);
             log::error!(
                 "node {node_id}: the handler of task {} has run for {:?}, past its task timeout: \
                  exiting (status 3) to free its thread, connection and locks; the task is \
@@ -97,7 +127,7 @@ impl Watchdog {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(i64, i64), Instant>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(i64, i64), (Instant, Option<LockedRun>)>> {
         self.running.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 
 use outbox::cli::parse_duration;
-use outbox::DatabaseUrl;
+use outbox::{ClaimStyle, DatabaseUrl};
 
 use crate::bench::latency::latency_bench;
 use crate::bench::{drain_bench, median, DrainBench, DrainFigures, Mode};
@@ -47,6 +47,9 @@ pub(super) struct BenchArgs {
     /// Tasks per transaction in batched mode (and rows per transaction of its reference).
     #[arg(long, default_value_t = 50)]
     commit_batch: usize,
+    /// How the worker claims: auto (lock in batched mode, stamp in strict), stamp or lock.
+    #[arg(long = "claim", default_value_t = ClaimStyle::Auto)]
+    claim_style: ClaimStyle,
     /// The no-op handler opens its transaction (`tx.conn()`), as a handler that writes to the
     /// database does: the completion is then `BEGIN; UPDATE; COMMIT` instead of one statement.
     #[arg(long)]
@@ -111,6 +114,7 @@ pub(super) fn run(url: &DatabaseUrl, args: BenchArgs) -> anyhow::Result<()> {
             threads: args.threads,
             queue: args.queue,
             commit_batch: args.commit_batch,
+            claim_style: args.claim_style,
             explain: args.explain,
             open_tx: args.open_tx,
         };
@@ -171,6 +175,7 @@ fn report(backend: &str, bench: &DrainBench, runs: &[DrainFigures], json: bool) 
                 "backlog": bench.backlog,
                 "threads": runs.first().map_or(0, |r| r.threads),
                 "commit_batch": commit_batch,
+                "claim": bench.claim_style.to_string(),
                 "handler": bench.handler_name(),
                 "runs": runs.len(),
                 "tasks_per_s": med(|r| r.tasks_per_s).round(),

@@ -14,8 +14,8 @@ use std::time::Instant;
 
 use diesel::connection::SimpleConnection;
 use outbox::{
-    enqueue_batch, run_migrations, write_transaction, Backend, DatabaseUrl, DbConnection, NewTask,
-    Registry, TaskContext, TaskTx, Worker, WorkerConfig,
+    enqueue_batch, run_migrations, write_transaction, Backend, ClaimStyle, DatabaseUrl,
+    DbConnection, NewTask, Registry, TaskContext, TaskTx, Worker, WorkerConfig,
 };
 
 use scratch::{cpu_seconds, peak_rss_mib, Scratch};
@@ -61,6 +61,8 @@ pub struct DrainBench {
     /// Tasks per transaction in batched mode (and rows per transaction of the K-row
     /// reference).
     pub commit_batch: usize,
+    /// How the worker claims (default: the worker's, [`ClaimStyle::Auto`]).
+    pub claim_style: ClaimStyle,
     /// Print the claim statement's plan at this backlog.
     pub explain: bool,
     /// The no-op handler opens its transaction, as a handler that writes to the database
@@ -139,6 +141,7 @@ pub fn drain_bench(url: &DatabaseUrl, bench: &DrainBench) -> anyhow::Result<Drai
     };
     let mut config = WorkerConfig::default()
         .commit_batch(commit_batch)
+        .claim_style(bench.claim_style)
         .listen(false);
     config.threads = bench.threads;
     config.queue = bench.queue;

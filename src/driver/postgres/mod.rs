@@ -1,6 +1,7 @@
 //! The driver on PostgreSQL: `SKIP LOCKED` claims, `jsonb` payloads, `NOTIFY` on enqueue, an
 //! advisory lock around migrations.
 
+mod lock;
 mod maintenance;
 mod payload;
 mod task;
@@ -81,6 +82,38 @@ impl Driver for PgConnection {
 
     fn task_complete_many(&mut self, owner: i64, claims: &[(i64, i64)]) -> QueryResult<usize> {
         task::complete_many(self, owner, claims)
+    }
+
+    fn task_lock_page(
+        &mut self,
+        keywords: &[String],
+        limit: i64,
+    ) -> QueryResult<(i32, Vec<ClaimRow>)> {
+        lock::lock_page(self, keywords, limit)
+    }
+
+    fn task_complete_locked(&mut self, owner: i64, ids: &[i64]) -> QueryResult<usize> {
+        lock::complete_locked(self, owner, ids)
+    }
+
+    fn task_claim_ids(
+        &mut self,
+        owner: i64,
+        ids: &[i64],
+        timeout_ms: i64,
+    ) -> QueryResult<Vec<ClaimRow>> {
+        lock::claim_ids(self, owner, ids, timeout_ms)
+    }
+
+    fn task_charge_hung(
+        &mut self,
+        backend: i32,
+        claim: &Claim,
+        error: &str,
+        delay_ms: i64,
+        default_max_attempts: i32,
+    ) -> QueryResult<usize> {
+        lock::charge_hung(self, backend, claim, error, delay_ms, default_max_attempts)
     }
 
     fn task_fail_retry(&mut self, claim: &Claim, error: &str, delay_ms: i64) -> QueryResult<usize> {

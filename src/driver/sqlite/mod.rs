@@ -117,6 +117,31 @@ impl Driver for SqliteConnection {
         task::complete_many(self, owner, claims)
     }
 
+    // Lock claims need row locks; SQLite locks the whole database (the worker refuses the
+    // setting on SQLite before any of these could run).
+    fn task_lock_page(&mut self, _: &[String], _: i64) -> QueryResult<(i32, Vec<ClaimRow>)> {
+        Err(lock_claims_unsupported())
+    }
+
+    fn task_complete_locked(&mut self, _: i64, _: &[i64]) -> QueryResult<usize> {
+        Err(lock_claims_unsupported())
+    }
+
+    fn task_claim_ids(&mut self, _: i64, _: &[i64], _: i64) -> QueryResult<Vec<ClaimRow>> {
+        Err(lock_claims_unsupported())
+    }
+
+    fn task_charge_hung(
+        &mut self,
+        _: i32,
+        _: &Claim,
+        _: &str,
+        _: i64,
+        _: i32,
+    ) -> QueryResult<usize> {
+        Err(lock_claims_unsupported())
+    }
+
     fn task_fail_retry(&mut self, claim: &Claim, error: &str, delay_ms: i64) -> QueryResult<usize> {
         task::fail_retry(self, claim, error, delay_ms)
     }
@@ -177,4 +202,8 @@ impl Driver for SqliteConnection {
     fn listen_poll(&mut self) -> QueryResult<bool> {
         Ok(false)
     }
+}
+
+fn lock_claims_unsupported() -> diesel::result::Error {
+    diesel::result::Error::QueryBuilderError("lock claims need PostgreSQL's row locks".into())
 }

@@ -1,0 +1,155 @@
+//! Lock claims on PostgreSQL: a chunk's tasks locked with `FOR UPDATE SKIP LOCKED` in the
+//! transaction that runs their handlers, and marked done in it: one row version per task.
+
+use diesel::pg::{Pg, PgConnection};
+use diesel::sql_types::{Array, BigInt, Integer, Text};
+use diesel::{QueryResult, QueryableByName, RunQueryDsl};
+
+use crate::driver::{Claim, ClaimRow};
+use crate::sql::Statement;
+
+/// A locked row and the backend that holds its lock.
+#[derive(QueryableByName)]
+struct LockedRow {
+    #[diesel(embed)]
+    task: ClaimRow,
+    #[diesel(sql_type = Integer)]
+    backend: i32,
+}
+
+/// See [`crate::driver::Driver::task_lock_page`].
+pub(super) fn lock_page(
+    conn: &mut PgConnection,
+    keywords: &[String],
+    limit: i64,
+) -> QueryResult<(i32, Vec<ClaimRow>)> {
+    // The claim index's range scan in claim order (the sort keys name the table's columns:
+    // `priority` alone would be the output's integer cast, which no index provides, and the
+    // plan would sort every pending row), the rows other transactions hold skipped: concurrent chunks never wait on each other nor take the same task. Nothing
+    // is written; the lock lasts until the chunk's transaction ends.
+    let rows: Vec<LockedRow> = Statement::<Pg>::new(
+        "SELECT t.id, t.keyword, t.biz_id, t.biz_data::text AS biz_data, t.tenant, t.failures,
+                t.max_attempts, t.claim_token, t.priority::integer AS priority,
+                pg_backend_pid() AS backend
+         FROM async_task t
+         WHERE t.state = 'pending' AND t.run_at <= now() AND t.keyword = ANY(",
+    )
+    .bind::<Array<Text>, _>(keywords.to_vec())
+    .sql(
+        ")
+         ORDER BY t.priority, t.run_at, t.id
+         LIMIT ",
+    )
+    .bind::<BigInt, _>(limit)
+    .sql(" FOR UPDATE SKIP LOCKED")
+    .load(conn)?;
+    let backend = rows.first().map_or(0, |r| r.backend);
+    Ok((backend, rows.into_iter().map(|r| r.task).collect()))
+}
+
+/// See [`crate::driver::Driver::task_complete_locked`].
+pub(super) fn complete_locked(
+    conn: &mut PgConnection,
+    owner: i64,
+    ids: &[i64],
+) -> QueryResult<usize> {
+    // The owner and a new claim token record who ran the task (and let a completion whose
+    // commit reply was lost be recognised); `now()` is the start of the chunk's transaction,
+    // when the lock was taken.
+    Statement::<Pg>::new(
+        "UPDATE async_task
+         SET state = 'done', owner = ",
+    )
+    .bind::<BigInt, _>(owner)
+    .sql(
+        ", claim_token = claim_token + 1, claimed_at = now(),
+             finished_at = clock_timestamp(), updated_at = clock_timestamp()
+         WHERE id = ANY(",
+    )
+    .bind::<Array<BigInt>, _>(ids.to_vec())
+    .sql(") AND state = 'pending'")
+    .execute(conn)
+}
+
+/// See [`crate::driver::Driver::task_claim_ids`].
+pub(super) fn claim_ids(
+    conn: &mut PgConnection,
+    owner: i64,
+    ids: &[i64],
+    timeout_ms: i64,
+) -> QueryResult<Vec<ClaimRow>> {
+    Statement::<Pg>::new(
+        "WITH picked AS (
+            SELECT id FROM async_task
+            WHERE id = ANY(",
+    )
+    .bind::<Array<BigInt>, _>(ids.to_vec())
+    .sql(
+        ") AND state = 'pending' AND run_at <= now()
+            FOR UPDATE SKIP LOCKED
+        )
+        UPDATE async_task t
+        SET state = 'running', owner = ",
+    )
+    .bind::<BigInt, _>(owner)
+    .sql(
+        ", claim_token = t.claim_token + 1, claimed_at = now(), updated_at = now(), deadline_at = now() + ",
+    )
+    .bind::<BigInt, _>(timeout_ms)
+    .sql(
+        " * interval '1 millisecond'
+        FROM picked
+        WHERE t.id = picked.id
+        RETURNING t.id, t.keyword, t.biz_id, t.biz_data::text AS biz_data, t.tenant,
+                  t.failures, t.max_attempts, t.claim_token, t.priority::integer AS priority",
+    )
+    .load(conn)
+}
+
+/// See [`crate::driver::Driver::task_charge_hung`].
+pub(super) fn charge_hung(
+    conn: &mut PgConnection,
+    backend: i32,
+    claim: &Claim,
+    error: &str,
+    delay_ms: i64,
+    default_max_attempts: i32,
+) -> QueryResult<usize> {
+    use diesel::connection::SimpleConnection;
+    use diesel::Connection;
+    conn.transaction(|conn| {
+        // The terminated backend rolls its transaction back and releases its locks; the
+        // UPDATE waits for that, a bounded time. If another chunk has locked the task since,
+        // the UPDATE waits for it in turn and then finds it done, or charges it.
+        conn.batch_execute("SET LOCAL lock_timeout = '10s'")?;
+        Statement::<Pg>::new("SELECT pg_terminate_backend(")
+            .bind::<Integer, _>(backend)
+            .sql(") AS terminated")
+            .execute(conn)?;
+        Statement::<Pg>::new(
+            "UPDATE async_task SET
+                failures = failures + 1,
+                state = CASE WHEN failures + 1 >= COALESCE(max_attempts, ",
+        )
+        .bind::<Integer, _>(default_max_attempts)
+        .sql(
+            ") THEN 'dead' ELSE 'pending' END,
+                run_at = CASE WHEN failures + 1 >= COALESCE(max_attempts, ",
+        )
+        .bind::<Integer, _>(default_max_attempts)
+        .sql(") THEN run_at ELSE now() + ")
+        .bind::<BigInt, _>(delay_ms)
+        .sql(
+            " * interval '1 millisecond' END,
+                finished_at = CASE WHEN failures + 1 >= COALESCE(max_attempts, ",
+        )
+        .bind::<Integer, _>(default_max_attempts)
+        .sql(") THEN now() END, last_error = ")
+        .bind::<Text, _>(error.to_owned())
+        .sql(", updated_at = now() WHERE id = ")
+        .bind::<BigInt, _>(claim.id)
+        .sql(" AND state = 'pending' AND claim_token = ")
+        .bind::<BigInt, _>(claim.token)
+        .execute(conn)
+    })
+}

@@ -1,0 +1,236 @@
+//! Lock claims ([`crate::ClaimStyle::Lock`], PostgreSQL): each chunk's tasks are locked in
+//! the transaction that runs their handlers and marks them done, one row version per task.
+//!
+//! The claiming thread opens a transaction per chunk, locks the chunk's rows
+//! (`FOR UPDATE SKIP LOCKED`) and hands the connection, transaction open, to a free pool
+//! thread (there is no queue: a chunk never waits with its locks held; when every thread
+//! is busy the claiming thread runs it itself). The chunk commits its handlers' effects and
+//! its completion together. If anything fails, it rolls back, releasing the locks, and its
+//! tasks are claimed the stamping way and run one by one, as a failed chunk of stamped
+//! claims is.
+
+use std::sync::Mutex;
+use std::time::Instant;
+
+use super::claim::claimed_tasks;
+use super::config::Settings;
+use super::dispatch::Feed;
+use super::execute::{run_handler, ChunkRollback};
+use super::tally::{Outcome, Tally};
+use super::watchdog::Hung;
+use super::{millis, Worker};
+use crate::db::transaction::{is_connection_error, mark_broken, roll_back_all, DiscardBroken};
+use crate::db::{DbConnection, DbPool, PooledConnection};
+use crate::driver::{driver, Claim};
+use crate::error::{OpContext, Result};
+use crate::handler::TaskTx;
+use crate::task::ClaimedTask;
+
+/// A chunk locked by this node: the connection whose open transaction holds the locks, the
+/// backend behind it, and the tasks.
+pub(super) struct LockedChunk {
+    conn: PooledConnection,
+    backend: i32,
+    tasks: Vec<ClaimedTask>,
+}
+
+impl Worker {
+    /// Locks chunks of up to `commit_batch` due tasks, at most `limit` tasks in all, and
+    /// hands each to the pool as it is locked; stops at the first chunk that comes back
+    /// short (nothing more is due). Returns how many tasks it locked.
+    pub(super) fn refill_locked<'s>(
+        &'s self,
+        feed: &Feed<'s>,
+        tally: &'s Mutex<Tally>,
+        limit: usize,
+    ) -> Result<usize> {
+        self.ensure_heartbeat_fresh()?;
+        let mut claimed = 0;
+        while claimed < limit && !self.is_stopping() {
+            let want = self.settings.commit_batch.min(limit - claimed);
+            let Some(chunk) = self.lock_chunk(want)? else {
+                break;
+            };
+            let n = chunk.tasks.len();
+            claimed += n;
+            let record = self.recorder(n, tally);
+            self.dispatcher.submit(feed, move || {
+                super::run::record_or_unwind(self, n as u64, || self.execute_locked(chunk), &record)
+            });
+            if n < want {
+                break;
+            }
+        }
+        Ok(claimed)
+    }
+
+    /// Opens a transaction and locks up to `want` due tasks in it; `None` when none is due.
+    fn lock_chunk(&self, want: usize) -> Result<Option<LockedChunk>> {
+        let mut conn = self.pool.get().op("task lock")?;
+        let deadline = Instant::now() + self.settings.claim_timeout();
+        driver(&mut conn)
+            .transaction_begin()
+            .discard_broken(&mut conn)
+            .op("task lock")?;
+        let limit = i64::try_from(want).unwrap_or(i64::MAX);
+        let locked = driver(&mut conn).task_lock_page(&self.keywords, limit);
+        match locked {
+            Ok((backend, rows)) if !rows.is_empty() => Ok(Some(LockedChunk {
+                conn,
+                backend,
+                tasks: claimed_tasks(rows, self.node.id(), deadline),
+            })),
+            Ok(_) => {
+                roll_back_all(&mut conn);
+                Ok(None)
+            }
+            Err(e) => {
+                if is_connection_error(&e) {
+                    mark_broken(&mut conn);
+                }
+                roll_back_all(&mut conn);
+                Err(e).op("task lock")
+            }
+        }
+    }
+
+    /// Runs a locked chunk's handlers in its transaction and marks the tasks done in it.
+    pub(super) fn execute_locked(&self, chunk: LockedChunk) -> Vec<Outcome> {
+        let LockedChunk {
+            mut conn,
+            backend,
+            tasks,
+        } = chunk;
+        let handlers = tasks
+            .iter()
+            .map(|task| self.registry.get(&task.context.keyword))
+            .collect::<Option<Vec<_>>>();
+        let Some(handlers) = handlers.filter(|_| !self.is_stopping()) else {
+            // Stopping, or (a bug) a keyword without a handler: none has run; the rollback
+            // leaves the tasks as they were.
+            roll_back_all(&mut conn);
+            return vec![Outcome::Released; tasks.len()];
+        };
+        let owner = self.node.id();
+        let ids: Vec<i64> = tasks.iter().map(|task| task.context.id).collect();
+        let mut tx = TaskTx::opened(&mut conn);
+        let run = |tx: &mut TaskTx| -> Result<(), ChunkRollback> {
+            for (task, handler) in tasks.iter().zip(&handlers) {
+                let _watch = self.services.watchdog.watch_locked(task, backend);
+                run_handler(*handler, task, tx).map_err(|_| ChunkRollback::Task)?;
+            }
+            match driver(tx.conn()?).task_complete_locked(owner, &ids)? {
+                n if n == tasks.len() => Ok(()),
+                _ => Err(ChunkRollback::Task),
+            }
+        };
+        let result = run(&mut tx);
+        let result = tx.finish(result);
+        drop(tx);
+        if let Err(ChunkRollback::Database(e)) = &result {
+            if is_connection_error(e) {
+                mark_broken(&mut conn);
+            }
+        }
+        drop(conn);
+        match result {
+            Ok(()) => vec![Outcome::Done; tasks.len()],
+            // The completion set this node as owner and the next token: a commit whose reply
+            // was lost shows as the first task done so (the chunk is all or nothing).
+            Err(ChunkRollback::Database(_))
+                if self.is_done_under(&Claim {
+                    id: ids[0],
+                    owner,
+                    token: tasks[0].claim_token + 1,
+                }) =>
+            {
+                log::warn!(
+                    "a locked chunk of {} tasks found done after a database error: its commit \
+                     happened and the reply was lost",
+                    tasks.len()
+                );
+                vec![Outcome::Done; tasks.len()]
+            }
+            Err(_) => self.rerun_stamped(&ids),
+        }
+    }
+
+    /// After a locked chunk rolled back: claims its tasks the stamping way and runs them one
+    /// by one, so that each records its own outcome. A task another node has locked or
+    /// claimed meanwhile is that node's now (counted lost here).
+    fn rerun_stamped(&self, ids: &[i64]) -> Vec<Outcome> {
+        log::debug!(
+            "a locked chunk of {} tasks rolled back; running them one by one",
+            ids.len()
+        );
+        let claimed = self.ensure_heartbeat_fresh().and_then(|()| {
+            let mut conn = self.pool.get().op("task claim")?;
+            let deadline = Instant::now() + self.settings.claim_timeout();
+            let rows = driver(&mut conn)
+                .task_claim_ids(self.node.id(), ids, millis(self.settings.claim_timeout()))
+                .discard_broken(&mut conn)
+                .op("task claim")?;
+            Ok(claimed_tasks(rows, self.node.id(), deadline))
+        });
+        match claimed {
+            Ok(tasks) => {
+                let mut outcomes: Vec<Outcome> =
+                    tasks.iter().map(|task| self.execute_task(task)).collect();
+                outcomes.resize(ids.len(), Outcome::Lost);
+                outcomes
+            }
+            Err(e) => {
+                log::warn!(
+                    "a locked chunk of {} tasks rolled back and could not be claimed again: \
+                     {e}; they stay pending",
+                    ids.len()
+                );
+                vec![Outcome::Released; ids.len()]
+            }
+        }
+    }
+}
+
+/// Counts a failure for the hung handler of a locked chunk before the process exits: ends
+/// the chunk's transaction (terminating its backend) so that the failure can be written,
+/// and the other tasks of the chunk are pending again, uncounted. Without this a task that
+/// hangs every time would be retried without end: the exit rolls its attempt back.
+pub(super) fn charge_hung(pool: &DbPool, settings: &Settings, hung: &Hung) {
+    let Some(lock) = hung.lock else { return };
+    let failures = lock.failures.saturating_add(1);
+    let delay = settings
+        .backoff
+        .delay(failures.unsigned_abs(), fastrand::f64());
+    let error = format!(
+        "running past its deadline: its handler ran for {:?}, past the task timeout; the \
+         node ended its chunk's transaction",
+        hung.running_for
+    );
+    let claim = Claim {
+        id: hung.task,
+        owner: 0,
+        token: lock.token,
+    };
+    let charged = pool.get().map_err(|e| e.to_string()).and_then(|mut conn| {
+        let conn: &mut DbConnection = &mut conn;
+        driver(conn)
+            .task_charge_hung(
+                lock.backend,
+                &claim,
+                &error,
+                millis(delay),
+                settings.max_attempts,
+            )
+            .map_err(|e| e.to_string())
+    });
+    match charged {
+        Ok(n) => log::error!(
+            "task {}: hung in a locked chunk; its transaction ended and {n} failure counted",
+            hung.task
+        ),
+        Err(e) => log::error!(
+            "task {}: hung in a locked chunk; its failure could not be counted: {e}",
+            hung.task
+        ),
+    }
+}

@@ -1,0 +1,69 @@
+//! How a worker claims its tasks: by stamping them, or by locking them for the length of
+//! their transaction.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// How a worker claims tasks ([`crate::WorkerConfig::claim_style`]; `--claim` on the
+/// command line).
+///
+/// - **Stamp** (seed 003's claim): one `UPDATE` marks a page of tasks running, with this
+///   node as owner, a new claim token and a deadline; each completion is a second, fenced
+///   `UPDATE`. Two row versions per task. The claim commits at once, so a task may run as
+///   long as its timeout: a node that dies is found by its silent heartbeat and its tasks
+///   are rescued, each counting a failure. Works everywhere, PgBouncer in transaction mode
+///   included, and on SQLite.
+/// - **Lock** (PostgreSQL, one write per task): a chunk's tasks are locked with
+///   `SELECT … FOR UPDATE SKIP LOCKED` in the transaction that runs their handlers and
+///   marks them done. One row version per task, no rescue: a crash rolls the chunk back
+///   and leaves its tasks pending. The transaction, its row locks and a connection are held
+///   while the chunk's handlers run, so it suits short handlers. A process that dies
+///   mid-chunk (killed, out of memory, aborted) counts no attempt: a handler that kills its
+///   process every time is retried without end, where stamping would make it dead after
+///   its max attempts. A hung handler is caught by the watchdog
+///   ([`crate::WorkerConfig::exit_on_hang`]), which ends its transaction and counts the
+///   failure.
+/// - **Auto** (the default): lock claims in batched mode on PostgreSQL, stamping otherwise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum ClaimStyle {
+    /// Lock claims in batched mode on PostgreSQL, stamping otherwise.
+    #[default]
+    Auto,
+    /// Claims that stamp owner, token and deadline; completion is a second write.
+    Stamp,
+    /// Claims that lock the chunk's rows for its transaction; one write per task.
+    Lock,
+}
+
+impl ClaimStyle {
+    /// The style's name on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClaimStyle::Auto => "auto",
+            ClaimStyle::Stamp => "stamp",
+            ClaimStyle::Lock => "lock",
+        }
+    }
+}
+
+impl fmt::Display for ClaimStyle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for ClaimStyle {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(ClaimStyle::Auto),
+            "stamp" => Ok(ClaimStyle::Stamp),
+            "lock" => Ok(ClaimStyle::Lock),
+            other => Err(format!(
+                "unknown claim style {other:?}: expected auto, stamp or lock"
+            )),
+        }
+    }
+}
