@@ -11,10 +11,13 @@ use std::time::{Duration, Instant};
 
 use crate::task::ClaimedTask;
 
+/// Each running handler by task id and claim token: when it started, and its lock claim.
+type Running = HashMap<(i64, i64), (Instant, Option<LockedRun>)>;
+
 /// The handlers running now, by task id and claim token, with when each started.
 #[derive(Debug, Default)]
 pub(crate) struct Watchdog {
-    running: Mutex<HashMap<(i64, i64), (Instant, Option<LockedRun>)>>,
+    running: Mutex<Running>,
     /// How long a handler may run before the process exits; `None`: nothing is watched.
     limit: Option<Duration>,
 }
@@ -127,7 +130,7 @@ impl Watchdog {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(i64, i64), (Instant, Option<LockedRun>)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Running> {
         self.running.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
