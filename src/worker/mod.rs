@@ -261,12 +261,13 @@ impl Worker {
             })?;
         let services = Services::start(&settings, url, &pool, &node)?;
         log::info!(
-            "node {} ({}) started on {}: keywords {:?}, {} threads",
+            "node {} ({}) started on {}: keywords {:?}, {} threads, {} claims",
             node.id(),
             node.name(),
             url.backend(),
             registry.keywords().collect::<Vec<_>>(),
-            settings.threads
+            settings.threads,
+            if settings.lock { "lock" } else { "stamp" }
         );
         Ok(Worker {
             url: url.clone(),
@@ -310,6 +311,16 @@ impl Worker {
     /// Execution threads.
     pub fn threads(&self) -> usize {
         self.settings.threads
+    }
+
+    /// How this worker claims: [`ClaimStyle::Lock`] or [`ClaimStyle::Stamp`] (what
+    /// [`ClaimStyle::Auto`] resolved to).
+    pub fn claim_style(&self) -> ClaimStyle {
+        if self.settings.lock {
+            ClaimStyle::Lock
+        } else {
+            ClaimStyle::Stamp
+        }
     }
 
     /// A flag that stops [`Worker::run`] and [`Worker::drain`] when set: no new claims,

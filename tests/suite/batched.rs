@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use outbox::{
-    enqueue_batch, HandlerResult, NewTask, Registry, TaskContext, TaskTx, Worker, WorkerConfig,
+    enqueue_batch, ClaimStyle, HandlerResult, NewTask, Registry, TaskContext, TaskTx, Worker,
+    WorkerConfig,
 };
 
 use crate::support::TestDb;
@@ -51,10 +52,42 @@ fn registry(calls: &Arc<AtomicUsize>, bad: fn(&TaskContext) -> HandlerResult) ->
     registry
 }
 
-both_backends! {
-    fn a_chunks_tasks_get_a_deadline_that_covers_the_whole_chunk(db: &TestDb) {
+/// Runs each `fn name(db: &TestDb, config: WorkerConfig) { … }` on SQLite and on PostgreSQL
+/// with each claim style, `config` being [`one_chunk_config`] with that style.
+macro_rules! every_claim_style {
+    ($(fn $name:ident($db:ident: &TestDb, $config:ident: WorkerConfig) $body:block)*) => {$(
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+
+            #[test]
+            fn sqlite() {
+                let $db = &TestDb::sqlite();
+                let $config = one_chunk_config();
+                $body
+            }
+
+            #[test]
+            fn postgres_stamp() {
+                let $db = &TestDb::postgres();
+                let $config = one_chunk_config().claim_style(ClaimStyle::Stamp);
+                $body
+            }
+
+            #[test]
+            fn postgres_lock() {
+                let $db = &TestDb::postgres();
+                let $config = one_chunk_config().claim_style(ClaimStyle::Lock);
+                $body
+            }
+        }
+    )*};
+}
+
+every_claim_style! {
+    fn a_chunks_tasks_get_a_deadline_that_covers_the_whole_chunk(db: &TestDb, config: WorkerConfig) {
         five_tasks(db);
-        let config = one_chunk_config().task_timeout(std::time::Duration::from_secs(60));
+        let config = config.task_timeout(std::time::Duration::from_secs(60));
         let w = Worker::new(&db.url, registry(&Arc::new(AtomicUsize::new(0)), |_| Ok(())), config).unwrap();
         assert_eq!(w.claim().unwrap().len(), 5);
         // Five handlers of up to a minute each, one after another: five minutes.
@@ -71,10 +104,10 @@ both_backends! {
         );
     }
 
-    fn a_chunk_commits_all_its_tasks_together(db: &TestDb) {
+    fn a_chunk_commits_all_its_tasks_together(db: &TestDb, config: WorkerConfig) {
         let ids = five_tasks(db);
         let calls = Arc::new(AtomicUsize::new(0));
-        let w = Worker::new(&db.url, registry(&calls, |_| Ok(())), one_chunk_config()).unwrap();
+        let w = Worker::new(&db.url, registry(&calls, |_| Ok(())), config).unwrap();
         let tally = w.run_once().unwrap();
         assert_eq!((tally.claimed, tally.done), (5, 5), "{tally:?}");
         assert_eq!(calls.load(Ordering::SeqCst), 5, "each handler ran once");
@@ -84,11 +117,11 @@ both_backends! {
         }
     }
 
-    fn a_failing_task_neither_loses_nor_completes_the_others(db: &TestDb) {
+    fn a_failing_task_neither_loses_nor_completes_the_others(db: &TestDb, config: WorkerConfig) {
         let ids = five_tasks(db);
         let calls = Arc::new(AtomicUsize::new(0));
         let bad = |_: &TaskContext| -> HandlerResult { Err(anyhow::anyhow!("downstream refused").into()) };
-        let w = Worker::new(&db.url, registry(&calls, bad), one_chunk_config()).unwrap();
+        let w = Worker::new(&db.url, registry(&calls, bad), config).unwrap();
         let tally = w.run_once().unwrap();
         assert_eq!((tally.done, tally.retried), (4, 1), "{tally:?}");
         // Tasks 1–3 ran in the chunk that rolled back, then all five ran one by one: effects
@@ -107,11 +140,11 @@ both_backends! {
         }
     }
 
-    fn a_panic_in_a_chunk_is_that_tasks_failure_only(db: &TestDb) {
+    fn a_panic_in_a_chunk_is_that_tasks_failure_only(db: &TestDb, config: WorkerConfig) {
         let ids = five_tasks(db);
         let calls = Arc::new(AtomicUsize::new(0));
         let bad = |_: &TaskContext| -> HandlerResult { panic!("boom in the chunk") };
-        let w = Worker::new(&db.url, registry(&calls, bad), one_chunk_config()).unwrap();
+        let w = Worker::new(&db.url, registry(&calls, bad), config).unwrap();
         let tally = w.run_once().unwrap();
         assert_eq!((tally.done, tally.retried), (4, 1), "{tally:?}");
         let row = db.task(ids[2]);
@@ -127,10 +160,10 @@ both_backends! {
         assert_eq!(w.run_once().unwrap().retried, 1);
     }
 
-    fn a_lost_claim_rolls_the_chunk_back_and_only_that_task_is_lost(db: &TestDb) {
+    fn a_lost_claim_rolls_the_chunk_back_and_only_that_task_is_lost(db: &TestDb, config: WorkerConfig) {
         let ids = five_tasks(db);
         let calls = Arc::new(AtomicUsize::new(0));
-        let w = Worker::new(&db.url, registry(&calls, |_| Ok(())), one_chunk_config()).unwrap();
+        let w = Worker::new(&db.url, registry(&calls, |_| Ok(())), config).unwrap();
         let page = w.claim().unwrap();
         assert_eq!(page.len(), 5);
         // Task 3's claim is taken over (as by a rescue and a new claim) before the chunk runs.
@@ -150,7 +183,7 @@ both_backends! {
         }
     }
 
-    fn a_chunk_that_fails_at_commit_rolls_back_and_runs_task_by_task(db: &TestDb) {
+    fn a_chunk_that_fails_at_commit_rolls_back_and_runs_task_by_task(db: &TestDb, config: WorkerConfig) {
         // Task 3 leaves a deferred foreign key violation: the handler returns Ok, the
         // chunk's COMMIT fails, nothing of the chunk is applied.
         db.exec("CREATE TABLE test_parent (id BIGINT PRIMARY KEY)");
@@ -171,7 +204,7 @@ both_backends! {
             }
             Ok(())
         });
-        let w = Worker::new(&db.url, registry, one_chunk_config()).unwrap();
+        let w = Worker::new(&db.url, registry, config).unwrap();
         let tally = w.run_once().unwrap();
         assert_eq!((tally.done, tally.retried), (4, 1), "{tally:?}");
         assert_eq!(calls.load(Ordering::SeqCst), 5 + 5);
@@ -190,7 +223,8 @@ both_backends! {
 /// A chunk whose connection fails at its completion after the commit happened (the reply
 /// lost): the worker finds its tasks done under their own claims and counts them done,
 /// without running their handlers again. PostgreSQL only: the test kills the chunk's own
-/// server process, which SQLite has none of.
+/// server process, which SQLite has none of. Stamped claims (`lock::…` has the same for
+/// lock claims).
 #[test]
 fn a_chunk_whose_commit_reply_was_lost_is_counted_done_and_not_run_again() {
     use diesel::RunQueryDsl;
@@ -227,7 +261,8 @@ fn a_chunk_whose_commit_reply_was_lost_is_counted_done_and_not_run_again() {
             Ok(())
         },
     );
-    let w = Worker::new(&db.url, registry, one_chunk_config()).unwrap();
+    let config = one_chunk_config().claim_style(ClaimStyle::Stamp);
+    let w = Worker::new(&db.url, registry, config).unwrap();
     let tally = w.run_once().unwrap();
     assert_eq!((tally.done, tally.lost), (5, 0), "{tally:?}");
     assert_eq!(calls.load(Ordering::SeqCst), 5, "no handler ran twice");

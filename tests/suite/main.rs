@@ -12,6 +12,7 @@ mod execute;
 mod fencing;
 mod fleet;
 mod heartbeat;
+mod lock;
 mod logs;
 mod prune;
 mod record;

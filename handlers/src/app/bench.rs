@@ -175,7 +175,7 @@ fn report(backend: &str, bench: &DrainBench, runs: &[DrainFigures], json: bool) 
                 "backlog": bench.backlog,
                 "threads": runs.first().map_or(0, |r| r.threads),
                 "commit_batch": commit_batch,
-                "claim": bench.claim_style.to_string(),
+                "claim": runs.first().map_or(bench.claim_style, |r| r.claim).to_string(),
                 "handler": bench.handler_name(),
                 "runs": runs.len(),
                 "tasks_per_s": med(|r| r.tasks_per_s).round(),
@@ -195,8 +195,9 @@ fn report(backend: &str, bench: &DrainBench, runs: &[DrainFigures], json: bool) 
         return;
     }
     println!(
-        "{backend} {} ({} handler, median of {}): {:.0} tasks/s; reference ({reference}, {connections} connections) {:.0} rows/s; ratio {:.2}; enqueue {:.0} tasks/s ({:.2}× plain 1000-row INSERTs); {:.2} CPU s per {} tasks ({:.0} µs per task); peak RSS {:.0} MiB\n",
+        "{backend} {} ({} claims, {} handler, median of {}): {:.0} tasks/s; reference ({reference}, {connections} connections) {:.0} rows/s; ratio {:.2}; enqueue {:.0} tasks/s ({:.2}× plain 1000-row INSERTs); {:.2} CPU s per {} tasks ({:.0} µs per task); peak RSS {:.0} MiB\n",
         bench.mode.name(),
+        runs.first().map_or(bench.claim_style, |r| r.claim),
         bench.handler_name(),
         runs.len(),
         med(|r| r.tasks_per_s),

@@ -97,6 +97,8 @@ pub struct DrainFigures {
     pub reference_per_s: f64,
     /// The worker's execution threads.
     pub threads: usize,
+    /// How the worker claimed (what `claim_style` resolved to).
+    pub claim: ClaimStyle,
     /// Connections the reference used: as many as the worker uses at once (threads + 1).
     pub reference_connections: usize,
     /// `tasks_per_s / reference_per_s`.
@@ -166,6 +168,7 @@ pub fn drain_bench(url: &DatabaseUrl, bench: &DrainBench) -> anyhow::Result<Drai
     // itself: CallerRuns, and on PostgreSQL while it waits); the reference commits on as
     // many at once.
     let threads = worker.threads();
+    let claim = worker.claim_style();
     let connections = threads + 1;
     let cpu_before = cpu_seconds();
     let started = Instant::now();
@@ -181,6 +184,7 @@ pub fn drain_bench(url: &DatabaseUrl, bench: &DrainBench) -> anyhow::Result<Drai
     let reference_per_s = reference::updates(&scratch.url, connections, rows_per_txn, bench.tasks)?;
     Ok(DrainFigures {
         threads,
+        claim,
         enqueue_per_s,
         insert_reference_per_s,
         drained,

@@ -1,0 +1,302 @@
+//! Lock claims (PostgreSQL): a chunk's tasks locked in the transaction that runs them and
+//! marks them done. The chunk semantics they share with stamped claims (a failure rolls the
+//! chunk back, each task then runs alone) are in `batched`, run with each claim style.
+
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use diesel::RunQueryDsl;
+use outbox::{
+    enqueue_batch, ClaimStyle, DatabaseUrl, Error, HandlerResult, NewTask, Registry, TaskContext,
+    TaskTx, Worker, WorkerConfig,
+};
+
+use crate::support::TestDb;
+use crate::write_ledger;
+
+/// One thread, chunks of 5, pages of 5, with `style`.
+fn chunk_config(style: ClaimStyle) -> WorkerConfig {
+    WorkerConfig::default()
+        .threads(1)
+        .page_size(5)
+        .commit_batch(5)
+        .claim_style(style)
+}
+
+fn enqueue(db: &TestDb, keyword: &str, n: usize) -> Vec<i64> {
+    let tasks: Vec<NewTask> = (1..=n)
+        .map(|i| NewTask::new(keyword, i.to_string()))
+        .collect();
+    enqueue_batch(&mut db.conn(), &tasks)
+        .unwrap()
+        .iter()
+        .map(|e| e.id)
+        .collect()
+}
+
+#[derive(diesel::QueryableByName)]
+struct Count {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    n: i64,
+}
+
+/// A count on a fresh connection of `url`.
+fn count_on(url: &DatabaseUrl, sql: &str) -> i64 {
+    let mut conn = url.connect().expect("connect");
+    diesel::sql_query(sql)
+        .get_result::<Count>(&mut conn)
+        .expect(sql)
+        .n
+}
+
+/// A count in the task's transaction.
+fn count_on_tx(tx: &mut TaskTx, sql: &str) -> diesel::QueryResult<i64> {
+    Ok(diesel::sql_query(sql).get_result::<Count>(tx.conn()?)?.n)
+}
+
+/// Row versions written to `async_task` by updates, once every other backend of the
+/// database has exited (a backend's statistics reach the shared counters when it exits).
+fn task_updates_after_backends_exit(db: &TestDb) -> i64 {
+    let mut waited = 0;
+    while db.count(
+        "SELECT count(*) FROM pg_stat_activity
+         WHERE datname = current_database() AND pid <> pg_backend_pid()",
+    ) > 0
+    {
+        waited += 1;
+        assert!(waited < 500, "the worker's backends did not exit");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    db.count("SELECT n_tup_upd FROM pg_stat_user_tables WHERE relname = 'async_task'")
+}
+
+/// Runs five ledger tasks in one chunk with `style` and returns the updates to the table.
+fn updates_for_five_tasks(style: ClaimStyle) -> i64 {
+    let db = &TestDb::postgres();
+    enqueue(db, "ledger", 5);
+    let before = task_updates_after_backends_exit(db);
+    let mut registry = Registry::new();
+    registry.register("ledger", write_ledger);
+    let w = Worker::new(&db.url, registry, chunk_config(style)).unwrap();
+    assert_eq!(w.run_once().unwrap().done, 5);
+    drop(w);
+    assert_eq!(
+        db.count("SELECT count(*) FROM async_task WHERE state = 'done'"),
+        5
+    );
+    task_updates_after_backends_exit(db) - before
+}
+
+#[test]
+fn a_lock_claim_writes_one_row_version_per_task_and_a_stamped_claim_two() {
+    assert_eq!(updates_for_five_tasks(ClaimStyle::Lock), 5);
+    assert_eq!(updates_for_five_tasks(ClaimStyle::Stamp), 10);
+}
+
+#[test]
+fn a_locked_chunks_tasks_stay_pending_and_locked_until_it_commits_and_nothing_is_rescued() {
+    let db = &TestDb::postgres();
+    let ids = enqueue(db, "ledger", 5);
+    let seen = Arc::new(AtomicBool::new(false));
+    let (seen_in, url) = (Arc::clone(&seen), db.url.clone());
+    let mut registry = Registry::new();
+    registry.register(
+        "ledger",
+        move |task: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
+            write_ledger(task, tx)?;
+            if task.biz_id() == "3" {
+                // Seen from another connection while the chunk runs: pending (nothing was
+                // written at the claim) and held (a claim skips every one of them).
+                assert_eq!(
+                    count_on(
+                        &url,
+                        "SELECT count(*) AS n FROM async_task WHERE state = 'pending'"
+                    ),
+                    5
+                );
+                let free = "SELECT count(*) AS n FROM (SELECT id FROM async_task
+                            FOR UPDATE SKIP LOCKED) s";
+                let mut other = url.connect()?;
+                diesel::sql_query("BEGIN").execute(&mut other)?;
+                let free = diesel::sql_query(free).get_result::<Count>(&mut other)?.n;
+                diesel::sql_query("ROLLBACK").execute(&mut other)?;
+                assert_eq!(free, 0, "every task of the chunk is locked");
+                seen_in.store(true, Ordering::SeqCst);
+            }
+            Ok(())
+        },
+    );
+    let w = Worker::new(&db.url, registry, chunk_config(ClaimStyle::Lock)).unwrap();
+    let tally = w.run_once().unwrap();
+    assert!(seen.load(Ordering::SeqCst), "the handler looked");
+    assert_eq!((tally.claimed, tally.done), (5, 5), "{tally:?}");
+    for id in ids {
+        let row = db.task(id);
+        assert_eq!((row.state.as_str(), row.failures), ("done", 0));
+        assert_eq!(row.owner, Some(w.node_id()), "the node that ran it");
+        assert_eq!(db.ledger_rows(id), 1);
+    }
+    // Nothing ever ran under a claim that rescue could see.
+    assert_eq!(w.rescue_once().unwrap().pending, 0);
+}
+
+#[test]
+fn a_locked_chunk_whose_connection_dies_leaves_its_tasks_pending_with_no_failure_counted() {
+    let db = &TestDb::postgres();
+    let ids = enqueue(db, "ledger", 5);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let killed = Arc::new(AtomicBool::new(false));
+    let (calls_in, killed_in, url) = (Arc::clone(&calls), Arc::clone(&killed), db.url.clone());
+    let mut registry = Registry::new();
+    registry.register(
+        "ledger",
+        move |task: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
+            calls_in.fetch_add(1, Ordering::SeqCst);
+            write_ledger(task, tx)?;
+            if task.biz_id() == "3" && !killed_in.swap(true, Ordering::SeqCst) {
+                // The chunk's server process dies, as with a crash of the worker or a
+                // restart of the server: its transaction rolls back.
+                let own = count_on_tx(tx, "SELECT pg_backend_pid()::bigint AS n")?;
+                diesel::sql_query(format!("SELECT pg_terminate_backend({own})"))
+                    .execute(&mut url.connect()?)?;
+            }
+            Ok(())
+        },
+    );
+    let w = Worker::new(&db.url, registry, chunk_config(ClaimStyle::Lock)).unwrap();
+    let tally = w.run_once().unwrap();
+    assert!(killed.load(Ordering::SeqCst));
+    // The chunk rolled back (task 4's handler found the connection gone); then each task
+    // ran alone, task 3's kill not repeated.
+    assert_eq!((tally.done, tally.retried), (5, 0), "{tally:?}");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        4 + 5,
+        "the chunk, then each task alone"
+    );
+    for id in ids {
+        let row = db.task(id);
+        assert_eq!(
+            (row.state.as_str(), row.failures),
+            ("done", 0),
+            "no failure counted"
+        );
+        assert_eq!(db.ledger_rows(id), 1, "task {id}: exactly one effect");
+    }
+}
+
+/// The chunk's commit happened but its reply was lost (the connection died at the
+/// completion): the worker finds the tasks done by this node under the token the
+/// completion set, counts them done and runs no handler again.
+#[test]
+fn a_locked_chunk_whose_commit_reply_was_lost_is_counted_done_and_not_run_again() {
+    let db = &TestDb::postgres();
+    enqueue(db, "ledger", 5);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let node = Arc::new(AtomicI64::new(0));
+    let (calls_in, node_in, url) = (Arc::clone(&calls), Arc::clone(&node), db.url.clone());
+    let mut registry = Registry::new();
+    registry.register(
+        "ledger",
+        move |task: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
+            calls_in.fetch_add(1, Ordering::SeqCst);
+            if task.biz_id() == "5" {
+                let own = count_on_tx(tx, "SELECT pg_backend_pid()::bigint AS n")?;
+                // The chunk's connection dies; then what its commit would have written is
+                // written (the UPDATE waits for the dead transaction's locks): the
+                // completion that follows fails as a lost reply would.
+                let mut other = url.connect()?;
+                diesel::sql_query(format!("SELECT pg_terminate_backend({own})"))
+                    .execute(&mut other)?;
+                diesel::sql_query(format!(
+                    "UPDATE async_task SET state = 'done', owner = {},
+                            claim_token = claim_token + 1, finished_at = now()
+                     WHERE state = 'pending'",
+                    node_in.load(Ordering::SeqCst)
+                ))
+                .execute(&mut other)?;
+            }
+            Ok(())
+        },
+    );
+    let w = Worker::new(&db.url, registry, chunk_config(ClaimStyle::Lock)).unwrap();
+    node.store(w.node_id(), Ordering::SeqCst);
+    let tally = w.run_once().unwrap();
+    assert_eq!((tally.done, tally.lost), (5, 0), "{tally:?}");
+    assert_eq!(calls.load(Ordering::SeqCst), 5, "no handler ran twice");
+}
+
+#[test]
+fn lock_and_stamp_workers_draining_one_table_run_every_task_exactly_once() {
+    let db = &TestDb::postgres();
+    enqueue(db, "ledger", 600);
+    let mut registry = Registry::new();
+    registry.register("ledger", write_ledger);
+    let config = |style| {
+        WorkerConfig::default()
+            .threads(2)
+            .commit_batch(10)
+            .claim_style(style)
+    };
+    let workers = [
+        Worker::new(&db.url, registry.clone(), config(ClaimStyle::Lock)).unwrap(),
+        Worker::new(&db.url, registry.clone(), config(ClaimStyle::Lock)).unwrap(),
+        Worker::new(&db.url, registry, config(ClaimStyle::Stamp)).unwrap(),
+    ];
+    let tallies: Vec<outbox::Tally> = std::thread::scope(|s| {
+        let handles: Vec<_> = workers
+            .iter()
+            .map(|w| s.spawn(move || w.drain().unwrap().tally))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let done: u64 = tallies.iter().map(|t| t.done).sum();
+    assert_eq!(done, 600, "{tallies:?}");
+    assert_eq!(
+        db.count("SELECT count(*) FROM async_task WHERE state = 'done'"),
+        600
+    );
+    assert_eq!(db.count("SELECT count(*) FROM test_ledger"), 600);
+    assert_eq!(
+        db.count("SELECT count(DISTINCT task_id) FROM test_ledger"),
+        600,
+        "no task ran twice"
+    );
+}
+
+#[test]
+fn lock_claims_are_refused_on_sqlite_and_with_a_queue() {
+    let registry = || {
+        let mut r = Registry::new();
+        r.register("ledger", write_ledger);
+        r
+    };
+    let sqlite = TestDb::sqlite();
+    let error = Worker::new(&sqlite.url, registry(), chunk_config(ClaimStyle::Lock))
+        .err()
+        .expect("refused on SQLite");
+    assert!(
+        matches!(
+            error,
+            Error::InvalidConfig {
+                setting: "claim",
+                ..
+            }
+        ),
+        "{error}"
+    );
+    let pg = TestDb::postgres();
+    let error = Worker::new(&pg.url, registry(), chunk_config(ClaimStyle::Lock).queue(2))
+        .err()
+        .expect("refused with a queue");
+    assert!(
+        matches!(
+            error,
+            Error::InvalidConfig {
+                setting: "queue",
+                ..
+            }
+        ),
+        "{error}"
+    );
+}
