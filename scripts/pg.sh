@@ -255,6 +255,9 @@ server_opts() {
     if [[ $mode != durable ]]; then
         opts+=" -c fsync=off -c full_page_writes=off"
     fi
+    # More server settings for a profile, e.g.
+    # OUTBOX_PG_EXTRA_OPTS='-c shared_preload_libraries=pg_stat_statements'.
+    opts+=" ${OUTBOX_PG_EXTRA_OPTS:-}"
     printf '%s\n' "$opts"
 }
 
