@@ -5,7 +5,9 @@
 //! Every handler takes an optional `{"sleep_ms": N}` payload, so that kills land mid-work.
 //! - `fault.ledger`: one `fault_ledger` row in the task's transaction (exactly once).
 //! - `fault.external`: appends the task id to the file `$OUTBOX_FAULT_FILE`, outside the
-//!   database (at least once).
+//!   database (at least once). When it runs in a PostgreSQL transaction already open (a lock
+//!   claim's chunk) the line also names that transaction (`ID XID`), so that the suite can
+//!   tell the runs whose transaction rolled back from the one that committed.
 //! - `fault.fail`: always fails. `fault.panic`: always panics.
 //! - `fault.abort`: aborts the whole process. `fault.hang`: sleeps for an hour.
 
@@ -14,8 +16,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
-use diesel::RunQueryDsl;
-use outbox::{HandlerResult, TaskContext, TaskTx};
+use diesel::sql_types::Text;
+use diesel::{QueryableByName, RunQueryDsl};
+use outbox::{DbConnection, HandlerResult, TaskContext, TaskTx};
 
 #[derive(serde::Deserialize, Default)]
 struct Payload {
@@ -42,8 +45,34 @@ fn ledger(task: &TaskContext, tx: &mut TaskTx) -> HandlerResult {
     Ok(())
 }
 
-fn external(task: &TaskContext, _: &mut TaskTx) -> HandlerResult {
+/// The id of the transaction the handler runs in, if one is already open on PostgreSQL. It
+/// never opens one: a strict-mode run of `fault.external` stays free of database work.
+fn open_transaction_id(tx: &mut TaskTx) -> anyhow::Result<Option<String>> {
+    #[derive(QueryableByName)]
+    struct Xid {
+        #[diesel(sql_type = Text)]
+        xid: String,
+    }
+    if !tx.is_open() {
+        return Ok(None);
+    }
+    match tx.conn()? {
+        DbConnection::Pg(conn) => {
+            let row: Xid = diesel::sql_query("SELECT pg_current_xact_id()::text AS xid")
+                .get_result(conn)
+                .context("reading the transaction id")?;
+            Ok(Some(row.xid))
+        }
+        DbConnection::Sqlite(_) => Ok(None),
+    }
+}
+
+fn external(task: &TaskContext, tx: &mut TaskTx) -> HandlerResult {
     pause(task)?;
+    let line = match open_transaction_id(tx)? {
+        Some(xid) => format!("{} {xid}\n", task.id()),
+        None => format!("{}\n", task.id()),
+    };
     let path = std::env::var("OUTBOX_FAULT_FILE").context("OUTBOX_FAULT_FILE is not set")?;
     let mut file = std::fs::OpenOptions::new()
         .create(true)
@@ -51,7 +80,7 @@ fn external(task: &TaskContext, _: &mut TaskTx) -> HandlerResult {
         .open(&path)
         .with_context(|| format!("opening {path}"))?;
     // One write of one short line: O_APPEND makes it atomic between processes.
-    file.write_all(format!("{}\n", task.id()).as_bytes())
+    file.write_all(line.as_bytes())
         .with_context(|| format!("appending to {path}"))?;
     Ok(())
 }
