@@ -8,7 +8,7 @@ use crate::db::{done_since, fault_db, ledger_and_external, pg_clock_ms, wait_unt
 use crate::invariants::check_and_publish;
 use crate::logs::{log_lines, summaries, OUTAGE_LOG, RELEASE_LOG};
 use crate::report::{secs, Report};
-use crate::scenario::{stop_all, worker_args, Proc, Scenario};
+use crate::scenario::{stop_all, Proc, Scenario};
 use crate::{by_profile, work_limit, LEFT_AFTER_LAST_FAULT};
 
 #[test]
@@ -20,7 +20,7 @@ fn connections_terminated_in_a_loop() {
     let target = by_profile(10, 30);
     db.enqueue(&ledger_and_external(tasks, sleep_ms, 20));
 
-    let args = worker_args("run", &[]);
+    let args = sc.worker_args("run", &[]);
     let mut workers: Vec<Proc> = (1..=3)
         .map(|i| sc.spawn(&format!("worker{i}"), &test_db.url_text, &args))
         .collect();

@@ -7,7 +7,7 @@ use outbox::Backend;
 use crate::db::{fault_db, ledger_and_external};
 use crate::invariants::check_and_publish;
 use crate::report::{secs, Report};
-use crate::scenario::{tail, worker_args, Proc, Scenario};
+use crate::scenario::{tail, Proc, Scenario};
 use crate::{by_profile, work_limit};
 
 #[test]
@@ -19,7 +19,7 @@ fn overlapping_drains() {
     let target = by_profile(5, 15);
     db.enqueue(&ledger_and_external(tasks, sleep_ms, 20));
 
-    let args = worker_args("drain", &[]);
+    let args = sc.worker_args("drain", &[]);
     let mut drains: Vec<Proc> = Vec::new();
     let mut overlaps = Vec::new();
     loop {

@@ -9,7 +9,7 @@ use crate::db::{fault_db, ledger_and_external, wait_until_finished, Db};
 use crate::invariants::check_and_publish;
 use crate::logs::log_lines;
 use crate::report::{latency_summary, secs, Report};
-use crate::scenario::{stop_all, worker_args, Proc, Scenario};
+use crate::scenario::{stop_all, Proc, Scenario};
 use crate::{by_profile, work_limit, POLL, RESCUE_LATENCY_LIMIT};
 
 /// One SIGKILL: the killed node, the tasks running under it right after, and how long until
@@ -52,7 +52,7 @@ fn kill_9_during_a_run() {
     let target_kills = by_profile(20, 50);
     db.enqueue(&ledger_and_external(tasks, sleep_ms, 20));
 
-    let args = worker_args("run", &[]);
+    let args = sc.worker_args("run", &[]);
     let mut spawned = 0;
     let mut spawn = |sc: &Scenario| {
         spawned += 1;

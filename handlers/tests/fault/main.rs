@@ -19,8 +19,13 @@
 //!
 //! Scenarios run one at a time (they are heavy). `OUTBOX_FAULT_PROFILE=long` runs the long
 //! profile (more kills, terminations, restarts, drains, repetitions); unset or `short` is the
-//! default. Each scenario appends a block of figures to `$CARGO_TARGET_TMPDIR/fault-report.txt`
-//! (truncated by the first scenario of a run) and prints it. Each process's stderr (with
+//! default. `OUTBOX_FAULT_CLAIM=lock` runs every PostgreSQL worker with lock claims
+//! (`--claim lock --commit-batch 20`, a scenario's own flags still applied over them; SQLite
+//! workers unchanged), and the scenarios assert what lock claims promise where it differs
+//! from stamping (see [`Claim`]); unset runs the workers with their default claims. Each
+//! scenario appends a block of figures to `$CARGO_TARGET_TMPDIR/fault-report.txt`
+//! (`fault-report-lock.txt` with lock claims; truncated by the first scenario of a run) and
+//! prints it. Each process's stderr (with
 //! `RUST_LOG=info`) goes to a file in the scenario's temporary directory; on failure the
 //! tails are printed and the directory is kept.
 //!
@@ -75,6 +80,41 @@ fn by_profile<T>(short: T, long: T) -> T {
         Profile::Short => short,
         Profile::Long => long,
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Claim styles
+// ---------------------------------------------------------------------------------------------
+
+/// How the scenarios' PostgreSQL workers claim tasks (`OUTBOX_FAULT_CLAIM`).
+///
+/// With lock claims a chunk's tasks are locked, not marked running, and nothing is written
+/// until the chunk commits: a process that dies mid-chunk rolls it back, leaving its tasks
+/// pending with their failures unchanged (nothing to rescue), and a task that aborts its
+/// process every time is retried without end. The scenarios assert that instead of rescues.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Claim {
+    /// The workers' default (`--claim auto`: stamping in strict mode).
+    Default,
+    /// `--claim lock --commit-batch` [`LOCK_COMMIT_BATCH`] on PostgreSQL.
+    Lock,
+}
+
+/// The chunk size of lock claims in the suite: several chunks in flight per worker, each
+/// long enough that a fault lands mid-chunk.
+const LOCK_COMMIT_BATCH: &str = "20";
+
+fn claim() -> Claim {
+    match std::env::var("OUTBOX_FAULT_CLAIM").as_deref() {
+        Ok("lock") => Claim::Lock,
+        Ok("") | Err(_) => Claim::Default,
+        Ok(other) => panic!("OUTBOX_FAULT_CLAIM must be `lock` or unset, not {other:?}"),
+    }
+}
+
+/// Whether the workers of a scenario on `backend` take lock claims.
+fn locks(backend: &str) -> bool {
+    claim() == Claim::Lock && backend == "postgres"
 }
 
 /// How often a bounded wait re-checks its condition.

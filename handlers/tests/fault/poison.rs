@@ -10,7 +10,7 @@ use outbox::Backend;
 use crate::db::{fault_db, task, wait_until, Db};
 use crate::invariants::check_and_publish;
 use crate::report::{secs, Report};
-use crate::scenario::{stop_all, tail, worker_args, Proc, Scenario};
+use crate::scenario::{stop_all, tail, Proc, Scenario};
 
 /// `(state, failures, last_error)` of the tasks with `keyword`.
 fn task_rows(db: &Db, keyword: &str) -> Vec<(String, i64, String)> {
@@ -61,7 +61,7 @@ fn poison_tasks(backend: Backend) {
         task("fault.panic", 2, 0, 3),
     ]);
     let started = Instant::now();
-    let mut worker = sc.spawn("worker-fail-panic", &url, &worker_args("run", &[]));
+    let mut worker = sc.spawn("worker-fail-panic", &url, &sc.worker_args("run", &[]));
     wait_until(
         &db,
         Duration::from_secs(30),
@@ -88,7 +88,7 @@ fn poison_tasks(backend: Backend) {
     db.enqueue(&[task("fault.abort", 1, 0, 3)]);
     let started = Instant::now();
     let mut starts = 1;
-    let mut worker = sc.spawn("worker-abort-1", &url, &worker_args("run", &[]));
+    let mut worker = sc.spawn("worker-abort-1", &url, &sc.worker_args("run", &[]));
     let mut aborts: Vec<Proc> = Vec::new();
     wait_until(
         &db,
@@ -107,7 +107,7 @@ fn poison_tasks(backend: Backend) {
                 let next = sc.spawn(
                     &format!("worker-abort-{starts}"),
                     &url,
-                    &worker_args("run", &[]),
+                    &sc.worker_args("run", &[]),
                 );
                 aborts.push(std::mem::replace(&mut worker, next));
             }
@@ -156,7 +156,7 @@ fn poison_hang(backend: Backend) {
     let url = test_db.url_text.clone();
     db.enqueue(&[task("fault.hang", 1, 0, 2)]);
     let started = Instant::now();
-    let args = worker_args("run", &[("--task-timeout", "1s")]);
+    let args = sc.worker_args("run", &[("--task-timeout", "1s")]);
     let mut spawned = 2;
     let mut workers: Vec<Proc> = (1..=spawned)
         .map(|i| sc.spawn(&format!("worker-hang-{i}"), &url, &args))
@@ -242,7 +242,7 @@ fn batched_handlers_are_timed_one_by_one(backend: Backend) {
     let url = test_db.url_text.clone();
     let tasks: Vec<_> = (1..=5).map(|n| task("fault.ledger", n, 300, 3)).collect();
     db.enqueue(&tasks);
-    let args = worker_args(
+    let args = sc.worker_args(
         "drain",
         &[
             ("--commit-batch", "5"),

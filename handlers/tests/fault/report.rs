@@ -1,11 +1,20 @@
 //! The report: each scenario's block of figures, appended to
-//! `$CARGO_TARGET_TMPDIR/fault-report.txt`.
+//! `$CARGO_TARGET_TMPDIR/fault-report.txt` (`fault-report-lock.txt` with lock claims).
 
 use std::fmt::Display;
 use std::sync::Once;
 use std::time::Duration;
 
-pub const REPORT_PATH: &str = concat!(env!("CARGO_TARGET_TMPDIR"), "/fault-report.txt");
+use crate::{claim, Claim};
+
+/// The report file of this run's claim style: a run with lock claims keeps the default
+/// run's report.
+pub fn report_path() -> &'static str {
+    match claim() {
+        Claim::Default => concat!(env!("CARGO_TARGET_TMPDIR"), "/fault-report.txt"),
+        Claim::Lock => concat!(env!("CARGO_TARGET_TMPDIR"), "/fault-report-lock.txt"),
+    }
+}
 pub static REPORT_RESET: Once = Once::new();
 
 /// One scenario's block of figures.

@@ -10,7 +10,7 @@ use crate::db::{
 use crate::invariants::check_and_publish_after_crash;
 use crate::logs::{log_lines, lost_claim_tasks, summaries, OUTAGE_LOG, RELEASE_LOG};
 use crate::report::{secs, Report};
-use crate::scenario::{stop_all, worker_args, Proc, Scenario};
+use crate::scenario::{stop_all, Proc, Scenario};
 use crate::{by_profile, work_limit, COMMAND_LIMIT, LEFT_AFTER_LAST_FAULT};
 
 fn postgres_restarted_mid_run(how: &'static str) {
@@ -26,7 +26,7 @@ fn postgres_restarted_mid_run(how: &'static str) {
     let restarts = by_profile(1, 2);
     db.enqueue(&ledger_and_external(tasks, sleep_ms, 20));
 
-    let args = worker_args("run", &[]);
+    let args = sc.worker_args("run", &[]);
     let mut workers: Vec<Proc> = (1..=2)
         .map(|i| sc.spawn(&format!("worker{i}"), &url, &args))
         .collect();

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
-use crate::report::{secs, Report, REPORT_PATH, REPORT_RESET};
-use crate::{profile, COMMAND_LIMIT, STOP_LIMIT};
+use crate::report::{report_path, secs, Report, REPORT_RESET};
+use crate::{locks, profile, COMMAND_LIMIT, LOCK_COMMIT_BATCH, STOP_LIMIT};
 
 /// Scenarios run one at a time: each locks this.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -33,16 +33,16 @@ impl Scenario {
     pub fn start(name: &str, backend: &'static str) -> Scenario {
         let serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
         REPORT_RESET.call_once(|| {
-            File::create(REPORT_PATH)
-                .unwrap_or_else(|e| panic!("cannot create {REPORT_PATH}: {e}"));
+            File::create(report_path())
+                .unwrap_or_else(|e| panic!("cannot create {}: {e}", report_path()));
         });
         let dir = tempfile::Builder::new()
             .prefix(&format!("outbox-fault-{name}-"))
             .tempdir()
             .expect("temp dir");
         eprintln!(
-            "=== {name} ({backend}, profile {:?}) in {}",
-            profile(),
+            "=== {name} ({}) in {}",
+            describe(backend),
             dir.path().display()
         );
         Scenario {
@@ -55,6 +55,43 @@ impl Scenario {
         }
     }
 
+    /// Whether this scenario's workers take lock claims (`OUTBOX_FAULT_CLAIM=lock` on
+    /// PostgreSQL).
+    pub fn locks(&self) -> bool {
+        locks(self.backend)
+    }
+
+    /// `outbox-fault COMMAND` with the suite's worker flags, the claim style's flags
+    /// (`--claim lock --commit-batch 20` when [`Scenario::locks`]), then `overrides`, which
+    /// replace a flag's value or add a flag.
+    pub fn worker_args(&self, command: &str, overrides: &[(&str, &str)]) -> Vec<String> {
+        let mut flags = vec![
+            ("--heartbeat", "500ms"),
+            ("--dead-after", "1500ms"),
+            ("--task-timeout", "2s"),
+            ("--shutdown-timeout", "10s"),
+        ];
+        if command == "run" {
+            flags.push(("--poll-interval", "100ms"));
+        }
+        if self.locks() {
+            flags.push(("--claim", "lock"));
+            flags.push(("--commit-batch", LOCK_COMMIT_BATCH));
+        }
+        for &(flag, value) in overrides {
+            match flags.iter_mut().find(|(f, _)| *f == flag) {
+                Some(entry) => entry.1 = value,
+                None => flags.push((flag, value)),
+            }
+        }
+        let mut args = vec![command.to_owned()];
+        for (flag, value) in flags {
+            args.push(flag.to_owned());
+            args.push(value.to_owned());
+        }
+        args
+    }
+
     pub fn path(&self, file: &str) -> PathBuf {
         self.dir.as_ref().expect("scenario dir").path().join(file)
     }
@@ -65,7 +102,8 @@ impl Scenario {
     }
 
     /// Starts `outbox-fault ARGS` on `url` with `RUST_LOG=info`, its stdout and stderr going
-    /// to files named after `label`.
+    /// to files named after `label`; on PostgreSQL its sessions are named `label`
+    /// (`application_name`, through libpq's `PGAPPNAME`), so that the test can find them.
     pub fn spawn(&self, label: &str, url: &str, args: &[String]) -> Proc {
         let n = self.logs.borrow().len();
         let stderr = self.path(&format!("{n:03}-{label}.log"));
@@ -77,6 +115,7 @@ impl Scenario {
             .env("DATABASE_URL", url)
             .env("OUTBOX_FAULT_FILE", self.external_file())
             .env("RUST_LOG", "info")
+            .env("PGAPPNAME", label)
             .stdin(Stdio::null())
             .stdout(File::create(&stdout).expect("stdout file"))
             .stderr(File::create(&stderr).expect("stderr file"));
@@ -98,12 +137,7 @@ impl Scenario {
 
     /// Appends the scenario's block to the report file and prints it.
     pub fn publish(&self, report: &Report) {
-        let mut text = format!(
-            "== {} ({}, profile {:?})\n",
-            self.name,
-            self.backend,
-            profile()
-        );
+        let mut text = format!("== {} ({})\n", self.name, describe(self.backend));
         for (key, value) in &report.lines {
             text.push_str(&format!("  {key:<24} {value}\n"));
         }
@@ -115,8 +149,8 @@ impl Scenario {
         let mut file = OpenOptions::new()
             .create(true)
             .append(true)
-            .open(REPORT_PATH)
-            .unwrap_or_else(|e| panic!("cannot open {REPORT_PATH}: {e}"));
+            .open(report_path())
+            .unwrap_or_else(|e| panic!("cannot open {}: {e}", report_path()));
         file.write_all(text.as_bytes()).expect("write report");
         eprint!("{text}");
     }
@@ -129,13 +163,12 @@ impl Drop for Scenario {
         }
         // The report says so too (the assertion's message is in the test's output).
         let text = format!(
-            "== {} ({}, profile {:?})\n  FAILED after {} (the assertion is in the test output)\n\n",
+            "== {} ({})\n  FAILED after {} (the assertion is in the test output)\n\n",
             self.name,
-            self.backend,
-            profile(),
+            describe(self.backend),
             secs(self.started.elapsed())
         );
-        if let Ok(mut file) = OpenOptions::new().append(true).open(REPORT_PATH) {
+        if let Ok(mut file) = OpenOptions::new().append(true).open(report_path()) {
             let _ = file.write_all(text.as_bytes());
         }
         let logs = self.logs.borrow();
@@ -147,6 +180,12 @@ impl Drop for Scenario {
             eprintln!("--- kept {} for inspection", dir.keep().display());
         }
     }
+}
+
+/// "BACKEND, profile P" and, with lock claims, ", lock claims".
+fn describe(backend: &str) -> String {
+    let claims = if locks(backend) { ", lock claims" } else { "" };
+    format!("{backend}, profile {:?}{claims}", profile())
 }
 
 /// The last `n` lines of a file.
@@ -307,35 +346,6 @@ fn hostname() -> String {
     assert_eq!(rc, 0, "gethostname: {}", std::io::Error::last_os_error());
     let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
     String::from_utf8_lossy(&buf[..end]).into_owned()
-}
-
-/// `outbox-fault COMMAND` with the suite's worker flags; `overrides` replace a flag's value
-/// or add a flag.
-pub fn worker_args(command: &str, overrides: &[(&str, &str)]) -> Vec<String> {
-    let mut flags: Vec<(String, String)> = [
-        ("--heartbeat", "500ms"),
-        ("--dead-after", "1500ms"),
-        ("--task-timeout", "2s"),
-        ("--shutdown-timeout", "10s"),
-    ]
-    .iter()
-    .map(|(f, v)| ((*f).to_owned(), (*v).to_owned()))
-    .collect();
-    if command == "run" {
-        flags.push(("--poll-interval".into(), "100ms".into()));
-    }
-    for (flag, value) in overrides {
-        match flags.iter_mut().find(|(f, _)| f == flag) {
-            Some(entry) => entry.1 = (*value).to_owned(),
-            None => flags.push(((*flag).to_owned(), (*value).to_owned())),
-        }
-    }
-    let mut args = vec![command.to_owned()];
-    for (flag, value) in flags {
-        args.push(flag);
-        args.push(value);
-    }
-    args
 }
 
 /// SIGTERMs every worker (each must still be running) and expects each to exit 0 within

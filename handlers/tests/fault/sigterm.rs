@@ -7,7 +7,7 @@ use outbox::Backend;
 use crate::db::{fault_db, task, wait_until};
 use crate::invariants::check_and_publish;
 use crate::report::{secs, Report};
-use crate::scenario::{worker_args, Scenario};
+use crate::scenario::Scenario;
 use crate::{work_limit, SHUTDOWN_TIMEOUT};
 
 fn sigterm_mid_batch(backend: Backend) {
@@ -23,7 +23,7 @@ fn sigterm_mid_batch(backend: Backend) {
     // Two threads and a queue of 48, so that a claim takes a whole page of 50 (a claim
     // takes no more than threads + queue + 1) of which two start; a deadline well past the
     // scenario, so that no task of the page is rescued while it waits.
-    let args = worker_args(
+    let args = sc.worker_args(
         "run",
         &[
             ("--threads", "2"),
@@ -73,7 +73,7 @@ fn sigterm_mid_batch(backend: Backend) {
     let mut drain = sc.spawn(
         "drain",
         &url,
-        &worker_args("drain", &[("--threads", "8"), ("--task-timeout", "60s")]),
+        &sc.worker_args("drain", &[("--threads", "8"), ("--task-timeout", "60s")]),
     );
     drain.expect_exit_0(work_limit());
 
@@ -152,7 +152,7 @@ fn sigterm_past_the_shutdown_timeout() {
         let mut worker = sc.spawn(
             command,
             &url,
-            &worker_args(
+            &sc.worker_args(
                 command,
                 &[("--shutdown-timeout", "2s"), ("--task-timeout", "60s")],
             ),
