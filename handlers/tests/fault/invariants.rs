@@ -1,6 +1,12 @@
 //! The invariants checked after each scenario, and the figures they are checked on.
+//!
+//! With lock claims a chunk that rolls back (its process killed, its connection terminated,
+//! the server restarted) leaves no trace in its tasks' rows, and runs their external effects
+//! again: at least once, as promised, but with no `last_error`. There the external file's
+//! lines name the chunk's transaction, and an extra run is accepted when its transaction
+//! rolled back (see [`Figures::explain_rolled_back`]).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::Path;
 
 use diesel::prelude::*;
@@ -35,6 +41,16 @@ pub struct Figures {
     /// Tasks of that kind that a worker logged as a claim taken over, in a scenario where a
     /// server crash can lose a claim (see [`Figures::explain_lost_claims`]).
     external_dup_lost_claim: usize,
+    /// Tasks of that kind whose extra runs were all in transactions that rolled back (lock
+    /// claims, see [`Figures::explain_rolled_back`]).
+    external_dup_rolled_back: usize,
+    /// External lines by what the transaction they name did (lock claims).
+    external_xact_lines: BTreeMap<String, usize>,
+    /// Each external line's task and the transaction it names, if any.
+    external_runs: Vec<(i64, Option<String>)>,
+    /// Tasks with a line naming a transaction that neither completed the task nor rolled
+    /// back, or with two lines naming the one that completed it.
+    external_committed_wrong: Vec<i64>,
     /// Ids in the file that are not `fault.external` tasks.
     external_unknown: usize,
     /// Tasks with more failures than their max attempts.
@@ -90,12 +106,17 @@ impl Figures {
         let text = std::fs::read_to_string(external).unwrap_or_default();
         let mut seen: HashMap<i64, usize> = HashMap::new();
         for line in text.lines() {
-            let id: i64 = line
-                .trim()
+            let mut fields = line.split_whitespace();
+            let id: i64 = fields
+                .next()
+                .unwrap_or_default()
                 .parse()
                 .unwrap_or_else(|e| panic!("external file line {line:?}: {e}"));
+            let xid = fields.next().map(str::to_owned);
+            assert!(fields.next().is_none(), "external file line {line:?}");
             *seen.entry(id).or_default() += 1;
             f.external_lines += 1;
+            f.external_runs.push((id, xid));
         }
         let external: HashSet<i64> = db
             .numbers("SELECT id AS n FROM async_task WHERE keyword = 'fault.external'")
@@ -132,6 +153,81 @@ impl Figures {
         self.external_dup_unexplained
             .retain(|id| !lost_claims.contains(id));
         self.external_dup_lost_claim = before - self.external_dup_unexplained.len();
+    }
+
+    /// Accepts the extra runs of an external effect made in transactions that rolled back
+    /// (lock claims). A line naming the transaction that completed its task (the done row's
+    /// `xmin`) is that task's completing run, at most one per task. Any other line naming a
+    /// transaction is a run whose transaction did not complete the task, so it must have
+    /// rolled back (`pg_xact_status`); after a server crash (`crashed`), a transaction the
+    /// crash lost may have left its id to a later one, which may have committed, so there a
+    /// committed status is accepted too (and counted). A task whose lines, less those of
+    /// rolled-back runs, number at most one ran its effect once outside them. A line without
+    /// a transaction (a run outside a chunk, after a chunk rolled back) is counted as before.
+    fn explain_rolled_back(&mut self, db: &Db, crashed: bool) {
+        let xids: BTreeSet<&str> = self
+            .external_runs
+            .iter()
+            .filter_map(|(_, xid)| xid.as_deref())
+            .collect();
+        if xids.is_empty() {
+            return;
+        }
+        let status = xact_status(db, &xids);
+        // The done rows' xmin: a 32-bit transaction id, the low half of the full one.
+        let completed_in: HashMap<i64, u64> = db
+            .with("completing transactions", |c| {
+                diesel::sql_query(
+                    "SELECT id AS n, CAST(CAST(xmin AS text) AS BIGINT) AS m FROM async_task
+                     WHERE keyword = 'fault.external' AND state = 'done'",
+                )
+                .load::<IdXmin>(c)
+            })
+            .into_iter()
+            .map(|r| (r.n, r.m as u64))
+            .collect();
+        let mut completing: HashMap<i64, usize> = HashMap::new();
+        let mut kept: HashMap<i64, usize> = HashMap::new();
+        let mut wrong = BTreeSet::new();
+        for (id, xid) in &self.external_runs {
+            let Some(xid) = xid else {
+                *self.external_xact_lines.entry("none".into()).or_default() += 1;
+                *kept.entry(*id).or_default() += 1;
+                continue;
+            };
+            let full: u64 = xid.parse().expect("a transaction id");
+            let kind = if completed_in.get(id) == Some(&(full & 0xffff_ffff)) {
+                *completing.entry(*id).or_default() += 1;
+                *kept.entry(*id).or_default() += 1;
+                "completing"
+            } else {
+                match status[xid.as_str()].as_str() {
+                    "aborted" => "rolled back",
+                    "committed" if crashed => "id reused after the crash",
+                    other => {
+                        wrong.insert(*id);
+                        *kept.entry(*id).or_default() += 1;
+                        if other == "committed" {
+                            "committed, not completing"
+                        } else {
+                            "other"
+                        }
+                    }
+                }
+            };
+            *self.external_xact_lines.entry(kind.to_owned()).or_default() += 1;
+        }
+        wrong.extend(
+            completing
+                .iter()
+                .filter(|(_, n)| **n > 1)
+                .map(|(id, _)| *id),
+        );
+        self.external_committed_wrong = wrong.into_iter().collect();
+        let before = self.external_dup_unexplained.len();
+        self.external_dup_unexplained
+            .retain(|id| kept.get(id).copied().unwrap_or(0) > 1);
+        self.external_dup_rolled_back = before - self.external_dup_unexplained.len();
     }
 
     /// Tasks neither done nor dead.
@@ -186,6 +282,13 @@ impl Figures {
                 &self.external_dup_unexplained[..self.external_dup_unexplained.len().min(20)]
             ));
         }
+        if !self.external_committed_wrong.is_empty() {
+            v.push(format!(
+                "{} task(s) with an external run in a transaction that neither completed them nor rolled back, or two in the one that did: {:?}",
+                self.external_committed_wrong.len(),
+                &self.external_committed_wrong[..self.external_committed_wrong.len().min(20)]
+            ));
+        }
         if self.over_max != 0 {
             v.push(format!(
                 "{} task(s) with failures > max_attempts",
@@ -210,14 +313,25 @@ impl Figures {
         report.add(
             "external duplicates",
             format!(
-                "{} task(s), {} extra line(s) of {} ({} without last_error, {} more after a claim lost in a crash)",
+                "{} task(s), {} extra line(s) of {} ({} without last_error, {} more after a claim lost in a crash{})",
                 self.external_dup_tasks,
                 self.external_dup_lines,
                 self.external_lines,
                 self.external_dup_unexplained.len(),
-                self.external_dup_lost_claim
+                self.external_dup_lost_claim,
+                if self.external_xact_lines.is_empty() {
+                    String::new()
+                } else {
+                    format!(", {} more only in rolled-back chunks", self.external_dup_rolled_back)
+                }
             ),
         );
+        if !self.external_xact_lines.is_empty() {
+            report.add(
+                "external lines by xact",
+                format!("{:?}", self.external_xact_lines),
+            );
+        }
         report.add("failures > max", self.over_max);
         report.add(
             "charged a failure",
@@ -233,20 +347,26 @@ impl Figures {
 /// Collects the figures, adds them to the report, publishes it, and fails the test if an
 /// invariant does not hold (or, with `expect_no_dead`, if any task died).
 pub fn check_and_publish(sc: &Scenario, db: &Db, report: Report, expect_no_dead: bool) -> Figures {
-    check_and_publish_after_crash(sc, db, report, expect_no_dead, &HashSet::new())
+    check_and_publish_after_crash(sc, db, report, expect_no_dead, &HashSet::new(), false)
 }
 
-/// [`check_and_publish`] for a scenario that crashed the server: a silent second run of a
-/// task in `lost_claims` is not a violation ([`Figures::explain_lost_claims`]).
+/// [`check_and_publish`] for a scenario that restarted the server: a silent second run of a
+/// task in `lost_claims` is not a violation ([`Figures::explain_lost_claims`]); `crashed`:
+/// the server crashed (`-m immediate`), losing transactions whose ids may be reused
+/// ([`Figures::explain_rolled_back`]).
 pub fn check_and_publish_after_crash(
     sc: &Scenario,
     db: &Db,
     mut report: Report,
     expect_no_dead: bool,
     lost_claims: &HashSet<i64>,
+    crashed: bool,
 ) -> Figures {
     let mut figures = Figures::collect(db, &sc.external_file());
     figures.explain_lost_claims(lost_claims);
+    if sc.locks() {
+        figures.explain_rolled_back(db, crashed);
+    }
     figures.add_to(&mut report);
     let mut violations = figures.violations();
     if expect_no_dead && figures.dead != 0 {
@@ -266,4 +386,48 @@ pub fn check_and_publish_after_crash(
     sc.publish(&report);
     assert!(violations.is_empty(), "{}", violations.join("\n"));
     figures
+}
+
+/// `pg_xact_status` of each transaction id (`committed`, `aborted`, `in progress`).
+fn xact_status(db: &Db, xids: &BTreeSet<&str>) -> HashMap<String, String> {
+    #[derive(QueryableByName)]
+    struct Row {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        xid: String,
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        status: String,
+    }
+    let mut status = HashMap::new();
+    let xids: Vec<&str> = xids.iter().copied().collect();
+    for chunk in xids.chunks(1_000) {
+        let values: Vec<String> = chunk
+            .iter()
+            .map(|x| {
+                assert!(
+                    x.bytes().all(|b| b.is_ascii_digit()),
+                    "transaction id {x:?}"
+                );
+                format!("('{x}')")
+            })
+            .collect();
+        let sql = format!(
+            "SELECT v.xid, COALESCE(pg_xact_status(CAST(v.xid AS xid8)), 'unknown') AS status
+             FROM (VALUES {}) AS v(xid)",
+            values.join(", ")
+        );
+        for row in db.with("transaction status", |c| {
+            diesel::sql_query(&sql).load::<Row>(c)
+        }) {
+            status.insert(row.xid, row.status);
+        }
+    }
+    status
+}
+
+#[derive(QueryableByName)]
+struct IdXmin {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    n: i64,
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    m: i64,
 }

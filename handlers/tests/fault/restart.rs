@@ -107,7 +107,8 @@ fn postgres_restarted_mid_run(how: &'static str) {
     report.add("SIGTERM to exit", secs(stop_time));
     report.add("worker summaries", summaries(&workers));
     report.add("tasks of claims lost", lost_claims.len());
-    let figures = check_and_publish_after_crash(&sc, &db, report, true, &lost_claims);
+    let figures =
+        check_and_publish_after_crash(&sc, &db, report, true, &lost_claims, how == "immediate");
     assert_eq!(panics, 0, "a worker panicked (see its stderr)");
     assert!(
         resumed.iter().all(|&n| n > 0),
