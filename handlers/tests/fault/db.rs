@@ -98,6 +98,18 @@ impl Db {
             .collect()
     }
 
+    /// `SELECT (sql) AS t`, a text.
+    pub fn text(&self, sql: &str) -> String {
+        #[derive(QueryableByName)]
+        struct T {
+            #[diesel(sql_type = Text)]
+            t: String,
+        }
+        let query = format!("SELECT ({sql}) AS t");
+        self.with(sql, |c| diesel::sql_query(&query).get_result::<T>(c))
+            .t
+    }
+
     pub fn states(&self) -> BTreeMap<String, i64> {
         let sql = "SELECT state, count(*) AS n FROM async_task GROUP BY state";
         self.with(sql, |c| diesel::sql_query(sql).load::<StateCount>(c))
@@ -231,6 +243,57 @@ pub fn fault_db(backend: Backend) -> (TestDb, Db) {
     let db = Db::new(&test_db.url_text);
     db.create_fault_ledger();
     (test_db, db)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Lock claims: a process's sessions and the tasks they hold (PostgreSQL)
+// ---------------------------------------------------------------------------------------------
+
+/// The open sessions of the process labelled `app` (its `application_name`, see
+/// [`crate::scenario::Scenario::spawn`]) on this database.
+pub fn sessions(db: &Db, app: &str) -> i64 {
+    db.count(&format!(
+        "SELECT count(*) FROM pg_stat_activity
+         WHERE datname = current_database() AND application_name = '{}'",
+        quote(app)
+    ))
+}
+
+/// What each session of `app` is doing, as text: pid, state, when the state last changed,
+/// transaction id. Two equal readings mean no session moved in between.
+pub fn session_states(db: &Db, app: &str) -> String {
+    db.text(&format!(
+        "SELECT COALESCE(string_agg(concat_ws(' ', pid, state, state_change, backend_xid), '; '
+                                    ORDER BY pid), '')
+         FROM pg_stat_activity WHERE datname = current_database() AND application_name = '{}'",
+        quote(app)
+    ))
+}
+
+/// The sessions of `app` running a statement now.
+pub fn active_sessions(db: &Db, app: &str) -> i64 {
+    db.count(&format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+           AND application_name = '{}' AND state = 'active'",
+        quote(app)
+    ))
+}
+
+/// The pending tasks locked by the open transactions of `app`'s sessions (`None`: of any
+/// session): the tasks of its lock claims' chunks in flight. A row locked `FOR UPDATE`
+/// carries its locker's transaction id in `xmax` until that transaction ends.
+pub fn locked_by(db: &Db, app: Option<&str>) -> Vec<i64> {
+    let filter = app.map_or(String::new(), |app| {
+        format!("AND a.application_name = '{}'", quote(app))
+    });
+    db.numbers(&format!(
+        "SELECT t.id AS n FROM async_task t JOIN pg_stat_activity a ON a.backend_xid = t.xmax
+         WHERE a.datname = current_database() {filter} AND t.state = 'pending' ORDER BY t.id"
+    ))
+}
+
+fn quote(text: &str) -> String {
+    text.replace('\'', "''")
 }
 
 /// The database clock (PostgreSQL), in milliseconds since the epoch.

@@ -128,6 +128,7 @@ impl Scenario {
                 child.id(),
                 args.join(" ")
             ),
+            app: label.to_owned(),
             child,
             stdout,
             stderr,
@@ -202,6 +203,8 @@ pub fn tail(path: &Path, n: usize) -> String {
 /// is still running, so no test leaves a process behind, even when an assertion fails.
 pub struct Proc {
     pub label: String,
+    /// The label it was started with: its sessions' `application_name` on PostgreSQL.
+    pub app: String,
     child: Child,
     stdout: PathBuf,
     pub stderr: PathBuf,
@@ -219,7 +222,7 @@ impl Proc {
     }
 
     pub fn signal(&self, signal: i32) {
-        if signal != libc::SIGKILL {
+        if signal != libc::SIGKILL && signal != libc::SIGSTOP {
             // A catchable signal before the handlers are installed would kill it outright:
             // wait for the line the worker logs once they are.
             let ready = Instant::now() + COMMAND_LIMIT;
@@ -275,6 +278,11 @@ impl Proc {
             }
             std::thread::sleep(Duration::from_millis(5));
         }
+    }
+
+    /// SIGSTOP: it stays as it is, mid-work, until killed.
+    pub fn freeze(&self) {
+        self.signal(libc::SIGSTOP);
     }
 
     /// SIGKILL and reap.
