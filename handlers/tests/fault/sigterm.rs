@@ -4,10 +4,10 @@ use std::time::{Duration, Instant};
 
 use outbox::Backend;
 
-use crate::db::{fault_db, task, wait_until};
+use crate::db::{fault_db, locked_by, sessions, task, wait_until, Db};
 use crate::invariants::check_and_publish;
 use crate::report::{secs, Report};
-use crate::scenario::Scenario;
+use crate::scenario::{Proc, Scenario};
 use crate::{work_limit, SHUTDOWN_TIMEOUT};
 
 fn sigterm_mid_batch(backend: Backend) {
@@ -20,6 +20,9 @@ fn sigterm_mid_batch(backend: Backend) {
             .map(|i| task("fault.ledger", i, 200, 20))
             .collect::<Vec<_>>(),
     );
+    if sc.locks() {
+        return sigterm_mid_chunk(&sc, &db, &url);
+    }
     // Two threads and a queue of 48, so that a claim takes a whole page of 50 (a claim
     // takes no more than threads + queue + 1) of which two start; a deadline well past the
     // scenario, so that no task of the page is rescued while it waits.
@@ -67,15 +70,7 @@ fn sigterm_mid_batch(backend: Backend) {
     );
     let ledger_rows = db.count("SELECT count(*) FROM fault_ledger");
 
-    // Then let a drain finish the rest (without the sleep: on SQLite tasks run one at a
-    // time), and check the whole run.
-    db.exec(r#"UPDATE async_task SET biz_data = '{"sleep_ms": 0}' WHERE state = 'pending'"#);
-    let mut drain = sc.spawn(
-        "drain",
-        &url,
-        &sc.worker_args("drain", &[("--threads", "8"), ("--task-timeout", "60s")]),
-    );
-    drain.expect_exit_0(work_limit());
+    drain_the_rest(&sc, &db, &url);
 
     let mut report = Report::new();
     report.add("tasks", format!("{tasks} fault.ledger, sleep_ms 200"));
@@ -122,6 +117,147 @@ fn sigterm_mid_batch(backend: Backend) {
     assert_eq!(ledger_rows, done, "ledger rows for tasks that are not done");
 }
 
+/// Then lets a drain finish the rest (without the sleep: on SQLite tasks run one at a time),
+/// so that the whole run can be checked.
+fn drain_the_rest(sc: &Scenario, db: &Db, url: &str) {
+    db.exec(r#"UPDATE async_task SET biz_data = '{"sleep_ms": 0}' WHERE state = 'pending'"#);
+    let mut drain = sc.spawn(
+        "drain",
+        url,
+        &sc.worker_args("drain", &[("--threads", "8"), ("--task-timeout", "60s")]),
+    );
+    drain.expect_exit_0(work_limit());
+}
+
+/// [`sigterm_mid_batch`] with lock claims: no chunk waits in a queue (it would hold its
+/// locks), so nothing is claimed-but-unstarted; chunks in flight at SIGTERM commit within
+/// the shutdown timeout, and a chunk locked but not started rolls back, its tasks untouched.
+fn sigterm_mid_chunk(sc: &Scenario, db: &Db, url: &str) {
+    let tasks = 100;
+    // Two threads run a chunk of 20 each and the claiming thread a third (of 10: the page
+    // is 50), 4 s of 200 ms handlers per full chunk.
+    let args = sc.worker_args(
+        "run",
+        &[
+            ("--threads", "2"),
+            ("--page", "50"),
+            ("--task-timeout", "60s"),
+        ],
+    );
+    let mut worker = sc.spawn("worker", url, &args);
+    // The whole page locked (no room for another chunk until one ends), and a chunk seen
+    // mid-way: its transaction open, its last statement a handler's ledger row.
+    wait_until(
+        db,
+        Duration::from_secs(60),
+        "a page locked, a chunk mid-way",
+        || {
+            worker.assert_running("before SIGTERM");
+            locked_by(db, Some(&worker.app)).len() >= 50 && chunk_mid_way(db, &worker)
+        },
+    );
+    let node = db
+        .node_id(&worker.node_name())
+        .expect("the worker registered its node");
+    let done_at_signal = db.in_state("done");
+    let locked = locked_by(db, Some(&worker.app));
+    worker.signal(libc::SIGTERM);
+    let exit_time = worker.expect_exit_0(SHUTDOWN_TIMEOUT + Duration::from_secs(1));
+
+    // Right after the exit.
+    let ids: Vec<String> = locked.iter().map(i64::to_string).collect();
+    let ids = ids.join(",");
+    let sessions_left = sessions(db, &worker.app);
+    let running = db.in_state("running");
+    let node_state = db.count(&format!(
+        "SELECT count(*) FROM async_node WHERE id = {node} AND state = 'gone'"
+    ));
+    let done = db.in_state("done");
+    let locked_done = db.count(&format!(
+        "SELECT count(*) FROM async_task WHERE state = 'done' AND id IN ({ids})"
+    ));
+    let pending = db.in_state("pending");
+    let pending_touched = db.count(
+        "SELECT count(*) FROM async_task WHERE state = 'pending'
+           AND (claim_token <> 0 OR failures <> 0 OR last_error IS NOT NULL)",
+    );
+    let failures = db.count("SELECT COALESCE(sum(failures), 0) FROM async_task");
+    let ledger_missing = db.count(
+        "SELECT count(*) FROM async_task t WHERE t.state = 'done'
+           AND NOT EXISTS (SELECT 1 FROM fault_ledger l WHERE l.task_id = t.id)",
+    );
+    let ledger_rows = db.count("SELECT count(*) FROM fault_ledger");
+
+    drain_the_rest(sc, db, url);
+
+    let mut report = Report::new();
+    report.add("tasks", format!("{tasks} fault.ledger, sleep_ms 200"));
+    report.add(
+        "processes",
+        "1 run worker (--threads 2 --page 50, lock claims), SIGTERM; then 1 drain",
+    );
+    report.add(
+        "at SIGTERM",
+        format!(
+            "{} locked by the worker, a chunk mid-way; {done_at_signal} done",
+            locked.len()
+        ),
+    );
+    report.add(
+        "SIGTERM to exit 0",
+        format!(
+            "{} (shutdown timeout {})",
+            secs(exit_time),
+            secs(SHUTDOWN_TIMEOUT)
+        ),
+    );
+    report.add(
+        "right after exit",
+        format!(
+            "{done} done ({locked_done} of those locked at SIGTERM), {pending} pending \
+             ({pending_touched} touched); {running} running; node gone: {}; ledger rows \
+             {ledger_rows}",
+            node_state == 1
+        ),
+    );
+    check_and_publish(sc, db, report, true);
+    assert_eq!(sessions_left, 0, "sessions left after the exit");
+    assert_eq!(running, 0, "tasks left running");
+    assert_eq!(node_state, 1, "the node is not marked gone");
+    assert!(
+        locked_done > 0,
+        "no chunk in flight at SIGTERM committed: not mid-chunk, or abandoned"
+    );
+    assert_eq!(
+        done - done_at_signal,
+        locked_done,
+        "tasks done that were not locked at SIGTERM: a chunk started after it"
+    );
+    assert_eq!(
+        pending_touched, 0,
+        "tasks not done must be untouched (no claim token, failures 0, no error)"
+    );
+    assert_eq!(failures, 0, "a failure was counted");
+    assert_eq!(
+        done + pending,
+        tasks as i64,
+        "tasks neither done nor pending"
+    );
+    assert_eq!(ledger_missing, 0, "done tasks without their ledger row");
+    assert_eq!(ledger_rows, done, "ledger rows for tasks that are not done");
+}
+
+/// Whether a session of `worker` is in a transaction whose last statement wrote a ledger row:
+/// a chunk that has run a handler and has more to run.
+fn chunk_mid_way(db: &Db, worker: &Proc) -> bool {
+    db.count(&format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+           AND application_name = '{}' AND xact_start IS NOT NULL
+           AND query LIKE 'INSERT INTO fault_ledger%'",
+        worker.app
+    )) > 0
+}
+
 #[test]
 fn sigterm_mid_batch_postgres() {
     sigterm_mid_batch(Backend::Postgres);
@@ -138,7 +274,9 @@ fn sigterm_mid_batch_sqlite() {
 
 /// README: "running handlers get `--shutdown-timeout`; [...] past the timeout the process
 /// exits (status 1) and rescue recovers what was still running". Checked for `drain` and
-/// `run`, each holding a hung handler when SIGTERMed.
+/// `run`, each holding a hung handler when SIGTERMed. With lock claims there is nothing to
+/// rescue: the exit ends the hung chunk's transaction, and its tasks are pending again with
+/// failures 0 (checked once the process's sessions are gone).
 #[test]
 fn sigterm_past_the_shutdown_timeout() {
     let sc = Scenario::start("sigterm_past_the_shutdown_timeout", "postgres");
@@ -157,11 +295,16 @@ fn sigterm_past_the_shutdown_timeout() {
                 &[("--shutdown-timeout", "2s"), ("--task-timeout", "60s")],
             ),
         );
+        let this_task = format!("SELECT id FROM async_task WHERE biz_id = '{n}'");
         wait_until(&db, Duration::from_secs(30), "the hang task to run", || {
             worker.assert_running("before SIGTERM");
-            db.count(&format!(
-                "SELECT count(*) FROM async_task WHERE biz_id = '{n}' AND state = 'running'"
-            )) == 1
+            if sc.locks() {
+                locked_by(&db, Some(&worker.app)).contains(&db.count(&this_task))
+            } else {
+                db.count(&format!(
+                    "SELECT count(*) FROM async_task WHERE biz_id = '{n}' AND state = 'running'"
+                )) == 1
+            }
         });
         // Let the handler start (the claim commits just before it).
         std::thread::sleep(Duration::from_millis(300));
@@ -192,6 +335,28 @@ fn sigterm_past_the_shutdown_timeout() {
                 "`{command}`: {outcome}, node gone: {} (expected: exit status 1 about 2s after SIGTERM, node gone)",
                 gone == 1
             ));
+        }
+        if sc.locks() {
+            wait_until(&db, Duration::from_secs(10), "its sessions to end", || {
+                sessions(&db, &worker.app) == 0
+            });
+            // Every hang task so far (the drain's is pending again, so `run` may have locked
+            // it too): pending, uncounted, no error, unlocked.
+            let left = db.text(
+                "SELECT string_agg(concat_ws(' ', id, state, failures, last_error), '; ' ORDER BY id)
+                 FROM async_task",
+            );
+            let wrong = db.count(
+                "SELECT count(*) FROM async_task
+                 WHERE state <> 'pending' OR failures <> 0 OR last_error IS NOT NULL",
+            );
+            report.add(&format!("{command}: after exit"), &left);
+            if wrong != 0 || !locked_by(&db, None).is_empty() {
+                failures.push(format!(
+                    "`{command}`: after the exit the hang tasks are {left:?} (expected: pending, \
+                     failures 0, no error, unlocked)"
+                ));
+            }
         }
     }
     sc.publish(&report);
