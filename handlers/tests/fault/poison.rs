@@ -7,7 +7,7 @@ use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Text};
 use outbox::Backend;
 
-use crate::db::{fault_db, task, wait_until, Db};
+use crate::db::{fault_db, sessions, task, wait_until, Db};
 use crate::invariants::check_and_publish;
 use crate::report::{secs, Report};
 use crate::scenario::{stop_all, tail, Proc, Scenario};
@@ -84,53 +84,99 @@ fn poison_tasks(backend: Backend) {
         ),
     );
 
-    // abort: each attempt kills the process; restarted as systemd would, until dead.
+    // abort: each attempt kills the process; restarted as systemd would, until dead. With
+    // lock claims an abort rolls the attempt back and counts nothing, so the task is retried
+    // without end (documented): after ABORTS aborts it must still be pending with failures 0,
+    // and the test deletes it.
+    const ABORTS: usize = 3;
     db.enqueue(&[task("fault.abort", 1, 0, 3)]);
     let started = Instant::now();
     let mut starts = 1;
-    let mut worker = sc.spawn("worker-abort-1", &url, &sc.worker_args("run", &[]));
+    let mut worker = Some(sc.spawn("worker-abort-1", &url, &sc.worker_args("run", &[])));
     let mut aborts: Vec<Proc> = Vec::new();
-    wait_until(
-        &db,
-        Duration::from_secs(60),
-        "the abort task to be dead",
-        || {
-            if let Some(status) = worker.poll() {
-                assert_eq!(
-                    status.signal(),
-                    Some(libc::SIGABRT),
-                    "{} exited with {status}, expected SIGABRT\n{}",
-                    worker.label,
-                    tail(&worker.stderr, 20)
-                );
+    let waiting_for = if sc.locks() {
+        "the abort task to abort 3 processes"
+    } else {
+        "the abort task to be dead"
+    };
+    wait_until(&db, Duration::from_secs(60), waiting_for, || {
+        if let Some(status) = worker.as_mut().and_then(Proc::poll) {
+            let aborted = worker.take().expect("a worker");
+            assert_eq!(
+                status.signal(),
+                Some(libc::SIGABRT),
+                "{} exited with {status}, expected SIGABRT\n{}",
+                aborted.label,
+                tail(&aborted.stderr, 20)
+            );
+            aborts.push(aborted);
+            // With lock claims the task never dies: no restart after the last abort.
+            if !sc.locks() || aborts.len() < ABORTS {
                 starts += 1;
-                let next = sc.spawn(
+                worker = Some(sc.spawn(
                     &format!("worker-abort-{starts}"),
                     &url,
                     &sc.worker_args("run", &[]),
-                );
-                aborts.push(std::mem::replace(&mut worker, next));
+                ));
             }
+        }
+        if sc.locks() {
+            aborts.len() == ABORTS
+        } else {
             task_rows(&db, "fault.abort")[0].0 == "dead"
-        },
-    );
+        }
+    });
     let took = started.elapsed();
-    assert_dead(&db, "fault.abort", 3, "rescued from node");
     assert_eq!(
         aborts.len(),
-        3,
+        ABORTS,
         "the abort task should kill one process per attempt"
     );
-    stop_all(std::slice::from_mut(&mut worker));
-    report.add(
-        "abort",
-        format!(
-            "1 task, max_attempts 3: {} process aborts, {} restarts, dead with failures 3 in {}",
-            aborts.len(),
-            starts - 1,
-            secs(took)
-        ),
-    );
+    if sc.locks() {
+        // The last aborted process's sessions end (and its attempt rolls back) shortly after.
+        let app = &aborts[ABORTS - 1].app;
+        wait_until(
+            &db,
+            Duration::from_secs(10),
+            "the aborted process's sessions to end",
+            || sessions(&db, app) == 0,
+        );
+        assert_eq!(
+            task_rows(&db, "fault.abort"),
+            vec![("pending".to_owned(), 0, String::new())],
+            "with lock claims an aborted attempt counts nothing: pending, failures 0, no error"
+        );
+        assert_eq!(
+            db.count(
+                "SELECT count(*) FROM async_task WHERE keyword = 'fault.abort' AND claim_token = 0"
+            ),
+            1,
+            "an aborted locked attempt leaves no trace in the row"
+        );
+        db.exec("DELETE FROM async_task WHERE keyword = 'fault.abort'");
+        report.add(
+            "abort",
+            format!(
+                "1 task, max_attempts 3, lock claims: {} process aborts in {}, still pending with \
+                 failures 0 (retried without end, as documented); deleted",
+                aborts.len(),
+                secs(took)
+            ),
+        );
+    } else {
+        assert_dead(&db, "fault.abort", 3, "rescued from node");
+        let mut worker = worker.expect("a worker restarted after the last abort");
+        stop_all(std::slice::from_mut(&mut worker));
+        report.add(
+            "abort",
+            format!(
+                "1 task, max_attempts 3: {} process aborts, {} restarts, dead with failures 3 in {}",
+                aborts.len(),
+                starts - 1,
+                secs(took)
+            ),
+        );
+    }
 
     report.add("tasks", "4 + 1 poison tasks");
     check_and_publish(&sc, &db, report, false);
@@ -198,6 +244,15 @@ fn poison_hang(backend: Backend) {
     );
     let took = started.elapsed();
     assert_dead(&db, "fault.hang", 2, "running past its deadline");
+    if sc.locks() {
+        // Nothing was marked running: the watchdog charged each hang as it ended the chunk.
+        assert_dead(
+            &db,
+            "fault.hang",
+            2,
+            "the node ended its chunk's transaction",
+        );
+    }
     // The worker hung in the second attempt exits too; then nothing is left hung.
     wait_until(
         &db,
@@ -211,10 +266,15 @@ fn poison_hang(backend: Backend) {
     let stop_time = stop_all(&mut workers);
     let mut report = Report::new();
     report.add("tasks", "1 fault.hang, max_attempts 2");
+    let charged_by = if sc.locks() {
+        "each hang charged by the watchdog as it ended the chunk's transaction"
+    } else {
+        "via deadline rescue"
+    };
     report.add(
         "hang",
         format!(
-            "--task-timeout 1s: dead via deadline rescue in {}; {watchdog_exits} workers exited 3 \
+            "--task-timeout 1s: dead {charged_by} in {}; {watchdog_exits} workers exited 3 \
              (hang watchdog) and were restarted",
             secs(took)
         ),
