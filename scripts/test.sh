@@ -5,13 +5,15 @@
 #
 #   --long   run the fault suite (handlers/tests/fault/) in its long profile
 #            (≥ 50 kills, more restarts; tens of minutes) instead of the short one
-#   ARGS     passed to `cargo test`, e.g. scripts/test.sh -- --nocapture
+#   ARGS     passed to the main `cargo test`, e.g. scripts/test.sh -- --nocapture
 #
 # Runs rustfmt, clippy (the workspace, and the library with each backend feature
 # alone) and the whole test suite (unit tests, doctests, the integration suite,
 # the CLI tests and the fault suite) against a PostgreSQL given by
 # OUTBOX_TEST_PG_URL, or a throwaway local cluster started by scripts/pg.sh and
-# stopped on exit.
+# stopped on exit; then, if that passed, the fault suite's PostgreSQL scenarios
+# once more with lock claims (OUTBOX_FAULT_CLAIM=lock: --claim lock
+# --commit-batch 20; about 75 s in the short profile).
 set -euo pipefail
 
 # Work from the repo root whatever the caller's cwd, so cargo finds the
@@ -65,7 +67,7 @@ done
 
 step "cargo test"
 # A stale fault report from an earlier run must not be shown as this run's.
-rm -f target/tmp/fault-report.txt
+rm -f target/tmp/fault-report.txt target/tmp/fault-report-lock.txt
 # The output is kept to add up every test binary's "test result" line: cargo's own last line
 # is that of the last binary only (a doctest run with nothing in it, say), so the run ends
 # with one plain total.
@@ -74,6 +76,21 @@ set +e
 cargo test --workspace --locked "$@" 2>&1 | tee "$test_log"
 status=${PIPESTATUS[0]}
 set -e
+if [[ $status -eq 0 ]]; then
+    # The run above covers the workers' default claims (stamping: strict mode). Lock claims
+    # fail differently (a killed chunk rolls back instead of being rescued), and the
+    # scenarios assert that when OUTBOX_FAULT_CLAIM=lock; lock claims are PostgreSQL-only,
+    # so the SQLite scenarios and the migration races (no worker) are not run again.
+    # `--workspace` as above, so that the features resolve alike and the test binary built
+    # there is reused (`-p outbox-handlers` would build another).
+    step "fault suite with lock claims (OUTBOX_FAULT_CLAIM=lock, PostgreSQL scenarios)"
+    set +e
+    OUTBOX_FAULT_CLAIM=lock cargo test --workspace --locked --test fault -- \
+        --skip migrations:: _postgres kill:: connections:: restart:: drains:: sigterm_past \
+        2>&1 | tee -a "$test_log"
+    status=${PIPESTATUS[0]}
+    set -e
+fi
 read -r passed failed < <(awk '/^test result:/ { p += $4; f += $6 } END { print p + 0, f + 0 }' "$test_log")
 rm -f "$test_log"
 if [[ $status -ne 0 ]]; then
@@ -83,6 +100,11 @@ fi
 fault_report=target/tmp/fault-report.txt
 if [[ -f $fault_report ]]; then
     step "fault suite figures ($OUTBOX_FAULT_PROFILE profile)"
+    cat "$fault_report"
+fi
+fault_report=target/tmp/fault-report-lock.txt
+if [[ -f $fault_report ]]; then
+    step "fault suite figures with lock claims ($OUTBOX_FAULT_PROFILE profile)"
     cat "$fault_report"
 fi
 step "all checks passed"
