@@ -68,8 +68,11 @@ fn open_transaction_id(tx: &mut TaskTx) -> anyhow::Result<Option<String>> {
 }
 
 fn external(task: &TaskContext, tx: &mut TaskTx) -> HandlerResult {
+    // The transaction's id first, then the pause: a fault that lands in the pause still
+    // finds the effect about to happen, as it does for a handler with no database work.
+    let xid = open_transaction_id(tx)?;
     pause(task)?;
-    let line = match open_transaction_id(tx)? {
+    let line = match xid {
         Some(xid) => format!("{} {xid}\n", task.id()),
         None => format!("{}\n", task.id()),
     };
