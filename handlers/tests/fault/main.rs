@@ -8,7 +8,10 @@
 //!   (effects in the database happen exactly once);
 //! - every done `fault.external` task is in the external file at least once, and a task that
 //!   is there more than once carries a `last_error` (it was rescued, released after a
-//!   database error, or failed: at least once, never silently twice);
+//!   database error, or failed: at least once, never silently twice); with lock claims, whose
+//!   rolled-back chunks leave no trace in the rows, a silent extra run is accepted when its
+//!   transaction rolled back, and none runs in a committed transaction that did not complete
+//!   the task (see `invariants`);
 //! - `failures <= COALESCE(max_attempts, 20)`.
 //!
 //! Scenarios (PostgreSQL unless a name ends in `_sqlite`): `kill_9_during_a_run`,
