@@ -373,8 +373,12 @@ mod tests {
         let three = WorkerConfig::default().threads(3);
         assert_eq!(three.resolve(Backend::Sqlite).unwrap().queue, 24);
         let batched = WorkerConfig::default().threads(4).commit_batch(50);
+        let stamped = batched.clone().claim_style(ClaimStyle::Stamp);
+        let stamped = stamped.resolve(Backend::Postgres).unwrap();
+        assert_eq!((stamped.queue, stamped.page_size), (4, 450));
+        // Lock claims (auto, batched on PostgreSQL) have no queue.
         let batched = batched.resolve(Backend::Postgres).unwrap();
-        assert_eq!((batched.queue, batched.page_size), (4, 450));
+        assert_eq!((batched.queue, batched.page_size), (0, 250));
         assert_eq!(batched.claim_timeout(), DEFAULT_TASK_TIMEOUT * 50);
     }
 

@@ -121,10 +121,14 @@ impl Watchdog {
             before_exit(&hung);
             log::error!(
                 "node {node_id}: the handler of task {} has run for {:?}, past its task timeout: \
-                 exiting (status 3) to free its thread, connection and locks; the task is \
-                 rescued as a failure",
+                 exiting (status 3) to free its thread, connection and locks; {}",
                 hung.task,
-                hung.running_for
+                hung.running_for,
+                if hung.lock.is_some() {
+                    "its failure was counted as its chunk's transaction ended"
+                } else {
+                    "the task is rescued as a failure"
+                }
             );
             std::process::exit(3);
         }
