@@ -19,7 +19,9 @@ fn overlapping_drains() {
     let target = by_profile(5, 15);
     db.enqueue(&ledger_and_external(tasks, sleep_ms, 20));
 
-    let args = sc.worker_args("drain", &[]);
+    // Four threads per drain: the task count and handler time are sized for it (with more,
+    // the first drains finish before the later ones start).
+    let args = sc.worker_args("drain", &[("--threads", "4")]);
     let mut drains: Vec<Proc> = Vec::new();
     let mut overlaps = Vec::new();
     loop {
