@@ -185,15 +185,9 @@ impl WorkerConfig {
             Backend::Postgres => default_threads(),
             Backend::Sqlite => 1,
         });
-        let lock = match self.claim_style {
-            ClaimStyle::Auto => {
-                backend == Backend::Postgres
-                    && self.commit_batch > 1
-                    && self.queue.unwrap_or(0) == 0
-            }
-            ClaimStyle::Stamp => false,
-            ClaimStyle::Lock => true,
-        };
+        let lock = self
+            .claim_style
+            .locks(backend, self.commit_batch, self.queue)?;
         // A lock claim starts each chunk at once: a queued chunk would hold its locks and a
         // connection while it waited.
         let queue = self
@@ -227,20 +221,6 @@ impl WorkerConfig {
             commit_batch: self.commit_batch,
             lock,
         };
-        if lock && backend != Backend::Postgres {
-            return Err(Error::InvalidConfig {
-                setting: "claim",
-                reason: format!("lock claims need PostgreSQL's row locks, not {backend}"),
-            });
-        }
-        if lock && settings.queue > 0 {
-            return Err(Error::InvalidConfig {
-                setting: "queue",
-                reason: "must be 0 with lock claims: a queued chunk would hold its row locks \
-                         and a connection while it waited"
-                    .into(),
-            });
-        }
         settings.validate()?;
         Ok(settings)
     }

@@ -6,8 +6,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use super::tally::Outcome;
 use super::Worker;
 use crate::db::transaction::{is_broken, is_connection_error, is_infrastructure, mark_broken};
+use crate::db::DbConnection;
 use crate::driver::driver;
-use crate::handler::{HandlerError, TaskTx};
+use crate::handler::{Handler, HandlerError, TaskTx};
 use crate::task::ClaimedTask;
 
 /// Why a task's transaction rolled back.
@@ -164,31 +165,11 @@ impl Worker {
             .map(|task| (task.context.id, task.claim_token))
             .collect();
         let owner = chunk[0].owner;
-        let mut tx = TaskTx::new(&mut conn, Some(&self.writer_turn));
-        let run = |tx: &mut TaskTx| -> Result<(), ChunkRollback> {
-            for (task, handler) in chunk.iter().zip(&handlers) {
-                // Each handler is watched alone: the chunk's handlers run one after another.
-                let _watch = self
-                    .services
-                    .watchdog
-                    .watch(task.context.id, task.claim_token);
-                run_handler(*handler, task, tx).map_err(|_| ChunkRollback::Task)?;
-            }
-            // The completion of several tasks must be all or nothing even when no handler
-            // opened the transaction: one BEGIN per chunk.
-            match driver(tx.conn()?).task_complete_many(owner, &claims)? {
-                n if n == chunk.len() => Ok(()),
-                _ => Err(ChunkRollback::Task),
-            }
-        };
-        let result = run(&mut tx);
-        let result = tx.finish(result);
-        drop(tx);
-        if let Err(ChunkRollback::Database(e)) = &result {
-            if is_connection_error(e) {
-                mark_broken(&mut conn);
-            }
-        }
+        // The completion of several tasks must be all or nothing even when no handler opened
+        // the transaction: one BEGIN per chunk.
+        let result = self.run_chunk(&mut conn, None, &chunk, &handlers, |conn| {
+            driver(conn).task_complete_many(owner, &claims)
+        });
         drop(conn);
         match result {
             Ok(()) => vec![Outcome::Done; chunk.len()],
@@ -213,8 +194,54 @@ impl Worker {
     }
 }
 
+impl Worker {
+    /// Runs a chunk's handlers one after another in one transaction, then `complete` (the
+    /// rows it marks done must be the whole chunk), and ends the transaction: committed if
+    /// all of it succeeded, rolled back otherwise. `lock` names the backend of a lock claim's
+    /// transaction, already open on `conn`; without it the transaction opens on first use.
+    pub(super) fn run_chunk(
+        &self,
+        conn: &mut DbConnection,
+        lock: Option<i32>,
+        chunk: &[ClaimedTask],
+        handlers: &[&dyn Handler],
+        complete: impl FnOnce(&mut DbConnection) -> diesel::QueryResult<usize>,
+    ) -> Result<(), ChunkRollback> {
+        let mut tx = match lock {
+            Some(_) => TaskTx::opened(conn),
+            None => TaskTx::new(conn, Some(&self.writer_turn)),
+        };
+        let run = |tx: &mut TaskTx| -> Result<(), ChunkRollback> {
+            for (task, handler) in chunk.iter().zip(handlers) {
+                // Each handler is watched alone: the chunk's handlers run one after another.
+                let watchdog = &self.services.watchdog;
+                let _watch = match lock {
+                    Some(backend) => watchdog.watch_locked(task, backend),
+                    None => watchdog.watch(task.context.id, task.claim_token),
+                };
+                run_handler(*handler, task, tx).map_err(|_| ChunkRollback::Task)?;
+            }
+            match complete(tx.conn()?)? {
+                n if n == chunk.len() => Ok(()),
+                _ => Err(ChunkRollback::Task),
+            }
+        };
+        let result = run(&mut tx);
+        let result = tx.finish(result);
+        drop(tx);
+        // diesel marks a connection that failed inside a transaction; one that failed at
+        // COMMIT or BEGIN is marked here, or the pool would hand it out again.
+        if let Err(ChunkRollback::Database(e)) = &result {
+            if is_connection_error(e) {
+                mark_broken(conn);
+            }
+        }
+        result
+    }
+}
+
 /// Runs a task's handler, a panic caught as a retryable failure.
-pub(super) fn run_handler(
+fn run_handler(
     handler: &dyn crate::handler::Handler,
     task: &ClaimedTask,
     tx: &mut TaskTx,

@@ -15,7 +15,7 @@ use std::time::Instant;
 use super::claim::claimed_tasks;
 use super::config::Settings;
 use super::dispatch::Feed;
-use super::execute::{run_handler, ChunkRollback};
+use super::execute::ChunkRollback;
 use super::tally::{Outcome, Tally};
 use super::watchdog::Hung;
 use super::{millis, Worker};
@@ -23,7 +23,6 @@ use crate::db::transaction::{is_connection_error, mark_broken, roll_back_all, Di
 use crate::db::{DbConnection, DbPool, PooledConnection};
 use crate::driver::{driver, Claim};
 use crate::error::{OpContext, Result};
-use crate::handler::TaskTx;
 use crate::task::ClaimedTask;
 
 /// A chunk locked by this node: the connection whose open transaction holds the locks, the
@@ -113,25 +112,9 @@ impl Worker {
         };
         let owner = self.node.id();
         let ids: Vec<i64> = tasks.iter().map(|task| task.context.id).collect();
-        let mut tx = TaskTx::opened(&mut conn);
-        let run = |tx: &mut TaskTx| -> Result<(), ChunkRollback> {
-            for (task, handler) in tasks.iter().zip(&handlers) {
-                let _watch = self.services.watchdog.watch_locked(task, backend);
-                run_handler(*handler, task, tx).map_err(|_| ChunkRollback::Task)?;
-            }
-            match driver(tx.conn()?).task_complete_locked(owner, &ids)? {
-                n if n == tasks.len() => Ok(()),
-                _ => Err(ChunkRollback::Task),
-            }
-        };
-        let result = run(&mut tx);
-        let result = tx.finish(result);
-        drop(tx);
-        if let Err(ChunkRollback::Database(e)) = &result {
-            if is_connection_error(e) {
-                mark_broken(&mut conn);
-            }
-        }
+        let result = self.run_chunk(&mut conn, Some(backend), &tasks, &handlers, |conn| {
+            driver(conn).task_complete_locked(owner, &ids)
+        });
         drop(conn);
         match result {
             Ok(()) => vec![Outcome::Done; tasks.len()],

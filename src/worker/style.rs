@@ -4,6 +4,9 @@
 use std::fmt;
 use std::str::FromStr;
 
+use crate::db::Backend;
+use crate::error::{Error, Result};
+
 /// How a worker claims tasks ([`crate::WorkerConfig::claim_style`]; `--claim` on the
 /// command line).
 ///
@@ -47,6 +50,43 @@ impl ClaimStyle {
     }
 }
 
+impl ClaimStyle {
+    /// Whether a worker with this style claims by locking, on `backend` with chunks of
+    /// `commit_batch` and the `queue` set (if any). Fails, naming the setting, where lock
+    /// claims cannot run: on SQLite, or with a queue (a queued chunk would hold its row
+    /// locks and a connection while it waited).
+    pub(crate) fn locks(
+        self,
+        backend: Backend,
+        commit_batch: usize,
+        queue: Option<usize>,
+    ) -> Result<bool> {
+        let lock = match self {
+            ClaimStyle::Auto => {
+                backend == Backend::Postgres && commit_batch > 1 && queue.unwrap_or(0) == 0
+            }
+            ClaimStyle::Stamp => false,
+            ClaimStyle::Lock => true,
+        };
+        let bad = |setting, reason| Err(Error::InvalidConfig { setting, reason });
+        if lock && backend != Backend::Postgres {
+            return bad(
+                "claim",
+                format!("lock claims need PostgreSQL's row locks, not {backend}"),
+            );
+        }
+        if lock && queue.unwrap_or(0) > 0 {
+            return bad(
+                "queue",
+                "must be 0 with lock claims: a queued chunk would hold its row locks and a \
+                 connection while it waited"
+                    .into(),
+            );
+        }
+        Ok(lock)
+    }
+}
+
 impl fmt::Display for ClaimStyle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
@@ -71,7 +111,7 @@ impl FromStr for ClaimStyle {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Backend, WorkerConfig};
+    use crate::WorkerConfig;
 
     fn locks(config: WorkerConfig, backend: Backend) -> bool {
         config.resolve(backend).unwrap().lock

@@ -5,6 +5,7 @@ use diesel::pg::{Pg, PgConnection};
 use diesel::sql_types::{Array, BigInt, Integer, Text};
 use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 
+use super::task::stamp_picked;
 use crate::driver::{Claim, ClaimRow};
 use crate::sql::Statement;
 
@@ -78,7 +79,7 @@ pub(super) fn claim_ids(
     ids: &[i64],
     timeout_ms: i64,
 ) -> QueryResult<Vec<ClaimRow>> {
-    Statement::<Pg>::new(
+    let picked = Statement::<Pg>::new(
         "WITH picked AS (
             SELECT id FROM async_task
             WHERE id = ANY(",
@@ -86,24 +87,9 @@ pub(super) fn claim_ids(
     .bind::<Array<BigInt>, _>(ids.to_vec())
     .sql(
         ") AND state = 'pending' AND run_at <= now()
-            FOR UPDATE SKIP LOCKED
-        )
-        UPDATE async_task t
-        SET state = 'running', owner = ",
-    )
-    .bind::<BigInt, _>(owner)
-    .sql(
-        ", claim_token = t.claim_token + 1, claimed_at = now(), updated_at = now(), deadline_at = now() + ",
-    )
-    .bind::<BigInt, _>(timeout_ms)
-    .sql(
-        " * interval '1 millisecond'
-        FROM picked
-        WHERE t.id = picked.id
-        RETURNING t.id, t.keyword, t.biz_id, t.biz_data::text AS biz_data, t.tenant,
-                  t.failures, t.max_attempts, t.claim_token, t.priority::integer AS priority",
-    )
-    .load(conn)
+            FOR UPDATE SKIP LOCKED",
+    );
+    stamp_picked(picked, owner, timeout_ms).load(conn)
 }
 
 /// See [`crate::driver::Driver::task_charge_hung`].

@@ -223,7 +223,7 @@ fn claim_statement(
     //
     // The ids are materialised in a CTE first: `SKIP LOCKED` skips rows that a concurrent
     // claim has locked, so two nodes never wait on each other nor claim the same row.
-    Statement::<Pg>::new(prefix)
+    let picked = Statement::<Pg>::new(prefix)
         .sql(
             "WITH picked AS (
                 SELECT id FROM async_task
@@ -238,7 +238,18 @@ fn claim_statement(
         .bind::<BigInt, _>(limit)
         .sql(
             "
-                FOR UPDATE SKIP LOCKED
+                FOR UPDATE SKIP LOCKED",
+        );
+    stamp_picked(picked, owner, timeout_ms)
+}
+
+/// Completes a claim statement whose `picked` CTE (`WITH picked AS (SELECT id … FOR UPDATE
+/// SKIP LOCKED`, left open) chose the rows: stamps them running for `owner` with a new claim
+/// token and a deadline `timeout_ms` from now, and returns them.
+pub(super) fn stamp_picked(picked: Statement<Pg>, owner: i64, timeout_ms: i64) -> Statement<Pg> {
+    picked
+        .sql(
+            "
             )
             UPDATE async_task t
             SET state = 'running', owner = ",
