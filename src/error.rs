@@ -211,6 +211,15 @@ impl<T> OpContext<T> for std::result::Result<T, r2d2::Error> {
     }
 }
 
+impl Error {
+    /// Whether a statement failed because its connection was found dead (a backend
+    /// terminated while the connection sat idle in the pool, a server restart).
+    pub(crate) fn is_connection_lost(&self) -> bool {
+        matches!(self, Error::Database { source, .. }
+            if crate::db::transaction::is_connection_error(source))
+    }
+}
+
 /// Shortens a message to at most `max` bytes on a character boundary, marking the cut.
 pub(crate) fn truncate(message: &str, max: usize) -> String {
     if message.len() <= max {

@@ -85,12 +85,17 @@ pub(crate) fn is_infrastructure(error: &diesel::result::Error) -> bool {
 /// terminated, network cut) rather than that a statement failed.
 pub(crate) fn is_connection_error(error: &diesel::result::Error) -> bool {
     use diesel::result::{DatabaseErrorKind, Error};
-    matches!(
-        error,
+    match error {
         Error::DatabaseError(DatabaseErrorKind::ClosedConnection, _)
-            | Error::DatabaseError(DatabaseErrorKind::UnableToSendCommand, _)
-            | Error::BrokenTransactionManager
-    )
+        | Error::DatabaseError(DatabaseErrorKind::UnableToSendCommand, _)
+        | Error::BrokenTransactionManager => true,
+        // PostgreSQL's FATAL errors that end the session (SQLSTATE 57P01 and its kin:
+        // `pg_terminate_backend`, a shutdown, an idle-session timeout), which diesel reports
+        // with no kind of their own. Matched by their message (the server's `lc_messages`
+        // must be English for it; otherwise the dead connection is found at its next use).
+        Error::DatabaseError(_, info) => info.message().starts_with("terminating connection"),
+        _ => false,
+    }
 }
 
 /// Marks a pooled connection broken when a statement on it failed at the connection level.

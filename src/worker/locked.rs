@@ -47,8 +47,15 @@ impl Worker {
         let mut claimed = 0;
         while claimed < limit && !self.is_stopping() {
             let want = self.settings.commit_batch.min(limit - claimed);
-            let Some(chunk) = self.lock_chunk(want)? else {
-                break;
+            let chunk = match self.lock_chunk(want) {
+                Ok(Some(chunk)) => chunk,
+                Ok(None) => break,
+                // What was locked is running: report it; the next claim meets the error.
+                Err(e) if claimed > 0 => {
+                    log::debug!("locking a chunk failed after {claimed} tasks: {e}");
+                    break;
+                }
+                Err(e) => return Err(e),
             };
             let n = chunk.tasks.len();
             claimed += n;

@@ -126,8 +126,26 @@ impl Worker {
     /// that what they make due (a follow-up task a handler enqueued, a retry with a short
     /// backoff) is run by this drain too.
     pub fn drain(&self) -> Result<Report> {
-        self.rescue_once()?;
+        self.retry_dead_connections(|| self.rescue_once())?;
         self.drain_at_most(u64::MAX)
+    }
+
+    /// Runs `f`, and again at once when it failed on a pooled connection found dead, up to
+    /// once per connection of the pool. The pool does not test connections on checkout (a
+    /// round trip per task), so after a sweep of `pg_terminate_backend` or a failover each
+    /// idle connection fails once, at its next use, and is discarded: that is no outage to
+    /// back off from, nor a reason for a drain to fail.
+    fn retry_dead_connections<T>(&self, mut f: impl FnMut() -> Result<T>) -> Result<T> {
+        let mut left = self.settings.pool_size();
+        loop {
+            match f() {
+                Err(e) if left > 0 && e.is_connection_lost() => {
+                    left -= 1;
+                    log::debug!("a pooled connection was dead ({e}); trying another");
+                }
+                result => return result,
+            }
+        }
     }
 
     /// [`Worker::drain`] without its rescue pass, stopping once `max` tasks have been claimed
@@ -142,7 +160,7 @@ impl Worker {
                 // follow-up after the claim looked, and finishes before the check below,
                 // must still be followed by one more claim.
                 let busy_before = self.dispatcher.in_flight() > 0;
-                let (claimed, _) = self.refill(feed, &tally)?;
+                let (claimed, _) = self.retry_dead_connections(|| self.refill(feed, &tally))?;
                 if claimed == 0 {
                     if !busy_before || self.is_stopping() {
                         break;
@@ -180,7 +198,7 @@ impl Worker {
                         Err(e) => log::debug!("LISTEN not available yet: {e}"),
                     }
                 }
-                match self.refill(feed, &tally) {
+                match self.retry_dead_connections(|| self.refill(feed, &tally)) {
                     Ok((claimed, limit)) => {
                         if let Some((since, _)) = outage.take() {
                             log::warn!("database reachable again after {:?}", since.elapsed());

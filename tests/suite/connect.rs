@@ -6,9 +6,13 @@ use std::time::{Duration, Instant};
 
 use diesel::connection::SimpleConnection;
 use diesel::Connection;
-use outbox::{Backend, DatabaseUrl, DEFAULT_CONNECT_TIMEOUT};
+use outbox::{
+    enqueue_batch, Backend, ClaimStyle, DatabaseUrl, NewTask, Registry, Worker, WorkerConfig,
+    DEFAULT_CONNECT_TIMEOUT,
+};
 
 use crate::support::pg_server_url;
+use crate::write_ledger;
 
 both_backends! {
     fn a_pool_that_cannot_open_a_connection_reports_the_databases_own_message(db: &TestDb) {
@@ -73,5 +77,44 @@ both_backends! {
         let worker = outbox::Worker::with_pool(&db.url, pool_of(4), crate::ledger_registry("ledger"), config()).unwrap();
         assert_eq!(worker.drain().unwrap().tally.done, 1);
         assert_eq!(db.ledger_rows(id), 1);
+    }
+}
+
+/// The pool does not test connections on checkout: after every idle connection of a worker
+/// was terminated (a failover, a `pg_terminate_backend` sweep), each is found dead at its next
+/// use. A drain takes another connection at once rather than failing or backing off, whatever
+/// the claim style.
+#[test]
+fn a_worker_whose_idle_connections_were_all_terminated_drains_at_once() {
+    for style in [ClaimStyle::Lock, ClaimStyle::Stamp] {
+        let db = &crate::support::TestDb::postgres();
+        let mut registry = Registry::new();
+        registry.register("ledger", write_ledger);
+        let config = WorkerConfig::default()
+            .threads(2)
+            .commit_batch(5)
+            .claim_style(style);
+        let w = Worker::new(&db.url, registry, config).unwrap();
+        let tasks: Vec<NewTask> = (1..=20)
+            .map(|i| NewTask::new("ledger", i.to_string()))
+            .collect();
+        enqueue_batch(&mut db.conn(), &tasks).unwrap();
+        assert_eq!(w.drain().unwrap().tally.done, 20, "{style}");
+        // Every other session of the database: the pool's idle connections, the heartbeat's.
+        let terminated = db.count(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+             WHERE datname = current_database() AND pid <> pg_backend_pid()",
+        );
+        assert!(terminated >= 3, "{style}: {terminated} sessions terminated");
+        let tasks: Vec<NewTask> = (21..=40)
+            .map(|i| NewTask::new("ledger", i.to_string()))
+            .collect();
+        enqueue_batch(&mut db.conn(), &tasks).unwrap();
+        let report = w.drain().unwrap_or_else(|e| panic!("{style}: {e}"));
+        assert_eq!(report.tally.done, 20, "{style}: {:?}", report.tally);
+        assert_eq!(
+            db.count("SELECT count(DISTINCT task_id) FROM test_ledger"),
+            40
+        );
     }
 }
