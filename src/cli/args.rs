@@ -12,7 +12,7 @@ use crate::worker::{ClaimStyle, WorkerConfig, DEFAULT_MAX_ATTEMPTS};
 /// Settings shared by the commands that run tasks (`drain`, `run`, and a binary's own).
 #[derive(Debug, Clone, Args)]
 pub struct WorkerArgs {
-    /// Execution threads [default: 4 × cores; 1 on SQLite].
+    /// Execution threads [default: 4 × cores, at most 16; 1 on SQLite].
     #[arg(long)]
     threads: Option<usize>,
     /// Tasks claimed per claim statement, at most [default: 100; with --commit-batch K,

@@ -74,7 +74,11 @@ pub trait Driver {
         &mut self,
         keywords: &[String],
         limit: i64,
-    ) -> QueryResult<(i32, Vec<ClaimRow>)>;
+    ) -> QueryResult<(LockHolder, Vec<ClaimRow>)>;
+
+    /// Whether the transaction `xact` (a [`LockHolder`]'s) committed: `None` while it is in
+    /// progress or when it is too old to tell.
+    fn xact_committed(&mut self, xact: i64) -> QueryResult<Option<bool>>;
 
     /// Marks done the tasks `ids` this transaction has locked, recording `owner` and a new
     /// claim token; returns how many it marked.
@@ -90,12 +94,12 @@ pub trait Driver {
     ) -> QueryResult<Vec<ClaimRow>>;
 
     /// Ends the lock claim of a hung handler: terminates the backend holding the task's lock
-    /// (its transaction rolls back) and records a failure with `error`, retried after
+    /// if it still runs that transaction (which then rolls back) and records a failure with `error`, retried after
     /// `delay_ms` or dead at max attempts. Touches nothing if the task has left the state
     /// `claim` saw (pending, that token).
     fn task_charge_hung(
         &mut self,
-        backend: i32,
+        holder: LockHolder,
         claim: &Claim,
         error: &str,
         delay_ms: i64,
@@ -217,6 +221,13 @@ pub struct Claim {
     pub id: i64,
     pub owner: i64,
     pub token: i64,
+}
+
+/// The transaction holding a lock claim's rows: its backend's process id and its id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LockHolder {
+    pub backend: i32,
+    pub xact: i64,
 }
 
 /// Where a task stands: its state and the claim it was last under.

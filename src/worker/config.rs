@@ -33,13 +33,20 @@ pub const QUEUE_PER_THREAD: usize = 8;
 /// The default queue on SQLite, where one thread runs tasks by default.
 pub const SQLITE_DEFAULT_QUEUE: usize = 128;
 
-/// The default number of execution threads on PostgreSQL: four per core. A task spends most
-/// of its time waiting for round trips and for its commit's WAL flush, and commits that wait
-/// together share one flush: in strict mode 8 threads on 2 cores drained 1.3 × as fast as 4
-/// with the same CPU (`docs/performance.md`).
+/// The default number of execution threads on PostgreSQL: four per core, at most
+/// [`MAX_DEFAULT_THREADS`]. A task spends most of its time waiting for round trips and for
+/// its commit's WAL flush, and commits that wait together share one flush: in strict mode 8
+/// threads on 2 cores drained 1.3 × as fast as 4 with the same CPU (`docs/performance.md`).
+/// The cap keeps a worker on a large machine within a database's connections (each thread
+/// holds one while it runs a task).
 pub fn default_threads() -> usize {
-    std::thread::available_parallelism().map_or(4, |n| n.get() * 4)
+    std::thread::available_parallelism()
+        .map_or(4, |n| n.get() * 4)
+        .min(MAX_DEFAULT_THREADS)
 }
+
+/// The most execution threads a PostgreSQL worker gets by default (a pool of 18 connections).
+pub const MAX_DEFAULT_THREADS: usize = 16;
 
 /// How a [`crate::Worker`] claims and runs tasks.
 ///
@@ -342,58 +349,5 @@ impl Settings {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn defaults_follow_the_backend() {
-        let pg = WorkerConfig::default().resolve(Backend::Postgres).unwrap();
-        assert_eq!(pg.threads, default_threads());
-        assert_eq!(pg.queue, default_threads() * QUEUE_PER_THREAD);
-        let sqlite = WorkerConfig::default().resolve(Backend::Sqlite).unwrap();
-        assert_eq!((sqlite.threads, sqlite.queue), (1, SQLITE_DEFAULT_QUEUE));
-        let three = WorkerConfig::default().threads(3);
-        assert_eq!(three.resolve(Backend::Sqlite).unwrap().queue, 24);
-        let batched = WorkerConfig::default().threads(4).commit_batch(50);
-        let stamped = batched.clone().claim_style(ClaimStyle::Stamp);
-        let stamped = stamped.resolve(Backend::Postgres).unwrap();
-        assert_eq!((stamped.queue, stamped.page_size), (4, 450));
-        // Lock claims (auto, batched on PostgreSQL) have no queue.
-        let batched = batched.resolve(Backend::Postgres).unwrap();
-        assert_eq!((batched.queue, batched.page_size), (0, 250));
-        assert_eq!(batched.claim_timeout(), DEFAULT_TASK_TIMEOUT * 50);
-    }
-
-    #[test]
-    fn an_out_of_range_setting_is_named() {
-        let error = WorkerConfig::default()
-            .threads(0)
-            .resolve(Backend::Postgres)
-            .unwrap_err();
-        assert!(
-            matches!(
-                error,
-                Error::InvalidConfig {
-                    setting: "threads",
-                    ..
-                }
-            ),
-            "{error}"
-        );
-        let error = WorkerConfig::default()
-            .heartbeat(Duration::from_secs(5))
-            .dead_after(Duration::from_secs(6))
-            .resolve(Backend::Postgres)
-            .unwrap_err();
-        assert!(
-            matches!(
-                error,
-                Error::InvalidConfig {
-                    setting: "dead-after",
-                    ..
-                }
-            ),
-            "{error}"
-        );
-    }
-}
+#[path = "config_tests.rs"]
+mod tests;

@@ -7,7 +7,7 @@ use super::tally::Outcome;
 use super::Worker;
 use crate::db::transaction::{is_broken, is_connection_error, is_infrastructure, mark_broken};
 use crate::db::DbConnection;
-use crate::driver::driver;
+use crate::driver::{driver, LockHolder};
 use crate::handler::{Handler, HandlerError, TaskTx};
 use crate::task::ClaimedTask;
 
@@ -197,12 +197,12 @@ impl Worker {
 impl Worker {
     /// Runs a chunk's handlers one after another in one transaction, then `complete` (the
     /// rows it marks done must be the whole chunk), and ends the transaction: committed if
-    /// all of it succeeded, rolled back otherwise. `lock` names the backend of a lock claim's
-    /// transaction, already open on `conn`; without it the transaction opens on first use.
+    /// all of it succeeded, rolled back otherwise. `lock` names a lock claim's transaction,
+    /// already open on `conn`; without it the transaction opens on first use.
     pub(super) fn run_chunk(
         &self,
         conn: &mut DbConnection,
-        lock: Option<i32>,
+        lock: Option<LockHolder>,
         chunk: &[ClaimedTask],
         handlers: &[&dyn Handler],
         complete: impl FnOnce(&mut DbConnection) -> diesel::QueryResult<usize>,
@@ -216,7 +216,7 @@ impl Worker {
                 // Each handler is watched alone: the chunk's handlers run one after another.
                 let watchdog = &self.services.watchdog;
                 let _watch = match lock {
-                    Some(backend) => watchdog.watch_locked(task, backend),
+                    Some(holder) => watchdog.watch_locked(task, holder),
                     None => watchdog.watch(task.context.id, task.claim_token),
                 };
                 run_handler(*handler, task, tx).map_err(|_| ChunkRollback::Task)?;

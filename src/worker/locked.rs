@@ -21,15 +21,15 @@ use super::watchdog::Hung;
 use super::{millis, Worker};
 use crate::db::transaction::{is_connection_error, mark_broken, roll_back_all, DiscardBroken};
 use crate::db::{DbConnection, DbPool, PooledConnection};
-use crate::driver::{driver, Claim};
+use crate::driver::{driver, Claim, LockHolder};
 use crate::error::{OpContext, Result};
 use crate::task::ClaimedTask;
 
-/// A chunk locked by this node: the connection whose open transaction holds the locks, the
-/// backend behind it, and the tasks.
+/// A chunk locked by this node: the connection whose open transaction holds the locks, that
+/// transaction, and the tasks.
 pub(super) struct LockedChunk {
     conn: PooledConnection,
-    backend: i32,
+    holder: LockHolder,
     tasks: Vec<ClaimedTask>,
 }
 
@@ -81,9 +81,9 @@ impl Worker {
         let limit = i64::try_from(want).unwrap_or(i64::MAX);
         let locked = driver(&mut conn).task_lock_page(&self.keywords, limit);
         match locked {
-            Ok((backend, rows)) if !rows.is_empty() => Ok(Some(LockedChunk {
+            Ok((holder, rows)) if !rows.is_empty() => Ok(Some(LockedChunk {
                 conn,
-                backend,
+                holder,
                 tasks: claimed_tasks(rows, self.node.id(), deadline),
             })),
             Ok(_) => {
@@ -104,7 +104,7 @@ impl Worker {
     pub(super) fn execute_locked(&self, chunk: LockedChunk) -> Vec<Outcome> {
         let LockedChunk {
             mut conn,
-            backend,
+            holder,
             tasks,
         } = chunk;
         let handlers = tasks
@@ -119,24 +119,18 @@ impl Worker {
         };
         let owner = self.node.id();
         let ids: Vec<i64> = tasks.iter().map(|task| task.context.id).collect();
-        let result = self.run_chunk(&mut conn, Some(backend), &tasks, &handlers, |conn| {
+        let result = self.run_chunk(&mut conn, Some(holder), &tasks, &handlers, |conn| {
             driver(conn).task_complete_locked(owner, &ids)
         });
         drop(conn);
         match result {
             Ok(()) => vec![Outcome::Done; tasks.len()],
-            // The completion set this node as owner and the next token: a commit whose reply
-            // was lost shows as the first task done so (the chunk is all or nothing).
-            Err(ChunkRollback::Database(_))
-                if self.is_done_under(&Claim {
-                    id: ids[0],
-                    owner,
-                    token: tasks[0].claim_token + 1,
-                }) =>
-            {
+            // The connection failed at or after the completion: the commit may have happened
+            // with its reply lost. The database knows whether the chunk's transaction did.
+            Err(ChunkRollback::Database(_)) if self.xact_committed(holder.xact) => {
                 log::warn!(
-                    "a locked chunk of {} tasks found done after a database error: its commit \
-                     happened and the reply was lost",
+                    "a locked chunk of {} tasks found committed after a database error: its \
+                     commit happened and the reply was lost",
                     tasks.len()
                 );
                 vec![Outcome::Done; tasks.len()]
@@ -145,10 +139,41 @@ impl Worker {
         }
     }
 
+    /// Whether the transaction `xact` committed, asked on connections of the pool until one
+    /// answers; while the server has not yet ended it (it may not have noticed its client's
+    /// connection drop), asked again for up to 5 s. `false` when the database cannot say:
+    /// the chunk's tasks then run again one by one, and those it did complete are no longer
+    /// pending, so none runs twice.
+    fn xact_committed(&self, xact: i64) -> bool {
+        let deadline = Instant::now() + std::time::Duration::from_secs(5);
+        let mut dead_connections = self.settings.pool_size();
+        loop {
+            let Ok(mut conn) = self.pool.get() else {
+                return false;
+            };
+            match driver(&mut conn).xact_committed(xact) {
+                Ok(Some(committed)) => return committed,
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err(e) if is_connection_error(&e) && dead_connections > 0 => {
+                    mark_broken(&mut conn);
+                    dead_connections -= 1;
+                }
+                _ => return false,
+            }
+        }
+    }
+
     /// After a locked chunk rolled back: claims its tasks the stamping way and runs them one
     /// by one, so that each records its own outcome. A task another node has locked or
     /// claimed meanwhile is that node's now (counted lost here).
     fn rerun_stamped(&self, ids: &[i64]) -> Vec<Outcome> {
+        if self.is_stopping() {
+            // Stopping (or the hang watchdog is about to exit): claimed now, they would be
+            // left running for rescue to charge; they are pending as they are.
+            return vec![Outcome::Released; ids.len()];
+        }
         log::debug!(
             "a locked chunk of {} tasks rolled back; running them one by one",
             ids.len()
@@ -205,7 +230,7 @@ pub(super) fn charge_hung(pool: &DbPool, settings: &Settings, hung: &Hung) {
         let conn: &mut DbConnection = &mut conn;
         driver(conn)
             .task_charge_hung(
-                lock.backend,
+                lock.holder,
                 &claim,
                 &error,
                 millis(delay),

@@ -11,6 +11,7 @@ mod locked;
 mod record;
 mod rescue;
 mod run;
+mod services;
 mod shutdown;
 mod style;
 mod tally;
@@ -19,13 +20,13 @@ mod watchdog;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 pub use config::{
     default_threads, WorkerConfig, DEFAULT_DEAD_AFTER_BEATS, DEFAULT_HEARTBEAT,
     DEFAULT_MAX_ATTEMPTS, DEFAULT_PAGE_SIZE, DEFAULT_POLL_INTERVAL, DEFAULT_TASK_TIMEOUT,
-    MAX_ERROR_LEN, MAX_PAGE_SIZE, MAX_TASK_TIMEOUT, QUEUE_PER_THREAD, SQLITE_DEFAULT_QUEUE,
+    MAX_DEFAULT_THREADS, MAX_ERROR_LEN, MAX_PAGE_SIZE, MAX_TASK_TIMEOUT, QUEUE_PER_THREAD,
+    SQLITE_DEFAULT_QUEUE,
 };
 pub use rescue::RescueReport;
 pub use style::ClaimStyle;
@@ -33,13 +34,12 @@ pub use tally::{Report, Tally};
 
 use config::Settings;
 use dispatch::Dispatcher;
-use heartbeat::{Heartbeat, Node};
-use rescue::Rescuer;
-use watchdog::Watchdog;
+use heartbeat::Node;
+use services::Services;
 
 use crate::db::transaction::{DiscardBroken, WriterTurn};
 use crate::db::{DatabaseUrl, DbPool};
-use crate::driver::{driver, RescueParams};
+use crate::driver::driver;
 use crate::error::{Error, OpContext, Result};
 use crate::migrate::ensure_migrated;
 use crate::registry::Registry;
@@ -80,122 +80,6 @@ pub struct Worker {
     /// Claimed tasks not finished yet (for the shutdown report).
     in_flight: AtomicU64,
     services: Services,
-}
-
-/// The worker's background services and their threads.
-struct Services {
-    heartbeat: Arc<Heartbeat>,
-    rescuer: Arc<Rescuer>,
-    watchdog: Arc<Watchdog>,
-    stop: Arc<AtomicBool>,
-    threads: Mutex<Vec<JoinHandle<()>>>,
-}
-
-impl Services {
-    fn start(
-        settings: &Settings,
-        url: &DatabaseUrl,
-        pool: &DbPool,
-        node: &Arc<Node>,
-    ) -> Result<Self> {
-        let services = Services {
-            heartbeat: Arc::new(Heartbeat::new(url.clone(), Arc::clone(node))),
-            rescuer: Arc::new(Rescuer::new(
-                pool.clone(),
-                RescueParams {
-                    dead_after_ms: millis(settings.dead_after),
-                    default_max_attempts: settings.max_attempts,
-                    backoff_base_ms: millis(settings.backoff.base),
-                    backoff_max_ms: millis(settings.backoff.max),
-                    backoff_jitter: settings.backoff.jitter,
-                },
-            )),
-            watchdog: Arc::new(Watchdog::new(
-                settings
-                    .exit_on_hang
-                    .then(|| settings.task_timeout + settings.heartbeat),
-            )),
-            stop: Arc::new(AtomicBool::new(false)),
-            threads: Mutex::default(),
-        };
-        let id = node.id();
-        let beat = settings.heartbeat;
-        let heartbeat = Arc::clone(&services.heartbeat);
-        services.spawn(
-            "heartbeat",
-            id,
-            move || beat,
-            move || {
-                let _ = heartbeat.run_once();
-            },
-        )?;
-        // Only a node that is itself alive rescues others.
-        let (rescuer, heartbeat) = (
-            Arc::clone(&services.rescuer),
-            Arc::clone(&services.heartbeat),
-        );
-        let dead_after = settings.dead_after;
-        services.spawn(
-            "rescue",
-            id,
-            move || ticker::jittered(beat, 0.1),
-            move || {
-                if heartbeat.since_last_ok() < dead_after {
-                    if let Err(e) = rescuer.run_once() {
-                        log::warn!("rescue failed: {e}");
-                    }
-                }
-            },
-        )?;
-        // Apart from the heartbeat: on SQLite a beat can wait the whole busy timeout on the
-        // write lock, which is what a hung handler holds.
-        if services.watchdog.limit().is_some() {
-            let (watchdog, node) = (Arc::clone(&services.watchdog), Arc::clone(node));
-            let (pool, settings) = (pool.clone(), settings.clone());
-            services.spawn(
-                "watchdog",
-                id,
-                || Duration::from_millis(100),
-                move || {
-                    watchdog.exit_if_hung(node.id(), |hung| {
-                        locked::charge_hung(&pool, &settings, hung);
-                    });
-                },
-            )?;
-        }
-        Ok(services)
-    }
-
-    fn spawn(
-        &self,
-        thread: &'static str,
-        node_id: i64,
-        interval: impl Fn() -> Duration + Send + 'static,
-        tick: impl Fn() + Send + 'static,
-    ) -> Result<()> {
-        let handle = ticker::spawn(
-            thread,
-            format!("outbox-{thread}-{node_id}"),
-            Arc::clone(&self.stop),
-            interval,
-            tick,
-        )?;
-        self.threads
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(handle);
-        Ok(())
-    }
-
-    /// Stops every service thread and waits for it.
-    fn stop(&self) {
-        self.stop.store(true, Ordering::Relaxed);
-        let threads =
-            std::mem::take(&mut *self.threads.lock().unwrap_or_else(PoisonError::into_inner));
-        for thread in threads {
-            let _ = thread.join();
-        }
-    }
 }
 
 impl Worker {
@@ -259,7 +143,8 @@ impl Worker {
                     source: std::io::Error::other(e),
                 }
             })?;
-        let services = Services::start(&settings, url, &pool, &node)?;
+        let stopping = Arc::new(AtomicBool::new(false));
+        let services = Services::start(&settings, url, &pool, &node, &stopping)?;
         log::info!(
             "node {} ({}) started on {}: keywords {:?}, {} threads, {} claims",
             node.id(),
@@ -278,7 +163,7 @@ impl Worker {
             settings,
             node,
             dispatcher,
-            stopping: Arc::new(AtomicBool::new(false)),
+            stopping,
             totals: Mutex::new(Tally::default()),
             in_flight: AtomicU64::new(0),
             services,

@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use crate::driver::LockHolder;
 use crate::task::ClaimedTask;
 
 /// Each running handler by task id and claim token: when it started, and its lock claim.
@@ -31,11 +32,11 @@ pub(crate) struct Hung {
     pub(crate) lock: Option<LockedRun>,
 }
 
-/// What it takes to end a lock-claimed task's run and count its failure: the backend whose
-/// transaction holds the lock, the task's claim token and its failures so far.
+/// What it takes to end a lock-claimed task's run and count its failure: the transaction
+/// that holds the lock, the task's claim token and its failures so far.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct LockedRun {
-    pub(crate) backend: i32,
+    pub(crate) holder: LockHolder,
     pub(crate) token: i64,
     pub(crate) failures: i32,
 }
@@ -76,10 +77,10 @@ impl Watchdog {
         self.watch_run(task, token, None)
     }
 
-    /// [`Watchdog::watch`] for a task of a locked chunk whose transaction runs on `backend`.
-    pub(crate) fn watch_locked(&self, task: &ClaimedTask, backend: i32) -> Watch<'_> {
+    /// [`Watchdog::watch`] for a task of a locked chunk whose transaction is `holder`.
+    pub(crate) fn watch_locked(&self, task: &ClaimedTask, holder: LockHolder) -> Watch<'_> {
         let run = LockedRun {
-            backend,
+            holder,
             token: task.claim_token,
             failures: task.failures,
         };

@@ -52,6 +52,51 @@ fn registry(calls: &Arc<AtomicUsize>, bad: fn(&TaskContext) -> HandlerResult) ->
     registry
 }
 
+// `Worker::claim` and `Worker::execute` claim and run the stamp way whatever the claim style.
+both_backends! {
+    fn a_chunks_tasks_get_a_deadline_that_covers_the_whole_chunk(db: &TestDb) {
+        five_tasks(db);
+        let config = one_chunk_config().task_timeout(std::time::Duration::from_secs(60));
+        let w = Worker::new(&db.url, registry(&Arc::new(AtomicUsize::new(0)), |_| Ok(())), config).unwrap();
+        assert_eq!(w.claim().unwrap().len(), 5);
+        // Five handlers of up to a minute each, one after another: five minutes.
+        let (low, high) = match db.backend() {
+            outbox::Backend::Postgres => ("now() + interval '290 seconds'", "now() + interval '310 seconds'"),
+            outbox::Backend::Sqlite => (
+                "strftime('%Y-%m-%d %H:%M:%f', 'now', '+290 seconds')",
+                "strftime('%Y-%m-%d %H:%M:%f', 'now', '+310 seconds')",
+            ),
+        };
+        assert_eq!(
+            db.count(&format!("SELECT count(*) FROM async_task WHERE deadline_at BETWEEN {low} AND {high}")),
+            5
+        );
+    }
+
+    fn a_lost_claim_rolls_the_chunk_back_and_only_that_task_is_lost(db: &TestDb) {
+        let ids = five_tasks(db);
+        let calls = Arc::new(AtomicUsize::new(0));
+        let w = Worker::new(&db.url, registry(&calls, |_| Ok(())), one_chunk_config()).unwrap();
+        let page = w.claim().unwrap();
+        assert_eq!(page.len(), 5);
+        // Task 3's claim is taken over (as by a rescue and a new claim) before the chunk runs.
+        db.exec(&format!(
+            "UPDATE async_task SET claim_token = claim_token + 1 WHERE id = {}",
+            ids[2]
+        ));
+        let tally = w.execute(page);
+        assert_eq!((tally.done, tally.lost), (4, 1), "{tally:?}");
+        // All five ran in the chunk, which rolled back; then each ran alone.
+        assert_eq!(calls.load(Ordering::SeqCst), 5 + 5);
+        assert_eq!(db.ledger_rows(ids[2]), 0, "the lost task's effects rolled back");
+        assert_eq!(db.task(ids[2]).state, "running", "left to its new owner");
+        for id in [ids[0], ids[1], ids[3], ids[4]] {
+            assert_eq!(db.task(id).state, "done");
+            assert_eq!(db.ledger_rows(id), 1, "exactly one effect");
+        }
+    }
+}
+
 /// Runs each `fn name(db: &TestDb, config: WorkerConfig) { … }` on SQLite and on PostgreSQL
 /// with each claim style, `config` being [`one_chunk_config`] with that style.
 macro_rules! every_claim_style {
@@ -85,25 +130,6 @@ macro_rules! every_claim_style {
 }
 
 every_claim_style! {
-    fn a_chunks_tasks_get_a_deadline_that_covers_the_whole_chunk(db: &TestDb, config: WorkerConfig) {
-        five_tasks(db);
-        let config = config.task_timeout(std::time::Duration::from_secs(60));
-        let w = Worker::new(&db.url, registry(&Arc::new(AtomicUsize::new(0)), |_| Ok(())), config).unwrap();
-        assert_eq!(w.claim().unwrap().len(), 5);
-        // Five handlers of up to a minute each, one after another: five minutes.
-        let (low, high) = match db.backend() {
-            outbox::Backend::Postgres => ("now() + interval '290 seconds'", "now() + interval '310 seconds'"),
-            outbox::Backend::Sqlite => (
-                "strftime('%Y-%m-%d %H:%M:%f', 'now', '+290 seconds')",
-                "strftime('%Y-%m-%d %H:%M:%f', 'now', '+310 seconds')",
-            ),
-        };
-        assert_eq!(
-            db.count(&format!("SELECT count(*) FROM async_task WHERE deadline_at BETWEEN {low} AND {high}")),
-            5
-        );
-    }
-
     fn a_chunk_commits_all_its_tasks_together(db: &TestDb, config: WorkerConfig) {
         let ids = five_tasks(db);
         let calls = Arc::new(AtomicUsize::new(0));
@@ -158,29 +184,6 @@ every_claim_style! {
         // The worker carries on.
         db.make_all_due();
         assert_eq!(w.run_once().unwrap().retried, 1);
-    }
-
-    fn a_lost_claim_rolls_the_chunk_back_and_only_that_task_is_lost(db: &TestDb, config: WorkerConfig) {
-        let ids = five_tasks(db);
-        let calls = Arc::new(AtomicUsize::new(0));
-        let w = Worker::new(&db.url, registry(&calls, |_| Ok(())), config).unwrap();
-        let page = w.claim().unwrap();
-        assert_eq!(page.len(), 5);
-        // Task 3's claim is taken over (as by a rescue and a new claim) before the chunk runs.
-        db.exec(&format!(
-            "UPDATE async_task SET claim_token = claim_token + 1 WHERE id = {}",
-            ids[2]
-        ));
-        let tally = w.execute(page);
-        assert_eq!((tally.done, tally.lost), (4, 1), "{tally:?}");
-        // All five ran in the chunk, which rolled back; then each ran alone.
-        assert_eq!(calls.load(Ordering::SeqCst), 5 + 5);
-        assert_eq!(db.ledger_rows(ids[2]), 0, "the lost task's effects rolled back");
-        assert_eq!(db.task(ids[2]).state, "running", "left to its new owner");
-        for id in [ids[0], ids[1], ids[3], ids[4]] {
-            assert_eq!(db.task(id).state, "done");
-            assert_eq!(db.ledger_rows(id), 1, "exactly one effect");
-        }
     }
 
     fn a_chunk_that_fails_at_commit_rolls_back_and_runs_task_by_task(db: &TestDb, config: WorkerConfig) {

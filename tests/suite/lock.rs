@@ -2,7 +2,7 @@
 //! marks them done. The chunk semantics they share with stamped claims (a failure rolls the
 //! chunk back, each task then runs alone) are in `batched`, run with each claim style.
 
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use diesel::RunQueryDsl;
@@ -94,7 +94,7 @@ fn a_lock_claim_writes_one_row_version_per_task_and_a_stamped_claim_two() {
 }
 
 #[test]
-fn a_locked_chunks_tasks_stay_pending_and_locked_until_it_commits_and_nothing_is_rescued() {
+fn a_locked_chunks_tasks_stay_pending_and_locked_until_it_commits() {
     let db = &TestDb::postgres();
     let ids = enqueue(db, "ledger", 5);
     let seen = Arc::new(AtomicBool::new(false));
@@ -136,8 +136,6 @@ fn a_locked_chunks_tasks_stay_pending_and_locked_until_it_commits_and_nothing_is
         assert_eq!(row.owner, Some(w.node_id()), "the node that ran it");
         assert_eq!(db.ledger_rows(id), 1);
     }
-    // Nothing ever ran under a claim that rescue could see.
-    assert_eq!(w.rescue_once().unwrap().pending, 0);
 }
 
 #[test]
@@ -185,45 +183,38 @@ fn a_locked_chunk_whose_connection_dies_leaves_its_tasks_pending_with_no_failure
     }
 }
 
-/// The chunk's commit happened but its reply was lost (the connection died at the
-/// completion): the worker finds the tasks done by this node under the token the
-/// completion set, counts them done and runs no handler again.
+/// The chunk's commit happened but its reply was lost (a proxy forwards the COMMIT, then
+/// drops the connection): the worker asks the database whether the chunk's transaction
+/// committed, counts the tasks done and runs no handler again.
 #[test]
 fn a_locked_chunk_whose_commit_reply_was_lost_is_counted_done_and_not_run_again() {
     let db = &TestDb::postgres();
-    enqueue(db, "ledger", 5);
+    let ids = enqueue(db, "ledger", 5);
+    let proxy = crate::proxy::CommitReplyLoser::start(&db.url_text);
     let calls = Arc::new(AtomicUsize::new(0));
-    let node = Arc::new(AtomicI64::new(0));
-    let (calls_in, node_in, url) = (Arc::clone(&calls), Arc::clone(&node), db.url.clone());
+    let (calls_in, arm) = (Arc::clone(&calls), proxy.arm());
     let mut registry = Registry::new();
     registry.register(
         "ledger",
         move |task: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
             calls_in.fetch_add(1, Ordering::SeqCst);
+            write_ledger(task, tx)?;
             if task.biz_id() == "5" {
-                let own = count_on_tx(tx, "SELECT pg_backend_pid()::bigint AS n")?;
-                // The chunk's connection dies; then what its commit would have written is
-                // written (the UPDATE waits for the dead transaction's locks): the
-                // completion that follows fails as a lost reply would.
-                let mut other = url.connect()?;
-                diesel::sql_query(format!("SELECT pg_terminate_backend({own})"))
-                    .execute(&mut other)?;
-                diesel::sql_query(format!(
-                    "UPDATE async_task SET state = 'done', owner = {},
-                            claim_token = claim_token + 1, finished_at = now()
-                     WHERE state = 'pending'",
-                    node_in.load(Ordering::SeqCst)
-                ))
-                .execute(&mut other)?;
+                arm.store(true, Ordering::SeqCst);
             }
             Ok(())
         },
     );
-    let w = Worker::new(&db.url, registry, chunk_config(ClaimStyle::Lock)).unwrap();
-    node.store(w.node_id(), Ordering::SeqCst);
+    let url = DatabaseUrl::parse(&proxy.url).unwrap();
+    let w = Worker::new(&url, registry, chunk_config(ClaimStyle::Lock)).unwrap();
     let tally = w.run_once().unwrap();
+    assert_eq!(proxy.lost(), 1, "the chunk's commit reply was lost");
     assert_eq!((tally.done, tally.lost), (5, 0), "{tally:?}");
     assert_eq!(calls.load(Ordering::SeqCst), 5, "no handler ran twice");
+    for id in ids {
+        assert_eq!(db.task(id).state, "done");
+        assert_eq!(db.ledger_rows(id), 1, "task {id}: exactly one effect");
+    }
 }
 
 #[test]

@@ -14,6 +14,7 @@ mod fleet;
 mod heartbeat;
 mod lock;
 mod logs;
+mod proxy;
 mod prune;
 mod record;
 mod rescue;

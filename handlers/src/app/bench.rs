@@ -37,7 +37,7 @@ pub(super) struct BenchArgs {
     /// Which commit modes to measure.
     #[arg(long, value_enum, default_value = "both")]
     mode: ModeArg,
-    /// Execution threads [default: 4 × cores; 1 on SQLite].
+    /// Execution threads [default: 4 × cores, at most 16; 1 on SQLite].
     #[arg(long)]
     threads: Option<usize>,
     /// Tasks (chunks, in batched mode) that may wait for a thread [default: 8 × threads; 128

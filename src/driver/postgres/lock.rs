@@ -6,16 +6,18 @@ use diesel::sql_types::{Array, BigInt, Integer, Text};
 use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 
 use super::task::stamp_picked;
-use crate::driver::{Claim, ClaimRow};
+use crate::driver::{Claim, ClaimRow, LockHolder};
 use crate::sql::Statement;
 
-/// A locked row and the backend that holds its lock.
+/// A locked row and the transaction that holds its lock.
 #[derive(QueryableByName)]
 struct LockedRow {
     #[diesel(embed)]
     task: ClaimRow,
     #[diesel(sql_type = Integer)]
     backend: i32,
+    #[diesel(sql_type = BigInt)]
+    xact: i64,
 }
 
 /// See [`crate::driver::Driver::task_lock_page`].
@@ -23,7 +25,7 @@ pub(super) fn lock_page(
     conn: &mut PgConnection,
     keywords: &[String],
     limit: i64,
-) -> QueryResult<(i32, Vec<ClaimRow>)> {
+) -> QueryResult<(LockHolder, Vec<ClaimRow>)> {
     // The claim index's range scan in claim order (the sort keys name the table's columns:
     // `priority` alone would be the output's integer cast, which no index provides, and the
     // plan would sort every pending row), the rows other transactions hold skipped: concurrent chunks never wait on each other nor take the same task. Nothing
@@ -31,7 +33,7 @@ pub(super) fn lock_page(
     let rows: Vec<LockedRow> = Statement::<Pg>::new(
         "SELECT t.id, t.keyword, t.biz_id, t.biz_data::text AS biz_data, t.tenant, t.failures,
                 t.max_attempts, t.claim_token, t.priority::integer AS priority,
-                pg_backend_pid() AS backend
+                pg_backend_pid() AS backend, pg_current_xact_id()::text::bigint AS xact
          FROM async_task t
          WHERE t.state = 'pending' AND t.run_at <= now() AND t.keyword = ANY(",
     )
@@ -44,8 +46,17 @@ pub(super) fn lock_page(
     .bind::<BigInt, _>(limit)
     .sql(" FOR UPDATE SKIP LOCKED")
     .load(conn)?;
-    let backend = rows.first().map_or(0, |r| r.backend);
-    Ok((backend, rows.into_iter().map(|r| r.task).collect()))
+    let holder = rows.first().map_or(
+        LockHolder {
+            backend: 0,
+            xact: 0,
+        },
+        |r| LockHolder {
+            backend: r.backend,
+            xact: r.xact,
+        },
+    );
+    Ok((holder, rows.into_iter().map(|r| r.task).collect()))
 }
 
 /// See [`crate::driver::Driver::task_complete_locked`].
@@ -95,7 +106,7 @@ pub(super) fn claim_ids(
 /// See [`crate::driver::Driver::task_charge_hung`].
 pub(super) fn charge_hung(
     conn: &mut PgConnection,
-    backend: i32,
+    holder: LockHolder,
     claim: &Claim,
     error: &str,
     delay_ms: i64,
@@ -108,10 +119,16 @@ pub(super) fn charge_hung(
         // UPDATE waits for that, a bounded time. If another chunk has locked the task since,
         // the UPDATE waits for it in turn and then finds it done, or charges it.
         conn.batch_execute("SET LOCAL lock_timeout = '10s'")?;
-        Statement::<Pg>::new("SELECT pg_terminate_backend(")
-            .bind::<Integer, _>(backend)
-            .sql(") AS terminated")
-            .execute(conn)?;
+        // Only while that backend still runs the chunk's transaction: a process id alone
+        // may by now name another session.
+        Statement::<Pg>::new(
+            "SELECT pg_terminate_backend(pid) AS terminated FROM pg_stat_activity WHERE pid = ",
+        )
+        .bind::<Integer, _>(holder.backend)
+        .sql(" AND backend_xid::text::bigint = ")
+        .bind::<BigInt, _>(holder.xact)
+        .sql(" % 4294967296")
+        .execute(conn)?;
         Statement::<Pg>::new(
             "UPDATE async_task SET
                 failures = failures + 1,
@@ -137,5 +154,24 @@ pub(super) fn charge_hung(
         .sql(" AND state = 'pending' AND claim_token = ")
         .bind::<BigInt, _>(claim.token)
         .execute(conn)
+    })
+}
+
+/// See [`crate::driver::Driver::xact_committed`].
+pub(super) fn xact_committed(conn: &mut PgConnection, xact: i64) -> QueryResult<Option<bool>> {
+    #[derive(QueryableByName)]
+    struct Status {
+        #[diesel(sql_type = diesel::sql_types::Nullable<Text>)]
+        status: Option<String>,
+    }
+    let status: Status = Statement::<Pg>::new("SELECT pg_xact_status(")
+        .bind::<BigInt, _>(xact)
+        .sql("::text::xid8) AS status")
+        .get_result(conn)?;
+    Ok(match status.status.as_deref() {
+        Some("committed") => Some(true),
+        Some("aborted") => Some(false),
+        // In progress (the server has not yet noticed the connection's end), or too old.
+        _ => None,
     })
 }

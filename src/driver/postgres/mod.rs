@@ -12,8 +12,8 @@ use diesel::QueryResult;
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
 use super::{
-    Claim, ClaimRow, ClaimState, Driver, InsertRow, KeywordStateCount, MigrationError, PruneBatch,
-    PrunedBatch, RescueParams, RescuedRow, TaskKey, TaskRecord,
+    Claim, ClaimRow, ClaimState, Driver, InsertRow, KeywordStateCount, LockHolder, MigrationError,
+    PruneBatch, PrunedBatch, RescueParams, RescuedRow, TaskKey, TaskRecord,
 };
 
 /// The channel on which enqueues of due tasks notify idle workers (the enqueue statement
@@ -88,8 +88,12 @@ impl Driver for PgConnection {
         &mut self,
         keywords: &[String],
         limit: i64,
-    ) -> QueryResult<(i32, Vec<ClaimRow>)> {
+    ) -> QueryResult<(LockHolder, Vec<ClaimRow>)> {
         lock::lock_page(self, keywords, limit)
+    }
+
+    fn xact_committed(&mut self, xact: i64) -> QueryResult<Option<bool>> {
+        lock::xact_committed(self, xact)
     }
 
     fn task_complete_locked(&mut self, owner: i64, ids: &[i64]) -> QueryResult<usize> {
@@ -107,13 +111,13 @@ impl Driver for PgConnection {
 
     fn task_charge_hung(
         &mut self,
-        backend: i32,
+        holder: LockHolder,
         claim: &Claim,
         error: &str,
         delay_ms: i64,
         default_max_attempts: i32,
     ) -> QueryResult<usize> {
-        lock::charge_hung(self, backend, claim, error, delay_ms, default_max_attempts)
+        lock::charge_hung(self, holder, claim, error, delay_ms, default_max_attempts)
     }
 
     fn task_fail_retry(&mut self, claim: &Claim, error: &str, delay_ms: i64) -> QueryResult<usize> {

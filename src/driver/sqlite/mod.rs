@@ -21,8 +21,8 @@ use diesel::QueryResult;
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
 use super::{
-    Claim, ClaimRow, ClaimState, Driver, InsertRow, KeywordStateCount, MigrationError, PruneBatch,
-    PrunedBatch, RescueParams, RescuedRow, TaskKey, TaskRecord,
+    Claim, ClaimRow, ClaimState, Driver, InsertRow, KeywordStateCount, LockHolder, MigrationError,
+    PruneBatch, PrunedBatch, RescueParams, RescuedRow, TaskKey, TaskRecord,
 };
 use crate::db::SQLITE_BUSY_TIMEOUT;
 
@@ -119,7 +119,11 @@ impl Driver for SqliteConnection {
 
     // Lock claims need row locks; SQLite locks the whole database (the worker refuses the
     // setting on SQLite before any of these could run).
-    fn task_lock_page(&mut self, _: &[String], _: i64) -> QueryResult<(i32, Vec<ClaimRow>)> {
+    fn task_lock_page(&mut self, _: &[String], _: i64) -> QueryResult<(LockHolder, Vec<ClaimRow>)> {
+        Err(lock_claims_unsupported())
+    }
+
+    fn xact_committed(&mut self, _: i64) -> QueryResult<Option<bool>> {
         Err(lock_claims_unsupported())
     }
 
@@ -133,7 +137,7 @@ impl Driver for SqliteConnection {
 
     fn task_charge_hung(
         &mut self,
-        _: i32,
+        _: LockHolder,
         _: &Claim,
         _: &str,
         _: i64,

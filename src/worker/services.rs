@@ -1,0 +1,137 @@
+//! The worker's background services: the heartbeat, the rescue pass and the hang watchdog,
+//! each on a thread of its own.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use super::config::Settings;
+use super::heartbeat::{Heartbeat, Node};
+use super::rescue::Rescuer;
+use super::watchdog::Watchdog;
+use super::{locked, millis, ticker};
+use crate::db::{DatabaseUrl, DbPool};
+use crate::driver::RescueParams;
+use crate::error::Result;
+
+/// The worker's background services and their threads.
+pub(super) struct Services {
+    pub(super) heartbeat: Arc<Heartbeat>,
+    pub(super) rescuer: Arc<Rescuer>,
+    pub(super) watchdog: Arc<Watchdog>,
+    pub(super) stop: Arc<AtomicBool>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Services {
+    pub(super) fn start(
+        settings: &Settings,
+        url: &DatabaseUrl,
+        pool: &DbPool,
+        node: &Arc<Node>,
+        stopping: &Arc<AtomicBool>,
+    ) -> Result<Self> {
+        let services = Services {
+            heartbeat: Arc::new(Heartbeat::new(url.clone(), Arc::clone(node))),
+            rescuer: Arc::new(Rescuer::new(
+                pool.clone(),
+                RescueParams {
+                    dead_after_ms: millis(settings.dead_after),
+                    default_max_attempts: settings.max_attempts,
+                    backoff_base_ms: millis(settings.backoff.base),
+                    backoff_max_ms: millis(settings.backoff.max),
+                    backoff_jitter: settings.backoff.jitter,
+                },
+            )),
+            watchdog: Arc::new(Watchdog::new(
+                settings
+                    .exit_on_hang
+                    .then(|| settings.task_timeout + settings.heartbeat),
+            )),
+            stop: Arc::new(AtomicBool::new(false)),
+            threads: Mutex::default(),
+        };
+        let id = node.id();
+        let beat = settings.heartbeat;
+        let heartbeat = Arc::clone(&services.heartbeat);
+        services.spawn(
+            "heartbeat",
+            id,
+            move || beat,
+            move || {
+                let _ = heartbeat.run_once();
+            },
+        )?;
+        // Only a node that is itself alive rescues others.
+        let (rescuer, heartbeat) = (
+            Arc::clone(&services.rescuer),
+            Arc::clone(&services.heartbeat),
+        );
+        let dead_after = settings.dead_after;
+        services.spawn(
+            "rescue",
+            id,
+            move || ticker::jittered(beat, 0.1),
+            move || {
+                if heartbeat.since_last_ok() < dead_after {
+                    if let Err(e) = rescuer.run_once() {
+                        log::warn!("rescue failed: {e}");
+                    }
+                }
+            },
+        )?;
+        // Apart from the heartbeat: on SQLite a beat can wait the whole busy timeout on the
+        // write lock, which is what a hung handler holds.
+        if services.watchdog.limit().is_some() {
+            let (watchdog, node) = (Arc::clone(&services.watchdog), Arc::clone(node));
+            let (pool, settings) = (pool.clone(), settings.clone());
+            let stopping = Arc::clone(stopping);
+            services.spawn(
+                "watchdog",
+                id,
+                || Duration::from_millis(100),
+                move || {
+                    watchdog.exit_if_hung(node.id(), |hung| {
+                        // No more claims: a chunk that rolls back as its hung neighbour's
+                        // transaction ends must not claim its tasks for the exit to strand.
+                        stopping.store(true, Ordering::SeqCst);
+                        locked::charge_hung(&pool, &settings, hung);
+                    });
+                },
+            )?;
+        }
+        Ok(services)
+    }
+
+    fn spawn(
+        &self,
+        thread: &'static str,
+        node_id: i64,
+        interval: impl Fn() -> Duration + Send + 'static,
+        tick: impl Fn() + Send + 'static,
+    ) -> Result<()> {
+        let handle = ticker::spawn(
+            thread,
+            format!("outbox-{thread}-{node_id}"),
+            Arc::clone(&self.stop),
+            interval,
+            tick,
+        )?;
+        self.threads
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(handle);
+        Ok(())
+    }
+
+    /// Stops every service thread and waits for it.
+    pub(super) fn stop(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let threads =
+            std::mem::take(&mut *self.threads.lock().unwrap_or_else(PoisonError::into_inner));
+        for thread in threads {
+            let _ = thread.join();
+        }
+    }
+}
