@@ -223,54 +223,38 @@ every_claim_style! {
     }
 }
 
-/// A chunk whose connection fails at its completion after the commit happened (the reply
-/// lost): the worker finds its tasks done under their own claims and counts them done,
-/// without running their handlers again. PostgreSQL only: the test kills the chunk's own
-/// server process, which SQLite has none of. Stamped claims (`lock::…` has the same for
-/// lock claims).
+/// A chunk whose commit happened but whose reply was lost (a proxy forwards the COMMIT, then
+/// drops the connection): the worker finds its tasks done under their own claims and counts
+/// them done, without running their handlers again. PostgreSQL only (a server to proxy).
+/// Stamped claims; `lock::…` has the same for lock claims.
 #[test]
 fn a_chunk_whose_commit_reply_was_lost_is_counted_done_and_not_run_again() {
-    use diesel::RunQueryDsl;
-
     let db = &TestDb::postgres();
-    five_tasks(db);
+    let ids = five_tasks(db);
+    let proxy = crate::proxy::CommitReplyLoser::start(&db.url_text);
     let calls = Arc::new(AtomicUsize::new(0));
-    let calls_in = Arc::clone(&calls);
-    let url = db.url.clone();
+    let (calls_in, arm) = (Arc::clone(&calls), proxy.arm());
     let mut registry = Registry::new();
     registry.register(
         "ledger",
         move |task: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
             calls_in.fetch_add(1, Ordering::SeqCst);
+            write_ledger(task, tx)?;
             if task.biz_id() == "5" {
-                #[derive(diesel::QueryableByName)]
-                struct Pid {
-                    #[diesel(sql_type = diesel::sql_types::Integer)]
-                    pid: i32,
-                }
-                let own: Pid =
-                    diesel::sql_query("SELECT pg_backend_pid() AS pid").get_result(tx.conn()?)?;
-                // What the chunk's commit would have written, then its connection dies: the
-                // completion that follows fails as a lost reply would.
-                let mut other = url.connect()?;
-                diesel::sql_query(
-                    "UPDATE async_task SET state = 'done', finished_at = now()
-                     WHERE state = 'running'",
-                )
-                .execute(&mut other)?;
-                diesel::sql_query(format!("SELECT pg_terminate_backend({})", own.pid))
-                    .execute(&mut other)?;
+                arm.store(true, Ordering::SeqCst);
             }
             Ok(())
         },
     );
+    let url = outbox::DatabaseUrl::parse(&proxy.url).unwrap();
     let config = one_chunk_config().claim_style(ClaimStyle::Stamp);
-    let w = Worker::new(&db.url, registry, config).unwrap();
+    let w = Worker::new(&url, registry, config).unwrap();
     let tally = w.run_once().unwrap();
+    assert_eq!(proxy.lost(), 1, "the chunk's commit reply was lost");
     assert_eq!((tally.done, tally.lost), (5, 0), "{tally:?}");
     assert_eq!(calls.load(Ordering::SeqCst), 5, "no handler ran twice");
-    assert_eq!(
-        db.count("SELECT count(*) FROM async_task WHERE state = 'done'"),
-        5
-    );
+    for id in ids {
+        assert_eq!(db.task(id).state, "done");
+        assert_eq!(db.ledger_rows(id), 1, "task {id}: exactly one effect");
+    }
 }
