@@ -76,6 +76,9 @@ pub trait Driver {
         limit: i64,
     ) -> QueryResult<(LockHolder, Vec<ClaimRow>)>;
 
+    /// The plan of the lock statement (`EXPLAIN`), one line per row (PostgreSQL only).
+    fn task_lock_plan(&mut self, keywords: &[String], limit: i64) -> QueryResult<Vec<String>>;
+
     /// Whether the transaction `xact` (a [`LockHolder`]'s) committed: `None` while it is in
     /// progress or when it is too old to tell.
     fn xact_committed(&mut self, xact: i64) -> QueryResult<Option<bool>>;

@@ -259,11 +259,17 @@ impl Worker {
         *self.totals.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The claim statement's plan (`EXPLAIN`) for this worker's keywords and page, one line
-    /// per row: for operators checking that the claim stays an index range scan at their
-    /// backlog.
+    /// The claim statement's plan (`EXPLAIN`) for this worker's keywords and page (with lock
+    /// claims, the lock statement's for a chunk), one line per row: for operators checking
+    /// that the claim stays an index range scan at their backlog.
     pub fn claim_plan(&self) -> Result<Vec<String>> {
         let mut conn = self.pool.get().op("task claim plan")?;
+        if self.settings.lock {
+            let limit = i64::try_from(self.settings.commit_batch).unwrap_or(i64::MAX);
+            return driver(&mut conn)
+                .task_lock_plan(&self.keywords, limit)
+                .op("task claim plan");
+        }
         let limit = i64::try_from(self.claim_limit()).unwrap_or(i64::MAX);
         driver(&mut conn)
             .task_claim_plan(&self.keywords, limit)

@@ -291,3 +291,20 @@ fn lock_claims_are_refused_on_sqlite_and_with_a_queue() {
         "{error}"
     );
 }
+
+/// The lock statement is the claim index's range scan in claim order, whatever the backlog:
+/// no sort of the pending tasks (ordering by the output's `priority`, an integer cast, once
+/// made it sort every pending row for each chunk).
+#[test]
+fn the_lock_statement_scans_the_claim_index_in_order_without_sorting() {
+    let db = &TestDb::postgres();
+    enqueue(db, "ledger", 2000);
+    db.exec("ANALYZE async_task");
+    let mut registry = Registry::new();
+    registry.register("ledger", write_ledger);
+    let w = Worker::new(&db.url, registry, chunk_config(ClaimStyle::Lock)).unwrap();
+    let plan = w.claim_plan().unwrap().join("\n");
+    assert!(plan.contains("LockRows"), "{plan}");
+    assert!(plan.contains("async_task_claim_idx"), "{plan}");
+    assert!(!plan.contains("Sort"), "{plan}");
+}

@@ -26,26 +26,7 @@ pub(super) fn lock_page(
     keywords: &[String],
     limit: i64,
 ) -> QueryResult<(LockHolder, Vec<ClaimRow>)> {
-    // The claim index's range scan in claim order (the sort keys name the table's columns:
-    // `priority` alone would be the output's integer cast, which no index provides, and the
-    // plan would sort every pending row), the rows other transactions hold skipped: concurrent chunks never wait on each other nor take the same task. Nothing
-    // is written; the lock lasts until the chunk's transaction ends.
-    let rows: Vec<LockedRow> = Statement::<Pg>::new(
-        "SELECT t.id, t.keyword, t.biz_id, t.biz_data::text AS biz_data, t.tenant, t.failures,
-                t.max_attempts, t.claim_token, t.priority::integer AS priority,
-                pg_backend_pid() AS backend, pg_current_xact_id()::text::bigint AS xact
-         FROM async_task t
-         WHERE t.state = 'pending' AND t.run_at <= now() AND t.keyword = ANY(",
-    )
-    .bind::<Array<Text>, _>(keywords.to_vec())
-    .sql(
-        ")
-         ORDER BY t.priority, t.run_at, t.id
-         LIMIT ",
-    )
-    .bind::<BigInt, _>(limit)
-    .sql(" FOR UPDATE SKIP LOCKED")
-    .load(conn)?;
+    let rows: Vec<LockedRow> = lock_statement("", keywords, limit).load(conn)?;
     let holder = rows.first().map_or(
         LockHolder {
             backend: 0,
@@ -57,6 +38,46 @@ pub(super) fn lock_page(
         },
     );
     Ok((holder, rows.into_iter().map(|r| r.task).collect()))
+}
+
+/// See [`crate::driver::Driver::task_lock_plan`].
+pub(super) fn lock_plan(
+    conn: &mut PgConnection,
+    keywords: &[String],
+    limit: i64,
+) -> QueryResult<Vec<String>> {
+    #[derive(QueryableByName)]
+    struct Line {
+        #[diesel(sql_type = Text, column_name = "QUERY PLAN")]
+        line: String,
+    }
+    let lines: Vec<Line> = lock_statement("EXPLAIN (COSTS OFF) ", keywords, limit).load(conn)?;
+    Ok(lines.into_iter().map(|l| l.line).collect())
+}
+
+/// The lock statement, after `prefix` (empty, or `EXPLAIN …` to show its plan).
+fn lock_statement(prefix: &'static str, keywords: &[String], limit: i64) -> Statement<Pg> {
+    // The claim index's range scan in claim order, the rows other transactions hold skipped:
+    // concurrent chunks never wait on each other nor take the same task. The sort keys name
+    // the table's columns: `priority` alone would be the output's integer cast, which no
+    // index provides, and the plan would sort every pending row. Nothing is written; the
+    // lock lasts until the chunk's transaction ends.
+    Statement::<Pg>::new(prefix)
+        .sql(
+            "SELECT t.id, t.keyword, t.biz_id, t.biz_data::text AS biz_data, t.tenant, t.failures,
+                t.max_attempts, t.claim_token, t.priority::integer AS priority,
+                pg_backend_pid() AS backend, pg_current_xact_id()::text::bigint AS xact
+         FROM async_task t
+         WHERE t.state = 'pending' AND t.run_at <= now() AND t.keyword = ANY(",
+        )
+        .bind::<Array<Text>, _>(keywords.to_vec())
+        .sql(
+            ")
+         ORDER BY t.priority, t.run_at, t.id
+         LIMIT ",
+        )
+        .bind::<BigInt, _>(limit)
+        .sql(" FOR UPDATE SKIP LOCKED")
 }
 
 /// See [`crate::driver::Driver::task_complete_locked`].

@@ -92,6 +92,10 @@ impl Driver for PgConnection {
         lock::lock_page(self, keywords, limit)
     }
 
+    fn task_lock_plan(&mut self, keywords: &[String], limit: i64) -> QueryResult<Vec<String>> {
+        lock::lock_plan(self, keywords, limit)
+    }
+
     fn xact_committed(&mut self, xact: i64) -> QueryResult<Option<bool>> {
         lock::xact_committed(self, xact)
     }

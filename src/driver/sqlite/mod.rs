@@ -123,6 +123,10 @@ impl Driver for SqliteConnection {
         Err(lock_claims_unsupported())
     }
 
+    fn task_lock_plan(&mut self, _: &[String], _: i64) -> QueryResult<Vec<String>> {
+        Err(lock_claims_unsupported())
+    }
+
     fn xact_committed(&mut self, _: i64) -> QueryResult<Option<bool>> {
         Err(lock_claims_unsupported())
     }
