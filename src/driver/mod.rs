@@ -12,13 +12,18 @@
 
 #[cfg(feature = "postgres")]
 mod postgres;
+mod rows;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
 use diesel::backend::Backend;
-use diesel::sql_types::{BigInt, Double, HasSqlType, Integer, Nullable, Text};
+use diesel::sql_types::{BigInt, Double, HasSqlType, Integer};
 use diesel::QueryResult;
-use serde::Serialize;
+
+pub use rows::{
+    Claim, ClaimRow, ClaimState, InsertRow, KeywordStateCount, LockHolder, PruneBatch, PrunedBatch,
+    RescueParams, RescuedRow, TaskKey, TaskRecord,
+};
 
 use crate::db::DbConnection;
 use crate::sql::Statement;
@@ -216,167 +221,6 @@ pub(crate) fn driver(conn: &mut DbConnection) -> &mut dyn Driver {
         #[cfg(feature = "sqlite")]
         DbConnection::Sqlite(c) => c,
     }
-}
-
-/// The fence of a claimed task.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Claim {
-    pub id: i64,
-    pub owner: i64,
-    pub token: i64,
-}
-
-/// The transaction holding a lock claim's rows: its backend's process id and its id.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LockHolder {
-    pub backend: i32,
-    pub xact: i64,
-}
-
-/// Where a task stands: its state and the claim it was last under.
-#[derive(Debug, Clone, diesel::QueryableByName)]
-pub struct ClaimState {
-    #[diesel(sql_type = Text)]
-    pub state: String,
-    #[diesel(sql_type = Nullable<BigInt>)]
-    pub owner: Option<i64>,
-    #[diesel(sql_type = BigInt)]
-    pub claim_token: i64,
-}
-
-/// A task as stored.
-#[derive(Debug, Clone, diesel::QueryableByName)]
-pub struct TaskRecord {
-    #[diesel(sql_type = BigInt)]
-    pub id: i64,
-    #[diesel(sql_type = Text)]
-    pub state: String,
-    #[diesel(sql_type = Text)]
-    pub biz_data: String,
-    #[diesel(sql_type = Nullable<Text>)]
-    pub tenant: Option<String>,
-    #[diesel(sql_type = Integer)]
-    pub priority: i32,
-    #[diesel(sql_type = Integer)]
-    pub failures: i32,
-    #[diesel(sql_type = Nullable<Text>)]
-    pub last_error: Option<String>,
-}
-
-/// One task to insert. On PostgreSQL a batch travels as one JSON document of these (short
-/// keys), so that any number of rows is one statement with one bind; on SQLite as bind
-/// parameters.
-#[derive(Debug, Serialize)]
-pub struct InsertRow<'a> {
-    pub k: &'a str,
-    pub b: &'a str,
-    /// The payload as JSON text.
-    pub d: &'a str,
-    pub t: Option<&'a str>,
-    pub p: i16,
-    pub m: Option<i32>,
-    /// Delay in milliseconds.
-    pub ms: i64,
-}
-
-/// A task's id and unique key.
-#[derive(Debug, Clone, diesel::QueryableByName)]
-pub struct TaskKey {
-    #[diesel(sql_type = BigInt)]
-    pub id: i64,
-    #[diesel(sql_type = Text)]
-    pub keyword: String,
-    #[diesel(sql_type = Text)]
-    pub biz_id: String,
-}
-
-/// A claimed row, as the claim statement returns it.
-#[derive(Debug, diesel::QueryableByName)]
-pub struct ClaimRow {
-    #[diesel(sql_type = BigInt)]
-    pub id: i64,
-    #[diesel(sql_type = Text)]
-    pub keyword: String,
-    #[diesel(sql_type = Text)]
-    pub biz_id: String,
-    #[diesel(sql_type = Text)]
-    pub biz_data: String,
-    #[diesel(sql_type = Nullable<Text>)]
-    pub tenant: Option<String>,
-    #[diesel(sql_type = Integer)]
-    pub failures: i32,
-    #[diesel(sql_type = Nullable<Integer>)]
-    pub max_attempts: Option<i32>,
-    #[diesel(sql_type = BigInt)]
-    pub claim_token: i64,
-    #[diesel(sql_type = Integer)]
-    pub priority: i32,
-}
-
-/// The settings of one rescue pass.
-#[derive(Debug, Clone, Copy)]
-pub struct RescueParams {
-    /// A node whose last heartbeat is older than this is dead.
-    pub dead_after_ms: i64,
-    /// Max attempts of tasks that set none.
-    pub default_max_attempts: i32,
-    /// The retry delay after the first failure; it doubles per failure.
-    pub backoff_base_ms: i64,
-    /// The longest retry delay.
-    pub backoff_max_ms: i64,
-    /// The relative jitter of each rescued task's delay (0 to 1).
-    pub backoff_jitter: f64,
-}
-
-/// A rescued task: its id, its new state (`pending` or `dead`), and why it was rescued
-/// ("rescued from node N: …", as stored in `last_error`).
-#[derive(Debug, Clone, diesel::QueryableByName)]
-pub struct RescuedRow {
-    #[diesel(sql_type = BigInt)]
-    pub id: i64,
-    #[diesel(sql_type = Text)]
-    pub state: String,
-    #[diesel(sql_type = Text)]
-    pub reason: String,
-}
-
-/// One line of the task statistics.
-#[derive(Debug, Clone, diesel::QueryableByName)]
-pub struct KeywordStateCount {
-    #[diesel(sql_type = Text)]
-    pub keyword: String,
-    #[diesel(sql_type = Text)]
-    pub state: String,
-    #[diesel(sql_type = BigInt)]
-    pub count: i64,
-    /// Seconds since the oldest due pending task became due.
-    #[diesel(sql_type = Nullable<Double>)]
-    pub oldest_due_secs: Option<f64>,
-}
-
-/// One batch of a prune.
-#[derive(Debug, Clone, Copy)]
-pub struct PruneBatch<'a> {
-    /// The finished states to delete.
-    pub states: &'a [TaskState],
-    /// Tasks that finished more than this long ago, by the database clock.
-    pub older_than_ms: i64,
-    /// Rows per batch.
-    pub limit: i64,
-    /// Where the previous batch stopped (0 at first): backends that walk the table resume
-    /// after it.
-    pub after_id: i64,
-}
-
-/// What one prune batch did.
-#[derive(Debug, Clone, Default)]
-pub struct PrunedBatch {
-    /// Deleted tasks per state.
-    pub deleted: Vec<(TaskState, u64)>,
-    /// Whether another batch may find more.
-    pub more: bool,
-    /// Where the next batch resumes (see [`PruneBatch::after_id`]).
-    pub resume_after: i64,
 }
 
 /// The states as SQL literals, for a statement's `state IN (…)` (never from user text: the
