@@ -103,6 +103,13 @@ pub enum Error {
         source: Box<dyn std::error::Error + Send + Sync>,
     },
 
+    /// No task has this id or key.
+    #[error("no task {task}")]
+    TaskNotFound {
+        /// The id, or `keyword biz_id`, as asked for.
+        task: String,
+    },
+
     /// The schema is older than this build: `outbox migrate` has not been run.
     #[error("the database schema is not up to date ({pending} pending migration(s)); run `outbox migrate`")]
     NotMigrated {

@@ -24,6 +24,7 @@
 #![warn(missing_docs)]
 
 pub mod backoff;
+pub mod cancel;
 pub mod cli;
 pub mod db;
 mod driver;
@@ -41,6 +42,7 @@ pub mod testing;
 pub mod worker;
 
 pub use backoff::Backoff;
+pub use cancel::{cancel, cancel_by_key, Cancelled};
 pub use db::{
     write_transaction, Backend, DatabaseUrl, DbConnection, DbPool, DEFAULT_CONNECT_TIMEOUT,
 };

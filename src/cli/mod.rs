@@ -9,6 +9,7 @@
 //! calls [`run`] and [`exit_code`].
 
 mod args;
+mod cancel;
 mod enqueue;
 mod prune;
 mod stats;
@@ -132,6 +133,9 @@ pub enum Command {
     Stats(stats::StatsArgs),
     /// Delete finished tasks older than a cutoff, so that the table does not keep growing.
     Prune(prune::PruneArgs),
+    /// Cancel a task by id, or by --keyword and --biz-id: it is never claimed again, and a
+    /// running handler's completion is fenced out.
+    Cancel(cancel::CancelArgs),
 }
 
 /// Runs one of the library's commands on `url` with `registry`'s handlers.
@@ -160,6 +164,7 @@ pub fn run(command: Command, url: &DatabaseUrl, registry: Registry) -> Result<()
         Command::Run(args) => work::run(url, registry, args),
         Command::Stats(args) => stats::run(url, &registry, args),
         Command::Prune(args) => prune::run(url, args),
+        Command::Cancel(args) => cancel::run(url, args),
     }
 }
 

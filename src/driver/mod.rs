@@ -132,6 +132,11 @@ pub trait Driver {
     /// given, replaces `last_error` (why it was released after its handler may have run).
     fn task_release(&mut self, claim: &Claim, note: Option<&str>) -> QueryResult<usize>;
 
+    /// Cancels the task `id` if it is pending, blocked or running (state `cancelled`,
+    /// finished now); returns the rows touched, 0 or 1. A running task's completion is then
+    /// fenced out.
+    fn task_cancel(&mut self, id: i64) -> QueryResult<usize>;
+
     /// Where a task stands now: its state, owner and claim token (`None`: no such task).
     fn task_get_claim(&mut self, id: i64) -> QueryResult<Option<ClaimState>>;
 

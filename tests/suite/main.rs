@@ -5,6 +5,7 @@
 mod support;
 
 mod batched;
+mod cancel;
 mod claim;
 mod connect;
 mod enqueue;

@@ -153,3 +153,34 @@ both_backends! {
         assert_eq!(lines.len(), 2, "{}", out.stdout);
     }
 }
+
+both_backends! {
+    fn cancel_by_id_or_key_and_its_refusals(db: &TestDb) {
+        let dir = workdir();
+        run(outbox_on(db, dir.path()).args(["enqueue", "mail.send", "42"])).expect_code(0);
+        run(outbox_on(db, dir.path()).args(["enqueue", "mail.send", "43"])).expect_code(0);
+        let id = db.count("SELECT id FROM async_task WHERE biz_id = '42'");
+        run(outbox_on(db, dir.path()).args(["cancel", &id.to_string()]))
+            .expect_code(0)
+            .stdout_has(&format!("cancelled task {id}"));
+        run(outbox_on(db, dir.path()).args(["cancel", &id.to_string()]))
+            .expect_code(0)
+            .stdout_has("is already cancelled; nothing written");
+        let out = run(outbox_on(db, dir.path()).args(["cancel", "--keyword", "mail.send", "--biz-id", "43", "--json"]))
+            .expect_code(0);
+        let json: Value = serde_json::from_str(out.stdout.trim()).unwrap();
+        assert_eq!((json["cancelled"].as_bool(), json["state"].as_str()), (Some(true), Some("cancelled")));
+        assert_eq!(db.count("SELECT count(*) FROM async_task WHERE state = 'cancelled'"), 2);
+
+        // An unknown task: exit 1 naming it; bad usage: exit 2; nothing changed.
+        run(outbox_on(db, dir.path()).args(["cancel", "999999"]))
+            .expect_code(1)
+            .stderr_has("no task 999999");
+        run(outbox_on(db, dir.path()).args(["cancel", "--keyword", "mail.send", "--biz-id", "44"]))
+            .expect_code(1)
+            .stderr_has("no task mail.send 44");
+        run(outbox_on(db, dir.path()).arg("cancel")).expect_code(2);
+        run(outbox_on(db, dir.path()).args(["cancel", "--keyword", "mail.send"])).expect_code(2);
+        assert_eq!(db.count("SELECT count(*) FROM async_task WHERE state = 'cancelled'"), 2);
+    }
+}

@@ -92,6 +92,10 @@ impl Driver for PgConnection {
         lock::lock_page(self, keywords, limit)
     }
 
+    fn task_cancel(&mut self, id: i64) -> QueryResult<usize> {
+        task::cancel(self, id)
+    }
+
     fn task_lock_plan(&mut self, keywords: &[String], limit: i64) -> QueryResult<Vec<String>> {
         lock::lock_plan(self, keywords, limit)
     }

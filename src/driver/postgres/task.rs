@@ -147,6 +147,18 @@ pub(super) fn release(
     fence(set, claim).execute(conn)
 }
 
+pub(super) fn cancel(conn: &mut PgConnection, id: i64) -> QueryResult<usize> {
+    // A task in a locked chunk (lock claims) is pending and locked: this waits for the chunk's
+    // transaction, then re-checks the state it left.
+    Statement::<Pg>::new(
+        "UPDATE async_task SET state = 'cancelled', finished_at = now(), updated_at = now()
+         WHERE id = ",
+    )
+    .bind::<BigInt, _>(id)
+    .sql(" AND state IN ('pending', 'blocked', 'running')")
+    .execute(conn)
+}
+
 pub(super) fn get_claim(conn: &mut PgConnection, id: i64) -> QueryResult<Option<ClaimState>> {
     Statement::<Pg>::new("SELECT state, owner, claim_token FROM async_task WHERE id = ")
         .bind::<BigInt, _>(id)

@@ -123,6 +123,10 @@ impl Driver for SqliteConnection {
         Err(lock_claims_unsupported())
     }
 
+    fn task_cancel(&mut self, id: i64) -> QueryResult<usize> {
+        task::cancel(self, id)
+    }
+
     fn task_lock_plan(&mut self, _: &[String], _: i64) -> QueryResult<Vec<String>> {
         Err(lock_claims_unsupported())
     }

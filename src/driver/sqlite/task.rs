@@ -128,6 +128,19 @@ pub(super) fn release(
     fence(set, claim).execute(conn)
 }
 
+pub(super) fn cancel(conn: &mut SqliteConnection, id: i64) -> QueryResult<usize> {
+    Statement::<Sqlite>::new(concat!(
+        "UPDATE async_task SET state = 'cancelled', finished_at = ",
+        now!(),
+        ", updated_at = ",
+        now!(),
+        " WHERE id = "
+    ))
+    .bind::<BigInt, _>(id)
+    .sql(" AND state IN ('pending', 'blocked', 'running')")
+    .execute(conn)
+}
+
 pub(super) fn get_claim(conn: &mut SqliteConnection, id: i64) -> QueryResult<Option<ClaimState>> {
     Statement::<Sqlite>::new("SELECT state, owner, claim_token FROM async_task WHERE id = ")
         .bind::<BigInt, _>(id)

@@ -1,0 +1,79 @@
+//! Cancel: by id or key, in the caller's transaction; a cancelled task is never claimed, and a
+//! running handler's completion is fenced out.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use diesel::Connection;
+use outbox::{
+    cancel, cancel_by_key, enqueue, Error, HandlerResult, NewTask, Registry, TaskContext,
+    TaskState, TaskTx, Worker,
+};
+
+use crate::{ledger_registry, small_config, write_ledger};
+
+both_backends! {
+    fn a_cancelled_task_is_never_claimed_and_a_second_cancel_writes_nothing(db: &TestDb) {
+        let id = enqueue(&mut db.conn(), &NewTask::new("ledger", "1")).unwrap().id;
+        let first = cancel(&mut db.conn(), id).unwrap();
+        assert_eq!((first.id, first.cancelled, first.state), (id, true, TaskState::Cancelled));
+        let w = Worker::new(&db.url, ledger_registry("ledger"), small_config()).unwrap();
+        assert_eq!(w.run_once().unwrap().claimed, 0);
+        assert_eq!(db.ledger_rows(id), 0);
+        let again = cancel(&mut db.conn(), id).unwrap();
+        assert_eq!((again.cancelled, again.state), (false, TaskState::Cancelled));
+    }
+
+    fn a_cancel_by_key_commits_or_rolls_back_with_the_callers_transaction(db: &TestDb) {
+        let id = enqueue(&mut db.conn(), &NewTask::new("coupon.grant", "order-7")).unwrap().id;
+        let mut conn = db.conn();
+        let rolled_back: Result<(), diesel::result::Error> = conn.transaction(|conn| {
+            assert!(cancel_by_key(conn, "coupon.grant", "order-7").unwrap().cancelled);
+            Err(diesel::result::Error::RollbackTransaction)
+        });
+        assert!(rolled_back.is_err());
+        assert_eq!(db.task(id).state, "pending", "the cancel rolled back with its transaction");
+        conn.transaction(|conn| -> Result<(), diesel::result::Error> {
+            assert!(cancel_by_key(conn, "coupon.grant", "order-7").unwrap().cancelled);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(db.task(id).state, "cancelled");
+    }
+
+    fn a_running_tasks_cancel_fences_out_its_completion_and_rolls_back_its_effects(db: &TestDb) {
+        let id = enqueue(&mut db.conn(), &NewTask::new("ledger", "1")).unwrap().id;
+        let calls = Arc::new(AtomicUsize::new(0));
+        let (calls_in, url) = (Arc::clone(&calls), db.url.clone());
+        let mut registry = Registry::new();
+        registry.register("ledger", move |task: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
+            calls_in.fetch_add(1, Ordering::SeqCst);
+            // An operator cancels the task while its handler runs (before the handler opens
+            // its transaction: on SQLite that holds the only write lock).
+            let cancelled = cancel(&mut url.connect()?, task.id())?;
+            assert!(cancelled.cancelled);
+            write_ledger(task, tx)
+        });
+        let w = Worker::new(&db.url, registry, small_config()).unwrap();
+        let tally = w.run_once().unwrap();
+        assert_eq!((tally.done, tally.lost), (0, 1), "{tally:?}");
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        assert_eq!(db.ledger_rows(id), 0, "the cancelled task's effect rolled back");
+        assert_eq!(db.task(id).state, "cancelled");
+        assert_eq!(w.run_once().unwrap().claimed, 0, "never claimed again");
+    }
+
+    fn a_finished_task_is_not_cancelled_and_an_unknown_one_is_named(db: &TestDb) {
+        let id = enqueue(&mut db.conn(), &NewTask::new("ledger", "1")).unwrap().id;
+        let w = Worker::new(&db.url, ledger_registry("ledger"), small_config()).unwrap();
+        assert_eq!(w.run_once().unwrap().done, 1);
+        let done = cancel(&mut db.conn(), id).unwrap();
+        assert_eq!((done.cancelled, done.state), (false, TaskState::Done));
+        assert_eq!(db.task(id).state, "done");
+        let error = cancel(&mut db.conn(), id + 1000).unwrap_err();
+        assert!(matches!(error, Error::TaskNotFound { .. }), "{error}");
+        assert_eq!(error.to_string(), format!("no task {}", id + 1000));
+        let error = cancel_by_key(&mut db.conn(), "ledger", "nope").unwrap_err();
+        assert_eq!(error.to_string(), "no task ledger nope");
+    }
+}
