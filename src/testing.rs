@@ -68,6 +68,7 @@ pub fn task_context(keyword: &str, biz_id: &str) -> TaskContextBuilder {
         tenant: None,
         attempt: 1,
         payload: "{}".to_owned(),
+        cancelled: std::sync::Arc::default(),
     })
 }
 
@@ -103,6 +104,15 @@ impl TaskContextBuilder {
     /// Sets which attempt this is (1 the first time).
     pub fn attempt(mut self, attempt: i32) -> Self {
         self.0.attempt = attempt;
+        self
+    }
+
+    /// Marks the task cancelled, as a worker does when the task is cancelled while its handler
+    /// runs ([`TaskContext::is_cancelled`]).
+    pub fn cancelled(self) -> Self {
+        self.0
+            .cancelled
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         self
     }
 

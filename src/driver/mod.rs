@@ -137,6 +137,9 @@ pub trait Driver {
     /// fenced out.
     fn task_cancel(&mut self, id: i64) -> QueryResult<usize>;
 
+    /// Those of the tasks `ids` that are cancelled.
+    fn task_cancelled_among(&mut self, ids: &[i64]) -> QueryResult<Vec<i64>>;
+
     /// Where a task stands now: its state, owner and claim token (`None`: no such task).
     fn task_get_claim(&mut self, id: i64) -> QueryResult<Option<ClaimState>>;
 

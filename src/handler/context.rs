@@ -1,6 +1,8 @@
 //! What a handler knows of the task it runs.
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use serde::de::DeserializeOwned;
 
@@ -18,9 +20,20 @@ pub struct TaskContext {
     pub(crate) tenant: Option<String>,
     pub(crate) attempt: i32,
     pub(crate) payload: String,
+    /// Set by the worker's heartbeat when the task is found cancelled while it runs.
+    pub(crate) cancelled: Arc<AtomicBool>,
 }
 
 impl TaskContext {
+    /// Whether the task was cancelled while its handler runs ([`crate::cancel`]): the worker
+    /// checks at each heartbeat, so it turns true within one heartbeat of the cancel. A long
+    /// handler may poll it and stop early; whatever it then returns, its completion is fenced
+    /// out and its in-database effects roll back. (Under lock claims a cancel waits for the
+    /// running chunk, so it stays false.)
+    pub fn is_cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::Relaxed)
+    }
+
     /// The task's id.
     pub fn id(&self) -> i64 {
         self.id
@@ -179,6 +192,7 @@ mod tests {
             tenant: None,
             attempt: 1,
             payload: payload.into(),
+            cancelled: Arc::default(),
         }
     }
 

@@ -89,6 +89,7 @@ pub(super) fn claimed_tasks(
                 tenant: row.tenant,
                 attempt: row.failures.saturating_add(1),
                 payload: row.biz_data,
+                cancelled: std::sync::Arc::default(),
             },
             failures: row.failures,
             max_attempts: row.max_attempts,

@@ -68,6 +68,7 @@ impl Worker {
         let run = |tx: &mut TaskTx| -> Result<(), Rollback> {
             {
                 let _watch = self.services.watchdog.watch(claim.id, claim.token);
+                let _cancel = self.services.cancels.watch(&task.context);
                 run_handler(handler, task, tx).map_err(Rollback::Handler)?;
             }
             let _turn = (!tx.is_open()).then(|| self.writer_turn.take());
@@ -219,6 +220,7 @@ impl Worker {
                     Some(holder) => watchdog.watch_locked(task, holder),
                     None => watchdog.watch(task.context.id, task.claim_token),
                 };
+                let _cancel = self.services.cancels.watch(&task.context);
                 run_handler(*handler, task, tx).map_err(|_| ChunkRollback::Task)?;
             }
             match complete(tx.conn()?)? {

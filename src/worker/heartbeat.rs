@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use super::cancels::CancelWatch;
 use crate::db::{DatabaseUrl, DbConnection};
 use crate::driver::driver;
 use crate::error::{OpContext, Result};
@@ -69,13 +70,20 @@ pub(crate) struct Heartbeat {
     /// When a heartbeat last succeeded (the registration counts as one). Apart from `conn`
     /// so that the claim path never waits for a slow heartbeat.
     last_ok: Mutex<Instant>,
+    /// The handlers running now, whose tasks the beat checks for a cancel.
+    cancels: std::sync::Arc<CancelWatch>,
 }
 
 impl Heartbeat {
-    pub(crate) fn new(url: DatabaseUrl, node: std::sync::Arc<Node>) -> Self {
+    pub(crate) fn new(
+        url: DatabaseUrl,
+        node: std::sync::Arc<Node>,
+        cancels: std::sync::Arc<CancelWatch>,
+    ) -> Self {
         Heartbeat {
             url,
             node,
+            cancels,
             conn: Mutex::new(Beat::default()),
             last_ok: Mutex::new(Instant::now()),
         }
@@ -110,6 +118,14 @@ impl Heartbeat {
                      marked gone while it was silent): registered again as node {new}; the \
                      tasks claimed as node {old} are rescued and their completions fenced out",
                     self.node.name()
+                );
+            }
+            // The running tasks that were cancelled: their handlers may stop early. Not the
+            // beat's failure if it fails.
+            if let Err(e) = self.cancels.refresh(conn) {
+                log::warn!(
+                    "node {}: could not check for cancelled tasks: {e}",
+                    self.node.id()
                 );
             }
             Ok(())

@@ -1,6 +1,7 @@
 //! The worker: claims pages of due tasks and runs them in a rayon pool, with its background
 //! services (heartbeat, rescue, hang watchdog), one file each.
 
+mod cancels;
 mod claim;
 mod config;
 mod dispatch;

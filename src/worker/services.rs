@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use super::cancels::CancelWatch;
 use super::config::Settings;
 use super::heartbeat::{Heartbeat, Node};
 use super::rescue::Rescuer;
@@ -18,6 +19,7 @@ use crate::error::Result;
 /// The worker's background services and their threads.
 pub(super) struct Services {
     pub(super) heartbeat: Arc<Heartbeat>,
+    pub(super) cancels: Arc<CancelWatch>,
     pub(super) rescuer: Arc<Rescuer>,
     pub(super) watchdog: Arc<Watchdog>,
     pub(super) stop: Arc<AtomicBool>,
@@ -32,8 +34,14 @@ impl Services {
         node: &Arc<Node>,
         stopping: &Arc<AtomicBool>,
     ) -> Result<Self> {
+        let cancels = Arc::new(CancelWatch::default());
         let services = Services {
-            heartbeat: Arc::new(Heartbeat::new(url.clone(), Arc::clone(node))),
+            heartbeat: Arc::new(Heartbeat::new(
+                url.clone(),
+                Arc::clone(node),
+                Arc::clone(&cancels),
+            )),
+            cancels,
             rescuer: Arc::new(Rescuer::new(
                 pool.clone(),
                 RescueParams {

@@ -77,3 +77,47 @@ both_backends! {
         assert_eq!(error.to_string(), "no task ledger nope");
     }
 }
+
+both_backends! {
+    fn a_running_handler_sees_its_task_cancelled_within_a_heartbeat(db: &TestDb) {
+        use std::time::{Duration, Instant};
+
+        let id = enqueue(&mut db.conn(), &NewTask::new("ledger", "1")).unwrap().id;
+        let noticed = Arc::new(std::sync::Mutex::new(None::<Instant>));
+        let noticed_in = Arc::clone(&noticed);
+        let mut registry = Registry::new();
+        registry.register("ledger", move |task: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
+            // A long handler that checks for a cancel as it goes.
+            let started = Instant::now();
+            while !task.is_cancelled() {
+                if started.elapsed() > Duration::from_secs(20) {
+                    return Err(anyhow::anyhow!("never saw the cancel").into());
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            *noticed_in.lock().unwrap() = Some(Instant::now());
+            // Whatever it writes now is rolled back: its completion is fenced out.
+            write_ledger(task, tx)
+        });
+        let config = small_config().heartbeat(Duration::from_millis(200));
+        let w = Worker::new(&db.url, registry, config).unwrap();
+        let (tally, cancelled_at) = std::thread::scope(|s| {
+            let worker = s.spawn(|| w.run_once().unwrap());
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while db.task(id).state != "running" {
+                assert!(Instant::now() < deadline, "the task never started");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            assert!(cancel(&mut db.conn(), id).unwrap().cancelled);
+            let cancelled_at = Instant::now();
+            (worker.join().unwrap(), cancelled_at)
+        });
+        let noticed = noticed.lock().unwrap().expect("the handler saw the cancel");
+        let after = noticed.saturating_duration_since(cancelled_at);
+        // One heartbeat (200 ms, ±10%) and the beat's own time; generous for a loaded machine.
+        assert!(after < Duration::from_secs(3), "seen {after:?} after the cancel");
+        assert_eq!((tally.done, tally.lost), (0, 1), "{tally:?}");
+        assert_eq!(db.ledger_rows(id), 0, "the cancelled task's effect rolled back");
+        assert_eq!(db.task(id).state, "cancelled");
+    }
+}

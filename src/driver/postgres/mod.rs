@@ -96,6 +96,10 @@ impl Driver for PgConnection {
         task::cancel(self, id)
     }
 
+    fn task_cancelled_among(&mut self, ids: &[i64]) -> QueryResult<Vec<i64>> {
+        task::cancelled_among(self, ids)
+    }
+
     fn task_lock_plan(&mut self, keywords: &[String], limit: i64) -> QueryResult<Vec<String>> {
         lock::lock_plan(self, keywords, limit)
     }

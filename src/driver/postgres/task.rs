@@ -159,6 +159,20 @@ pub(super) fn cancel(conn: &mut PgConnection, id: i64) -> QueryResult<usize> {
     .execute(conn)
 }
 
+pub(super) fn cancelled_among(conn: &mut PgConnection, ids: &[i64]) -> QueryResult<Vec<i64>> {
+    #[derive(diesel::QueryableByName)]
+    struct Id {
+        #[diesel(sql_type = BigInt)]
+        id: i64,
+    }
+    let rows: Vec<Id> =
+        Statement::<Pg>::new("SELECT id FROM async_task WHERE state = 'cancelled' AND id = ANY(")
+            .bind::<Array<BigInt>, _>(ids.to_vec())
+            .sql(")")
+            .load(conn)?;
+    Ok(rows.into_iter().map(|r| r.id).collect())
+}
+
 pub(super) fn get_claim(conn: &mut PgConnection, id: i64) -> QueryResult<Option<ClaimState>> {
     Statement::<Pg>::new("SELECT state, owner, claim_token FROM async_task WHERE id = ")
         .bind::<BigInt, _>(id)

@@ -127,6 +127,10 @@ impl Driver for SqliteConnection {
         task::cancel(self, id)
     }
 
+    fn task_cancelled_among(&mut self, ids: &[i64]) -> QueryResult<Vec<i64>> {
+        task::cancelled_among(self, ids)
+    }
+
     fn task_lock_plan(&mut self, _: &[String], _: i64) -> QueryResult<Vec<String>> {
         Err(lock_claims_unsupported())
     }
