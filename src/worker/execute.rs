@@ -220,7 +220,10 @@ impl Worker {
                     Some(holder) => watchdog.watch_locked(task, holder),
                     None => watchdog.watch(task.context.id, task.claim_token),
                 };
-                let _cancel = self.services.cancels.watch(&task.context);
+                // A cancel waits for a locked chunk's transaction: nothing to watch for.
+                let _cancel = lock
+                    .is_none()
+                    .then(|| self.services.cancels.watch(&task.context));
                 run_handler(*handler, task, tx).map_err(|_| ChunkRollback::Task)?;
             }
             match complete(tx.conn()?)? {

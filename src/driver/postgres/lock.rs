@@ -86,9 +86,8 @@ pub(super) fn complete_locked(
     owner: i64,
     ids: &[i64],
 ) -> QueryResult<usize> {
-    // The owner and a new claim token record who ran the task (and let a completion whose
-    // commit reply was lost be recognised); `now()` is the start of the chunk's transaction,
-    // when the lock was taken.
+    // The owner and a new claim token record who ran the task; `now()` is the start of the
+    // chunk's transaction, when the lock was taken.
     Statement::<Pg>::new(
         "UPDATE async_task
          SET state = 'done', owner = ",
