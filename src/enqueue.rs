@@ -177,7 +177,23 @@ impl EnqueueOptions {
                 ms: i64::try_from(task.delay.as_millis()).unwrap_or(i64::MAX),
             });
         }
-        let created = driver.task_insert_many(&rows).op("task enqueue")?;
+        let created = match driver.task_insert_many(&rows) {
+            Ok(created) => created,
+            Err(e) => {
+                let mut tenants: Vec<String> =
+                    tasks.iter().filter_map(|t| t.tenant.clone()).collect();
+                tenants.sort();
+                tenants.dedup();
+                return Err(
+                    crate::tenant::quota_exceeded(driver, &e, &tenants).unwrap_or(
+                        Error::Database {
+                            operation: "task enqueue",
+                            source: e,
+                        },
+                    ),
+                );
+            }
+        };
 
         let mut created_ids = key_map(&created);
         let mut results = Vec::with_capacity(tasks.len());

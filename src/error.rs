@@ -110,6 +110,25 @@ pub enum Error {
         task: String,
     },
 
+    /// An enqueue would take a tenant past its `max_queued` (`async_tenant`); nothing of the
+    /// batch was written. On PostgreSQL the failed statement aborts the caller's transaction,
+    /// as any failed statement does (enqueue inside a nested `transaction`, a savepoint, to
+    /// carry on without it); on SQLite the transaction is left as it was.
+    #[error("tenant {tenant:?} is at its max_queued of {limit} queued tasks")]
+    QuotaExceeded {
+        /// The tenant.
+        tenant: String,
+        /// Its `max_queued`.
+        limit: i64,
+    },
+
+    /// No tenant has this name (`async_tenant`).
+    #[error("no tenant {tenant:?}")]
+    TenantNotFound {
+        /// The tenant as asked for.
+        tenant: String,
+    },
+
     /// The schema is older than this build: `outbox migrate` has not been run.
     #[error("the database schema is not up to date ({pending} pending migration(s)); run `outbox migrate`")]
     NotMigrated {

@@ -37,6 +37,7 @@ pub mod registry;
 mod sql;
 pub mod stats;
 pub mod task;
+pub mod tenant;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod worker;
@@ -52,6 +53,7 @@ pub use handler::{Handler, HandlerError, HandlerResult, TaskContext, TaskTx};
 pub use migrate::run_migrations;
 pub use registry::Registry;
 pub use task::{validate_keyword, ClaimedTask, NewTask, TaskState};
+pub use tenant::{remove_tenant, set_tenant, tenants, Tenant, TenantLimits};
 pub use worker::{ClaimStyle, Report, RescueReport, Tally, Worker, WorkerConfig};
 
 /// Every Rust block of the README compiles (and runs, unless marked `no_run`) as a doctest.

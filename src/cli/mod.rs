@@ -13,6 +13,7 @@ mod cancel;
 mod enqueue;
 mod prune;
 mod stats;
+mod tenant;
 mod work;
 
 use std::process::ExitCode;
@@ -24,6 +25,7 @@ pub use args::WorkerArgs;
 pub use enqueue::EnqueueArgs;
 pub use prune::PruneArgs;
 pub use stats::StatsArgs;
+pub use tenant::TenantArgs;
 pub use work::RunArgs;
 
 use crate::db::{DatabaseUrl, DEFAULT_DATABASE_URL};
@@ -136,6 +138,8 @@ pub enum Command {
     /// Cancel a task by id, or by --keyword and --biz-id: it is never claimed again, and a
     /// running handler's completion is fenced out.
     Cancel(cancel::CancelArgs),
+    /// Tenants' quotas: `max_queued` checked at enqueue, `max_running` fleet-wide at claim.
+    Tenant(tenant::TenantArgs),
 }
 
 /// Runs one of the library's commands on `url` with `registry`'s handlers.
@@ -165,7 +169,16 @@ pub fn run(command: Command, url: &DatabaseUrl, registry: Registry) -> Result<()
         Command::Stats(args) => stats::run(url, &registry, args),
         Command::Prune(args) => prune::run(url, args),
         Command::Cancel(args) => cancel::run(url, args),
+        Command::Tenant(args) => tenant::run(url, args),
     }
+}
+
+/// Who runs this command, for the audit: `$USER@host`.
+fn actor() -> String {
+    let user = std::env::var("USER")
+        .or_else(|_| std::env::var("LOGNAME"))
+        .unwrap_or_else(|_| "unknown".to_owned());
+    format!("{user}@{}", gethostname::gethostname().to_string_lossy())
 }
 
 /// Parses durations written like `500ms`, `5s`, `10m`, `2h`, `7d`.

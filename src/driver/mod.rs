@@ -21,8 +21,8 @@ use diesel::sql_types::{BigInt, Double, HasSqlType, Integer};
 use diesel::QueryResult;
 
 pub use rows::{
-    Claim, ClaimRow, ClaimState, InsertRow, KeywordStateCount, LockHolder, PruneBatch, PrunedBatch,
-    RescueParams, RescuedRow, TaskKey, TaskRecord,
+    AuditEntry, Claim, ClaimRow, ClaimState, InsertRow, KeywordStateCount, LockHolder, PruneBatch,
+    PrunedBatch, RescueParams, RescuedRow, TaskKey, TaskRecord, TenantRow, TenantSet,
 };
 
 use crate::db::DbConnection;
@@ -59,11 +59,28 @@ pub trait Driver {
     fn task_find_many(&mut self, keys_json: &str) -> QueryResult<Vec<TaskKey>>;
 
     /// Claims up to `limit` due pending tasks of `keywords` for `owner`, in one statement:
-    /// state running, owner set, claim token bumped, deadline `timeout_ms` from now.
+    /// state running, owner set, claim token bumped, deadline `timeout_ms` from now. Tasks of
+    /// the tenants `except` (those with a `max_running`) are left to
+    /// [`Driver::task_claim_limited`]; when it is empty the statement has no tenant condition.
     fn task_claim_page(
         &mut self,
         owner: i64,
         keywords: &[String],
+        except: &[String],
+        limit: i64,
+        timeout_ms: i64,
+    ) -> QueryResult<Vec<ClaimRow>>;
+
+    /// Claims, as [`Driver::task_claim_page`] does, up to `limit` due tasks of the tenants
+    /// `tenants`, none past its `max_running` counted fleet-wide: on PostgreSQL in a
+    /// transaction that first takes each tenant's claim lock (a tenant whose lock another
+    /// node holds is skipped this time), so that the count it then reads is not stale; on
+    /// SQLite in one statement under the write lock.
+    fn task_claim_limited(
+        &mut self,
+        owner: i64,
+        keywords: &[String],
+        tenants: &[String],
         limit: i64,
         timeout_ms: i64,
     ) -> QueryResult<Vec<ClaimRow>>;
@@ -78,6 +95,7 @@ pub trait Driver {
     fn task_lock_page(
         &mut self,
         keywords: &[String],
+        except: &[String],
         limit: i64,
     ) -> QueryResult<(LockHolder, Vec<ClaimRow>)>;
 
@@ -157,6 +175,28 @@ pub trait Driver {
     /// Deletes one batch of finished tasks (see [`crate::prune`]), in the caller's write
     /// transaction.
     fn task_prune_batch(&mut self, batch: &PruneBatch<'_>) -> QueryResult<PrunedBatch>;
+
+    /// Creates or changes a tenant's row and writes `audit`, in one transaction (a savepoint
+    /// inside the caller's).
+    fn tenant_set(
+        &mut self,
+        tenant: &str,
+        set: &TenantSet,
+        audit: &AuditEntry<'_>,
+    ) -> QueryResult<TenantRow>;
+
+    /// Deletes a tenant's row and writes `audit`, in one transaction; returns the rows
+    /// deleted, 0 or 1.
+    fn tenant_remove(&mut self, tenant: &str, audit: &AuditEntry<'_>) -> QueryResult<usize>;
+
+    /// Every tenant's row, by name.
+    fn tenant_list(&mut self) -> QueryResult<Vec<TenantRow>>;
+
+    /// The first of `tenants` whose queued tasks reach its `max_queued`, with that limit.
+    fn tenant_at_max_queued(&mut self, tenants: &[String]) -> QueryResult<Option<(String, i64)>>;
+
+    /// The tenants that have a `max_running`.
+    fn tenant_run_limited(&mut self) -> QueryResult<Vec<String>>;
 
     /// Registers a worker process; returns its node id.
     fn node_register(&mut self, name: &str) -> QueryResult<i64>;

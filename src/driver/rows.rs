@@ -165,3 +165,44 @@ pub struct PrunedBatch {
     /// Where the next batch resumes (see [`PruneBatch::after_id`]).
     pub resume_after: i64,
 }
+
+/// A tenant's row of `async_tenant`, with its queued and running tasks counted now.
+#[derive(Debug, Clone, diesel::QueryableByName)]
+pub struct TenantRow {
+    #[diesel(sql_type = Text)]
+    pub tenant: String,
+    #[diesel(sql_type = Nullable<Integer>)]
+    pub max_queued: Option<i32>,
+    #[diesel(sql_type = Nullable<Integer>)]
+    pub max_running: Option<i32>,
+    #[diesel(sql_type = Integer)]
+    pub weight: i32,
+    #[diesel(sql_type = BigInt)]
+    pub queued: i64,
+    #[diesel(sql_type = BigInt)]
+    pub running: i64,
+    /// UTC, `YYYY-MM-DD HH:MM:SS.SSS`.
+    #[diesel(sql_type = Text)]
+    pub updated_at: String,
+    #[diesel(sql_type = Text)]
+    pub updated_by: String,
+}
+
+/// What a `tenant set` changes: `None` leaves a limit as it is (unlimited for a new tenant),
+/// `Some(None)` removes it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TenantSet {
+    pub max_queued: Option<Option<i32>>,
+    pub max_running: Option<Option<i32>>,
+}
+
+/// One row of `async_audit` to write.
+#[derive(Debug, Clone, Copy)]
+pub struct AuditEntry<'a> {
+    pub actor: &'a str,
+    pub action: &'a str,
+    pub target: &'a str,
+    /// A JSON object.
+    pub detail: &'a str,
+    pub affected: i64,
+}

@@ -5,7 +5,7 @@ use std::time::Instant;
 use super::heartbeat::may_claim;
 use super::{millis, Worker};
 use crate::db::transaction::DiscardBroken;
-use crate::driver::{driver, ClaimRow};
+use crate::driver::{driver, ClaimRow, Driver};
 use crate::error::{Error, OpContext, Result};
 use crate::handler::TaskContext;
 use crate::task::ClaimedTask;
@@ -21,9 +21,54 @@ impl Worker {
         self.claim_up_to(self.claim_limit())
     }
 
-    /// Claims at most `limit` due tasks (see [`Worker::claim`]).
+    /// Claims at most `limit` due tasks (see [`Worker::claim`]): first those of the tenants
+    /// with a `max_running`, within it, then the others.
     pub(super) fn claim_up_to(&self, limit: usize) -> Result<Vec<ClaimedTask>> {
+        let mut page = self.claim_limited_up_to(limit)?;
+        let rest = limit - page.len();
+        if rest == 0 {
+            return Ok(page);
+        }
+        match self.claim_statement(rest, |driver, owner, keywords, except, n, timeout| {
+            driver.task_claim_page(owner, keywords, except, n, timeout)
+        }) {
+            Ok(more) => page.extend(more),
+            // What was claimed runs: report it; the next claim meets the error.
+            Err(e) if !page.is_empty() => log::debug!("claim failed after a tenant's claim: {e}"),
+            Err(e) => return Err(e),
+        }
+        Ok(page)
+    }
+
+    /// Claims at most `limit` due tasks of the tenants with a `max_running`, within it (none
+    /// when no tenant has one): a stamping claim whatever the claim style, since the
+    /// fleet-wide count is of `running` rows.
+    pub(super) fn claim_limited_up_to(&self, limit: usize) -> Result<Vec<ClaimedTask>> {
+        if self.services.limits.tenants().is_empty() {
+            return Ok(Vec::new());
+        }
+        self.claim_statement(limit, |driver, owner, keywords, tenants, n, timeout| {
+            driver.task_claim_limited(owner, keywords, tenants, n, timeout)
+        })
+    }
+
+    /// Runs one claim statement of `limit` tasks for this node, with the heartbeat check,
+    /// the writer's turn and the deadline every claim has; `claim` is given the driver, the
+    /// owner, the keywords, the tenants with a `max_running`, the limit and the timeout.
+    fn claim_statement(
+        &self,
+        limit: usize,
+        claim: impl FnOnce(
+            &mut dyn Driver,
+            i64,
+            &[String],
+            &[String],
+            i64,
+            i64,
+        ) -> diesel::QueryResult<Vec<ClaimRow>>,
+    ) -> Result<Vec<ClaimedTask>> {
         self.ensure_heartbeat_fresh()?;
+        let limited = self.services.limits.tenants();
         let mut conn = self.pool.get().op("task claim")?;
         let owner = self.node.id();
         let timeout = self.settings.claim_timeout();
@@ -32,15 +77,16 @@ impl Worker {
         let deadline = Instant::now() + timeout;
         let rows = {
             let _turn = self.writer_turn.take();
-            driver(&mut conn)
-                .task_claim_page(
-                    owner,
-                    &self.keywords,
-                    i64::try_from(limit).unwrap_or(i64::MAX),
-                    millis(timeout),
-                )
-                .discard_broken(&mut conn)
-                .op("task claim")?
+            claim(
+                driver(&mut conn),
+                owner,
+                &self.keywords,
+                &limited,
+                i64::try_from(limit).unwrap_or(i64::MAX),
+                millis(timeout),
+            )
+            .discard_broken(&mut conn)
+            .op("task claim")?
         };
         Ok(claimed_tasks(rows, owner, deadline))
     }

@@ -13,6 +13,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::cancels::CancelWatch;
+use super::tenants::RunLimits;
 use crate::db::{DatabaseUrl, DbConnection};
 use crate::driver::driver;
 use crate::error::{OpContext, Result};
@@ -72,6 +73,8 @@ pub(crate) struct Heartbeat {
     last_ok: Mutex<Instant>,
     /// The handlers running now, whose tasks the beat checks for a cancel.
     cancels: std::sync::Arc<CancelWatch>,
+    /// The tenants with a `max_running`, read again at each beat.
+    limits: std::sync::Arc<RunLimits>,
 }
 
 impl Heartbeat {
@@ -79,11 +82,13 @@ impl Heartbeat {
         url: DatabaseUrl,
         node: std::sync::Arc<Node>,
         cancels: std::sync::Arc<CancelWatch>,
+        limits: std::sync::Arc<RunLimits>,
     ) -> Self {
         Heartbeat {
             url,
             node,
             cancels,
+            limits,
             conn: Mutex::new(Beat::default()),
             last_ok: Mutex::new(Instant::now()),
         }
@@ -125,6 +130,12 @@ impl Heartbeat {
             if let Err(e) = self.cancels.refresh(conn) {
                 log::warn!(
                     "node {}: could not check for cancelled tasks: {e}",
+                    self.node.id()
+                );
+            }
+            if let Err(e) = self.limits.refresh(conn) {
+                log::warn!(
+                    "node {}: could not read the tenants' max_running: {e}",
                     self.node.id()
                 );
             }

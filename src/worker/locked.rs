@@ -79,7 +79,8 @@ impl Worker {
             .discard_broken(&mut conn)
             .op("task lock")?;
         let limit = i64::try_from(want).unwrap_or(i64::MAX);
-        let locked = driver(&mut conn).task_lock_page(&self.keywords, limit);
+        let limited = self.services.limits.tenants();
+        let locked = driver(&mut conn).task_lock_page(&self.keywords, &limited, limit);
         match locked {
             Ok((holder, rows)) if !rows.is_empty() => Ok(Some(LockedChunk {
                 conn,

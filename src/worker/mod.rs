@@ -16,6 +16,7 @@ mod services;
 mod shutdown;
 mod style;
 mod tally;
+mod tenants;
 mod ticker;
 mod watchdog;
 

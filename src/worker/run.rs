@@ -92,12 +92,30 @@ impl Worker {
             .page_size
             .min(room * self.settings.commit_batch);
         if self.settings.lock {
-            return Ok((self.refill_locked(feed, tally, limit)?, limit));
+            return Ok((self.refill_lock_style(feed, tally, limit)?, limit));
         }
         let page = self.claim_up_to(limit)?;
         let claimed = page.len();
         self.submit_page(feed, page, tally);
         Ok((claimed, limit))
+    }
+
+    /// Under lock claims: the tasks of tenants with a `max_running` claimed the stamping way
+    /// (their limit counts `running` rows) and handed to the pool, then chunks locked for
+    /// the rest of `limit`. Returns how many tasks it took.
+    fn refill_lock_style<'s>(
+        &'s self,
+        feed: &Feed<'s>,
+        tally: &'s Mutex<Tally>,
+        limit: usize,
+    ) -> Result<usize> {
+        let page = self.claim_limited_up_to(limit)?;
+        let stamped = page.len();
+        self.submit_page(feed, page, tally);
+        if stamped == limit {
+            return Ok(stamped);
+        }
+        Ok(stamped + self.refill_locked(feed, tally, limit - stamped)?)
     }
 
     /// Claims one page and runs it; returns what happened to it. An empty tally means
@@ -109,7 +127,7 @@ impl Worker {
         if self.settings.lock {
             let tally = Mutex::new(Tally::default());
             self.dispatcher.scope(|feed| {
-                self.refill_locked(feed, &tally, self.claim_limit())
+                self.refill_lock_style(feed, &tally, self.claim_limit())
                     .map(|_| ())
             })?;
             return Ok(tally.into_inner().unwrap_or_else(PoisonError::into_inner));

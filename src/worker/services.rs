@@ -10,16 +10,18 @@ use super::cancels::CancelWatch;
 use super::config::Settings;
 use super::heartbeat::{Heartbeat, Node};
 use super::rescue::Rescuer;
+use super::tenants::RunLimits;
 use super::watchdog::Watchdog;
 use super::{locked, millis, ticker};
 use crate::db::{DatabaseUrl, DbPool};
 use crate::driver::RescueParams;
-use crate::error::Result;
+use crate::error::{OpContext, Result};
 
 /// The worker's background services and their threads.
 pub(super) struct Services {
     pub(super) heartbeat: Arc<Heartbeat>,
     pub(super) cancels: Arc<CancelWatch>,
+    pub(super) limits: Arc<RunLimits>,
     pub(super) rescuer: Arc<Rescuer>,
     pub(super) watchdog: Arc<Watchdog>,
     pub(super) stop: Arc<AtomicBool>,
@@ -35,13 +37,17 @@ impl Services {
         stopping: &Arc<AtomicBool>,
     ) -> Result<Self> {
         let cancels = Arc::new(CancelWatch::default());
+        let limits = Arc::new(RunLimits::default());
+        limits.refresh(&mut *pool.get().op("tenant limits read")?)?;
         let services = Services {
             heartbeat: Arc::new(Heartbeat::new(
                 url.clone(),
                 Arc::clone(node),
                 Arc::clone(&cancels),
+                Arc::clone(&limits),
             )),
             cancels,
+            limits,
             rescuer: Arc::new(Rescuer::new(
                 pool.clone(),
                 RescueParams {

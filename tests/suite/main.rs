@@ -22,6 +22,7 @@ mod rescue;
 mod schema;
 mod signals;
 mod task_tx;
+mod tenant;
 
 use diesel::prelude::*;
 use outbox::{DbConnection, HandlerResult, Registry, TaskContext, TaskTx, Worker, WorkerConfig};

@@ -184,3 +184,44 @@ both_backends! {
         assert_eq!(db.count("SELECT count(*) FROM async_task WHERE state = 'cancelled'"), 2);
     }
 }
+
+both_backends! {
+    fn tenant_set_list_remove_and_the_quota_at_enqueue(db: &TestDb) {
+        let dir = workdir();
+        run(outbox_on(db, dir.path()).args(["tenant", "set", "acme", "--max-queued", "1", "--max-running", "2"]))
+            .expect_code(0)
+            .stdout_has("acme: queued 0/1, running 0/2");
+        run(outbox_on(db, dir.path()).args(["enqueue", "mail.send", "1", "--tenant", "acme"])).expect_code(0);
+        // Over the quota: exit 1 naming the tenant and the limit; nothing written.
+        run(outbox_on(db, dir.path()).args(["enqueue", "mail.send", "2", "--tenant", "acme"]))
+            .expect_code(1)
+            .stderr_has("tenant \"acme\" is at its max_queued of 1 queued tasks");
+        assert_eq!(db.count("SELECT count(*) FROM async_task"), 1);
+        let out = run(outbox_on(db, dir.path()).args(["tenant", "list", "--json"])).expect_code(0);
+        let json: Value = serde_json::from_str(out.stdout.trim()).unwrap();
+        assert_eq!(json[0]["tenant"], "acme");
+        assert_eq!((json[0]["max_queued"].as_i64(), json[0]["queued"].as_i64()), (Some(1), Some(1)));
+        // Bad input: exit 2, nothing changed.
+        run(outbox_on(db, dir.path()).args(["tenant", "set", "acme", "--max-queued", "-1"]))
+            .expect_code(2)
+            .stderr_has("must be at least 0, not -1");
+        run(outbox_on(db, dir.path()).args(["tenant", "set", "acme", "--max-running", "many"])).expect_code(2);
+        run(outbox_on(db, dir.path()).args(["tenant", "set", "", "--max-running", "1"]))
+            .expect_code(2)
+            .stderr_has("tenant must be 1 to 128 bytes");
+        run(outbox_on(db, dir.path()).args(["tenant", "remove", "nobody"]))
+            .expect_code(1)
+            .stderr_has("no tenant \"nobody\"");
+        assert_eq!(db.count("SELECT count(*) FROM async_tenant WHERE max_queued = 1 AND max_running = 2"), 1);
+        // `none` lifts a limit; remove deletes the row.
+        run(outbox_on(db, dir.path()).args(["tenant", "set", "acme", "--max-queued", "none"]))
+            .expect_code(0)
+            .stdout_has("queued 1/none, running 0/2");
+        run(outbox_on(db, dir.path()).args(["enqueue", "mail.send", "2", "--tenant", "acme"])).expect_code(0);
+        run(outbox_on(db, dir.path()).args(["tenant", "remove", "acme"])).expect_code(0);
+        run(outbox_on(db, dir.path()).args(["tenant", "list"]))
+            .expect_code(0)
+            .stdout_has("no tenants with a row");
+        assert_eq!(db.count("SELECT count(*) FROM async_audit"), 3, "set, set, remove");
+    }
+}

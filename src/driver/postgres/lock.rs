@@ -5,7 +5,7 @@ use diesel::pg::{Pg, PgConnection};
 use diesel::sql_types::{Array, BigInt, Integer, Text};
 use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 
-use super::task::stamp_picked;
+use super::task::{except_tenants, stamp_picked};
 use crate::driver::{Claim, ClaimRow, LockHolder};
 use crate::sql::Statement;
 
@@ -24,9 +24,10 @@ struct LockedRow {
 pub(super) fn lock_page(
     conn: &mut PgConnection,
     keywords: &[String],
+    except: &[String],
     limit: i64,
 ) -> QueryResult<(LockHolder, Vec<ClaimRow>)> {
-    let rows: Vec<LockedRow> = lock_statement("", keywords, limit).load(conn)?;
+    let rows: Vec<LockedRow> = lock_statement("", keywords, except, limit).load(conn)?;
     let holder = rows.first().map_or(
         LockHolder {
             backend: 0,
@@ -51,18 +52,24 @@ pub(super) fn lock_plan(
         #[diesel(sql_type = Text, column_name = "QUERY PLAN")]
         line: String,
     }
-    let lines: Vec<Line> = lock_statement("EXPLAIN (COSTS OFF) ", keywords, limit).load(conn)?;
+    let lines: Vec<Line> =
+        lock_statement("EXPLAIN (COSTS OFF) ", keywords, &[], limit).load(conn)?;
     Ok(lines.into_iter().map(|l| l.line).collect())
 }
 
 /// The lock statement, after `prefix` (empty, or `EXPLAIN …` to show its plan).
-fn lock_statement(prefix: &'static str, keywords: &[String], limit: i64) -> Statement<Pg> {
+fn lock_statement(
+    prefix: &'static str,
+    keywords: &[String],
+    except: &[String],
+    limit: i64,
+) -> Statement<Pg> {
     // The claim index's range scan in claim order, the rows other transactions hold skipped:
     // concurrent chunks never wait on each other nor take the same task. The sort keys name
     // the table's columns: `priority` alone would be the output's integer cast, which no
     // index provides, and the plan would sort every pending row. Nothing is written; the
     // lock lasts until the chunk's transaction ends.
-    Statement::<Pg>::new(prefix)
+    let statement = Statement::<Pg>::new(prefix)
         .sql(
             "SELECT t.id, t.keyword, t.biz_id, t.biz_data::text AS biz_data, t.tenant, t.failures,
                 t.max_attempts, t.claim_token, t.priority::integer AS priority,
@@ -71,8 +78,10 @@ fn lock_statement(prefix: &'static str, keywords: &[String], limit: i64) -> Stat
          WHERE t.state = 'pending' AND t.run_at <= now() AND t.keyword = ANY(",
         )
         .bind::<Array<Text>, _>(keywords.to_vec())
+        .sql(")");
+    except_tenants(statement, "t.", except)
         .sql(
-            ")
+            "
          ORDER BY t.priority, t.run_at, t.id
          LIMIT ",
         )

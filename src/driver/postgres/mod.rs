@@ -5,6 +5,7 @@ mod lock;
 mod maintenance;
 mod payload;
 mod task;
+mod tenant;
 
 use diesel::connection::{AnsiTransactionManager, SimpleConnection, TransactionManager};
 use diesel::pg::PgConnection;
@@ -12,8 +13,9 @@ use diesel::QueryResult;
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
 use super::{
-    Claim, ClaimRow, ClaimState, Driver, InsertRow, KeywordStateCount, LockHolder, MigrationError,
-    PruneBatch, PrunedBatch, RescueParams, RescuedRow, TaskKey, TaskRecord,
+    AuditEntry, Claim, ClaimRow, ClaimState, Driver, InsertRow, KeywordStateCount, LockHolder,
+    MigrationError, PruneBatch, PrunedBatch, RescueParams, RescuedRow, TaskKey, TaskRecord,
+    TenantRow, TenantSet,
 };
 
 /// The channel on which enqueues of due tasks notify idle workers (the enqueue statement
@@ -66,10 +68,22 @@ impl Driver for PgConnection {
         &mut self,
         owner: i64,
         keywords: &[String],
+        except: &[String],
         limit: i64,
         timeout_ms: i64,
     ) -> QueryResult<Vec<ClaimRow>> {
-        task::claim_page(self, owner, keywords, limit, timeout_ms)
+        task::claim_page(self, owner, keywords, except, limit, timeout_ms)
+    }
+
+    fn task_claim_limited(
+        &mut self,
+        owner: i64,
+        keywords: &[String],
+        tenants: &[String],
+        limit: i64,
+        timeout_ms: i64,
+    ) -> QueryResult<Vec<ClaimRow>> {
+        tenant::claim_limited(self, owner, keywords, tenants, limit, timeout_ms)
     }
 
     fn task_claim_plan(&mut self, keywords: &[String], limit: i64) -> QueryResult<Vec<String>> {
@@ -87,9 +101,10 @@ impl Driver for PgConnection {
     fn task_lock_page(
         &mut self,
         keywords: &[String],
+        except: &[String],
         limit: i64,
     ) -> QueryResult<(LockHolder, Vec<ClaimRow>)> {
-        lock::lock_page(self, keywords, limit)
+        lock::lock_page(self, keywords, except, limit)
     }
 
     fn task_cancel(&mut self, id: i64) -> QueryResult<usize> {
@@ -162,6 +177,31 @@ impl Driver for PgConnection {
 
     fn task_prune_batch(&mut self, batch: &PruneBatch<'_>) -> QueryResult<PrunedBatch> {
         maintenance::prune_tasks(self, batch)
+    }
+
+    fn tenant_set(
+        &mut self,
+        tenant: &str,
+        set: &TenantSet,
+        audit: &AuditEntry<'_>,
+    ) -> QueryResult<TenantRow> {
+        tenant::set(self, tenant, set, audit)
+    }
+
+    fn tenant_remove(&mut self, tenant: &str, audit: &AuditEntry<'_>) -> QueryResult<usize> {
+        tenant::remove(self, tenant, audit)
+    }
+
+    fn tenant_list(&mut self) -> QueryResult<Vec<TenantRow>> {
+        tenant::list(self)
+    }
+
+    fn tenant_at_max_queued(&mut self, tenants: &[String]) -> QueryResult<Option<(String, i64)>> {
+        tenant::at_max_queued(self, tenants)
+    }
+
+    fn tenant_run_limited(&mut self) -> QueryResult<Vec<String>> {
+        tenant::run_limited(self)
     }
 
     fn node_register(&mut self, name: &str) -> QueryResult<i64> {

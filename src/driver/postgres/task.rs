@@ -55,10 +55,11 @@ pub(super) fn claim_page(
     conn: &mut PgConnection,
     owner: i64,
     keywords: &[String],
+    except: &[String],
     limit: i64,
     timeout_ms: i64,
 ) -> QueryResult<Vec<ClaimRow>> {
-    claim_statement("", owner, keywords, limit, timeout_ms).load(conn)
+    claim_statement("", owner, keywords, except, limit, timeout_ms).load(conn)
 }
 
 pub(super) fn claim_plan(
@@ -72,7 +73,7 @@ pub(super) fn claim_plan(
         line: String,
     }
     let lines: Vec<Line> =
-        claim_statement("EXPLAIN (COSTS OFF) ", 0, keywords, limit, 0).load(conn)?;
+        claim_statement("EXPLAIN (COSTS OFF) ", 0, keywords, &[], limit, 0).load(conn)?;
     Ok(lines.into_iter().map(|l| l.line).collect())
 }
 
@@ -238,6 +239,7 @@ fn claim_statement(
     prefix: &'static str,
     owner: i64,
     keywords: &[String],
+    except: &[String],
     limit: i64,
     timeout_ms: i64,
 ) -> Statement<Pg> {
@@ -256,8 +258,10 @@ fn claim_statement(
                 WHERE state = 'pending' AND run_at <= now() AND keyword = ANY(",
         )
         .bind::<Array<Text>, _>(keywords.to_vec())
+        .sql(")");
+    let picked = except_tenants(picked, "", except)
         .sql(
-            ")
+            "
                 ORDER BY priority, run_at, id
                 LIMIT ",
         )
@@ -267,6 +271,27 @@ fn claim_statement(
                 FOR UPDATE SKIP LOCKED",
         );
     stamp_picked(picked, owner, timeout_ms)
+}
+
+/// Appends `AND (tenant IS NULL OR tenant <> ALL(except))` (with `alias`, `t.` or empty,
+/// before `tenant`) when `except` is not empty: the tenants with a `max_running`, claimed
+/// apart. Without any, the statement is the one it always was.
+pub(super) fn except_tenants(
+    statement: Statement<Pg>,
+    alias: &'static str,
+    except: &[String],
+) -> Statement<Pg> {
+    if except.is_empty() {
+        return statement;
+    }
+    statement
+        .sql(" AND (")
+        .sql(alias)
+        .sql("tenant IS NULL OR ")
+        .sql(alias)
+        .sql("tenant <> ALL(")
+        .bind::<Array<Text>, _>(except.to_vec())
+        .sql("))")
 }
 
 /// Completes a claim statement whose `picked` CTE (`WITH picked AS (SELECT id … FOR UPDATE

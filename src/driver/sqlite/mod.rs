@@ -12,6 +12,7 @@ macro_rules! now {
 mod enqueue;
 mod maintenance;
 mod task;
+mod tenant;
 
 use std::time::{Duration, Instant};
 
@@ -21,8 +22,9 @@ use diesel::QueryResult;
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
 use super::{
-    Claim, ClaimRow, ClaimState, Driver, InsertRow, KeywordStateCount, LockHolder, MigrationError,
-    PruneBatch, PrunedBatch, RescueParams, RescuedRow, TaskKey, TaskRecord,
+    AuditEntry, Claim, ClaimRow, ClaimState, Driver, InsertRow, KeywordStateCount, LockHolder,
+    MigrationError, PruneBatch, PrunedBatch, RescueParams, RescuedRow, TaskKey, TaskRecord,
+    TenantRow, TenantSet,
 };
 use crate::db::SQLITE_BUSY_TIMEOUT;
 
@@ -99,10 +101,22 @@ impl Driver for SqliteConnection {
         &mut self,
         owner: i64,
         keywords: &[String],
+        except: &[String],
         limit: i64,
         timeout_ms: i64,
     ) -> QueryResult<Vec<ClaimRow>> {
-        task::claim_page(self, owner, keywords, limit, timeout_ms)
+        task::claim_page(self, owner, keywords, except, limit, timeout_ms)
+    }
+
+    fn task_claim_limited(
+        &mut self,
+        owner: i64,
+        keywords: &[String],
+        tenants: &[String],
+        limit: i64,
+        timeout_ms: i64,
+    ) -> QueryResult<Vec<ClaimRow>> {
+        task::claim_limited(self, owner, keywords, tenants, limit, timeout_ms)
     }
 
     fn task_claim_plan(&mut self, keywords: &[String], limit: i64) -> QueryResult<Vec<String>> {
@@ -119,7 +133,12 @@ impl Driver for SqliteConnection {
 
     // Lock claims need row locks; SQLite locks the whole database (the worker refuses the
     // setting on SQLite before any of these could run).
-    fn task_lock_page(&mut self, _: &[String], _: i64) -> QueryResult<(LockHolder, Vec<ClaimRow>)> {
+    fn task_lock_page(
+        &mut self,
+        _: &[String],
+        _: &[String],
+        _: i64,
+    ) -> QueryResult<(LockHolder, Vec<ClaimRow>)> {
         Err(lock_claims_unsupported())
     }
 
@@ -188,6 +207,31 @@ impl Driver for SqliteConnection {
 
     fn task_prune_batch(&mut self, batch: &PruneBatch<'_>) -> QueryResult<PrunedBatch> {
         maintenance::prune_tasks(self, batch)
+    }
+
+    fn tenant_set(
+        &mut self,
+        tenant: &str,
+        set: &TenantSet,
+        audit: &AuditEntry<'_>,
+    ) -> QueryResult<TenantRow> {
+        tenant::set(self, tenant, set, audit)
+    }
+
+    fn tenant_remove(&mut self, tenant: &str, audit: &AuditEntry<'_>) -> QueryResult<usize> {
+        tenant::remove(self, tenant, audit)
+    }
+
+    fn tenant_list(&mut self) -> QueryResult<Vec<TenantRow>> {
+        tenant::list(self)
+    }
+
+    fn tenant_at_max_queued(&mut self, tenants: &[String]) -> QueryResult<Option<(String, i64)>> {
+        tenant::at_max_queued(self, tenants)
+    }
+
+    fn tenant_run_limited(&mut self) -> QueryResult<Vec<String>> {
+        tenant::run_limited(self)
     }
 
     fn node_register(&mut self, name: &str) -> QueryResult<i64> {

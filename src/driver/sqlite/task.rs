@@ -13,6 +13,7 @@ pub(super) fn claim_page(
     conn: &mut SqliteConnection,
     owner: i64,
     keywords: &[String],
+    except: &[String],
     limit: i64,
     timeout_ms: i64,
 ) -> QueryResult<Vec<ClaimRow>> {
@@ -27,7 +28,7 @@ pub(super) fn claim_page(
         .bind::<BigInt, _>(owner)
         .sql(" AND deadline_at IS NOT NULL AND state <> 'running'")
         .execute(conn)?;
-        claim_statement("", owner, keywords, limit, timeout_ms).load(conn)
+        claim_statement("", owner, keywords, except, limit, timeout_ms).load(conn)
     })
 }
 
@@ -42,7 +43,7 @@ pub(super) fn claim_plan(
         detail: String,
     }
     let lines: Vec<Line> =
-        claim_statement("EXPLAIN QUERY PLAN ", 0, keywords, limit, 0).load(conn)?;
+        claim_statement("EXPLAIN QUERY PLAN ", 0, keywords, &[], limit, 0).load(conn)?;
     Ok(lines.into_iter().map(|l| l.detail).collect())
 }
 
@@ -248,6 +249,7 @@ fn claim_statement(
     prefix: &'static str,
     owner: i64,
     keywords: &[String],
+    except: &[String],
     limit: i64,
     timeout_ms: i64,
 ) -> Statement<Sqlite> {
@@ -257,6 +259,39 @@ fn claim_statement(
     // serves `keyword IN (…)` from the unique (keyword, biz_id) index and sorts every task
     // of those keywords, done ones included, on every claim.
     let keywords = serde_json::to_string(keywords).expect("a list of strings serialises");
+    let picked = claim_set(prefix, owner, timeout_ms)
+        .sql(concat!(
+            "
+                SELECT id FROM async_task INDEXED BY async_task_claim_idx
+                WHERE state = 'pending' AND run_at <= ",
+            now!(),
+            " AND keyword IN (SELECT value FROM json_each("
+        ))
+        .bind::<Text, _>(keywords)
+        .sql("))");
+    let picked = if except.is_empty() {
+        picked
+    } else {
+        // The tenants with a `max_running`, claimed apart (`claim_limited`).
+        let except = serde_json::to_string(except).expect("a list of strings serialises");
+        picked
+            .sql(" AND (tenant IS NULL OR tenant NOT IN (SELECT value FROM json_each(")
+            .bind::<Text, _>(except)
+            .sql(")))")
+    };
+    picked
+        .sql(
+            "
+                ORDER BY priority, run_at, id
+                LIMIT ",
+        )
+        .bind::<BigInt, _>(limit)
+        .sql(CLAIM_RETURNING)
+}
+
+/// `UPDATE async_task SET` (claimed by `owner`, deadline `timeout_ms` from now) `WHERE id IN
+/// (`, left open for the ids' SELECT and then [`CLAIM_RETURNING`].
+fn claim_set(prefix: &'static str, owner: i64, timeout_ms: i64) -> Statement<Sqlite> {
     Statement::<Sqlite>::new(prefix)
         .sql("UPDATE async_task SET state = 'running', owner = ")
         .bind::<BigInt, _>(owner)
@@ -270,22 +305,57 @@ fn claim_statement(
             "), deadline_at = (SELECT strftime('%Y-%m-%d %H:%M:%f', 'now', printf('+%.3f seconds', "
         ))
         .bind::<BigInt, _>(timeout_ms)
-        .sql(concat!(
-            " / 1000.0))) WHERE id IN (
-                SELECT id FROM async_task INDEXED BY async_task_claim_idx
-                WHERE state = 'pending' AND run_at <= ",
-            now!(),
-            " AND keyword IN (SELECT value FROM json_each("
-        ))
-        .bind::<Text, _>(keywords)
-        .sql(
-            "))
+        .sql(" / 1000.0))) WHERE id IN (")
+}
+
+/// The end of a claim statement begun by [`claim_set`].
+const CLAIM_RETURNING: &str = ")
+            RETURNING id, keyword, biz_id, biz_data, tenant, failures, max_attempts, claim_token, priority";
+
+/// See [`crate::driver::Driver::task_claim_limited`]. One UPDATE: SQLite's write lock, taken
+/// before it reads, makes the running counts exact. Each tenant's due tasks are numbered in
+/// claim order (a window over them all: on SQLite this costs in proportion to the limited
+/// tenants' due tasks) and the first `max_running − running` of each are claimed.
+pub(super) fn claim_limited(
+    conn: &mut SqliteConnection,
+    owner: i64,
+    keywords: &[String],
+    tenants: &[String],
+    limit: i64,
+    timeout_ms: i64,
+) -> QueryResult<Vec<ClaimRow>> {
+    let keywords = serde_json::to_string(keywords).expect("a list of strings serialises");
+    let tenants = serde_json::to_string(tenants).expect("a list of strings serialises");
+    conn.immediate_transaction(|conn| {
+        claim_set("", owner, timeout_ms)
+            .sql(
+                "
+                SELECT id FROM (
+                    SELECT t.id, t.priority, t.run_at,
+                           row_number() OVER (PARTITION BY t.tenant
+                                              ORDER BY t.priority, t.run_at, t.id) AS rn,
+                           a.max_running - (SELECT count(*) FROM async_task r
+                                             WHERE r.tenant = a.tenant AND r.state = 'running') AS room
+                      FROM async_tenant a
+                      JOIN async_task t
+                        ON t.tenant = a.tenant AND t.state = 'pending'
+                     WHERE a.tenant IN (SELECT value FROM json_each(",
+            )
+            .bind::<Text, _>(tenants)
+            .sql(concat!(
+                ")) AND a.max_running IS NOT NULL AND t.run_at <= ",
+                now!(),
+                " AND t.keyword IN (SELECT value FROM json_each("
+            ))
+            .bind::<Text, _>(keywords)
+            .sql(
+                "))
+                ) WHERE rn <= room
                 ORDER BY priority, run_at, id
                 LIMIT ",
-        )
-        .bind::<BigInt, _>(limit)
-        .sql(
-            ")
-            RETURNING id, keyword, biz_id, biz_data, tenant, failures, max_attempts, claim_token, priority",
-        )
+            )
+            .bind::<BigInt, _>(limit)
+            .sql(CLAIM_RETURNING)
+            .load(conn)
+    })
 }

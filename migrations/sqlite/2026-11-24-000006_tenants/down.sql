@@ -1,0 +1,4 @@
+DROP TRIGGER async_task_tenant_quota;
+DROP INDEX async_task_tenant_idx;
+DROP TABLE async_audit;
+DROP TABLE async_tenant;

@@ -1,0 +1,218 @@
+//! Tenants on PostgreSQL: `async_tenant`, its audit, and the claim of tenants with a
+//! `max_running`.
+
+use diesel::connection::Connection;
+use diesel::pg::{Pg, PgConnection};
+use diesel::sql_types::{Array, BigInt, Bool, Integer, Nullable, Text};
+use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
+
+use super::task::stamp_picked;
+use crate::driver::{AuditEntry, ClaimRow, TenantRow, TenantSet};
+use crate::sql::Statement;
+
+/// The columns of a [`TenantRow`], from `async_tenant a`.
+macro_rules! tenant_columns {
+    () => {
+        "a.tenant, a.max_queued, a.max_running, a.weight,
+         (SELECT count(*) FROM async_task t
+           WHERE t.tenant = a.tenant AND t.state IN ('pending', 'blocked')) AS queued,
+         (SELECT count(*) FROM async_task t
+           WHERE t.tenant = a.tenant AND t.state = 'running') AS running,
+         to_char(a.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.MS') AS updated_at,
+         a.updated_by"
+    };
+}
+
+/// `INSERT INTO async_audit …` of `audit`, as a CTE named `audit` (after `WITH … ,`).
+fn audit_cte(statement: Statement<Pg>, audit: &AuditEntry<'_>) -> Statement<Pg> {
+    statement
+        .sql("audit AS (INSERT INTO async_audit (actor, action, target, detail, affected) VALUES (")
+        .bind::<Text, _>(audit.actor.to_owned())
+        .sql(", ")
+        .bind::<Text, _>(audit.action.to_owned())
+        .sql(", ")
+        .bind::<Text, _>(audit.target.to_owned())
+        .sql(", ")
+        .bind::<Text, _>(audit.detail.to_owned())
+        .sql("::jsonb, ")
+        .bind::<BigInt, _>(audit.affected)
+        .sql("))")
+}
+
+pub(super) fn set(
+    conn: &mut PgConnection,
+    tenant: &str,
+    set: &TenantSet,
+    audit: &AuditEntry<'_>,
+) -> QueryResult<TenantRow> {
+    // One statement: the row and its audit entry commit together, in the caller's
+    // transaction if one is open.
+    let statement = Statement::<Pg>::new(
+        "WITH a AS (
+            INSERT INTO async_tenant AS a (tenant, max_queued, max_running, updated_by) VALUES (",
+    )
+    .bind::<Text, _>(tenant.to_owned())
+    .sql(", ")
+    .bind::<Nullable<Integer>, _>(set.max_queued.flatten())
+    .sql(", ")
+    .bind::<Nullable<Integer>, _>(set.max_running.flatten())
+    .sql(", ")
+    .bind::<Text, _>(audit.actor.to_owned())
+    .sql(
+        ")
+            ON CONFLICT (tenant) DO UPDATE SET
+                max_queued = CASE WHEN ",
+    )
+    .bind::<Bool, _>(set.max_queued.is_some())
+    .sql(" THEN EXCLUDED.max_queued ELSE a.max_queued END, max_running = CASE WHEN ")
+    .bind::<Bool, _>(set.max_running.is_some())
+    .sql(
+        " THEN EXCLUDED.max_running ELSE a.max_running END,
+                updated_at = now(), updated_by = EXCLUDED.updated_by
+            RETURNING *
+        ), ",
+    );
+    audit_cte(statement, audit)
+        .sql(concat!(" SELECT ", tenant_columns!(), " FROM a"))
+        .get_result(conn)
+}
+
+pub(super) fn remove(
+    conn: &mut PgConnection,
+    tenant: &str,
+    audit: &AuditEntry<'_>,
+) -> QueryResult<usize> {
+    #[derive(QueryableByName)]
+    struct Count {
+        #[diesel(sql_type = BigInt)]
+        n: i64,
+    }
+    conn.transaction(|conn| {
+        let deleted: Count =
+            Statement::<Pg>::new("WITH d AS (DELETE FROM async_tenant WHERE tenant = ")
+                .bind::<Text, _>(tenant.to_owned())
+                .sql(" RETURNING 1) SELECT count(*) AS n FROM d")
+                .get_result(conn)?;
+        if deleted.n > 0 {
+            audit_cte(Statement::<Pg>::new("WITH "), audit)
+                .sql(" SELECT 1")
+                .execute(conn)?;
+        }
+        Ok(usize::try_from(deleted.n).unwrap_or(0))
+    })
+}
+
+pub(super) fn list(conn: &mut PgConnection) -> QueryResult<Vec<TenantRow>> {
+    Statement::<Pg>::new(concat!(
+        "SELECT ",
+        tenant_columns!(),
+        " FROM async_tenant a ORDER BY a.tenant"
+    ))
+    .load(conn)
+}
+
+pub(super) fn at_max_queued(
+    conn: &mut PgConnection,
+    tenants: &[String],
+) -> QueryResult<Option<(String, i64)>> {
+    #[derive(QueryableByName)]
+    struct Full {
+        #[diesel(sql_type = Text)]
+        tenant: String,
+        #[diesel(sql_type = BigInt)]
+        lim: i64,
+    }
+    let full: Option<Full> = Statement::<Pg>::new(
+        "SELECT a.tenant, a.max_queued::bigint AS lim FROM async_tenant a
+         WHERE a.tenant = ANY(",
+    )
+    .bind::<Array<Text>, _>(tenants.to_vec())
+    .sql(
+        ") AND a.max_queued IS NOT NULL
+           AND (SELECT count(*) FROM (SELECT 1 FROM async_task q
+                 WHERE q.tenant = a.tenant AND q.state IN ('pending', 'blocked')
+                 LIMIT a.max_queued) x) >= a.max_queued
+         ORDER BY a.tenant LIMIT 1",
+    )
+    .get_result(conn)
+    .optional()?;
+    Ok(full.map(|f| (f.tenant, f.lim)))
+}
+
+pub(super) fn run_limited(conn: &mut PgConnection) -> QueryResult<Vec<String>> {
+    #[derive(QueryableByName)]
+    struct Name {
+        #[diesel(sql_type = Text)]
+        tenant: String,
+    }
+    let names: Vec<Name> = Statement::<Pg>::new(
+        "SELECT tenant FROM async_tenant WHERE max_running IS NOT NULL ORDER BY tenant",
+    )
+    .load(conn)?;
+    Ok(names.into_iter().map(|n| n.tenant).collect())
+}
+
+/// See [`crate::driver::Driver::task_claim_limited`].
+pub(super) fn claim_limited(
+    conn: &mut PgConnection,
+    owner: i64,
+    keywords: &[String],
+    tenants: &[String],
+    limit: i64,
+    timeout_ms: i64,
+) -> QueryResult<Vec<ClaimRow>> {
+    #[derive(QueryableByName)]
+    struct Name {
+        #[diesel(sql_type = Text)]
+        tenant: String,
+    }
+    conn.transaction(|conn| {
+        // Each tenant's claim lock (a transaction-level advisory lock, class 0x6f72, 'or',
+        // keyed by the tenant's hash), held until this transaction commits its claims. A
+        // tenant another node is claiming for is skipped, not waited for.
+        let locked: Vec<Name> =
+            Statement::<Pg>::new("SELECT tenant FROM async_tenant WHERE tenant = ANY(")
+                .bind::<Array<Text>, _>(tenants.to_vec())
+                .sql(
+                    ") AND max_running IS NOT NULL
+               AND pg_try_advisory_xact_lock(x'6f72'::int, hashtext(tenant))",
+                )
+                .load(conn)?;
+        if locked.is_empty() {
+            return Ok(Vec::new());
+        }
+        let locked: Vec<String> = locked.into_iter().map(|n| n.tenant).collect();
+        // A statement of its own, so that its snapshot, taken after the locks, sees every
+        // claim committed by the nodes that held them before: the running count is exact.
+        // Each tenant's room is its limit less what runs; its first due tasks by the
+        // tenant index, in claim order.
+        let picked = Statement::<Pg>::new(
+            "WITH lim AS (
+                SELECT a.tenant, GREATEST(a.max_running - (
+                           SELECT count(*) FROM async_task r
+                            WHERE r.tenant = a.tenant AND r.state = 'running'), 0) AS room
+                  FROM async_tenant a
+                 WHERE a.tenant = ANY(",
+        )
+        .bind::<Array<Text>, _>(locked)
+        .sql(
+            ") AND a.max_running IS NOT NULL
+            ), picked AS (
+                SELECT c.id FROM lim CROSS JOIN LATERAL (
+                    SELECT t.id, t.priority, t.run_at FROM async_task t
+                     WHERE t.tenant = lim.tenant AND t.state = 'pending' AND t.run_at <= now()
+                       AND t.keyword = ANY(",
+        )
+        .bind::<Array<Text>, _>(keywords.to_vec())
+        .sql(
+            ")
+                     ORDER BY t.priority, t.run_at, t.id
+                     LIMIT lim.room
+                     FOR UPDATE SKIP LOCKED) c
+                ORDER BY c.priority, c.run_at, c.id
+                LIMIT ",
+        )
+        .bind::<BigInt, _>(limit);
+        stamp_picked(picked, owner, timeout_ms).load(conn)
+    })
+}

@@ -1,0 +1,139 @@
+//! Tenants on SQLite: `async_tenant` and its audit.
+
+use diesel::connection::Connection;
+use diesel::sql_types::{BigInt, Bool, Integer, Nullable, Text};
+use diesel::sqlite::{Sqlite, SqliteConnection};
+use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
+
+use crate::driver::{AuditEntry, TenantRow, TenantSet};
+use crate::sql::Statement;
+
+/// `SELECT` of a [`TenantRow`] from `async_tenant a`, left open for the `WHERE`.
+const TENANT_SELECT: &str = "SELECT a.tenant, a.max_queued, a.max_running, a.weight,
+         (SELECT count(*) FROM async_task t
+           WHERE t.tenant = a.tenant AND t.state IN ('pending', 'blocked')) AS queued,
+         (SELECT count(*) FROM async_task t
+           WHERE t.tenant = a.tenant AND t.state = 'running') AS running,
+         a.updated_at, a.updated_by
+    FROM async_tenant a";
+
+fn audit(conn: &mut SqliteConnection, audit: &AuditEntry<'_>) -> QueryResult<usize> {
+    Statement::<Sqlite>::new(
+        "INSERT INTO async_audit (actor, action, target, detail, affected) VALUES (",
+    )
+    .bind::<Text, _>(audit.actor.to_owned())
+    .sql(", ")
+    .bind::<Text, _>(audit.action.to_owned())
+    .sql(", ")
+    .bind::<Text, _>(audit.target.to_owned())
+    .sql(", ")
+    .bind::<Text, _>(audit.detail.to_owned())
+    .sql(", ")
+    .bind::<BigInt, _>(audit.affected)
+    .sql(")")
+    .execute(conn)
+}
+
+pub(super) fn set(
+    conn: &mut SqliteConnection,
+    tenant: &str,
+    set: &TenantSet,
+    entry: &AuditEntry<'_>,
+) -> QueryResult<TenantRow> {
+    // The first statement writes, so the transaction takes the write lock at once.
+    conn.transaction(|conn| {
+        Statement::<Sqlite>::new(
+            "INSERT INTO async_tenant AS a (tenant, max_queued, max_running, updated_by) VALUES (",
+        )
+        .bind::<Text, _>(tenant.to_owned())
+        .sql(", ")
+        .bind::<Nullable<Integer>, _>(set.max_queued.flatten())
+        .sql(", ")
+        .bind::<Nullable<Integer>, _>(set.max_running.flatten())
+        .sql(", ")
+        .bind::<Text, _>(entry.actor.to_owned())
+        .sql(
+            ")
+            ON CONFLICT (tenant) DO UPDATE SET
+                max_queued = CASE WHEN ",
+        )
+        .bind::<Bool, _>(set.max_queued.is_some())
+        .sql(" THEN excluded.max_queued ELSE a.max_queued END, max_running = CASE WHEN ")
+        .bind::<Bool, _>(set.max_running.is_some())
+        .sql(concat!(
+            " THEN excluded.max_running ELSE a.max_running END,
+                updated_at = ",
+            now!(),
+            ", updated_by = excluded.updated_by"
+        ))
+        .execute(conn)?;
+        audit(conn, entry)?;
+        Statement::<Sqlite>::new(TENANT_SELECT)
+            .sql(" WHERE a.tenant = ")
+            .bind::<Text, _>(tenant.to_owned())
+            .get_result(conn)
+    })
+}
+
+pub(super) fn remove(
+    conn: &mut SqliteConnection,
+    tenant: &str,
+    entry: &AuditEntry<'_>,
+) -> QueryResult<usize> {
+    conn.transaction(|conn| {
+        let deleted = Statement::<Sqlite>::new("DELETE FROM async_tenant WHERE tenant = ")
+            .bind::<Text, _>(tenant.to_owned())
+            .execute(conn)?;
+        if deleted > 0 {
+            audit(conn, entry)?;
+        }
+        Ok(deleted)
+    })
+}
+
+pub(super) fn list(conn: &mut SqliteConnection) -> QueryResult<Vec<TenantRow>> {
+    Statement::<Sqlite>::new(TENANT_SELECT)
+        .sql(" ORDER BY a.tenant")
+        .load(conn)
+}
+
+pub(super) fn at_max_queued(
+    conn: &mut SqliteConnection,
+    tenants: &[String],
+) -> QueryResult<Option<(String, i64)>> {
+    #[derive(QueryableByName)]
+    struct Full {
+        #[diesel(sql_type = Text)]
+        tenant: String,
+        #[diesel(sql_type = BigInt)]
+        lim: i64,
+    }
+    let tenants = serde_json::to_string(tenants).expect("a list of strings serialises");
+    let full: Option<Full> = Statement::<Sqlite>::new(
+        "SELECT a.tenant, a.max_queued AS lim FROM async_tenant a
+         WHERE a.tenant IN (SELECT value FROM json_each(",
+    )
+    .bind::<Text, _>(tenants)
+    .sql(
+        ")) AND a.max_queued IS NOT NULL
+           AND (SELECT count(*) FROM async_task q
+                 WHERE q.tenant = a.tenant AND q.state IN ('pending', 'blocked')) >= a.max_queued
+         ORDER BY a.tenant LIMIT 1",
+    )
+    .get_result(conn)
+    .optional()?;
+    Ok(full.map(|f| (f.tenant, f.lim)))
+}
+
+pub(super) fn run_limited(conn: &mut SqliteConnection) -> QueryResult<Vec<String>> {
+    #[derive(QueryableByName)]
+    struct Name {
+        #[diesel(sql_type = Text)]
+        tenant: String,
+    }
+    let names: Vec<Name> = Statement::<Sqlite>::new(
+        "SELECT tenant FROM async_tenant WHERE max_running IS NOT NULL ORDER BY tenant",
+    )
+    .load(conn)?;
+    Ok(names.into_iter().map(|n| n.tenant).collect())
+}

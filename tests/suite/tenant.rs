@@ -1,0 +1,298 @@
+//! Tenant quotas: `max_queued` refused at enqueue (race-free across producers), `max_running`
+//! held across a fleet, and the input both refuse.
+
+use std::sync::{Arc, Barrier, Mutex};
+use std::time::{Duration, Instant};
+
+use diesel::Connection;
+use outbox::{
+    enqueue, enqueue_batch, remove_tenant, set_tenant, tenants, Backend, ClaimStyle, Error,
+    HandlerResult, NewTask, Registry, TaskContext, TaskTx, TenantLimits, Worker, WorkerConfig,
+};
+
+use crate::{insert_ledger_row, ledger_registry, small_config, TestDb};
+
+fn limit_queued(db: &TestDb, tenant: &str, n: i32) {
+    set_tenant(
+        &mut db.conn(),
+        tenant,
+        &TenantLimits::default().max_queued(Some(n)),
+        "test",
+    )
+    .unwrap();
+}
+
+fn task(biz_id: &str, tenant: &str) -> NewTask {
+    NewTask::new("ledger", biz_id).tenant(tenant)
+}
+
+fn is_quota(result: outbox::Result<outbox::Enqueued>, tenant: &str, limit: i64) -> bool {
+    match result {
+        Err(Error::QuotaExceeded {
+            tenant: t,
+            limit: l,
+        }) => t == tenant && l == limit,
+        other => panic!("expected the quota error of {tenant}, got {other:?}"),
+    }
+}
+
+both_backends! {
+    fn an_enqueue_past_max_queued_is_refused_naming_the_tenant_and_writes_nothing(db: &TestDb) {
+        limit_queued(db, "acme", 3);
+        for i in 0..3 {
+            assert!(enqueue(&mut db.conn(), &task(&format!("a{i}"), "acme")).unwrap().created);
+        }
+        assert!(is_quota(enqueue(&mut db.conn(), &task("a3", "acme")), "acme", 3));
+        // A batch that would cross the limit writes none of its tasks.
+        let batch = [task("b1", "other"), task("a4", "acme")];
+        let err = enqueue_batch(&mut db.conn(), &batch).unwrap_err();
+        assert!(matches!(err, Error::QuotaExceeded { ref tenant, limit: 3 } if tenant == "acme"), "{err}");
+        assert_eq!(db.count("SELECT count(*) FROM async_task WHERE biz_id = 'b1'"), 0);
+        // A repeat of an existing task is a duplicate, not a quota error.
+        assert!(!enqueue(&mut db.conn(), &task("a0", "acme")).unwrap().created);
+        // Other tenants, and tasks without a tenant, are not limited.
+        assert!(enqueue(&mut db.conn(), &task("o1", "other")).unwrap().created);
+        assert!(enqueue(&mut db.conn(), &NewTask::new("ledger", "n1")).unwrap().created);
+        assert_eq!(db.count("SELECT count(*) FROM async_task WHERE tenant = 'acme'"), 3);
+        // Running tasks are not queued: a claim makes room.
+        let w = Worker::new(&db.url, ledger_registry("ledger"), small_config().page_size(1))
+            .unwrap();
+        let claimed = w.claim().unwrap();
+        assert_eq!(claimed.len(), 1);
+        assert!(enqueue(&mut db.conn(), &task("a3", "acme")).unwrap().created);
+        // Raising the limit, or removing it, lets more in.
+        limit_queued(db, "acme", 5);
+        assert!(enqueue(&mut db.conn(), &task("a5", "acme")).unwrap().created);
+        set_tenant(&mut db.conn(), "acme", &TenantLimits::default().max_queued(None), "test")
+            .unwrap();
+        for i in 6..10 {
+            assert!(enqueue(&mut db.conn(), &task(&format!("a{i}"), "acme")).unwrap().created);
+        }
+    }
+
+    fn a_quota_error_in_a_savepoint_leaves_the_producers_own_writes_to_commit(db: &TestDb) {
+        limit_queued(db, "acme", 0);
+        let mut conn = db.conn();
+        conn.transaction(|conn| -> Result<(), diesel::result::Error> {
+            diesel::RunQueryDsl::execute(
+                diesel::sql_query("INSERT INTO test_ledger (task_id, note) VALUES (0, 'order')"),
+                conn,
+            )?;
+            let refused = conn.transaction(|conn| {
+                enqueue(conn, &task("o1", "acme")).map_err(|e| {
+                    assert!(matches!(e, Error::QuotaExceeded { limit: 0, .. }), "{e}");
+                    diesel::result::Error::RollbackTransaction
+                })
+            });
+            assert!(refused.is_err());
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(db.ledger_rows(0), 1, "the producer's own write committed");
+        assert_eq!(db.count("SELECT count(*) FROM async_task"), 0, "the task was not");
+    }
+
+    fn eight_producers_racing_on_one_tenant_never_pass_max_queued(db: &TestDb) {
+        const LIMIT: i64 = 40;
+        limit_queued(db, "acme", LIMIT as i32);
+        let start = Arc::new(Barrier::new(8));
+        let producers: Vec<_> = (0..8)
+            .map(|p| {
+                let (url, start) = (db.url.clone(), Arc::clone(&start));
+                std::thread::spawn(move || {
+                    let mut conn = url.connect().unwrap();
+                    start.wait();
+                    let (mut created, mut refused) = (0, 0);
+                    for i in 0..15 {
+                        // Each in a transaction of its own with a business write, as a
+                        // producer does.
+                        let result = outbox::write_transaction(&mut conn, |conn| {
+                            diesel::RunQueryDsl::execute(
+                                diesel::sql_query(
+                                    "INSERT INTO test_ledger (task_id, note) VALUES (-1, 'order')",
+                                ),
+                                conn,
+                            )?;
+                            enqueue(conn, &task(&format!("p{p}-{i}"), "acme"))
+                        });
+                        match result {
+                            Ok(e) if e.created => created += 1,
+                            Err(Error::QuotaExceeded { limit, .. }) if limit == LIMIT => refused += 1,
+                            other => panic!("producer {p}: {other:?}"),
+                        }
+                    }
+                    (created, refused)
+                })
+            })
+            .collect();
+        let (mut created, mut refused) = (0, 0);
+        for p in producers {
+            let (c, r) = p.join().unwrap();
+            created += c;
+            refused += r;
+        }
+        assert_eq!((created, refused), (LIMIT, 120 - LIMIT));
+        assert_eq!(db.count("SELECT count(*) FROM async_task WHERE tenant = 'acme'"), LIMIT);
+        assert_eq!(db.ledger_rows(-1), LIMIT, "a refused producer's transaction rolled back");
+    }
+
+    fn bad_tenant_input_is_refused_and_changes_nothing(db: &TestDb) {
+        let mut conn = db.conn();
+        let err = set_tenant(&mut conn, "acme", &TenantLimits::default().max_running(Some(-1)), "t")
+            .unwrap_err();
+        assert!(matches!(err, Error::InvalidConfig { setting: "max_running", .. }), "{err}");
+        let err = set_tenant(&mut conn, "", &TenantLimits::default(), "t").unwrap_err();
+        assert!(matches!(err, Error::InvalidConfig { setting: "tenant", .. }), "{err}");
+        let err = remove_tenant(&mut conn, "nobody", "t").unwrap_err();
+        assert!(matches!(err, Error::TenantNotFound { ref tenant } if tenant == "nobody"), "{err}");
+        assert!(tenants(&mut conn).unwrap().is_empty());
+        assert_eq!(db.count("SELECT count(*) FROM async_audit"), 0, "nothing audited");
+        // A plain SQL producer is held to the same rules.
+        limit_queued(db, "acme", 0);
+        let plain = diesel::RunQueryDsl::execute(
+            diesel::sql_query(
+                "INSERT INTO async_task (keyword, biz_id, tenant) VALUES ('ledger', '1', 'acme')",
+            ),
+            &mut conn,
+        );
+        assert!(plain.is_err(), "the schema refuses it");
+        assert_eq!(db.count("SELECT count(*) FROM async_task"), 0);
+    }
+
+    fn tenant_changes_are_listed_and_audited(db: &TestDb) {
+        let mut conn = db.conn();
+        let limits = TenantLimits::default().max_queued(Some(10)).max_running(Some(2));
+        let row = set_tenant(&mut conn, "acme", &limits, "alice@host").unwrap();
+        assert_eq!((row.max_queued, row.max_running, row.weight), (Some(10), Some(2), 1));
+        enqueue(&mut conn, &task("1", "acme")).unwrap();
+        // A limit left out keeps its value.
+        let row = set_tenant(&mut conn, "acme", &TenantLimits::default().max_queued(None), "bob")
+            .unwrap();
+        assert_eq!((row.max_queued, row.max_running, row.queued), (None, Some(2), 1));
+        assert_eq!(row.updated_by, "bob");
+        let listed = tenants(&mut conn).unwrap();
+        assert_eq!(listed, vec![row]);
+        remove_tenant(&mut conn, "acme", "carol").unwrap();
+        assert!(tenants(&mut conn).unwrap().is_empty());
+        let audit = db.count(
+            "SELECT count(*) FROM async_audit WHERE target = 'acme' AND affected = 1 AND (
+                (actor = 'alice@host' AND action = 'tenant.set')
+                OR (actor = 'bob' AND action = 'tenant.set')
+                OR (actor = 'carol' AND action = 'tenant.remove'))",
+        );
+        assert_eq!(audit, 3);
+    }
+
+    fn max_running_holds_across_three_nodes(db: &TestDb) {
+        const LIMIT: usize = 2;
+        set_tenant(
+            &mut db.conn(),
+            "acme",
+            &TenantLimits::default().max_running(Some(LIMIT as i32)),
+            "test",
+        )
+        .unwrap();
+        let tasks: Vec<NewTask> = (0..24)
+            .map(|i| task(&format!("a{i}"), "acme"))
+            .chain((0..24).map(|i| NewTask::new("ledger", format!("n{i}"))))
+            .collect();
+        enqueue_batch(&mut db.conn(), &tasks).unwrap();
+        // The tenant's handlers note when they start and stop.
+        let ledger: Arc<Mutex<Vec<(Instant, Instant)>>> = Arc::default();
+        let configs = match db.backend() {
+            Backend::Postgres => [
+                small_config().threads(4),
+                small_config().threads(4).commit_batch(4).claim_style(ClaimStyle::Stamp),
+                small_config().threads(4).queue(0).commit_batch(4).claim_style(ClaimStyle::Lock),
+            ],
+            _ => [small_config().threads(4), small_config().threads(4), small_config().threads(4)],
+        };
+        let nodes: Vec<Worker> = configs
+            .into_iter()
+            .map(|config: WorkerConfig| {
+                let ledger = Arc::clone(&ledger);
+                let mut registry = Registry::new();
+                registry.register("ledger", move |t: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
+                    let started = Instant::now();
+                    std::thread::sleep(Duration::from_millis(15));
+                    if t.tenant() == Some("acme") {
+                        ledger.lock().unwrap().push((started, Instant::now()));
+                    }
+                    insert_ledger_row(t, tx.conn()?)?;
+                    Ok(())
+                });
+                Worker::new(&db.url, registry, config).unwrap()
+            })
+            .collect();
+        // Each node drains until nothing it may claim is due; they run until every task is
+        // done (a node may stop while the tenant's slots are held by the others).
+        while db.count("SELECT count(*) FROM async_task WHERE state <> 'done'") > 0 {
+            std::thread::scope(|s| {
+                for node in &nodes {
+                    s.spawn(move || node.drain().unwrap());
+                }
+            });
+        }
+        assert_eq!(db.count("SELECT count(*) FROM test_ledger"), 48, "each task ran once");
+        let spans = ledger.lock().unwrap().clone();
+        assert_eq!(spans.len(), 24);
+        let most = spans
+            .iter()
+            .map(|&(start, _)| spans.iter().filter(|&&(s, e)| s <= start && start < e).count())
+            .max()
+            .unwrap();
+        assert!(most <= LIMIT, "{most} of the tenant's handlers ran at once, over {LIMIT}");
+    }
+
+    fn a_max_running_of_zero_holds_the_tenants_tasks_until_raised(db: &TestDb) {
+        enqueue(&mut db.conn(), &task("a1", "acme")).unwrap();
+        enqueue(&mut db.conn(), &NewTask::new("ledger", "n1")).unwrap();
+        let w = Worker::new(&db.url, ledger_registry("ledger"), small_config()).unwrap();
+        // Set after the node started: it holds from the next heartbeat on.
+        set_tenant(&mut db.conn(), "acme", &TenantLimits::default().max_running(Some(0)), "t")
+            .unwrap();
+        w.heartbeat_once().unwrap();
+        assert_eq!(w.drain().unwrap().tally.done, 1);
+        assert_eq!(db.count("SELECT count(*) FROM async_task WHERE state = 'pending'"), 1);
+        set_tenant(&mut db.conn(), "acme", &TenantLimits::default().max_running(Some(1)), "t")
+            .unwrap();
+        w.heartbeat_once().unwrap();
+        assert_eq!(w.drain().unwrap().tally.done, 1);
+    }
+}
+
+both_backends! {
+    fn concurrent_claims_for_one_tenant_never_pass_max_running(db: &TestDb) {
+        const LIMIT: usize = 3;
+        set_tenant(
+            &mut db.conn(),
+            "acme",
+            &TenantLimits::default().max_running(Some(LIMIT as i32)),
+            "test",
+        )
+        .unwrap();
+        let tasks: Vec<NewTask> = (0..50).map(|i| task(&format!("a{i}"), "acme")).collect();
+        enqueue_batch(&mut db.conn(), &tasks).unwrap();
+        let nodes: Vec<Worker> = (0..8)
+            .map(|_| Worker::new(&db.url, ledger_registry("ledger"), small_config()).unwrap())
+            .collect();
+        for round in 0..10 {
+            let start = Barrier::new(nodes.len());
+            let claimed: usize = std::thread::scope(|s| {
+                let handles: Vec<_> = nodes
+                    .iter()
+                    .map(|node| {
+                        let start = &start;
+                        s.spawn(move || {
+                            start.wait();
+                            node.claim().unwrap().len()
+                        })
+                    })
+                    .collect();
+                handles.into_iter().map(|h| h.join().unwrap()).sum()
+            });
+            assert!(claimed <= LIMIT, "round {round}: {claimed} claimed at once, over {LIMIT}");
+            db.exec("UPDATE async_task SET state = 'pending', owner = NULL WHERE state = 'running'");
+        }
+    }
+}
