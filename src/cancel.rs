@@ -1,9 +1,10 @@
-//! Cancel: a task that should no longer run, in the caller's own transaction.
+//! Cancel: tasks that should no longer run, in the caller's own transaction: one by id or
+//! key, or every unfinished task of a keyword or tenant.
 
-use crate::driver::Driver;
+use crate::driver::{Driver, TaskFilter};
 use crate::enqueue::EnqueueConnection;
 use crate::error::{Error, OpContext, Result};
-use crate::task::TaskState;
+use crate::task::{validate_keyword, TaskState, MAX_TENANT_LEN};
 
 /// What a cancel did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,20 +69,108 @@ fn cancel_id(driver: &mut dyn Driver, id: i64, name: impl Fn() -> String) -> Res
             state: TaskState::Cancelled,
         });
     }
-    let now = driver
-        .task_get_claim(id)
-        .op("task cancel")?
-        .ok_or_else(|| Error::TaskNotFound { task: name() })?;
-    let state = now
-        .state
-        .parse::<TaskState>()
-        .map_err(|e| Error::Database {
-            operation: "task cancel",
-            source: diesel::result::Error::DeserializationError(e.into()),
-        })?;
+    let state = state_of(driver, id, "task cancel", name)?;
     Ok(Cancelled {
         id,
         cancelled: false,
         state,
     })
+}
+
+/// The state of the task `id` now, for a change that found it in another state than it
+/// changes; [`Error::TaskNotFound`] (named by `name`) when there is none.
+pub(crate) fn state_of(
+    driver: &mut dyn Driver,
+    id: i64,
+    operation: &'static str,
+    name: impl Fn() -> String,
+) -> Result<TaskState> {
+    let now = driver
+        .task_get_claim(id)
+        .op(operation)?
+        .ok_or_else(|| Error::TaskNotFound { task: name() })?;
+    now.state.parse::<TaskState>().map_err(|e| Error::Database {
+        operation,
+        source: diesel::result::Error::DeserializationError(e.into()),
+    })
+}
+
+/// Which unfinished tasks [`cancel_matching`] cancels: every condition given must hold, and
+/// at least one must be given.
+///
+/// ```
+/// let filter = outbox::cancel::Filter::default().keyword("coupon.grant").tenant("shop-eu");
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Filter {
+    /// Tasks of this keyword.
+    pub keyword: Option<String>,
+    /// Tasks of this tenant.
+    pub tenant: Option<String>,
+}
+
+impl Filter {
+    /// Only tasks of `keyword`.
+    pub fn keyword(mut self, keyword: impl Into<String>) -> Self {
+        self.keyword = Some(keyword.into());
+        self
+    }
+
+    /// Only tasks of `tenant`.
+    pub fn tenant(mut self, tenant: impl Into<String>) -> Self {
+        self.tenant = Some(tenant.into());
+        self
+    }
+
+    pub(crate) fn validate(&self) -> Result<TaskFilter<'_>> {
+        if self.keyword.is_none() && self.tenant.is_none() {
+            return Err(Error::InvalidConfig {
+                setting: "filter",
+                reason: "must name a keyword or a tenant (or both)".into(),
+            });
+        }
+        if let Some(keyword) = &self.keyword {
+            validate_keyword(keyword)?;
+        }
+        if let Some(tenant) = &self.tenant {
+            if tenant.is_empty() || tenant.len() > MAX_TENANT_LEN || tenant.contains('\0') {
+                return Err(Error::InvalidConfig {
+                    setting: "tenant",
+                    reason: format!("must be 1 to {MAX_TENANT_LEN} bytes without NUL characters"),
+                });
+            }
+        }
+        Ok(TaskFilter {
+            keyword: self.keyword.as_deref(),
+            tenant: self.tenant.as_deref(),
+        })
+    }
+}
+
+/// Cancels every pending, blocked or running task that `filter` matches, in one statement in
+/// the caller's transaction, as [`cancel`] does one; returns how many it cancelled.
+pub fn cancel_matching<C: EnqueueConnection + ?Sized>(
+    conn: &mut C,
+    filter: &Filter,
+) -> Result<u64> {
+    count_or_cancel(conn, filter, false)
+}
+
+/// How many tasks [`cancel_matching`] would cancel now; writes nothing.
+pub fn count_matching<C: EnqueueConnection + ?Sized>(conn: &mut C, filter: &Filter) -> Result<u64> {
+    count_or_cancel(conn, filter, true)
+}
+
+fn count_or_cancel<C: EnqueueConnection + ?Sized>(
+    conn: &mut C,
+    filter: &Filter,
+    dry_run: bool,
+) -> Result<u64> {
+    let filter = filter.validate()?;
+    let n = conn
+        .driver()
+        .task_cancel_matching(&filter, dry_run)
+        .op("task cancel")?;
+    Ok(u64::try_from(n).unwrap_or(0))
 }

@@ -34,6 +34,7 @@ pub mod handler;
 pub mod migrate;
 pub mod prune;
 pub mod registry;
+pub mod retry;
 mod sql;
 pub mod stats;
 pub mod task;
@@ -43,7 +44,7 @@ pub mod testing;
 pub mod worker;
 
 pub use backoff::Backoff;
-pub use cancel::{cancel, cancel_by_key, Cancelled};
+pub use cancel::{cancel, cancel_by_key, cancel_matching, Cancelled};
 pub use db::{
     write_transaction, Backend, DatabaseUrl, DbConnection, DbPool, DEFAULT_CONNECT_TIMEOUT,
 };
@@ -52,6 +53,7 @@ pub use error::{Error, Result};
 pub use handler::{Handler, HandlerError, HandlerResult, TaskContext, TaskTx};
 pub use migrate::run_migrations;
 pub use registry::Registry;
+pub use retry::{retry, Retried};
 pub use task::{validate_keyword, ClaimedTask, NewTask, TaskState};
 pub use tenant::{remove_tenant, set_tenant, tenants, Tenant, TenantLimits};
 pub use worker::{ClaimStyle, Report, RescueReport, Tally, Worker, WorkerConfig};

@@ -135,9 +135,12 @@ pub enum Command {
     Stats(stats::StatsArgs),
     /// Delete finished tasks older than a cutoff, so that the table does not keep growing.
     Prune(prune::PruneArgs),
-    /// Cancel a task by id, or by --keyword and --biz-id: it is never claimed again, and a
-    /// running handler's completion is fenced out.
+    /// Cancel a task by id, or by --keyword and --biz-id, or every unfinished task of a
+    /// keyword or tenant with --all: never claimed again, a running handler's completion
+    /// fenced out.
     Cancel(cancel::CancelArgs),
+    /// Put a dead or cancelled task back to pending, due now, its failures reset.
+    Retry(cancel::RetryArgs),
     /// Tenants' quotas: `max_queued` checked at enqueue, `max_running` fleet-wide at claim.
     Tenant(tenant::TenantArgs),
 }
@@ -169,6 +172,7 @@ pub fn run(command: Command, url: &DatabaseUrl, registry: Registry) -> Result<()
         Command::Stats(args) => stats::run(url, &registry, args),
         Command::Prune(args) => prune::run(url, args),
         Command::Cancel(args) => cancel::run(url, args),
+        Command::Retry(args) => cancel::run_retry(url, args),
         Command::Tenant(args) => tenant::run(url, args),
     }
 }

@@ -22,7 +22,7 @@ use diesel::QueryResult;
 
 pub use rows::{
     AuditEntry, Claim, ClaimRow, ClaimState, InsertRow, KeywordStateCount, LockHolder, PruneBatch,
-    PrunedBatch, RescueParams, RescuedRow, TaskKey, TaskRecord, TenantRow, TenantSet,
+    PrunedBatch, RescueParams, RescuedRow, TaskFilter, TaskKey, TaskRecord, TenantRow, TenantSet,
 };
 
 use crate::db::DbConnection;
@@ -154,6 +154,17 @@ pub trait Driver {
     /// finished now); returns the rows touched, 0 or 1. A running task's completion is then
     /// fenced out.
     fn task_cancel(&mut self, id: i64) -> QueryResult<usize>;
+
+    /// Cancels every pending, blocked or running task that `filter` matches, as
+    /// [`Driver::task_cancel`] does one; with `dry_run`, only counts them. Returns how many.
+    fn task_cancel_matching(&mut self, filter: &TaskFilter<'_>, dry_run: bool) -> QueryResult<i64>;
+
+    /// Puts the task `id` back to pending, due now with no failure counted, if it is dead or
+    /// cancelled; returns the rows touched, 0 or 1.
+    fn task_retry(&mut self, id: i64) -> QueryResult<usize>;
+
+    /// Writes one row of `async_audit`.
+    fn audit_insert(&mut self, audit: &AuditEntry<'_>) -> QueryResult<usize>;
 
     /// Those of the tasks `ids` that are cancelled.
     fn task_cancelled_among(&mut self, ids: &[i64]) -> QueryResult<Vec<i64>>;

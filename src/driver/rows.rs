@@ -206,3 +206,10 @@ pub struct AuditEntry<'a> {
     pub detail: &'a str,
     pub affected: i64,
 }
+
+/// Which unfinished tasks an operator's change applies to: every condition given must hold.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TaskFilter<'a> {
+    pub keyword: Option<&'a str>,
+    pub tenant: Option<&'a str>,
+}

@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use diesel::Connection;
 use outbox::{
-    cancel, cancel_by_key, enqueue, Error, HandlerResult, NewTask, Registry, TaskContext,
-    TaskState, TaskTx, Worker,
+    cancel, cancel_by_key, cancel_matching, enqueue, retry, Error, HandlerResult, NewTask,
+    Registry, TaskContext, TaskState, TaskTx, Worker,
 };
 
 use crate::{ledger_registry, small_config, write_ledger};
@@ -119,5 +119,64 @@ both_backends! {
         assert_eq!((tally.done, tally.lost), (0, 1), "{tally:?}");
         assert_eq!(db.ledger_rows(id), 0, "the cancelled task's effect rolled back");
         assert_eq!(db.task(id).state, "cancelled");
+    }
+}
+
+both_backends! {
+    fn cancel_matching_cancels_the_unfinished_tasks_of_a_keyword_or_tenant_only(db: &TestDb) {
+        let mut conn = db.conn();
+        for (keyword, biz, tenant) in [
+            ("coupon.grant", "1", Some("acme")),
+            ("coupon.grant", "2", Some("acme")),
+            ("coupon.grant", "3", Some("other")),
+            ("coupon.grant", "4", None),
+            ("mail.send", "5", Some("acme")),
+        ] {
+            let mut task = NewTask::new(keyword, biz);
+            if let Some(t) = tenant {
+                task = task.tenant(t);
+            }
+            enqueue(&mut conn, &task).unwrap();
+        }
+        db.exec("UPDATE async_task SET state = 'done' WHERE biz_id = '2'");
+        db.exec("UPDATE async_task SET state = 'running', owner = 1 WHERE biz_id = '4'");
+        let keyword = outbox::cancel::Filter::default().keyword("coupon.grant");
+        assert_eq!(outbox::cancel::count_matching(&mut conn, &keyword).unwrap(), 3);
+        assert_eq!(db.count("SELECT count(*) FROM async_task WHERE state = 'cancelled'"), 0);
+        let both = keyword.clone().tenant("acme");
+        assert_eq!(cancel_matching(&mut conn, &both).unwrap(), 1, "task 1 only");
+        assert_eq!(cancel_matching(&mut conn, &keyword).unwrap(), 2, "tasks 3 and 4");
+        let states: Vec<String> = ["1", "2", "3", "4", "5"]
+            .iter()
+            .map(|b| db.count(&format!("SELECT count(*) FROM async_task WHERE biz_id = '{b}' AND state = 'cancelled'")).to_string())
+            .collect();
+        assert_eq!(states, ["1", "0", "1", "1", "0"], "done and other keywords untouched");
+        let err = cancel_matching(&mut conn, &outbox::cancel::Filter::default()).unwrap_err();
+        assert!(matches!(err, Error::InvalidConfig { setting: "filter", .. }), "{err}");
+        let err = cancel_matching(&mut conn, &outbox::cancel::Filter::default().keyword("Bad!"))
+            .unwrap_err();
+        assert!(matches!(err, Error::InvalidKeyword { .. }), "{err}");
+    }
+
+    fn retry_brings_a_cancelled_or_dead_task_back_and_it_runs(db: &TestDb) {
+        let cancelled = enqueue(&mut db.conn(), &NewTask::new("ledger", "1")).unwrap().id;
+        let dead = enqueue(&mut db.conn(), &NewTask::new("ledger", "2")).unwrap().id;
+        let pending = enqueue(&mut db.conn(), &NewTask::new("ledger", "3")).unwrap().id;
+        cancel(&mut db.conn(), cancelled).unwrap();
+        db.exec(&format!(
+            "UPDATE async_task SET state = 'dead', failures = 5, last_error = 'boom' WHERE id = {dead}"
+        ));
+        for id in [cancelled, dead] {
+            let r = retry(&mut db.conn(), id).unwrap();
+            assert_eq!((r.id, r.retried, r.state), (id, true, TaskState::Pending));
+        }
+        assert_eq!((db.task(dead).failures, db.task(dead).state.as_str()), (0, "pending"));
+        let again = retry(&mut db.conn(), pending).unwrap();
+        assert_eq!((again.retried, again.state), (false, TaskState::Pending));
+        let err = retry(&mut db.conn(), 999_999).unwrap_err();
+        assert!(matches!(err, Error::TaskNotFound { ref task } if task == "999999"), "{err}");
+        let w = Worker::new(&db.url, ledger_registry("ledger"), small_config()).unwrap();
+        assert_eq!(w.drain().unwrap().tally.done, 3);
+        assert_eq!((db.ledger_rows(cancelled), db.ledger_rows(dead)), (1, 1));
     }
 }

@@ -225,3 +225,47 @@ both_backends! {
         assert_eq!(db.count("SELECT count(*) FROM async_audit"), 3, "set, set, remove");
     }
 }
+
+both_backends! {
+    fn cancel_all_by_filter_dry_run_retry_and_their_audit(db: &TestDb) {
+        let dir = workdir();
+        for (biz, tenant) in [("1", "acme"), ("2", "acme"), ("3", "other")] {
+            run(outbox_on(db, dir.path()).args(["enqueue", "mail.send", biz, "--tenant", tenant])).expect_code(0);
+        }
+        // A keyword without --biz-id or --all is refused: an operator never cancels a whole
+        // keyword by leaving a flag out.
+        run(outbox_on(db, dir.path()).args(["cancel", "--keyword", "mail.send"]))
+            .expect_code(2)
+            .stderr_has("needs --biz-id to name one task, or --all");
+        run(outbox_on(db, dir.path()).args(["cancel", "--all"]))
+            .expect_code(2)
+            .stderr_has("must name a keyword or a tenant");
+        run(outbox_on(db, dir.path()).args(["cancel", "--all", "--tenant", "acme", "--dry-run"]))
+            .expect_code(0)
+            .stdout_has("2 unfinished task(s) match; nothing written");
+        assert_eq!(db.count("SELECT count(*) FROM async_task WHERE state = 'cancelled'"), 0);
+        run(outbox_on(db, dir.path()).args(["cancel", "--all", "--keyword", "mail.send", "--tenant", "acme"]))
+            .expect_code(0)
+            .stdout_has("cancelled 2 task(s)");
+        assert_eq!(db.count("SELECT count(*) FROM async_task WHERE state = 'cancelled' AND tenant = 'acme'"), 2);
+        let id = db.count("SELECT id FROM async_task WHERE biz_id = '1'");
+        run(outbox_on(db, dir.path()).args(["retry", &id.to_string()]))
+            .expect_code(0)
+            .stdout_has("is pending again");
+        run(outbox_on(db, dir.path()).args(["retry", &id.to_string(), "--json"]))
+            .expect_code(0)
+            .stdout_has("\"retried\":false");
+        run(outbox_on(db, dir.path()).args(["retry", "999999"]))
+            .expect_code(1)
+            .stderr_has("no task 999999");
+        assert_eq!(
+            db.count("SELECT count(*) FROM async_audit WHERE action = 'task.cancel' AND affected = 2"),
+            1
+        );
+        assert_eq!(
+            db.count(&format!("SELECT count(*) FROM async_audit WHERE action = 'task.retry' AND target = '{id}'")),
+            1
+        );
+        assert_eq!(db.count("SELECT count(*) FROM async_audit"), 2, "dry runs and no-ops are not audited");
+    }
+}

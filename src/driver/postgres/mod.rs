@@ -3,6 +3,7 @@
 
 mod lock;
 mod maintenance;
+mod operate;
 mod payload;
 mod task;
 mod tenant;
@@ -14,8 +15,8 @@ use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
 use super::{
     AuditEntry, Claim, ClaimRow, ClaimState, Driver, InsertRow, KeywordStateCount, LockHolder,
-    MigrationError, PruneBatch, PrunedBatch, RescueParams, RescuedRow, TaskKey, TaskRecord,
-    TenantRow, TenantSet,
+    MigrationError, PruneBatch, PrunedBatch, RescueParams, RescuedRow, TaskFilter, TaskKey,
+    TaskRecord, TenantRow, TenantSet,
 };
 
 /// The channel on which enqueues of due tasks notify idle workers (the enqueue statement
@@ -109,6 +110,18 @@ impl Driver for PgConnection {
 
     fn task_cancel(&mut self, id: i64) -> QueryResult<usize> {
         task::cancel(self, id)
+    }
+
+    fn task_cancel_matching(&mut self, filter: &TaskFilter<'_>, dry_run: bool) -> QueryResult<i64> {
+        operate::cancel_matching(self, filter, dry_run)
+    }
+
+    fn task_retry(&mut self, id: i64) -> QueryResult<usize> {
+        operate::retry(self, id)
+    }
+
+    fn audit_insert(&mut self, audit: &AuditEntry<'_>) -> QueryResult<usize> {
+        operate::audit(self, audit)
     }
 
     fn task_cancelled_among(&mut self, ids: &[i64]) -> QueryResult<Vec<i64>> {

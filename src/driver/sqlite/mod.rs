@@ -11,6 +11,7 @@ macro_rules! now {
 
 mod enqueue;
 mod maintenance;
+mod operate;
 mod task;
 mod tenant;
 
@@ -23,8 +24,8 @@ use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
 use super::{
     AuditEntry, Claim, ClaimRow, ClaimState, Driver, InsertRow, KeywordStateCount, LockHolder,
-    MigrationError, PruneBatch, PrunedBatch, RescueParams, RescuedRow, TaskKey, TaskRecord,
-    TenantRow, TenantSet,
+    MigrationError, PruneBatch, PrunedBatch, RescueParams, RescuedRow, TaskFilter, TaskKey,
+    TaskRecord, TenantRow, TenantSet,
 };
 use crate::db::SQLITE_BUSY_TIMEOUT;
 
@@ -144,6 +145,18 @@ impl Driver for SqliteConnection {
 
     fn task_cancel(&mut self, id: i64) -> QueryResult<usize> {
         task::cancel(self, id)
+    }
+
+    fn task_cancel_matching(&mut self, filter: &TaskFilter<'_>, dry_run: bool) -> QueryResult<i64> {
+        operate::cancel_matching(self, filter, dry_run)
+    }
+
+    fn task_retry(&mut self, id: i64) -> QueryResult<usize> {
+        operate::retry(self, id)
+    }
+
+    fn audit_insert(&mut self, audit: &AuditEntry<'_>) -> QueryResult<usize> {
+        operate::audit(self, audit)
     }
 
     fn task_cancelled_among(&mut self, ids: &[i64]) -> QueryResult<Vec<i64>> {

@@ -5,6 +5,7 @@ use diesel::sql_types::{BigInt, Bool, Integer, Nullable, Text};
 use diesel::sqlite::{Sqlite, SqliteConnection};
 use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
 
+use super::operate::audit;
 use crate::driver::{AuditEntry, TenantRow, TenantSet};
 use crate::sql::Statement;
 
@@ -16,23 +17,6 @@ const TENANT_SELECT: &str = "SELECT a.tenant, a.max_queued, a.max_running, a.wei
            WHERE t.tenant = a.tenant AND t.state = 'running') AS running,
          a.updated_at, a.updated_by
     FROM async_tenant a";
-
-fn audit(conn: &mut SqliteConnection, audit: &AuditEntry<'_>) -> QueryResult<usize> {
-    Statement::<Sqlite>::new(
-        "INSERT INTO async_audit (actor, action, target, detail, affected) VALUES (",
-    )
-    .bind::<Text, _>(audit.actor.to_owned())
-    .sql(", ")
-    .bind::<Text, _>(audit.action.to_owned())
-    .sql(", ")
-    .bind::<Text, _>(audit.target.to_owned())
-    .sql(", ")
-    .bind::<Text, _>(audit.detail.to_owned())
-    .sql(", ")
-    .bind::<BigInt, _>(audit.affected)
-    .sql(")")
-    .execute(conn)
-}
 
 pub(super) fn set(
     conn: &mut SqliteConnection,

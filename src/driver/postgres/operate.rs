@@ -1,0 +1,79 @@
+//! Operators' changes on PostgreSQL: cancel by filter, retry, the audit.
+
+use diesel::pg::{Pg, PgConnection};
+use diesel::sql_types::{BigInt, Nullable, Text};
+use diesel::{QueryResult, QueryableByName, RunQueryDsl};
+
+use crate::driver::{AuditEntry, TaskFilter};
+use crate::sql::Statement;
+
+#[derive(QueryableByName)]
+struct Count {
+    #[diesel(sql_type = BigInt)]
+    n: i64,
+}
+
+/// `… WHERE state IN ('pending', 'blocked', 'running')` and the filter's conditions.
+fn unfinished_matching(statement: Statement<Pg>, filter: &TaskFilter<'_>) -> Statement<Pg> {
+    statement
+        .sql(" WHERE state IN ('pending', 'blocked', 'running') AND (")
+        .bind::<Nullable<Text>, _>(filter.keyword.map(str::to_owned))
+        .sql("::text IS NULL OR keyword = ")
+        .bind::<Nullable<Text>, _>(filter.keyword.map(str::to_owned))
+        .sql(") AND (")
+        .bind::<Nullable<Text>, _>(filter.tenant.map(str::to_owned))
+        .sql("::text IS NULL OR tenant = ")
+        .bind::<Nullable<Text>, _>(filter.tenant.map(str::to_owned))
+        .sql(")")
+}
+
+pub(super) fn cancel_matching(
+    conn: &mut PgConnection,
+    filter: &TaskFilter<'_>,
+    dry_run: bool,
+) -> QueryResult<i64> {
+    let statement = if dry_run {
+        unfinished_matching(
+            Statement::new("SELECT count(*) AS n FROM async_task"),
+            filter,
+        )
+    } else {
+        unfinished_matching(
+            Statement::new(
+                "WITH c AS (UPDATE async_task
+                 SET state = 'cancelled', finished_at = now(), updated_at = now()",
+            ),
+            filter,
+        )
+        .sql(" RETURNING 1) SELECT count(*) AS n FROM c")
+    };
+    Ok(statement.get_result::<Count>(conn)?.n)
+}
+
+pub(super) fn retry(conn: &mut PgConnection, id: i64) -> QueryResult<usize> {
+    Statement::<Pg>::new(
+        "UPDATE async_task SET state = 'pending', failures = 0, owner = NULL, run_at = now(),
+                finished_at = NULL, deadline_at = NULL, updated_at = now()
+         WHERE id = ",
+    )
+    .bind::<BigInt, _>(id)
+    .sql(" AND state IN ('dead', 'cancelled')")
+    .execute(conn)
+}
+
+pub(super) fn audit(conn: &mut PgConnection, audit: &AuditEntry<'_>) -> QueryResult<usize> {
+    Statement::<Pg>::new(
+        "INSERT INTO async_audit (actor, action, target, detail, affected) VALUES (",
+    )
+    .bind::<Text, _>(audit.actor.to_owned())
+    .sql(", ")
+    .bind::<Text, _>(audit.action.to_owned())
+    .sql(", ")
+    .bind::<Text, _>(audit.target.to_owned())
+    .sql(", ")
+    .bind::<Text, _>(audit.detail.to_owned())
+    .sql("::jsonb, ")
+    .bind::<BigInt, _>(audit.affected)
+    .sql(")")
+    .execute(conn)
+}

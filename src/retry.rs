@@ -1,0 +1,42 @@
+//! Retry: a dead or cancelled task back to pending.
+
+use crate::cancel::state_of;
+use crate::enqueue::EnqueueConnection;
+use crate::error::{OpContext, Result};
+use crate::task::TaskState;
+
+/// What a retry did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Retried {
+    /// The task's id.
+    pub id: i64,
+    /// `true` when this call put the task back to pending; `false` when it was neither dead
+    /// nor cancelled, in which case nothing was written.
+    pub retried: bool,
+    /// The task's state now.
+    pub state: TaskState,
+}
+
+/// Puts the dead or cancelled task `id` back to `pending`, due now, with its failures reset
+/// to 0 (its `last_error` is kept until its next failure), in the caller's transaction. A
+/// task in any other state is left as it is. The tenant's `max_queued` is not checked: the
+/// task was counted when it was enqueued.
+///
+/// Fails with [`Error::TaskNotFound`] when there is no such task.
+pub fn retry<C: EnqueueConnection + ?Sized>(conn: &mut C, id: i64) -> Result<Retried> {
+    let driver = conn.driver();
+    if driver.task_retry(id).op("task retry")? == 1 {
+        return Ok(Retried {
+            id,
+            retried: true,
+            state: TaskState::Pending,
+        });
+    }
+    let state = state_of(driver, id, "task retry", || id.to_string())?;
+    Ok(Retried {
+        id,
+        retried: false,
+        state,
+    })
+}
