@@ -54,6 +54,12 @@ pub(super) struct BenchArgs {
     /// database does: the completion is then `BEGIN; UPDATE; COMMIT` instead of one statement.
     #[arg(long)]
     open_tx: bool,
+    /// Give the tasks tenants: spread over this many (`t0`, `t1`, …) in turn [default: none].
+    #[arg(long, default_value_t = 0)]
+    tenants: usize,
+    /// With --tenants: give each tenant this `max_running` (claimed apart, within it).
+    #[arg(long, requires = "tenants")]
+    max_running: Option<i32>,
     /// Print the claim statement's plan (EXPLAIN) at the backlog.
     #[arg(long)]
     explain: bool,
@@ -117,6 +123,8 @@ pub(super) fn run(url: &DatabaseUrl, args: BenchArgs) -> anyhow::Result<()> {
             claim_style: args.claim_style,
             explain: args.explain,
             open_tx: args.open_tx,
+            tenants: args.tenants,
+            max_running: args.max_running,
         };
         let mut runs: Vec<DrainFigures> = Vec::new();
         for run in 1..=args.runs {

@@ -68,6 +68,11 @@ pub struct DrainBench {
     /// The no-op handler opens its transaction, as a handler that writes to the database
     /// does (`BEGIN; UPDATE; COMMIT` per task, or per chunk, instead of one statement).
     pub open_tx: bool,
+    /// The tasks' tenants: none (0), or spread over this many (`t0`, `t1`, …) in turn.
+    pub tenants: usize,
+    /// Each tenant's `max_running` (a row of `async_tenant` each); none: the tenants have
+    /// no row.
+    pub max_running: Option<i32>,
 }
 
 impl DrainBench {
@@ -130,8 +135,16 @@ pub fn drain_bench(url: &DatabaseUrl, bench: &DrainBench) -> anyhow::Result<Drai
         Backend::Sqlite => "DELETE FROM async_task",
     };
     conn.batch_execute(empty)?;
+    conn.batch_execute("DELETE FROM async_tenant")?;
+    if let Some(limit) = bench.max_running {
+        anyhow::ensure!(bench.tenants > 0, "--max-running needs --tenants");
+        for t in 0..bench.tenants {
+            let limits = outbox::TenantLimits::default().max_running(Some(limit));
+            outbox::set_tenant(&mut conn, &format!("t{t}"), &limits, "bench")?;
+        }
+    }
     let started = Instant::now();
-    enqueue_noop(&mut conn, bench.backlog)?;
+    enqueue_noop(&mut conn, bench.backlog, bench.tenants)?;
     let enqueue_per_s = bench.backlog as f64 / started.elapsed().as_secs_f64();
     if scratch.url.backend() == Backend::Postgres {
         conn.batch_execute("ANALYZE async_task")?;
@@ -202,13 +215,20 @@ pub fn drain_bench(url: &DatabaseUrl, bench: &DrainBench) -> anyhow::Result<Drai
     })
 }
 
-/// Enqueues `n` no-op tasks, [`ENQUEUE_BATCH`] per statement and transaction.
-fn enqueue_noop(conn: &mut DbConnection, n: usize) -> anyhow::Result<()> {
+/// Enqueues `n` no-op tasks, [`ENQUEUE_BATCH`] per statement and transaction, spread over
+/// `tenants` tenants in turn (none when 0).
+fn enqueue_noop(conn: &mut DbConnection, n: usize, tenants: usize) -> anyhow::Result<()> {
     let mut next = 0;
     while next < n {
         let end = (next + ENQUEUE_BATCH).min(n);
         let batch: Vec<NewTask> = (next..end)
-            .map(|i| NewTask::new(NOOP_KEYWORD, i.to_string()))
+            .map(|i| {
+                let task = NewTask::new(NOOP_KEYWORD, i.to_string());
+                match tenants {
+                    0 => task,
+                    t => task.tenant(format!("t{}", i % t)),
+                }
+            })
             .collect();
         write_transaction(conn, |c| enqueue_batch(c, &batch))?;
         next = end;

@@ -33,7 +33,8 @@ CREATE TABLE async_audit (
 CREATE INDEX async_task_tenant_idx ON async_task (tenant, state, priority, run_at, id)
     WHERE tenant IS NOT NULL AND state IN ('pending', 'blocked', 'running');
 
--- max_queued. An INSERT holds SQLite's write lock, so producers are serialised and the count
+-- max_queued. (The count repeats the index's `state IN (…)`: SQLite uses a partial index only
+-- when the query has its predicate's terms.) An INSERT holds SQLite's write lock, so producers are serialised and the count
 -- is exact. The count stops at the limit. A row that repeats an existing (keyword, biz_id) is
 -- let through, to be skipped by the insert's ON CONFLICT. The message is a constant (an
 -- expression there needs SQLite 3.48, and other languages' producers may link an older one
@@ -45,6 +46,7 @@ BEGIN
      WHERE (SELECT count(*) FROM (
                SELECT 1 FROM async_task q
                 WHERE q.tenant = NEW.tenant AND q.state IN ('pending', 'blocked')
+                  AND q.state IN ('pending', 'blocked', 'running')
                 LIMIT coalesce((SELECT max_queued FROM async_tenant
                                  WHERE tenant = NEW.tenant), 0)))
            >= (SELECT max_queued FROM async_tenant WHERE tenant = NEW.tenant)

@@ -185,7 +185,9 @@ pub(super) fn claim_limited(
         // A statement of its own, so that its snapshot, taken after the locks, sees every
         // claim committed by the nodes that held them before: the running count is exact.
         // Each tenant's room is its limit less what runs; its first due tasks by the
-        // tenant index, in claim order.
+        // tenant index, in claim order, at most a page of each; the page's first rows of
+        // all of them are then locked, and only those (a locked row is written to).
+        let limit_bind = limit;
         let picked = Statement::<Pg>::new(
             "WITH lim AS (
                 SELECT a.tenant, GREATEST(a.max_running - (
@@ -197,7 +199,7 @@ pub(super) fn claim_limited(
         .bind::<Array<Text>, _>(locked)
         .sql(
             ") AND a.max_running IS NOT NULL
-            ), picked AS (
+            ), candidate AS (
                 SELECT c.id FROM lim CROSS JOIN LATERAL (
                     SELECT t.id, t.priority, t.run_at FROM async_task t
                      WHERE t.tenant = lim.tenant AND t.state = 'pending' AND t.run_at <= now()
@@ -207,12 +209,22 @@ pub(super) fn claim_limited(
         .sql(
             ")
                      ORDER BY t.priority, t.run_at, t.id
-                     LIMIT lim.room
-                     FOR UPDATE SKIP LOCKED) c
+                     LIMIT LEAST(lim.room, ",
+        )
+        .bind::<BigInt, _>(limit_bind)
+        .sql(
+            ")) c
                 ORDER BY c.priority, c.run_at, c.id
                 LIMIT ",
         )
-        .bind::<BigInt, _>(limit);
+        .bind::<BigInt, _>(limit)
+        .sql(
+            "
+            ), picked AS (
+                SELECT t.id FROM async_task t
+                 WHERE t.id IN (SELECT id FROM candidate) AND t.state = 'pending'
+                 FOR UPDATE SKIP LOCKED",
+        );
         stamp_picked(picked, owner, timeout_ms).load(conn)
     })
 }

@@ -312,10 +312,12 @@ fn claim_set(prefix: &'static str, owner: i64, timeout_ms: i64) -> Statement<Sql
 const CLAIM_RETURNING: &str = ")
             RETURNING id, keyword, biz_id, biz_data, tenant, failures, max_attempts, claim_token, priority";
 
-/// See [`crate::driver::Driver::task_claim_limited`]. One UPDATE: SQLite's write lock, taken
-/// before it reads, makes the running counts exact. Each tenant's due tasks are numbered in
-/// claim order (a window over them all: on SQLite this costs in proportion to the limited
-/// tenants' due tasks) and the first `max_running − running` of each are claimed.
+/// See [`crate::driver::Driver::task_claim_limited`]. In one write transaction, whose lock,
+/// taken before it reads, makes the running counts exact: for each tenant in turn, its room
+/// (its limit less what runs) and then at most that many of its first due tasks by the
+/// tenant index, until the page is full. (SQLite uses a partial index only when the query
+/// repeats its predicate's terms: `state = 'pending'` alone does not imply the index's `state
+/// IN (…)`.)
 pub(super) fn claim_limited(
     conn: &mut SqliteConnection,
     owner: i64,
@@ -324,38 +326,55 @@ pub(super) fn claim_limited(
     limit: i64,
     timeout_ms: i64,
 ) -> QueryResult<Vec<ClaimRow>> {
+    #[derive(diesel::QueryableByName)]
+    struct Room {
+        #[diesel(sql_type = BigInt)]
+        room: i64,
+    }
     let keywords = serde_json::to_string(keywords).expect("a list of strings serialises");
-    let tenants = serde_json::to_string(tenants).expect("a list of strings serialises");
     conn.immediate_transaction(|conn| {
-        claim_set("", owner, timeout_ms)
-            .sql(
-                "
-                SELECT id FROM (
-                    SELECT t.id, t.priority, t.run_at,
-                           row_number() OVER (PARTITION BY t.tenant
-                                              ORDER BY t.priority, t.run_at, t.id) AS rn,
-                           a.max_running - (SELECT count(*) FROM async_task r
-                                             WHERE r.tenant = a.tenant AND r.state = 'running') AS room
-                      FROM async_tenant a
-                      JOIN async_task t
-                        ON t.tenant = a.tenant AND t.state = 'pending'
-                     WHERE a.tenant IN (SELECT value FROM json_each(",
+        let mut page = Vec::new();
+        for tenant in tenants {
+            let left = limit - i64::try_from(page.len()).unwrap_or(i64::MAX);
+            if left <= 0 {
+                break;
+            }
+            let room: Option<Room> = Statement::<Sqlite>::new(
+                "SELECT max_running - (SELECT count(*) FROM async_task r
+                                        WHERE r.tenant = a.tenant AND r.state = 'running'
+                                          AND r.state IN ('pending', 'blocked', 'running')) AS room
+                   FROM async_tenant a WHERE a.max_running IS NOT NULL AND a.tenant = ",
             )
-            .bind::<Text, _>(tenants)
-            .sql(concat!(
-                ")) AND a.max_running IS NOT NULL AND t.run_at <= ",
-                now!(),
-                " AND t.keyword IN (SELECT value FROM json_each("
-            ))
-            .bind::<Text, _>(keywords)
-            .sql(
-                "))
-                ) WHERE rn <= room
-                ORDER BY priority, run_at, id
-                LIMIT ",
-            )
-            .bind::<BigInt, _>(limit)
-            .sql(CLAIM_RETURNING)
-            .load(conn)
+            .bind::<Text, _>(tenant.clone())
+            .get_result(conn)
+            .optional()?;
+            let take = room.map_or(0, |r| r.room).min(left);
+            if take <= 0 {
+                continue;
+            }
+            let rows: Vec<ClaimRow> = claim_set("", owner, timeout_ms)
+                .sql(
+                    "
+                SELECT id FROM async_task INDEXED BY async_task_tenant_idx
+                 WHERE tenant = ",
+                )
+                .bind::<Text, _>(tenant.clone())
+                .sql(concat!(
+                    " AND state = 'pending' AND state IN ('pending', 'blocked', 'running') AND run_at <= ",
+                    now!(),
+                    " AND keyword IN (SELECT value FROM json_each("
+                ))
+                .bind::<Text, _>(keywords.clone())
+                .sql(
+                    "))
+                 ORDER BY priority, run_at, id
+                 LIMIT ",
+                )
+                .bind::<BigInt, _>(take)
+                .sql(CLAIM_RETURNING)
+                .load(conn)?;
+            page.extend(rows);
+        }
+        Ok(page)
     })
 }

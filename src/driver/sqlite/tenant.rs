@@ -12,9 +12,11 @@ use crate::sql::Statement;
 /// `SELECT` of a [`TenantRow`] from `async_tenant a`, left open for the `WHERE`.
 const TENANT_SELECT: &str = "SELECT a.tenant, a.max_queued, a.max_running, a.weight,
          (SELECT count(*) FROM async_task t
-           WHERE t.tenant = a.tenant AND t.state IN ('pending', 'blocked')) AS queued,
+           WHERE t.tenant = a.tenant AND t.state IN ('pending', 'blocked')
+             AND t.state IN ('pending', 'blocked', 'running')) AS queued,
          (SELECT count(*) FROM async_task t
-           WHERE t.tenant = a.tenant AND t.state = 'running') AS running,
+           WHERE t.tenant = a.tenant AND t.state = 'running'
+             AND t.state IN ('pending', 'blocked', 'running')) AS running,
          a.updated_at, a.updated_by
     FROM async_tenant a";
 
