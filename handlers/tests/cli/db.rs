@@ -33,5 +33,8 @@ pub fn tasks_in(db: &TestDb, state: &str) -> i64 {
 /// Undoes the migrations the [`TestDb`] applied, leaving a database `outbox migrate` has
 /// never touched.
 pub fn unmigrate(db: &TestDb) {
-    db.exec("DROP TABLE async_task; DROP TABLE async_node; DROP TABLE __diesel_schema_migrations;");
+    db.exec(
+        "DROP TABLE async_task; DROP TABLE async_node; DROP TABLE async_tenant; \
+         DROP TABLE async_audit; DROP TABLE __diesel_schema_migrations;",
+    );
 }

@@ -43,7 +43,7 @@ CREATE INDEX async_task_tenant_idx ON async_task (tenant, state, priority, run_a
 -- and the count can miss them; SERIALIZABLE fails one of the producers instead.) A row that
 -- repeats an existing (keyword, biz_id) is let through, to be skipped by the insert's
 -- ON CONFLICT: an idempotent repeat is a duplicate, not a quota error.
-CREATE FUNCTION async_task_tenant_quota() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION async_task_tenant_quota() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     lim    integer;
     queued integer;
