@@ -177,21 +177,27 @@ impl EnqueueOptions {
                 ms: i64::try_from(task.delay.as_millis()).unwrap_or(i64::MAX),
             });
         }
+        // Rows of several tenants are inserted tenant by tenant (in each, in the batch's
+        // order): the quota check locks each limited tenant in turn, and two producers that
+        // took the same tenants' locks in opposite orders would deadlock.
+        if rows.windows(2).any(|w| w[0].t != w[1].t) {
+            rows.sort_by(|a, b| a.t.cmp(&b.t));
+        }
         let created = match driver.task_insert_many(&rows) {
             Ok(created) => created,
             Err(e) => {
-                let mut tenants: Vec<String> =
-                    tasks.iter().filter_map(|t| t.tenant.clone()).collect();
-                tenants.sort();
-                tenants.dedup();
-                return Err(
-                    crate::tenant::quota_exceeded(driver, &e, &tenants).unwrap_or(
-                        Error::Database {
-                            operation: "task enqueue",
-                            source: e,
-                        },
-                    ),
-                );
+                let mut tenants: Vec<(String, i64)> = Vec::new();
+                for tenant in tasks.iter().filter_map(|t| t.tenant.as_deref()) {
+                    match tenants.iter_mut().find(|(t, _)| t == tenant) {
+                        Some((_, n)) => *n += 1,
+                        None => tenants.push((tenant.to_owned(), 1)),
+                    }
+                }
+                let quota = crate::tenant::quota_exceeded(driver, &e, &tenants);
+                return Err(quota.unwrap_or(Error::Database {
+                    operation: "task enqueue",
+                    source: e,
+                }));
             }
         };
 

@@ -20,8 +20,8 @@ pub struct Retried {
 
 /// Puts the dead or cancelled task `id` back to `pending`, due now, with its failures reset
 /// to 0 (its `last_error` is kept until its next failure), in the caller's transaction. A
-/// task in any other state is left as it is. The tenant's `max_queued` is not checked: the
-/// task was counted when it was enqueued.
+/// task in any other state is left as it is. The tenant's `max_queued` is not checked (it is
+/// checked when a task is inserted).
 ///
 /// Fails with [`Error::TaskNotFound`] when there is no such task.
 pub fn retry<C: EnqueueConnection + ?Sized>(conn: &mut C, id: i64) -> Result<Retried> {

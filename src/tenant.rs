@@ -163,7 +163,7 @@ pub fn tenants<C: EnqueueConnection + ?Sized>(conn: &mut C) -> Result<Vec<Tenant
     Ok(rows.into_iter().map(Tenant::from).collect())
 }
 
-fn validate_name(tenant: &str) -> Result<()> {
+pub(crate) fn validate_name(tenant: &str) -> Result<()> {
     if tenant.is_empty() || tenant.len() > MAX_TENANT_LEN || tenant.contains('\0') {
         return Err(Error::InvalidConfig {
             setting: "tenant",
@@ -173,13 +173,14 @@ fn validate_name(tenant: &str) -> Result<()> {
     Ok(())
 }
 
-/// The quota error an enqueue of tasks of `tenants` met, if `error` is one: the schema's
-/// `max_queued` check. PostgreSQL's names the tenant and the limit; SQLite's message is a
-/// constant, so the tenant at its limit is looked up (the transaction is still usable there).
+/// The quota error an enqueue met, if `error` is one: the schema's `max_queued` check.
+/// PostgreSQL's names the tenant and the limit; SQLite's message is a constant, so the tenant
+/// is looked up among `tenants` (each with its number of tasks in the refused batch; the
+/// batch was undone, and the transaction is still usable there).
 pub(crate) fn quota_exceeded(
     driver: &mut dyn Driver,
     error: &diesel::result::Error,
-    tenants: &[String],
+    tenants: &[(String, i64)],
 ) -> Option<Error> {
     let diesel::result::Error::DatabaseError(_, info) = error else {
         return None;
@@ -192,7 +193,7 @@ pub(crate) fn quota_exceeded(
         });
     }
     if info.message() == "async_task: tenant over its max_queued" {
-        let (tenant, limit) = driver.tenant_at_max_queued(tenants).ok()??;
+        let (tenant, limit) = driver.tenant_over_max_queued(tenants).ok()??;
         return Some(Error::QuotaExceeded { tenant, limit });
     }
     None

@@ -133,9 +133,16 @@ fn run_matching(url: &DatabaseUrl, args: CancelArgs) -> Result<()> {
     } else {
         write_transaction(&mut conn, |conn| -> Result<u64> {
             let n = cancel_matching(conn, &filter)?;
-            let detail = serde_json::json!({"keyword": filter.keyword, "tenant": filter.tenant});
-            let target = format!("keyword={:?} tenant={:?}", filter.keyword, filter.tenant);
-            audit(conn, "task.cancel", &target, &detail, n)?;
+            if n > 0 {
+                let detail =
+                    serde_json::json!({"keyword": filter.keyword, "tenant": filter.tenant});
+                let target = [("keyword", &filter.keyword), ("tenant", &filter.tenant)]
+                    .iter()
+                    .filter_map(|(name, value)| value.as_ref().map(|v| format!("{name}={v}")))
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                audit(conn, "task.cancel", &target, &detail, n)?;
+            }
             Ok(n)
         })?
     };

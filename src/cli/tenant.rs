@@ -61,6 +61,10 @@ fn parse_limit(text: &str) -> Result<Limit, String> {
 }
 
 pub(super) fn run(url: &DatabaseUrl, args: TenantArgs) -> crate::Result<()> {
+    // Checked before connecting: bad usage is reported as such, whatever the database.
+    if let TenantCommand::Set { tenant, .. } | TenantCommand::Remove { tenant } = &args.command {
+        crate::tenant::validate_name(tenant)?;
+    }
     url.require_existing()?;
     let mut conn = url.connect()?;
     ensure_migrated(&mut conn)?;

@@ -203,8 +203,13 @@ pub trait Driver {
     /// Every tenant's row, by name.
     fn tenant_list(&mut self) -> QueryResult<Vec<TenantRow>>;
 
-    /// The first of `tenants` whose queued tasks reach its `max_queued`, with that limit.
-    fn tenant_at_max_queued(&mut self, tenants: &[String]) -> QueryResult<Option<(String, i64)>>;
+    /// Of `tenants` (each with the number of tasks a refused batch had for it), the one with a
+    /// `max_queued` whose queued tasks plus the batch's exceed it by the most, with that
+    /// limit: the tenant an enqueue was refused for.
+    fn tenant_over_max_queued(
+        &mut self,
+        tenants: &[(String, i64)],
+    ) -> QueryResult<Option<(String, i64)>>;
 
     /// The tenants that have a `max_running`.
     fn tenant_run_limited(&mut self) -> QueryResult<Vec<String>>;

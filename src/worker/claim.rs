@@ -21,34 +21,56 @@ impl Worker {
         self.claim_up_to(self.claim_limit())
     }
 
-    /// Claims at most `limit` due tasks (see [`Worker::claim`]): first those of the tenants
-    /// with a `max_running`, within it, then the others.
+    /// Claims at most `limit` due tasks (see [`Worker::claim`]): those of the tenants with a
+    /// `max_running`, within it, and the others. Neither kind may starve the other while it
+    /// has a backlog: which is claimed first alternates from claim to claim.
     pub(super) fn claim_up_to(&self, limit: usize) -> Result<Vec<ClaimedTask>> {
-        let mut page = self.claim_limited_up_to(limit)?;
+        if self.services.limits.tenants().is_empty() {
+            return self.claim_plain(limit);
+        }
+        let limited_first = self.services.limits.next_turn() % 2 == 0;
+        let claim = |limited: bool, n: usize| {
+            if limited {
+                self.claim_limited_up_to(n)
+            } else {
+                self.claim_plain(n)
+            }
+        };
+        let mut page = claim(limited_first, limit)?;
         let rest = limit - page.len();
         if rest == 0 {
             return Ok(page);
         }
-        match self.claim_statement(rest, |driver, owner, keywords, except, n, timeout| {
-            driver.task_claim_page(owner, keywords, except, n, timeout)
-        }) {
+        match claim(!limited_first, rest) {
             Ok(more) => page.extend(more),
             // What was claimed runs: report it; the next claim meets the error.
-            Err(e) if !page.is_empty() => log::debug!("claim failed after a tenant's claim: {e}"),
+            Err(e) if !page.is_empty() => log::debug!("a claim failed after another: {e}"),
             Err(e) => return Err(e),
         }
         Ok(page)
     }
 
+    /// The stamp claim of tasks not of a tenant with a `max_running`.
+    fn claim_plain(&self, limit: usize) -> Result<Vec<ClaimedTask>> {
+        self.claim_statement(limit, |driver, owner, keywords, except, n, timeout| {
+            driver.task_claim_page(owner, keywords, except, n, timeout)
+        })
+    }
+
     /// Claims at most `limit` due tasks of the tenants with a `max_running`, within it (none
     /// when no tenant has one): a stamping claim whatever the claim style, since the
-    /// fleet-wide count is of `running` rows.
+    /// fleet-wide count is of `running` rows. The tenants are handed over in an order that
+    /// rotates from claim to claim (SQLite serves them in turn until the page is full).
     pub(super) fn claim_limited_up_to(&self, limit: usize) -> Result<Vec<ClaimedTask>> {
-        if self.services.limits.tenants().is_empty() {
+        let tenants = self.services.limits.tenants();
+        if tenants.is_empty() {
             return Ok(Vec::new());
         }
-        self.claim_statement(limit, |driver, owner, keywords, tenants, n, timeout| {
-            driver.task_claim_limited(owner, keywords, tenants, n, timeout)
+        let mut rotated = tenants.to_vec();
+        let turn = self.services.limits.next_rotation() % rotated.len() as u64;
+        rotated.rotate_left(usize::try_from(turn).unwrap_or(0));
+        self.claim_statement(limit, |driver, owner, keywords, _, n, timeout| {
+            driver.task_claim_limited(owner, keywords, &rotated, n, timeout)
         })
     }
 

@@ -101,21 +101,43 @@ impl Worker {
     }
 
     /// Under lock claims: the tasks of tenants with a `max_running` claimed the stamping way
-    /// (their limit counts `running` rows) and handed to the pool, then chunks locked for
-    /// the rest of `limit`. Returns how many tasks it took.
+    /// (their limit counts `running` rows) and handed to the pool, and chunks locked for the
+    /// rest of `limit`; which comes first alternates from claim to claim, as in
+    /// [`Worker::claim_up_to`]. Returns how many tasks it took.
     fn refill_lock_style<'s>(
         &'s self,
         feed: &Feed<'s>,
         tally: &'s Mutex<Tally>,
         limit: usize,
     ) -> Result<usize> {
-        let page = self.claim_limited_up_to(limit)?;
-        let stamped = page.len();
-        self.submit_page(feed, page, tally);
-        if stamped == limit {
-            return Ok(stamped);
+        let limits = &self.services.limits;
+        if limits.tenants().is_empty() {
+            return self.refill_locked(feed, tally, limit);
         }
-        Ok(stamped + self.refill_locked(feed, tally, limit - stamped)?)
+        let limited_first = limits.next_turn() % 2 == 0;
+        let take = |limited: bool, n: usize| -> Result<usize> {
+            if limited {
+                let page = self.claim_limited_up_to(n)?;
+                let stamped = page.len();
+                self.submit_page(feed, page, tally);
+                Ok(stamped)
+            } else {
+                self.refill_locked(feed, tally, n)
+            }
+        };
+        let first = take(limited_first, limit)?;
+        if first == limit {
+            return Ok(first);
+        }
+        match take(!limited_first, limit - first) {
+            Ok(second) => Ok(first + second),
+            // What was claimed runs: report it; the next claim meets the error.
+            Err(e) if first > 0 => {
+                log::debug!("a claim failed after another: {e}");
+                Ok(first)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Claims one page and runs it; returns what happened to it. An empty tally means

@@ -39,7 +39,13 @@ fn is_quota(result: outbox::Result<outbox::Enqueued>, tenant: &str, limit: i64) 
 both_backends! {
     fn an_enqueue_past_max_queued_is_refused_naming_the_tenant_and_writes_nothing(db: &TestDb) {
         limit_queued(db, "acme", 3);
-        for i in 0..3 {
+        assert!(enqueue(&mut db.conn(), &task("a0", "acme")).unwrap().created);
+        // A batch that would cross the limit from below is refused whole, naming the tenant.
+        let crossing = [task("a1", "acme"), task("x1", "zeta"), task("a2", "acme"), task("a9", "acme")];
+        let err = enqueue_batch(&mut db.conn(), &crossing).unwrap_err();
+        assert!(matches!(err, Error::QuotaExceeded { ref tenant, limit: 3 } if tenant == "acme"), "{err}");
+        assert_eq!(db.count("SELECT count(*) FROM async_task"), 1);
+        for i in 1..3 {
             assert!(enqueue(&mut db.conn(), &task(&format!("a{i}"), "acme")).unwrap().created);
         }
         assert!(is_quota(enqueue(&mut db.conn(), &task("a3", "acme")), "acme", 3));
@@ -294,5 +300,24 @@ both_backends! {
             assert!(claimed <= LIMIT, "round {round}: {claimed} claimed at once, over {LIMIT}");
             db.exec("UPDATE async_task SET state = 'pending', owner = NULL WHERE state = 'running'");
         }
+    }
+}
+
+both_backends! {
+    fn neither_limited_tenants_nor_the_others_starve_each_other(db: &TestDb) {
+        set_tenant(&mut db.conn(), "acme", &TenantLimits::default().max_running(Some(100)), "t")
+            .unwrap();
+        let backlog: Vec<NewTask> = (0..20).map(|i| task(&format!("a{i}"), "acme")).collect();
+        enqueue_batch(&mut db.conn(), &backlog).unwrap();
+        let plain = enqueue(&mut db.conn(), &NewTask::new("ledger", "plain").priority(5)).unwrap().id;
+        let w = Worker::new(&db.url, ledger_registry("ledger"), small_config().page_size(2))
+            .unwrap();
+        // The limited tenant's backlog fills every page it is asked first for; the plain
+        // task, however low its priority, is taken within two claims.
+        let claimed: Vec<i64> = (0..2)
+            .flat_map(|_| w.claim().unwrap())
+            .map(|t| t.context.id())
+            .collect();
+        assert!(claimed.contains(&plain), "{claimed:?}");
     }
 }

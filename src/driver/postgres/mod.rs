@@ -209,8 +209,11 @@ impl Driver for PgConnection {
         tenant::list(self)
     }
 
-    fn tenant_at_max_queued(&mut self, tenants: &[String]) -> QueryResult<Option<(String, i64)>> {
-        tenant::at_max_queued(self, tenants)
+    fn tenant_over_max_queued(
+        &mut self,
+        tenants: &[(String, i64)],
+    ) -> QueryResult<Option<(String, i64)>> {
+        tenant::over_max_queued(self, tenants)
     }
 
     fn tenant_run_limited(&mut self) -> QueryResult<Vec<String>> {

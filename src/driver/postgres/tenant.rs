@@ -111,9 +111,9 @@ pub(super) fn list(conn: &mut PgConnection) -> QueryResult<Vec<TenantRow>> {
     .load(conn)
 }
 
-pub(super) fn at_max_queued(
+pub(super) fn over_max_queued(
     conn: &mut PgConnection,
-    tenants: &[String],
+    tenants: &[(String, i64)],
 ) -> QueryResult<Option<(String, i64)>> {
     #[derive(QueryableByName)]
     struct Full {
@@ -122,17 +122,22 @@ pub(super) fn at_max_queued(
         #[diesel(sql_type = BigInt)]
         lim: i64,
     }
+    let batch: Vec<serde_json::Value> = tenants
+        .iter()
+        .map(|(t, n)| serde_json::json!({"t": t, "n": n}))
+        .collect();
     let full: Option<Full> = Statement::<Pg>::new(
-        "SELECT a.tenant, a.max_queued::bigint AS lim FROM async_tenant a
-         WHERE a.tenant = ANY(",
+        "SELECT a.tenant, a.max_queued::bigint AS lim
+           FROM async_tenant a JOIN jsonb_to_recordset(",
     )
-    .bind::<Array<Text>, _>(tenants.to_vec())
+    .bind::<Text, _>(serde_json::Value::Array(batch).to_string())
     .sql(
-        ") AND a.max_queued IS NOT NULL
-           AND (SELECT count(*) FROM (SELECT 1 FROM async_task q
-                 WHERE q.tenant = a.tenant AND q.state IN ('pending', 'blocked')
-                 LIMIT a.max_queued) x) >= a.max_queued
-         ORDER BY a.tenant LIMIT 1",
+        "::jsonb) AS x(t text, n bigint) ON x.t = a.tenant
+          WHERE a.max_queued IS NOT NULL
+          ORDER BY (SELECT count(*) FROM async_task q
+                     WHERE q.tenant = a.tenant AND q.state IN ('pending', 'blocked'))
+                   + x.n - a.max_queued DESC, a.tenant
+          LIMIT 1",
     )
     .get_result(conn)
     .optional()?;
@@ -166,7 +171,9 @@ pub(super) fn claim_limited(
         #[diesel(sql_type = Text)]
         tenant: String,
     }
-    conn.transaction(|conn| {
+    // READ COMMITTED whatever the session's default: the claim statement must take a
+    // snapshot of its own, after the locks.
+    conn.build_transaction().read_committed().run(|conn| {
         // Each tenant's claim lock (a transaction-level advisory lock, class 0x6f72, 'or',
         // keyed by the tenant's hash), held until this transaction commits its claims. A
         // tenant another node is claiming for is skipped, not waited for.

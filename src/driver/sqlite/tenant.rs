@@ -83,9 +83,9 @@ pub(super) fn list(conn: &mut SqliteConnection) -> QueryResult<Vec<TenantRow>> {
         .load(conn)
 }
 
-pub(super) fn at_max_queued(
+pub(super) fn over_max_queued(
     conn: &mut SqliteConnection,
-    tenants: &[String],
+    tenants: &[(String, i64)],
 ) -> QueryResult<Option<(String, i64)>> {
     #[derive(QueryableByName)]
     struct Full {
@@ -94,17 +94,23 @@ pub(super) fn at_max_queued(
         #[diesel(sql_type = BigInt)]
         lim: i64,
     }
-    let tenants = serde_json::to_string(tenants).expect("a list of strings serialises");
+    let batch: Vec<serde_json::Value> = tenants
+        .iter()
+        .map(|(t, n)| serde_json::json!({"t": t, "n": n}))
+        .collect();
     let full: Option<Full> = Statement::<Sqlite>::new(
-        "SELECT a.tenant, a.max_queued AS lim FROM async_tenant a
-         WHERE a.tenant IN (SELECT value FROM json_each(",
+        "SELECT a.tenant, a.max_queued AS lim
+           FROM async_tenant a JOIN json_each(",
     )
-    .bind::<Text, _>(tenants)
+    .bind::<Text, _>(serde_json::Value::Array(batch).to_string())
     .sql(
-        ")) AND a.max_queued IS NOT NULL
-           AND (SELECT count(*) FROM async_task q
-                 WHERE q.tenant = a.tenant AND q.state IN ('pending', 'blocked')) >= a.max_queued
-         ORDER BY a.tenant LIMIT 1",
+        ") j ON j.value ->> 't' = a.tenant
+          WHERE a.max_queued IS NOT NULL
+          ORDER BY (SELECT count(*) FROM async_task q
+                     WHERE q.tenant = a.tenant AND q.state IN ('pending', 'blocked')
+                       AND q.state IN ('pending', 'blocked', 'running'))
+                   + (j.value ->> 'n') - a.max_queued DESC, a.tenant
+          LIMIT 1",
     )
     .get_result(conn)
     .optional()?;
