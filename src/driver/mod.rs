@@ -17,7 +17,7 @@ mod rows;
 mod sqlite;
 
 use diesel::backend::Backend;
-use diesel::sql_types::{BigInt, Double, HasSqlType, Integer};
+use diesel::sql_types::{BigInt, Double, HasSqlType, Integer, Text};
 use diesel::QueryResult;
 
 pub use rows::{
@@ -275,6 +275,32 @@ where
         .sql(" AS max_ms, ")
         .bind::<Double, _>(rescue.backoff_jitter)
         .sql(" AS jitter)")
+}
+
+/// Appends `INSERT INTO async_audit (…) VALUES (…)` of `audit` to `head`; `detail_cast`
+/// follows the detail's bind (`::jsonb` on PostgreSQL, nothing on SQLite).
+fn audit_insert<DB>(
+    head: Statement<DB>,
+    audit: &AuditEntry<'_>,
+    detail_cast: &'static str,
+) -> Statement<DB>
+where
+    DB: Backend + HasSqlType<BigInt> + HasSqlType<Text>,
+    i64: diesel::serialize::ToSql<BigInt, DB>,
+    String: diesel::serialize::ToSql<Text, DB>,
+{
+    head.sql("INSERT INTO async_audit (actor, action, target, detail, affected) VALUES (")
+        .bind::<Text, _>(audit.actor.to_owned())
+        .sql(", ")
+        .bind::<Text, _>(audit.action.to_owned())
+        .sql(", ")
+        .bind::<Text, _>(audit.target.to_owned())
+        .sql(", ")
+        .bind::<Text, _>(audit.detail.to_owned())
+        .sql(detail_cast)
+        .sql(", ")
+        .bind::<BigInt, _>(audit.affected)
+        .sql(")")
 }
 
 /// The driver behind a connection.

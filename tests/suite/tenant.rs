@@ -22,6 +22,16 @@ fn limit_queued(db: &TestDb, tenant: &str, n: i32) {
     .unwrap();
 }
 
+fn limit_running(db: &TestDb, tenant: &str, n: i32) {
+    set_tenant(
+        &mut db.conn(),
+        tenant,
+        &TenantLimits::default().max_running(Some(n)),
+        "test",
+    )
+    .unwrap();
+}
+
 fn task(biz_id: &str, tenant: &str) -> NewTask {
     NewTask::new("ledger", biz_id).tenant(tenant)
 }
@@ -191,13 +201,7 @@ both_backends! {
 
     fn max_running_holds_across_three_nodes(db: &TestDb) {
         const LIMIT: usize = 2;
-        set_tenant(
-            &mut db.conn(),
-            "acme",
-            &TenantLimits::default().max_running(Some(LIMIT as i32)),
-            "test",
-        )
-        .unwrap();
+        limit_running(db, "acme", LIMIT as i32);
         let tasks: Vec<NewTask> = (0..24)
             .map(|i| task(&format!("a{i}"), "acme"))
             .chain((0..24).map(|i| NewTask::new("ledger", format!("n{i}"))))
@@ -270,13 +274,7 @@ both_backends! {
 both_backends! {
     fn concurrent_claims_for_one_tenant_never_pass_max_running(db: &TestDb) {
         const LIMIT: usize = 3;
-        set_tenant(
-            &mut db.conn(),
-            "acme",
-            &TenantLimits::default().max_running(Some(LIMIT as i32)),
-            "test",
-        )
-        .unwrap();
+        limit_running(db, "acme", LIMIT as i32);
         let tasks: Vec<NewTask> = (0..50).map(|i| task(&format!("a{i}"), "acme")).collect();
         enqueue_batch(&mut db.conn(), &tasks).unwrap();
         let nodes: Vec<Worker> = (0..8)

@@ -4,7 +4,7 @@ use diesel::pg::{Pg, PgConnection};
 use diesel::sql_types::{BigInt, Nullable, Text};
 use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 
-use crate::driver::{AuditEntry, TaskFilter};
+use crate::driver::{audit_insert, AuditEntry, TaskFilter};
 use crate::sql::Statement;
 
 #[derive(QueryableByName)]
@@ -62,18 +62,5 @@ pub(super) fn retry(conn: &mut PgConnection, id: i64) -> QueryResult<usize> {
 }
 
 pub(super) fn audit(conn: &mut PgConnection, audit: &AuditEntry<'_>) -> QueryResult<usize> {
-    Statement::<Pg>::new(
-        "INSERT INTO async_audit (actor, action, target, detail, affected) VALUES (",
-    )
-    .bind::<Text, _>(audit.actor.to_owned())
-    .sql(", ")
-    .bind::<Text, _>(audit.action.to_owned())
-    .sql(", ")
-    .bind::<Text, _>(audit.target.to_owned())
-    .sql(", ")
-    .bind::<Text, _>(audit.detail.to_owned())
-    .sql("::jsonb, ")
-    .bind::<BigInt, _>(audit.affected)
-    .sql(")")
-    .execute(conn)
+    audit_insert(Statement::<Pg>::new(""), audit, "::jsonb").execute(conn)
 }

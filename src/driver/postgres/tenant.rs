@@ -7,7 +7,7 @@ use diesel::sql_types::{Array, BigInt, Bool, Integer, Nullable, Text};
 use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
 
 use super::task::stamp_picked;
-use crate::driver::{AuditEntry, ClaimRow, TenantRow, TenantSet};
+use crate::driver::{audit_insert, AuditEntry, ClaimRow, TenantRow, TenantSet};
 use crate::sql::Statement;
 
 /// The columns of a [`TenantRow`], from `async_tenant a`.
@@ -25,18 +25,7 @@ macro_rules! tenant_columns {
 
 /// `INSERT INTO async_audit …` of `audit`, as a CTE named `audit` (after `WITH … ,`).
 fn audit_cte(statement: Statement<Pg>, audit: &AuditEntry<'_>) -> Statement<Pg> {
-    statement
-        .sql("audit AS (INSERT INTO async_audit (actor, action, target, detail, affected) VALUES (")
-        .bind::<Text, _>(audit.actor.to_owned())
-        .sql(", ")
-        .bind::<Text, _>(audit.action.to_owned())
-        .sql(", ")
-        .bind::<Text, _>(audit.target.to_owned())
-        .sql(", ")
-        .bind::<Text, _>(audit.detail.to_owned())
-        .sql("::jsonb, ")
-        .bind::<BigInt, _>(audit.affected)
-        .sql("))")
+    audit_insert(statement.sql("audit AS ("), audit, "::jsonb").sql(")")
 }
 
 pub(super) fn set(

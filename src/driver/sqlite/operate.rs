@@ -4,7 +4,7 @@ use diesel::sql_types::{BigInt, Nullable, Text};
 use diesel::sqlite::{Sqlite, SqliteConnection};
 use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 
-use crate::driver::{AuditEntry, TaskFilter};
+use crate::driver::{audit_insert, AuditEntry, TaskFilter};
 use crate::sql::Statement;
 
 /// `… WHERE state IN ('pending', 'blocked', 'running')` and the filter's conditions.
@@ -66,18 +66,5 @@ pub(super) fn retry(conn: &mut SqliteConnection, id: i64) -> QueryResult<usize> 
 }
 
 pub(super) fn audit(conn: &mut SqliteConnection, audit: &AuditEntry<'_>) -> QueryResult<usize> {
-    Statement::<Sqlite>::new(
-        "INSERT INTO async_audit (actor, action, target, detail, affected) VALUES (",
-    )
-    .bind::<Text, _>(audit.actor.to_owned())
-    .sql(", ")
-    .bind::<Text, _>(audit.action.to_owned())
-    .sql(", ")
-    .bind::<Text, _>(audit.target.to_owned())
-    .sql(", ")
-    .bind::<Text, _>(audit.detail.to_owned())
-    .sql(", ")
-    .bind::<BigInt, _>(audit.affected)
-    .sql(")")
-    .execute(conn)
+    audit_insert(Statement::<Sqlite>::new(""), audit, "").execute(conn)
 }
