@@ -28,26 +28,42 @@ impl Worker {
         if self.services.limits.tenants().is_empty() {
             return self.claim_plain(limit);
         }
-        let limited_first = self.services.limits.next_turn() % 2 == 0;
-        let claim = |limited: bool, n: usize| {
-            if limited {
-                self.claim_limited_up_to(n)
+        let mut page = Vec::new();
+        self.take_both_kinds(limit, |limited, n| {
+            let claimed = if limited {
+                self.claim_limited_up_to(n)?
             } else {
-                self.claim_plain(n)
-            }
-        };
-        let mut page = claim(limited_first, limit)?;
-        let rest = limit - page.len();
-        if rest == 0 {
-            return Ok(page);
-        }
-        match claim(!limited_first, rest) {
-            Ok(more) => page.extend(more),
-            // What was claimed runs: report it; the next claim meets the error.
-            Err(e) if !page.is_empty() => log::debug!("a claim failed after another: {e}"),
-            Err(e) => return Err(e),
-        }
+                self.claim_plain(n)?
+            };
+            let taken = claimed.len();
+            page.extend(claimed);
+            Ok(taken)
+        })?;
         Ok(page)
+    }
+
+    /// Takes up to `limit` tasks with `take(limited, n)`, of one kind and then, for what is
+    /// left, of the other, which kind first alternating from call to call; returns how many
+    /// it took. An error of the second kind after tasks of the first were taken is logged
+    /// (they run; the next claim meets the error).
+    pub(super) fn take_both_kinds(
+        &self,
+        limit: usize,
+        mut take: impl FnMut(bool, usize) -> Result<usize>,
+    ) -> Result<usize> {
+        let limited_first = self.services.limits.next_turn() % 2 == 0;
+        let first = take(limited_first, limit)?;
+        if first >= limit {
+            return Ok(first);
+        }
+        match take(!limited_first, limit - first) {
+            Ok(second) => Ok(first + second),
+            Err(e) if first > 0 => {
+                log::debug!("a claim failed after another: {e}");
+                Ok(first)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// The stamp claim of tasks not of a tenant with a `max_running`.

@@ -102,20 +102,18 @@ impl Worker {
 
     /// Under lock claims: the tasks of tenants with a `max_running` claimed the stamping way
     /// (their limit counts `running` rows) and handed to the pool, and chunks locked for the
-    /// rest of `limit`; which comes first alternates from claim to claim, as in
-    /// [`Worker::claim_up_to`]. Returns how many tasks it took.
+    /// rest of `limit`; which comes first alternates from claim to claim
+    /// ([`Worker::take_both_kinds`]). Returns how many tasks it took.
     fn refill_lock_style<'s>(
         &'s self,
         feed: &Feed<'s>,
         tally: &'s Mutex<Tally>,
         limit: usize,
     ) -> Result<usize> {
-        let limits = &self.services.limits;
-        if limits.tenants().is_empty() {
+        if self.services.limits.tenants().is_empty() {
             return self.refill_locked(feed, tally, limit);
         }
-        let limited_first = limits.next_turn() % 2 == 0;
-        let take = |limited: bool, n: usize| -> Result<usize> {
+        self.take_both_kinds(limit, |limited, n| {
             if limited {
                 let page = self.claim_limited_up_to(n)?;
                 let stamped = page.len();
@@ -124,20 +122,7 @@ impl Worker {
             } else {
                 self.refill_locked(feed, tally, n)
             }
-        };
-        let first = take(limited_first, limit)?;
-        if first == limit {
-            return Ok(first);
-        }
-        match take(!limited_first, limit - first) {
-            Ok(second) => Ok(first + second),
-            // What was claimed runs: report it; the next claim meets the error.
-            Err(e) if first > 0 => {
-                log::debug!("a claim failed after another: {e}");
-                Ok(first)
-            }
-            Err(e) => Err(e),
-        }
+        })
     }
 
     /// Claims one page and runs it; returns what happened to it. An empty tally means

@@ -236,7 +236,11 @@ both_backends! {
             .collect();
         // Each node drains until nothing it may claim is due; they run until every task is
         // done (a node may stop while the tenant's slots are held by the others).
-        while db.count("SELECT count(*) FROM async_task WHERE state <> 'done'") > 0 {
+        for round in 0.. {
+            if db.count("SELECT count(*) FROM async_task WHERE state <> 'done'") == 0 {
+                break;
+            }
+            assert!(round < 20, "tasks left after {round} rounds of drains");
             std::thread::scope(|s| {
                 for node in &nodes {
                     s.spawn(move || node.drain().unwrap());
@@ -273,38 +277,14 @@ both_backends! {
 
 both_backends! {
     fn concurrent_claims_for_one_tenant_never_pass_max_running(db: &TestDb) {
-        const LIMIT: usize = 3;
-        limit_running(db, "acme", LIMIT as i32);
-        let tasks: Vec<NewTask> = (0..50).map(|i| task(&format!("a{i}"), "acme")).collect();
-        enqueue_batch(&mut db.conn(), &tasks).unwrap();
-        let nodes: Vec<Worker> = (0..8)
-            .map(|_| Worker::new(&db.url, ledger_registry("ledger"), small_config()).unwrap())
-            .collect();
-        for round in 0..10 {
-            let start = Barrier::new(nodes.len());
-            let claimed: usize = std::thread::scope(|s| {
-                let handles: Vec<_> = nodes
-                    .iter()
-                    .map(|node| {
-                        let start = &start;
-                        s.spawn(move || {
-                            start.wait();
-                            node.claim().unwrap().len()
-                        })
-                    })
-                    .collect();
-                handles.into_iter().map(|h| h.join().unwrap()).sum()
-            });
-            assert!(claimed <= LIMIT, "round {round}: {claimed} claimed at once, over {LIMIT}");
-            db.exec("UPDATE async_task SET state = 'pending', owner = NULL WHERE state = 'running'");
-        }
+        limit_running(db, "acme", 3);
+        claims_at_once_stay_within(db, 3);
     }
 }
 
 both_backends! {
     fn neither_limited_tenants_nor_the_others_starve_each_other(db: &TestDb) {
-        set_tenant(&mut db.conn(), "acme", &TenantLimits::default().max_running(Some(100)), "t")
-            .unwrap();
+        limit_running(db, "acme", 100);
         let backlog: Vec<NewTask> = (0..20).map(|i| task(&format!("a{i}"), "acme")).collect();
         enqueue_batch(&mut db.conn(), &backlog).unwrap();
         let plain = enqueue(&mut db.conn(), &NewTask::new("ledger", "plain").priority(5)).unwrap().id;
@@ -317,5 +297,66 @@ both_backends! {
             .map(|t| t.context.id())
             .collect();
         assert!(claimed.contains(&plain), "{claimed:?}");
+    }
+}
+
+both_backends! {
+    fn a_batch_of_several_tenants_is_inserted_tenant_by_tenant(db: &TestDb) {
+        // Producers then take limited tenants' quota locks in one order, and two batches of
+        // the same tenants in opposite orders cannot deadlock.
+        limit_queued(db, "a", 10);
+        limit_queued(db, "b", 10);
+        let batch = [task("b1", "b"), task("a1", "a"), task("b2", "b"), NewTask::new("ledger", "n")];
+        let ids: Vec<i64> = enqueue_batch(&mut db.conn(), &batch)
+            .unwrap()
+            .iter()
+            .map(|e| e.id)
+            .collect();
+        // Inserted as: no tenant, a1, b1, b2 (each tenant's tasks in the batch's order).
+        assert!(ids[3] < ids[1] && ids[1] < ids[0] && ids[0] < ids[2], "{ids:?}");
+    }
+}
+
+#[test]
+fn limited_claims_hold_under_a_repeatable_read_default() {
+    // The claim's count must come from a snapshot taken after the claim locks, whatever
+    // isolation level the database gives new transactions.
+    let db = &TestDb::postgres();
+    let name = db.url.as_str().rsplit('/').next().unwrap().to_owned();
+    db.exec(&format!(
+        "ALTER DATABASE \"{name}\" SET default_transaction_isolation = 'repeatable read'"
+    ));
+    limit_running(db, "acme", 3);
+    claims_at_once_stay_within(db, 3);
+}
+
+/// Eight nodes claim at once, thirty times over, for the tenant `acme` (50 due tasks, a
+/// `max_running` of `limit`): together they never claim more than the limit.
+fn claims_at_once_stay_within(db: &TestDb, limit: usize) {
+    let tasks: Vec<NewTask> = (0..50).map(|i| task(&format!("a{i}"), "acme")).collect();
+    enqueue_batch(&mut db.conn(), &tasks).unwrap();
+    let nodes: Vec<Worker> = (0..8)
+        .map(|_| Worker::new(&db.url, ledger_registry("ledger"), small_config()).unwrap())
+        .collect();
+    for round in 0..30 {
+        let start = Barrier::new(nodes.len());
+        let claimed: usize = std::thread::scope(|s| {
+            let handles: Vec<_> = nodes
+                .iter()
+                .map(|node| {
+                    let start = &start;
+                    s.spawn(move || {
+                        start.wait();
+                        node.claim().unwrap().len()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).sum()
+        });
+        assert!(
+            claimed <= limit,
+            "round {round}: {claimed} claimed at once, over {limit}"
+        );
+        db.exec("UPDATE async_task SET state = 'pending', owner = NULL WHERE state = 'running'");
     }
 }

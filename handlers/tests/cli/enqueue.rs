@@ -266,6 +266,25 @@ both_backends! {
             db.count(&format!("SELECT count(*) FROM async_audit WHERE action = 'task.retry' AND target = '{id}'")),
             1
         );
+        run(outbox_on(db, dir.path()).args(["cancel", "--all", "--tenant", "nobody"]))
+            .expect_code(0)
+            .stdout_has("cancelled 0 task(s)");
         assert_eq!(db.count("SELECT count(*) FROM async_audit"), 2, "dry runs and no-ops are not audited");
+    }
+}
+
+#[test]
+fn tenant_input_is_refused_as_bad_usage_before_any_database_is_reached() {
+    let dir = workdir();
+    // No server listens there: a check after connecting would fail with exit 1.
+    for args in [
+        &["tenant", "set", "", "--max-queued", "1"][..],
+        &["tenant", "remove", ""][..],
+        &["tenant", "set", "acme", "--max-running", "-2"][..],
+    ] {
+        run(outbox(dir.path())
+            .args(["--database-url", DOWN_PG_URL])
+            .args(args))
+        .expect_code(2);
     }
 }

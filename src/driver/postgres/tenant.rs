@@ -160,7 +160,7 @@ pub(super) fn claim_limited(
         #[diesel(sql_type = Text)]
         tenant: String,
     }
-    // READ COMMITTED whatever the session's default: the claim statement must take a
+    // READ COMMITTED whatever `default_transaction_isolation` says: the claim statement must take a
     // snapshot of its own, after the locks.
     conn.build_transaction().read_committed().run(|conn| {
         // Each tenant's claim lock (a transaction-level advisory lock, class 0x6f72, 'or',
