@@ -129,6 +129,23 @@ pub enum Error {
         tenant: String,
     },
 
+    /// A domain's configuration is invalid: a bad name or keyword, a keyword another domain
+    /// lists, a `MAX` over the node's threads, `RESERVED` threads that leave `default` none.
+    #[error("domain {domain:?}: {reason}")]
+    InvalidDomain {
+        /// The domain at fault.
+        domain: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// No domain or keyword has this name (in `async_domain`, or on a live node).
+    #[error("no domain or keyword {name:?} (see `outbox domain list`)")]
+    DomainNotFound {
+        /// The name as given.
+        name: String,
+    },
+
     /// The schema is older than this build: `outbox migrate` has not been run.
     #[error("the database schema is not up to date ({pending} pending migration(s)); run `outbox migrate`")]
     NotMigrated {

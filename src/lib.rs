@@ -27,6 +27,7 @@ pub mod backoff;
 pub mod cancel;
 pub mod cli;
 pub mod db;
+pub mod domain;
 mod driver;
 pub mod enqueue;
 pub mod error;

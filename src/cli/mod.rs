@@ -87,7 +87,9 @@ pub fn exit_code(error: &Error) -> u8 {
         | Error::PayloadTooLarge { .. }
         | Error::InvalidTask { .. }
         | Error::InvalidDatabaseUrl { .. }
-        | Error::InvalidConfig { .. } => 2,
+        | Error::InvalidConfig { .. }
+        | Error::InvalidDomain { .. }
+        | Error::DomainNotFound { .. } => 2,
         _ => 1,
     }
 }

@@ -21,8 +21,9 @@ use diesel::sql_types::{BigInt, Double, HasSqlType, Integer, Text};
 use diesel::QueryResult;
 
 pub use rows::{
-    AuditEntry, Claim, ClaimRow, ClaimState, InsertRow, KeywordStateCount, LockHolder, PruneBatch,
-    PrunedBatch, RescueParams, RescuedRow, TaskFilter, TaskKey, TaskRecord, TenantRow, TenantSet,
+    AuditEntry, Claim, ClaimRow, ClaimState, DomainRow, InsertRow, KeywordStateCount, LockHolder,
+    NodeDomainsRow, PruneBatch, PrunedBatch, RescueParams, RescuedRow, TaskFilter, TaskKey,
+    TaskRecord, TenantRow, TenantSet,
 };
 
 use crate::db::DbConnection;
@@ -217,9 +218,20 @@ pub trait Driver {
     /// Registers a worker process; returns its node id.
     fn node_register(&mut self, name: &str) -> QueryResult<i64>;
 
-    /// Records a live node's heartbeat with the database clock; returns the rows touched: 0
-    /// when the node is marked gone or its row was deleted.
-    fn node_heartbeat(&mut self, node_id: i64) -> QueryResult<usize>;
+    /// Records a live node's heartbeat with the database clock, and the domains it publishes
+    /// (JSON of [`crate::domain::NodeDomains`]); returns the rows touched: 0 when the node is
+    /// marked gone or its row was deleted.
+    fn node_heartbeat(&mut self, node_id: i64, domains: &str) -> QueryResult<usize>;
+
+    /// Every row of `async_domain`, by name.
+    fn domain_rows(&mut self) -> QueryResult<Vec<DomainRow>>;
+
+    /// The keywords paused on their own (`async_pause`).
+    fn keyword_paused(&mut self) -> QueryResult<Vec<String>>;
+
+    /// The nodes marked alive whose last heartbeat is at most `within_ms` old, with what
+    /// they published, by id.
+    fn node_domains(&mut self, within_ms: i64) -> QueryResult<Vec<NodeDomainsRow>>;
 
     /// Marks a node gone (clean exit).
     fn node_mark_gone(&mut self, node_id: i64) -> QueryResult<usize>;
@@ -302,6 +314,14 @@ where
         .bind::<BigInt, _>(audit.affected)
         .sql(")")
 }
+
+/// Every row of `async_domain`, by name (the same on both backends).
+const DOMAIN_ROWS: &str = "SELECT name, keywords, mode, threads, queue, timeout_ms, paused, \
+     released, version, CAST(updated_at AS TEXT) AS updated_at, updated_by \
+     FROM async_domain ORDER BY name";
+
+/// The keywords paused on their own.
+const KEYWORD_PAUSED: &str = "SELECT keyword FROM async_pause ORDER BY keyword";
 
 /// The driver behind a connection.
 pub(crate) fn driver(conn: &mut DbConnection) -> &mut dyn Driver {

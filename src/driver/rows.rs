@@ -1,6 +1,6 @@
 //! The rows and parameters that pass between the engine and the driver.
 
-use diesel::sql_types::{BigInt, Double, Integer, Nullable, Text};
+use diesel::sql_types::{BigInt, Bool, Double, Integer, Nullable, Text};
 use serde::Serialize;
 
 use crate::task::TaskState;
@@ -212,4 +212,45 @@ pub struct AuditEntry<'a> {
 pub struct TaskFilter<'a> {
     pub keyword: Option<&'a str>,
     pub tenant: Option<&'a str>,
+}
+
+/// A row of `async_domain`: a field left NULL takes the node's own configuration.
+#[derive(Debug, Clone, PartialEq, Eq, diesel::QueryableByName)]
+pub struct DomainRow {
+    #[diesel(sql_type = Text)]
+    pub name: String,
+    /// A JSON array of keywords.
+    #[diesel(sql_type = Nullable<Text>)]
+    pub keywords: Option<String>,
+    /// `max` or `reserved`.
+    #[diesel(sql_type = Nullable<Text>)]
+    pub mode: Option<String>,
+    #[diesel(sql_type = Nullable<Integer>)]
+    pub threads: Option<i32>,
+    #[diesel(sql_type = Nullable<Integer>)]
+    pub queue: Option<i32>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub timeout_ms: Option<i64>,
+    #[diesel(sql_type = Bool)]
+    pub paused: bool,
+    #[diesel(sql_type = Bool)]
+    pub released: bool,
+    #[diesel(sql_type = BigInt)]
+    pub version: i64,
+    #[diesel(sql_type = Text)]
+    pub updated_at: String,
+    #[diesel(sql_type = Text)]
+    pub updated_by: String,
+}
+
+/// A live node's published domains (`async_node.domains`, JSON of
+/// [`crate::domain::NodeDomains`]; NULL before its first heartbeat).
+#[derive(Debug, Clone, diesel::QueryableByName)]
+pub struct NodeDomainsRow {
+    #[diesel(sql_type = BigInt)]
+    pub id: i64,
+    #[diesel(sql_type = Text)]
+    pub name: String,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub domains: Option<String>,
 }

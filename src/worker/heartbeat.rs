@@ -113,7 +113,11 @@ impl Heartbeat {
             }
             let conn = slot.as_mut().expect("connected above");
             let old = self.node.id();
-            if driver(conn).node_heartbeat(old).op("node heartbeat")? == 0 {
+            if driver(conn)
+                .node_heartbeat(old, "{}")
+                .op("node heartbeat")?
+                == 0
+            {
                 let new = driver(conn)
                     .node_register(self.node.name())
                     .op("node register")?;

@@ -4,7 +4,9 @@ use diesel::pg::{Pg, PgConnection};
 use diesel::sql_types::{BigInt, Text};
 use diesel::{QueryResult, RunQueryDsl};
 
-use crate::driver::{counts_by_state, state_literals, KeywordStateCount, PruneBatch, PrunedBatch};
+use crate::driver::{
+    counts_by_state, state_literals, KeywordStateCount, NodeDomainsRow, PruneBatch, PrunedBatch,
+};
 use crate::sql::Statement;
 
 pub(super) fn count_by_keyword_state(
@@ -80,8 +82,14 @@ pub(super) fn node_register(conn: &mut PgConnection, name: &str) -> QueryResult<
     Ok(row.id)
 }
 
-pub(super) fn node_heartbeat(conn: &mut PgConnection, node_id: i64) -> QueryResult<usize> {
-    Statement::<Pg>::new("UPDATE async_node SET heartbeat_at = now() WHERE id = ")
+pub(super) fn node_heartbeat(
+    conn: &mut PgConnection,
+    node_id: i64,
+    domains: &str,
+) -> QueryResult<usize> {
+    Statement::<Pg>::new("UPDATE async_node SET heartbeat_at = now(), domains = ")
+        .bind::<Text, _>(domains.to_owned())
+        .sql(" WHERE id = ")
         .bind::<BigInt, _>(node_id)
         .sql(" AND state = 'alive'")
         .execute(conn)
@@ -117,4 +125,24 @@ pub(super) fn prune_nodes(
     .bind::<BigInt, _>(silent_ms)
     .bind::<BigInt, _>(limit)
     .execute(conn)
+}
+
+/// A keyword, as a query returns it.
+#[derive(diesel::QueryableByName)]
+pub(super) struct Keyword {
+    #[diesel(sql_type = Text)]
+    pub(super) keyword: String,
+}
+
+pub(super) fn node_domains(
+    conn: &mut PgConnection,
+    within_ms: i64,
+) -> QueryResult<Vec<NodeDomainsRow>> {
+    Statement::<Pg>::new(
+        "SELECT id, name, domains FROM async_node WHERE state = 'alive' \
+         AND heartbeat_at >= now() - make_interval(secs => ",
+    )
+    .bind::<BigInt, _>(within_ms)
+    .sql(" / 1000.0) ORDER BY id")
+    .load(conn)
 }

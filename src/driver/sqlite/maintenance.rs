@@ -4,7 +4,9 @@ use diesel::sql_types::{BigInt, Text};
 use diesel::sqlite::{Sqlite, SqliteConnection};
 use diesel::{QueryResult, RunQueryDsl};
 
-use crate::driver::{counts_by_state, state_literals, KeywordStateCount, PruneBatch, PrunedBatch};
+use crate::driver::{
+    counts_by_state, state_literals, KeywordStateCount, NodeDomainsRow, PruneBatch, PrunedBatch,
+};
 use crate::sql::Statement;
 
 pub(super) fn count_by_keyword_state(
@@ -33,12 +35,18 @@ pub(super) fn node_register(conn: &mut SqliteConnection, name: &str) -> QueryRes
     Ok(row.id)
 }
 
-pub(super) fn node_heartbeat(conn: &mut SqliteConnection, node_id: i64) -> QueryResult<usize> {
+pub(super) fn node_heartbeat(
+    conn: &mut SqliteConnection,
+    node_id: i64,
+    domains: &str,
+) -> QueryResult<usize> {
     Statement::<Sqlite>::new(concat!(
         "UPDATE async_node SET heartbeat_at = ",
         now!(),
-        " WHERE id = "
+        ", domains = "
     ))
+    .bind::<Text, _>(domains.to_owned())
+    .sql(" WHERE id = ")
     .bind::<BigInt, _>(node_id)
     .sql(" AND state = 'alive'")
     .execute(conn)
@@ -147,4 +155,24 @@ pub(super) fn prune_nodes(
     .bind::<BigInt, _>(silent_ms)
     .bind::<BigInt, _>(limit)
     .execute(conn)
+}
+
+/// A keyword, as a query returns it.
+#[derive(diesel::QueryableByName)]
+pub(super) struct Keyword {
+    #[diesel(sql_type = Text)]
+    pub(super) keyword: String,
+}
+
+pub(super) fn node_domains(
+    conn: &mut SqliteConnection,
+    within_ms: i64,
+) -> QueryResult<Vec<NodeDomainsRow>> {
+    Statement::<Sqlite>::new(
+        "SELECT id, name, domains FROM async_node WHERE state = 'alive' \
+         AND heartbeat_at >= strftime('%Y-%m-%d %H:%M:%f', 'now', ",
+    )
+    .bind::<Text, _>(format!("-{:.3} seconds", within_ms as f64 / 1000.0))
+    .sql(") ORDER BY id")
+    .load(conn)
 }

@@ -19,13 +19,13 @@ use std::time::{Duration, Instant};
 
 use diesel::connection::{AnsiTransactionManager, SimpleConnection};
 use diesel::sqlite::SqliteConnection;
-use diesel::QueryResult;
+use diesel::{QueryResult, RunQueryDsl};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
 use super::{
-    AuditEntry, Claim, ClaimRow, ClaimState, Driver, InsertRow, KeywordStateCount, LockHolder,
-    MigrationError, PruneBatch, PrunedBatch, RescueParams, RescuedRow, TaskFilter, TaskKey,
-    TaskRecord, TenantRow, TenantSet,
+    AuditEntry, Claim, ClaimRow, ClaimState, DomainRow, Driver, InsertRow, KeywordStateCount,
+    LockHolder, MigrationError, NodeDomainsRow, PruneBatch, PrunedBatch, RescueParams, RescuedRow,
+    TaskFilter, TaskKey, TaskRecord, TenantRow, TenantSet,
 };
 use crate::db::SQLITE_BUSY_TIMEOUT;
 
@@ -254,8 +254,24 @@ impl Driver for SqliteConnection {
         maintenance::node_register(self, name)
     }
 
-    fn node_heartbeat(&mut self, node_id: i64) -> QueryResult<usize> {
-        maintenance::node_heartbeat(self, node_id)
+    fn node_heartbeat(&mut self, node_id: i64, domains: &str) -> QueryResult<usize> {
+        maintenance::node_heartbeat(self, node_id, domains)
+    }
+
+    fn domain_rows(&mut self) -> QueryResult<Vec<DomainRow>> {
+        diesel::sql_query(super::DOMAIN_ROWS).load(self)
+    }
+
+    fn keyword_paused(&mut self) -> QueryResult<Vec<String>> {
+        Ok(diesel::sql_query(super::KEYWORD_PAUSED)
+            .load::<maintenance::Keyword>(self)?
+            .into_iter()
+            .map(|k| k.keyword)
+            .collect())
+    }
+
+    fn node_domains(&mut self, within_ms: i64) -> QueryResult<Vec<NodeDomainsRow>> {
+        maintenance::node_domains(self, within_ms)
     }
 
     fn node_mark_gone(&mut self, node_id: i64) -> QueryResult<usize> {

@@ -1,0 +1,1 @@
+//! Run-time control of domains through `async_domain`: list, set, release, pause, resume.
