@@ -54,6 +54,14 @@ pub struct WorkerArgs {
     /// --commit-batch > 1 on PostgreSQL (and no --queue), stamp otherwise.
     #[arg(long = "claim", default_value_t = ClaimStyle::Auto)]
     claim_style: ClaimStyle,
+    /// Task domains from a TOML file: `[[domain]]` tables with `name`, `keywords`, one of
+    /// `max` / `reserved`, and optionally `queue` and `timeout` (README, "Domains").
+    #[arg(long, value_name = "FILE")]
+    domains: Option<std::path::PathBuf>,
+    /// A task domain: NAME:KEYWORD,…:max=N or reserved=N, then optionally :queue=N and
+    /// :timeout=D (repeatable; with --domains, both count).
+    #[arg(long = "domain", value_name = "SPEC")]
+    domain: Vec<String>,
     /// Print the summary as one JSON object.
     #[arg(long)]
     pub(super) json: bool,
@@ -75,6 +83,12 @@ impl WorkerArgs {
         config.queue = self.queue;
         config.page_size = self.page_size;
         config.dead_after = self.dead_after;
+        if let Some(file) = &self.domains {
+            config.domains = crate::domain::parse_domains_file(file)?;
+        }
+        for flag in &self.domain {
+            config = config.domain(crate::domain::parse_domain_flag(flag)?);
+        }
         config.resolve(backend)?;
         Ok(config)
     }

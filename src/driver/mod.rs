@@ -223,6 +223,13 @@ pub trait Driver {
     /// marked gone or its row was deleted.
     fn node_heartbeat(&mut self, node_id: i64, domains: &str) -> QueryResult<usize>;
 
+    /// This connection's backend process id (PostgreSQL; `None` on SQLite).
+    fn backend_pid(&mut self) -> QueryResult<Option<i32>>;
+
+    /// Cancels the statement backend `pid` runs now (`pg_cancel_backend`); whether a signal
+    /// was sent. Does nothing on SQLite.
+    fn backend_cancel(&mut self, pid: i32) -> QueryResult<bool>;
+
     /// Every row of `async_domain`, by name.
     fn domain_rows(&mut self) -> QueryResult<Vec<DomainRow>>;
 

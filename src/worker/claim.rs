@@ -1,6 +1,6 @@
 //! The claim: one statement that takes a page of due tasks for this node.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::heartbeat::may_claim;
 use super::{millis, Worker};
@@ -17,23 +17,32 @@ impl Worker {
     ///
     /// Fails with [`Error::HeartbeatStale`] when this node has not recorded a heartbeat for
     /// `dead_after − heartbeat`: other nodes may soon rescue its tasks, so it must not claim.
+    ///
+    /// With domains, it claims for every domain that is not paused, whatever its room.
     pub fn claim(&self) -> Result<Vec<ClaimedTask>> {
-        self.claim_up_to(self.claim_limit())
+        let keywords = self.services.domains.plan().keywords();
+        self.claim_up_to(&keywords, self.claim_limit(), self.settings.claim_timeout())
     }
 
-    /// Claims at most `limit` due tasks (see [`Worker::claim`]): those of the tenants with a
-    /// `max_running`, within it, and the others. Neither kind may starve the other while it
-    /// has a backlog: which is claimed first alternates from claim to claim.
-    pub(super) fn claim_up_to(&self, limit: usize) -> Result<Vec<ClaimedTask>> {
+    /// Claims at most `limit` due tasks of `keywords` (see [`Worker::claim`]), each with
+    /// `timeout` to run: those of the tenants with a `max_running`, within it, and the
+    /// others. Neither kind may starve the other while it has a backlog: which is claimed
+    /// first alternates from claim to claim.
+    pub(super) fn claim_up_to(
+        &self,
+        keywords: &[String],
+        limit: usize,
+        timeout: Duration,
+    ) -> Result<Vec<ClaimedTask>> {
         if self.services.limits.tenants().is_empty() {
-            return self.claim_plain(limit);
+            return self.claim_plain(keywords, limit, timeout);
         }
         let mut page = Vec::new();
         self.take_both_kinds(limit, |limited, n| {
             let claimed = if limited {
-                self.claim_limited_up_to(n)?
+                self.claim_limited_up_to(keywords, n, timeout)?
             } else {
-                self.claim_plain(n)?
+                self.claim_plain(keywords, n, timeout)?
             };
             let taken = claimed.len();
             page.extend(claimed);
@@ -67,17 +76,32 @@ impl Worker {
     }
 
     /// The stamp claim of tasks not of a tenant with a `max_running`.
-    fn claim_plain(&self, limit: usize) -> Result<Vec<ClaimedTask>> {
-        self.claim_statement(limit, |driver, owner, keywords, except, n, timeout| {
-            driver.task_claim_page(owner, keywords, except, n, timeout)
-        })
+    fn claim_plain(
+        &self,
+        keywords: &[String],
+        limit: usize,
+        timeout: Duration,
+    ) -> Result<Vec<ClaimedTask>> {
+        self.claim_statement(
+            keywords,
+            limit,
+            timeout,
+            |driver, owner, keywords, except, n, timeout| {
+                driver.task_claim_page(owner, keywords, except, n, timeout)
+            },
+        )
     }
 
     /// Claims at most `limit` due tasks of the tenants with a `max_running`, within it (none
     /// when no tenant has one): a stamping claim whatever the claim style, since the
     /// fleet-wide count is of `running` rows. The tenants are handed over in an order that
     /// rotates from claim to claim (SQLite serves them in turn until the page is full).
-    pub(super) fn claim_limited_up_to(&self, limit: usize) -> Result<Vec<ClaimedTask>> {
+    pub(super) fn claim_limited_up_to(
+        &self,
+        keywords: &[String],
+        limit: usize,
+        timeout: Duration,
+    ) -> Result<Vec<ClaimedTask>> {
         let tenants = self.services.limits.tenants();
         if tenants.is_empty() {
             return Ok(Vec::new());
@@ -85,17 +109,25 @@ impl Worker {
         let mut rotated = tenants.to_vec();
         let turn = self.services.limits.next_rotation() % rotated.len() as u64;
         rotated.rotate_left(usize::try_from(turn).unwrap_or(0));
-        self.claim_statement(limit, |driver, owner, keywords, _, n, timeout| {
-            driver.task_claim_limited(owner, keywords, &rotated, n, timeout)
-        })
+        self.claim_statement(
+            keywords,
+            limit,
+            timeout,
+            |driver, owner, keywords, _, n, timeout| {
+                driver.task_claim_limited(owner, keywords, &rotated, n, timeout)
+            },
+        )
     }
 
-    /// Runs one claim statement of `limit` tasks for this node, with the heartbeat check,
-    /// the writer's turn and the deadline every claim has; `claim` is given the driver, the
-    /// owner, the keywords, the tenants with a `max_running`, the limit and the timeout.
+    /// Runs one claim statement of `limit` tasks of `keywords` for this node, with the
+    /// heartbeat check, the writer's turn and the deadline every claim has (`timeout` from
+    /// now); `claim` is given the driver, the owner, the keywords, the tenants with a
+    /// `max_running`, the limit and the timeout. Claims nothing for no keyword.
     fn claim_statement(
         &self,
+        keywords: &[String],
         limit: usize,
+        timeout: Duration,
         claim: impl FnOnce(
             &mut dyn Driver,
             i64,
@@ -105,11 +137,13 @@ impl Worker {
             i64,
         ) -> diesel::QueryResult<Vec<ClaimRow>>,
     ) -> Result<Vec<ClaimedTask>> {
+        if keywords.is_empty() {
+            return Ok(Vec::new());
+        }
         self.ensure_heartbeat_fresh()?;
         let limited = self.services.limits.tenants();
         let mut conn = self.pool.get().op("task claim")?;
         let owner = self.node.id();
-        let timeout = self.settings.claim_timeout();
         // The local deadline starts before the statement, so it never ends after the
         // database's.
         let deadline = Instant::now() + timeout;
@@ -118,7 +152,7 @@ impl Worker {
             claim(
                 driver(&mut conn),
                 owner,
-                &self.keywords,
+                keywords,
                 &limited,
                 i64::try_from(limit).unwrap_or(i64::MAX),
                 millis(timeout),

@@ -5,6 +5,7 @@ use std::time::Duration;
 use super::style::ClaimStyle;
 use crate::backoff::Backoff;
 use crate::db::Backend;
+use crate::domain::{validate_domains, Domain};
 use crate::error::{Error, Result};
 
 /// Tasks claimed per claim statement by default in strict mode.
@@ -122,6 +123,9 @@ pub struct WorkerConfig {
     /// How tasks are claimed: stamped, or locked for the length of their transaction (see
     /// [`ClaimStyle`]; default [`ClaimStyle::Auto`]).
     pub claim_style: ClaimStyle,
+    /// The node's task domains (none by default: every keyword is `default`'s and takes any
+    /// thread). See [`crate::domain`]. Domains need stamp claims.
+    pub domains: Vec<Domain>,
 }
 
 impl Default for WorkerConfig {
@@ -140,6 +144,7 @@ impl Default for WorkerConfig {
             exit_on_hang: false,
             commit_batch: 1,
             claim_style: ClaimStyle::Auto,
+            domains: Vec::new(),
         }
     }
 }
@@ -184,6 +189,12 @@ impl WorkerConfig {
         claim_style: ClaimStyle => claim_style;
     }
 
+    /// Adds a task domain (checked with the others when the worker starts).
+    pub fn domain(mut self, domain: Domain) -> Self {
+        self.domains.push(domain);
+        self
+    }
+
     /// The settings for `backend`, every default filled in, checked.
     ///
     /// Fails with [`Error::InvalidConfig`] naming the setting out of range.
@@ -192,9 +203,19 @@ impl WorkerConfig {
             Backend::Postgres => default_threads(),
             Backend::Sqlite => 1,
         });
-        let lock = self
-            .claim_style
-            .locks(backend, self.commit_batch, self.queue)?;
+        let lock = match self.claim_style {
+            ClaimStyle::Auto if !self.domains.is_empty() => false,
+            style => style.locks(backend, self.commit_batch, self.queue)?,
+        };
+        if lock && !self.domains.is_empty() {
+            return Err(Error::InvalidConfig {
+                setting: "claim",
+                reason: "must be stamp with domains (a locked chunk cannot wait for its \
+                         domain's slot)"
+                    .into(),
+            });
+        }
+        validate_domains(&self.domains, threads)?;
         // A lock claim starts each chunk at once: a queued chunk would hold its locks and a
         // connection while it waited.
         let queue = self
@@ -227,6 +248,7 @@ impl WorkerConfig {
             exit_on_hang: self.exit_on_hang,
             commit_batch: self.commit_batch,
             lock,
+            domains: self.domains.clone(),
         };
         settings.validate()?;
         Ok(settings)
@@ -250,6 +272,7 @@ pub(crate) struct Settings {
     pub(crate) commit_batch: usize,
     /// Whether chunks are claimed by locking their rows ([`ClaimStyle::Lock`]).
     pub(crate) lock: bool,
+    pub(crate) domains: Vec<Domain>,
 }
 
 impl Settings {

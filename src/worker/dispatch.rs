@@ -12,8 +12,10 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
+
+use super::slots::{Lanes, Slot, Slots};
 
 /// A rayon pool with an in-flight bound.
 ///
@@ -26,7 +28,8 @@ pub(crate) struct Dispatcher {
     pool: rayon::ThreadPool,
     threads: usize,
     in_flight: AtomicUsize,
-    bound: usize,
+    /// Which lane (domain) may start a task on which thread, and the in-flight bound.
+    lanes: Arc<Lanes>,
     caller_runs: AtomicU64,
     /// Queued units the claiming thread took from the queue and ran while it waited.
     helped: AtomicU64,
@@ -46,10 +49,19 @@ pub(crate) struct Dispatcher {
 /// A unit of work.
 type Job<'j> = Box<dyn FnOnce() + Send + 'j>;
 
-/// The work queue of one [`Dispatcher::scope`]. Its length is bounded by the dispatcher's
-/// in-flight bound, not by itself.
+/// The queues of one [`Dispatcher::scope`], one per lane (domain), and whether the scope has
+/// closed.
+struct Queues<'j> {
+    lanes: Vec<VecDeque<Job<'j>>>,
+    closed: bool,
+    /// The lane the next look for a startable task begins with (turns between lanes).
+    next: usize,
+}
+
+/// The work queues of one [`Dispatcher::scope`]. Their lengths are bounded by the claims
+/// (each asks per lane for what fits), not by themselves.
 pub(crate) struct Feed<'j> {
-    jobs: Mutex<(VecDeque<Job<'j>>, bool)>,
+    jobs: Mutex<Queues<'j>>,
     ready: Condvar,
     /// The first panic that escaped a job: re-raised when the scope ends, after the pool's
     /// threads have carried on with the other jobs.
@@ -57,58 +69,107 @@ pub(crate) struct Feed<'j> {
 }
 
 impl<'j> Feed<'j> {
-    fn push(&self, job: Job<'j>) {
-        let mut jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
-        jobs.0.push_back(job);
+    fn lock(&self) -> MutexGuard<'_, Queues<'j>> {
+        self.jobs.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn push(&self, dispatcher: &Dispatcher, lane: usize, job: Job<'j>) {
+        let mut jobs = self.lock();
+        if jobs.lanes.len() <= lane {
+            jobs.lanes.resize_with(lane + 1, VecDeque::new);
+        }
+        jobs.lanes[lane].push_back(job);
+        dispatcher.slots().queued(lane);
         self.ready.notify_one();
     }
 
     /// No more jobs: the threads finish what is queued and return.
     fn close(&self) {
-        let mut jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
-        jobs.1 = true;
+        let mut jobs = self.lock();
+        jobs.closed = true;
         self.ready.notify_all();
     }
 
-    /// A pool thread's loop: run jobs until the feed is closed and empty.
+    /// A pool thread's loop: run jobs, each once its lane may take a slot, until the feed is
+    /// closed and empty.
     fn work(&self, dispatcher: &Dispatcher) {
         loop {
-            let job = {
-                let mut jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
+            let (lane, slot, job) = {
+                let mut jobs = self.lock();
                 loop {
-                    if let Some(job) = jobs.0.pop_front() {
-                        break job;
+                    if let Some(startable) = Self::pop_startable(&mut jobs, dispatcher) {
+                        break startable;
                     }
-                    if jobs.1 {
+                    if jobs.closed && jobs.lanes.iter().all(VecDeque::is_empty) {
                         return;
                     }
-                    jobs = self.ready.wait(jobs).unwrap_or_else(|e| e.into_inner());
+                    jobs = self
+                        .ready
+                        .wait(jobs)
+                        .unwrap_or_else(PoisonError::into_inner);
                 }
             };
-            self.run(dispatcher, job);
+            self.run(dispatcher, lane, Some(slot), job);
         }
     }
 
-    /// Jobs waiting for a thread.
+    /// The first queued job, lanes taken in turn, whose lane may start it now, with the slot
+    /// it takes.
+    fn pop_startable(
+        jobs: &mut Queues<'j>,
+        dispatcher: &Dispatcher,
+    ) -> Option<(usize, Slot, Job<'j>)> {
+        let n = jobs.lanes.len();
+        if jobs.lanes.iter().all(VecDeque::is_empty) {
+            return None;
+        }
+        let mut slots = dispatcher.slots();
+        for k in 0..n {
+            let lane = (jobs.next + k) % n;
+            if jobs.lanes[lane].is_empty() {
+                continue;
+            }
+            if let Some(slot) = slots.start(lane) {
+                jobs.next = (lane + 1) % n;
+                let job = jobs.lanes[lane].pop_front().expect("not empty");
+                return Some((lane, slot, job));
+            }
+        }
+        None
+    }
+
+    /// `default`'s jobs waiting for a thread.
     fn queued(&self) -> usize {
-        self.jobs.lock().unwrap_or_else(|e| e.into_inner()).0.len()
+        self.lock().lanes.first().map_or(0, VecDeque::len)
     }
 
-    /// The next queued job, if any, without waiting.
-    fn try_pop(&self) -> Option<Job<'j>> {
-        let mut jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
-        jobs.0.pop_front()
+    /// The next queued job of `default`, if any, without waiting, for the claiming thread to
+    /// run without a slot (it is one more executor for `default`).
+    fn try_pop(&self, dispatcher: &Dispatcher) -> Option<Job<'j>> {
+        let mut jobs = self.lock();
+        let job = jobs.lanes.first_mut()?.pop_front()?;
+        dispatcher.slots().unqueue(0);
+        Some(job)
     }
 
-    /// Runs one job taken from the queue (on a pool thread, or on the claiming thread when
-    /// it helps) and counts it finished.
-    fn run(&self, dispatcher: &Dispatcher, job: Job<'j>) {
+    /// Runs one job taken from the queue (on a pool thread with its lane's `slot`, or on the
+    /// claiming thread when it helps) and counts it finished.
+    fn run(&self, dispatcher: &Dispatcher, lane: usize, slot: Option<Slot>, job: Job<'j>) {
         // Tasks catch their handlers' panics; this catches the rest (a bug, or a handler
         // error whose Display panics), so that the count stays right and this thread keeps
         // serving the queue.
         if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job)) {
             let mut slot = self.panic.lock().unwrap_or_else(|e| e.into_inner());
             slot.get_or_insert(panic);
+        }
+        if let Some(slot) = slot {
+            dispatcher.slots().finish(lane, slot);
+            // A freed slot may let another lane's queued job start. Under the queues' lock,
+            // so that no thread between its look and its wait misses it.
+            if dispatcher.lanes() > 1 {
+                let _jobs = self.lock();
+                self.ready.notify_all();
+            }
         }
         dispatcher.in_flight.fetch_sub(1, Ordering::SeqCst);
         let wanted = dispatcher.wanted.load(Ordering::SeqCst);
@@ -139,6 +200,7 @@ impl Dispatcher {
     pub(crate) fn new(
         threads: usize,
         queue: usize,
+        timeout_ms: u64,
         caller_helps: bool,
     ) -> Result<Self, rayon::ThreadPoolBuildError> {
         let pool = rayon::ThreadPoolBuilder::new()
@@ -149,7 +211,7 @@ impl Dispatcher {
             pool,
             threads,
             in_flight: AtomicUsize::new(0),
-            bound: threads + queue,
+            lanes: Arc::new(Lanes::new(Slots::new(threads, queue, timeout_ms))),
             caller_runs: AtomicU64::new(0),
             helped: AtomicU64::new(0),
             caller_helps,
@@ -168,7 +230,11 @@ impl Dispatcher {
     pub(crate) fn scope<'j, R>(&self, f: impl FnOnce(&Feed<'j>) -> R) -> R {
         let _one_at_a_time = self.scope_lock.lock().unwrap_or_else(|e| e.into_inner());
         let feed = Feed {
-            jobs: Mutex::new((VecDeque::new(), false)),
+            jobs: Mutex::new(Queues {
+                lanes: vec![VecDeque::new()],
+                closed: false,
+                next: 0,
+            }),
             ready: Condvar::new(),
             panic: Mutex::new(None),
         };
@@ -180,7 +246,7 @@ impl Dispatcher {
             let result = f(&feed);
             // What is still queued, the calling thread helps to run rather than wait for.
             if self.caller_helps {
-                while let Some(job) = feed.try_pop() {
+                while let Some(job) = feed.try_pop(self) {
                     self.help(&feed, job);
                 }
             }
@@ -199,17 +265,37 @@ impl Dispatcher {
 
     /// Room for every unit: nothing in flight.
     pub(crate) fn capacity(&self) -> usize {
-        self.bound + 1
+        self.bound() + 1
     }
 
-    /// Hands `work` to the pool while fewer than the bound are in flight; past it, runs it
-    /// on the calling thread (CallerRuns) before returning.
-    pub(crate) fn submit<'j, F>(&self, feed: &Feed<'j>, work: F)
+    fn bound(&self) -> usize {
+        self.lanes.bound()
+    }
+
+    /// The slots, locked.
+    pub(crate) fn slots(&self) -> MutexGuard<'_, Slots> {
+        self.lanes.lock()
+    }
+
+    /// The slots, to share with the services that reconfigure them and report their use.
+    pub(crate) fn shared_lanes(&self) -> Arc<Lanes> {
+        Arc::clone(&self.lanes)
+    }
+
+    /// Lanes (domains), `default` included.
+    pub(crate) fn lanes(&self) -> usize {
+        self.slots().len()
+    }
+
+    /// Hands `work` of `lane` to the pool. A task of `default` past the bound of tasks in
+    /// flight runs on the calling thread (CallerRuns) before this returns; a domain's task is
+    /// always queued, since its claim asked for no more than its room.
+    pub(crate) fn submit<'j, F>(&self, feed: &Feed<'j>, lane: usize, work: F)
     where
         F: FnOnce() + Send + 'j,
     {
-        if self.in_flight.fetch_add(1, Ordering::SeqCst) < self.bound {
-            feed.push(Box::new(work));
+        if self.in_flight.fetch_add(1, Ordering::SeqCst) < self.bound() || lane != 0 {
+            feed.push(self, lane, Box::new(work));
         } else {
             self.in_flight.fetch_sub(1, Ordering::SeqCst);
             self.caller_runs.fetch_add(1, Ordering::Relaxed);
@@ -220,7 +306,7 @@ impl Dispatcher {
     /// Units that can start now without waiting: free threads and queue slots, plus one for
     /// the calling thread.
     pub(crate) fn room(&self) -> usize {
-        (self.bound + 1).saturating_sub(self.in_flight.load(Ordering::SeqCst))
+        (self.bound() + 1).saturating_sub(self.in_flight.load(Ordering::SeqCst))
     }
 
     /// Waits until there is room for `want` units (at most the whole bound plus one), or
@@ -234,13 +320,13 @@ impl Dispatcher {
     /// leaving at least a unit per thread in the queue keeps the pool busy for a while
     /// meanwhile, and with a short queue the claiming thread only waits.
     pub(crate) fn wait_for_room(&self, feed: &Feed<'_>, want: usize, stop: &AtomicBool) {
-        let want = want.clamp(1, self.bound + 1);
+        let want = want.clamp(1, self.bound() + 1);
         while self.caller_helps
             && self.room() < want
             && !stop.load(Ordering::Relaxed)
             && feed.queued() > self.threads
         {
-            let Some(job) = feed.try_pop() else { break };
+            let Some(job) = feed.try_pop(self) else { break };
             self.help(feed, job);
         }
         if self.room() >= want {
@@ -261,10 +347,34 @@ impl Dispatcher {
         self.wanted.store(0, Ordering::Release);
     }
 
-    /// Runs a queued `job` on the calling (claiming) thread, which helps while it waits.
+    /// Waits until some lane has at least half its room free ([`Slots::worth_claiming`]),
+    /// nothing is in flight, or `stop` is set: with several domains, the claim's trigger.
+    pub(crate) fn wait_for_lane_room(&self, stop: &AtomicBool) {
+        let ready = || {
+            self.in_flight() == 0 || stop.load(Ordering::Relaxed) || self.slots().worth_claiming()
+        };
+        if ready() {
+            return;
+        }
+        let mut guard = self.finished.0.lock().unwrap_or_else(|e| e.into_inner());
+        // Any unit finishing wakes this waiter (see `wait_for_room`).
+        self.wanted.store(1, Ordering::SeqCst);
+        while !ready() {
+            guard = self
+                .finished
+                .1
+                .wait_timeout(guard, Duration::from_millis(50))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        self.wanted.store(0, Ordering::Release);
+    }
+
+    /// Runs a queued `job` of `default` on the calling (claiming) thread, which helps while
+    /// it waits.
     fn help<'j>(&self, feed: &Feed<'j>, job: Job<'j>) {
         self.helped.fetch_add(1, Ordering::Relaxed);
-        feed.run(self, job);
+        feed.run(self, 0, None, job);
     }
 
     /// How many units the calling thread has run itself because the pool was full.

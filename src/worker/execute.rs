@@ -61,6 +61,7 @@ impl Worker {
                 return self.release(task, None);
             }
         };
+        let timeout = self.timeout_of(&mut conn, task);
         // The handler opens the transaction if it touches the database (taking this
         // process's writer turn on SQLite); the completion then commits with its writes. If
         // it never does, the completion is one statement alone, under the turn.
@@ -69,6 +70,9 @@ impl Worker {
             {
                 let _watch = self.services.watchdog.watch(claim.id, claim.token);
                 let _cancel = self.services.cancels.watch(&task.context);
+                let _timeout = timeout.map(|(lane, limit, backend)| {
+                    self.services.timeouts.watch(task, lane, limit, backend)
+                });
                 run_handler(handler, task, tx).map_err(Rollback::Handler)?;
             }
             let _turn = (!tx.is_open()).then(|| self.writer_turn.take());
@@ -196,6 +200,26 @@ impl Worker {
 }
 
 impl Worker {
+    /// For a task of a domain with a timeout: its lane, the timeout and its connection's
+    /// backend (one round trip on PostgreSQL, only for such domains).
+    fn timeout_of(
+        &self,
+        conn: &mut DbConnection,
+        task: &ClaimedTask,
+    ) -> Option<(usize, std::time::Duration, Option<i32>)> {
+        let (lane, limit) = self.watched(task)?;
+        Some((lane, limit, backend_of(conn, task)))
+    }
+
+    /// The lane of a task of a domain with a timeout, and the timeout.
+    fn watched(&self, task: &ClaimedTask) -> Option<(usize, std::time::Duration)> {
+        let plan = self.services.domains.plan();
+        match plan.watch_of(&task.context.keyword) {
+            (lane, Some(limit)) => Some((lane, limit)),
+            _ => None,
+        }
+    }
+
     /// Runs a chunk's handlers one after another in one transaction, then `complete` (the
     /// rows it marks done must be the whole chunk), and ends the transaction: committed if
     /// all of it succeeded, rolled back otherwise. `lock` names a lock claim's transaction,
@@ -224,6 +248,14 @@ impl Worker {
                 let _cancel = lock
                     .is_none()
                     .then(|| self.services.cancels.watch(&task.context));
+                // The transaction opens here only for a domain with a timeout.
+                let timeout = self.watched(task).map(|(lane, limit)| {
+                    let backend = tx.conn().ok().and_then(|conn| backend_of(conn, task));
+                    (lane, limit, backend)
+                });
+                let _timeout = timeout.map(|(lane, limit, backend)| {
+                    self.services.timeouts.watch(task, lane, limit, backend)
+                });
                 run_handler(*handler, task, tx).map_err(|_| ChunkRollback::Task)?;
             }
             match complete(tx.conn()?)? {
@@ -243,6 +275,14 @@ impl Worker {
         }
         result
     }
+}
+
+/// The backend process of a task's connection (PostgreSQL), for its domain's watchdog.
+fn backend_of(conn: &mut DbConnection, task: &ClaimedTask) -> Option<i32> {
+    driver(conn).backend_pid().unwrap_or_else(|e| {
+        log::debug!("task {}: its backend is unknown: {e}", task.context.id);
+        None
+    })
 }
 
 /// Runs a task's handler, a panic caught as a retryable failure.

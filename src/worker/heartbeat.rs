@@ -13,6 +13,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::cancels::CancelWatch;
+use super::domains::DomainControl;
 use super::tenants::RunLimits;
 use crate::db::{DatabaseUrl, DbConnection};
 use crate::driver::driver;
@@ -75,6 +76,8 @@ pub(crate) struct Heartbeat {
     cancels: std::sync::Arc<CancelWatch>,
     /// The tenants with a `max_running`, read again at each beat.
     limits: std::sync::Arc<RunLimits>,
+    /// The domains, read again at each beat and their use published.
+    domains: std::sync::Arc<DomainControl>,
 }
 
 impl Heartbeat {
@@ -83,12 +86,14 @@ impl Heartbeat {
         node: std::sync::Arc<Node>,
         cancels: std::sync::Arc<CancelWatch>,
         limits: std::sync::Arc<RunLimits>,
+        domains: std::sync::Arc<DomainControl>,
     ) -> Self {
         Heartbeat {
             url,
             node,
             cancels,
             limits,
+            domains,
             conn: Mutex::new(Beat::default()),
             last_ok: Mutex::new(Instant::now()),
         }
@@ -113,8 +118,15 @@ impl Heartbeat {
             }
             let conn = slot.as_mut().expect("connected above");
             let old = self.node.id();
+            // The domains first, so that the beat publishes what they are now. Not the
+            // beat's failure if it fails (a bad row is reported once; the last good
+            // configuration stays).
+            if let Err(e) = self.domains.refresh(conn) {
+                log::error!("node {old}: domains not changed: {e}");
+            }
+            let published = self.domains.publication();
             if driver(conn)
-                .node_heartbeat(old, "{}")
+                .node_heartbeat(old, &published)
                 .op("node heartbeat")?
                 == 0
             {

@@ -60,7 +60,8 @@ impl Worker {
             let n = chunk.tasks.len();
             claimed += n;
             let record = self.recorder(n, tally);
-            self.dispatcher.submit(feed, move || {
+            // Lock claims run without domains: every chunk is default's.
+            self.dispatcher.submit(feed, 0, move || {
                 super::run::record_or_unwind(self, n as u64, || self.execute_locked(chunk), &record)
             });
             if n < want {
@@ -72,6 +73,11 @@ impl Worker {
 
     /// Opens a transaction and locks up to `want` due tasks in it; `None` when none is due.
     fn lock_chunk(&self, want: usize) -> Result<Option<LockedChunk>> {
+        let plan = self.services.domains.plan();
+        let keywords = &plan.lanes[0].keywords;
+        if keywords.is_empty() {
+            return Ok(None);
+        }
         let mut conn = self.pool.get().op("task lock")?;
         let deadline = Instant::now() + self.settings.claim_timeout();
         driver(&mut conn)
@@ -80,7 +86,7 @@ impl Worker {
             .op("task lock")?;
         let limit = i64::try_from(want).unwrap_or(i64::MAX);
         let limited = self.services.limits.tenants();
-        let locked = driver(&mut conn).task_lock_page(&self.keywords, &limited, limit);
+        let locked = driver(&mut conn).task_lock_page(keywords, &limited, limit);
         match locked {
             Ok((holder, rows)) if !rows.is_empty() => Ok(Some(LockedChunk {
                 conn,

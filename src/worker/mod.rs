@@ -5,6 +5,7 @@ mod cancels;
 mod claim;
 mod config;
 mod dispatch;
+mod domains;
 mod execute;
 mod heartbeat;
 mod listen;
@@ -14,10 +15,12 @@ mod rescue;
 mod run;
 mod services;
 mod shutdown;
+mod slots;
 mod style;
 mod tally;
 mod tenants;
 mod ticker;
+mod timeouts;
 mod watchdog;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -36,6 +39,7 @@ pub use tally::{Report, Tally};
 
 use config::Settings;
 use dispatch::Dispatcher;
+use domains::DomainControl;
 use heartbeat::Node;
 use services::Services;
 
@@ -138,15 +142,30 @@ impl Worker {
         // executor, on PostgreSQL. On SQLite, whose writers take turns on one lock, a second
         // thread running tasks would mostly wait for the first.
         let caller_helps = url.backend() == crate::Backend::Postgres;
-        let dispatcher =
-            Dispatcher::new(settings.threads, settings.queue, caller_helps).map_err(|e| {
-                Error::Thread {
-                    thread: "execution pool",
-                    source: std::io::Error::other(e),
-                }
-            })?;
+        let dispatcher = Dispatcher::new(
+            settings.threads,
+            settings.queue,
+            u64::try_from(settings.task_timeout.as_millis()).unwrap_or(u64::MAX),
+            caller_helps,
+        )
+        .map_err(|e| Error::Thread {
+            thread: "execution pool",
+            source: std::io::Error::other(e),
+        })?;
+        let domains = DomainControl::new(
+            domains::Base {
+                threads: settings.threads,
+                queue: settings.queue,
+                task_timeout: settings.task_timeout,
+                commit_batch: settings.commit_batch,
+                domains: settings.domains.clone(),
+                registered: registry.keywords().map(str::to_owned).collect(),
+            },
+            dispatcher.shared_lanes(),
+        )?;
+        let timeouts = timeouts::Timeouts::new(dispatcher.shared_lanes());
         let stopping = Arc::new(AtomicBool::new(false));
-        let services = Services::start(&settings, url, &pool, &node, &stopping)?;
+        let services = Services::start(&settings, url, &pool, &node, &stopping, domains, timeouts)?;
         log::info!(
             "node {} ({}) started on {}: keywords {:?}, {} threads, {} claims",
             node.id(),

@@ -6,6 +6,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::dispatch::Feed;
+use super::domains::{Plan, PlanLane};
 use super::listen::Listener;
 use super::tally::{Outcome, Report, Tally};
 use super::ticker::sleep_unless;
@@ -31,21 +32,26 @@ impl Worker {
 
     /// Hands a claimed page to the execution pool, a task (or, in batched mode, a chunk) at a
     /// time; outcomes are counted in `tally` and in the worker's totals as they come.
+    /// Each task runs on a slot of its keyword's domain; a chunk holds one domain's tasks.
     fn submit_page<'s>(&'s self, feed: &Feed<'s>, page: Vec<ClaimedTask>, tally: &'s Mutex<Tally>) {
         let record = self.recorder(page.len(), tally);
+        let plan = self.services.domains.plan();
         if self.settings.commit_batch > 1 {
-            let mut tasks = page.into_iter().peekable();
-            while tasks.peek().is_some() {
-                let chunk: Vec<ClaimedTask> =
-                    tasks.by_ref().take(self.settings.commit_batch).collect();
-                self.dispatcher.submit(feed, move || {
-                    let n = chunk.len() as u64;
-                    record_or_unwind(self, n, || self.execute_chunk(chunk), &record)
-                });
+            for (lane, tasks) in by_lane(&plan, page) {
+                let mut tasks = tasks.into_iter().peekable();
+                while tasks.peek().is_some() {
+                    let chunk: Vec<ClaimedTask> =
+                        tasks.by_ref().take(self.settings.commit_batch).collect();
+                    self.dispatcher.submit(feed, lane, move || {
+                        let n = chunk.len() as u64;
+                        record_or_unwind(self, n, || self.execute_chunk(chunk), &record)
+                    });
+                }
             }
         } else {
             for task in page {
-                self.dispatcher.submit(feed, move || {
+                let lane = plan.lane_of(&task.context.keyword);
+                self.dispatcher.submit(feed, lane, move || {
                     record_or_unwind(self, 1, || vec![self.execute_task(&task)], &record)
                 });
             }
@@ -80,6 +86,14 @@ impl Worker {
     /// without waiting for them: the next claim overlaps the end of this page. Returns how
     /// many it claimed and the most it could have claimed; claims nothing once stopping.
     fn refill<'s>(&'s self, feed: &Feed<'s>, tally: &'s Mutex<Tally>) -> Result<(usize, usize)> {
+        let plan = self.services.domains.plan();
+        if plan.has_domains() {
+            self.dispatcher.wait_for_lane_room(&self.stopping);
+            if self.is_stopping() {
+                return Ok((0, 0));
+            }
+            return self.refill_lanes(feed, tally, &plan);
+        }
         let units = self.dispatcher.capacity();
         self.dispatcher
             .wait_for_room(feed, units.div_ceil(2), &self.stopping);
@@ -94,10 +108,59 @@ impl Worker {
         if self.settings.lock {
             return Ok((self.refill_lock_style(feed, tally, limit)?, limit));
         }
-        let page = self.claim_up_to(limit)?;
+        let default = &plan.lanes[0];
+        let page = self.claim_up_to(&default.keywords, limit, default.timeout)?;
         let claimed = page.len();
         self.submit_page(feed, page, tally);
         Ok((claimed, limit))
+    }
+
+    /// With domains: claims, lane by lane, as many of its tasks as it can start now or queue
+    /// ([`super::slots::Slots::room`]), and hands them to the pool. Returns how many it
+    /// claimed and the most it could have, the two equal when some lane's claim came back
+    /// full (more may be due: claim again at once).
+    fn refill_lanes<'s>(
+        &'s self,
+        feed: &Feed<'s>,
+        tally: &'s Mutex<Tally>,
+        plan: &Plan,
+    ) -> Result<(usize, usize)> {
+        let rooms: Vec<(&PlanLane, usize)> = {
+            let slots = self.dispatcher.slots();
+            plan.lanes.iter().map(|l| (l, slots.room(l.lane))).collect()
+        };
+        let (mut claimed, mut limit, mut full) = (0, 0, false);
+        for (lane, room) in rooms {
+            if room == 0 || lane.keywords.is_empty() {
+                continue;
+            }
+            let n = self
+                .settings
+                .page_size
+                .min(room * self.settings.commit_batch);
+            limit += n;
+            match self.claim_up_to(&lane.keywords, n, lane.timeout) {
+                Ok(page) => {
+                    claimed += page.len();
+                    full |= page.len() >= n;
+                    self.submit_page(feed, page, tally);
+                }
+                // What was claimed runs; the next claim meets the error.
+                Err(e) if claimed > 0 => {
+                    log::debug!("a domain's claim failed after another's: {e}");
+                    break;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok((
+            claimed,
+            if full {
+                claimed
+            } else {
+                limit.max(claimed + 1)
+            },
+        ))
     }
 
     /// Under lock claims: the tasks of tenants with a `max_running` claimed the stamping way
@@ -113,9 +176,11 @@ impl Worker {
         if self.services.limits.tenants().is_empty() {
             return self.refill_locked(feed, tally, limit);
         }
+        let plan = self.services.domains.plan();
         self.take_both_kinds(limit, |limited, n| {
             if limited {
-                let page = self.claim_limited_up_to(n)?;
+                let default = &plan.lanes[0];
+                let page = self.claim_limited_up_to(&default.keywords, n, default.timeout)?;
                 let stamped = page.len();
                 self.submit_page(feed, page, tally);
                 Ok(stamped)
@@ -137,6 +202,13 @@ impl Worker {
                 self.refill_lock_style(feed, &tally, self.claim_limit())
                     .map(|_| ())
             })?;
+            return Ok(tally.into_inner().unwrap_or_else(PoisonError::into_inner));
+        }
+        let plan = self.services.domains.plan();
+        if plan.has_domains() {
+            let tally = Mutex::new(Tally::default());
+            self.dispatcher
+                .scope(|feed| self.refill_lanes(feed, &tally, &plan).map(|_| ()))?;
             return Ok(tally.into_inner().unwrap_or_else(PoisonError::into_inner));
         }
         let page = self.claim()?;
@@ -283,6 +355,22 @@ pub(super) fn record_or_unwind(
             std::panic::resume_unwind(panic);
         }
     }
+}
+
+/// A page's tasks grouped by the lane their keyword runs on, in claim order within each.
+fn by_lane(plan: &Plan, page: Vec<ClaimedTask>) -> Vec<(usize, Vec<ClaimedTask>)> {
+    if !plan.has_domains() {
+        return vec![(0, page)];
+    }
+    let mut lanes: Vec<(usize, Vec<ClaimedTask>)> = Vec::new();
+    for task in page {
+        let lane = plan.lane_of(&task.context.keyword);
+        match lanes.iter_mut().find(|(l, _)| *l == lane) {
+            Some((_, tasks)) => tasks.push(task),
+            None => lanes.push((lane, vec![task])),
+        }
+    }
+    lanes
 }
 
 fn lock(tally: &Mutex<Tally>) -> std::sync::MutexGuard<'_, Tally> {

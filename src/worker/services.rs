@@ -8,9 +8,11 @@ use std::time::Duration;
 
 use super::cancels::CancelWatch;
 use super::config::Settings;
+use super::domains::DomainControl;
 use super::heartbeat::{Heartbeat, Node};
 use super::rescue::Rescuer;
 use super::tenants::RunLimits;
+use super::timeouts::Timeouts;
 use super::watchdog::Watchdog;
 use super::{locked, millis, ticker};
 use crate::db::{DatabaseUrl, DbPool};
@@ -22,6 +24,8 @@ pub(super) struct Services {
     pub(super) heartbeat: Arc<Heartbeat>,
     pub(super) cancels: Arc<CancelWatch>,
     pub(super) limits: Arc<RunLimits>,
+    pub(super) domains: Arc<DomainControl>,
+    pub(super) timeouts: Arc<Timeouts>,
     pub(super) rescuer: Arc<Rescuer>,
     pub(super) watchdog: Arc<Watchdog>,
     pub(super) stop: Arc<AtomicBool>,
@@ -35,19 +39,29 @@ impl Services {
         pool: &DbPool,
         node: &Arc<Node>,
         stopping: &Arc<AtomicBool>,
+        domains: DomainControl,
+        timeouts: Timeouts,
     ) -> Result<Self> {
         let cancels = Arc::new(CancelWatch::default());
         let limits = Arc::new(RunLimits::default());
-        limits.refresh(&mut *pool.get().op("tenant limits read")?)?;
+        let domains = Arc::new(domains);
+        {
+            let mut conn = pool.get().op("tenant limits read")?;
+            limits.refresh(&mut conn)?;
+            domains.refresh(&mut conn)?;
+        }
         let services = Services {
             heartbeat: Arc::new(Heartbeat::new(
                 url.clone(),
                 Arc::clone(node),
                 Arc::clone(&cancels),
                 Arc::clone(&limits),
+                Arc::clone(&domains),
             )),
             cancels,
             limits,
+            domains,
+            timeouts: Arc::new(timeouts),
             rescuer: Arc::new(Rescuer::new(
                 pool.clone(),
                 RescueParams {
@@ -93,6 +107,20 @@ impl Services {
                         log::warn!("rescue failed: {e}");
                     }
                 }
+            },
+        )?;
+        // The domains' timeouts, checked ten times a second.
+        let (timeouts, pool_, settings_) = (
+            Arc::clone(&services.timeouts),
+            pool.clone(),
+            settings.clone(),
+        );
+        services.spawn(
+            "timeouts",
+            id,
+            || Duration::from_millis(100),
+            move || {
+                timeouts.run_once(&pool_, &settings_);
             },
         )?;
         // Apart from the heartbeat: on SQLite a beat can wait the whole busy timeout on the

@@ -228,6 +228,14 @@ impl Driver for PgConnection {
         maintenance::node_heartbeat(self, node_id, domains)
     }
 
+    fn backend_pid(&mut self) -> QueryResult<Option<i32>> {
+        maintenance::backend_pid(self).map(Some)
+    }
+
+    fn backend_cancel(&mut self, pid: i32) -> QueryResult<bool> {
+        maintenance::backend_cancel(self, pid)
+    }
+
     fn domain_rows(&mut self) -> QueryResult<Vec<DomainRow>> {
         diesel::sql_query(super::DOMAIN_ROWS).load(self)
     }

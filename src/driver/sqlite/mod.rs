@@ -258,6 +258,14 @@ impl Driver for SqliteConnection {
         maintenance::node_heartbeat(self, node_id, domains)
     }
 
+    fn backend_pid(&mut self) -> QueryResult<Option<i32>> {
+        Ok(None)
+    }
+
+    fn backend_cancel(&mut self, _pid: i32) -> QueryResult<bool> {
+        Ok(false)
+    }
+
     fn domain_rows(&mut self) -> QueryResult<Vec<DomainRow>> {
         diesel::sql_query(super::DOMAIN_ROWS).load(self)
     }

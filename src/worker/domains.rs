@@ -1,0 +1,347 @@
+//! The node's domains as configured and as `async_domain` overrides them: the heartbeat reads
+//! the table (and `async_pause`) at each beat, applies what changed to the slots and the
+//! claim plan, and publishes the slots' use in `async_node.domains`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::Duration;
+
+use super::config::QUEUE_PER_THREAD;
+use super::slots::{LaneSpec, Lanes};
+use crate::db::DbConnection;
+use crate::domain::{validate_domains, Domain, DomainMode, NodeDomains, DEFAULT_DOMAIN};
+use crate::driver::{driver, DomainRow};
+use crate::error::{Error, OpContext, Result};
+
+/// One lane's claim: the keywords its claim asks for (registered here, not paused) and the
+/// deadline its tasks get.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PlanLane {
+    pub(crate) lane: usize,
+    pub(crate) keywords: Vec<String>,
+    pub(crate) timeout: Duration,
+    /// The domain's own timeout, when it has one: its handlers are watched for it.
+    pub(crate) watch: Option<Duration>,
+}
+
+/// What each claim asks for, lane by lane, `default` first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Plan {
+    pub(crate) lanes: Vec<PlanLane>,
+    lane_of: HashMap<String, usize>,
+}
+
+impl Plan {
+    /// The lane whose slots a task of `keyword` runs on.
+    pub(crate) fn lane_of(&self, keyword: &str) -> usize {
+        self.lane_of.get(keyword).copied().unwrap_or(0)
+    }
+
+    /// The lane a task of `keyword` runs on, and its domain's own timeout, if any.
+    pub(crate) fn watch_of(&self, keyword: &str) -> (usize, Option<Duration>) {
+        let lane = self.lane_of(keyword);
+        let watch = self
+            .lanes
+            .iter()
+            .find(|l| l.lane == lane)
+            .and_then(|l| l.watch);
+        (lane, watch)
+    }
+
+    /// Whether any domain besides `default` is in use.
+    pub(crate) fn has_domains(&self) -> bool {
+        self.lanes.len() > 1
+    }
+
+    /// Every keyword any lane claims (none of a paused lane, nor a paused keyword).
+    pub(crate) fn keywords(&self) -> Vec<String> {
+        self.lanes
+            .iter()
+            .flat_map(|l| l.keywords.iter().cloned())
+            .collect()
+    }
+}
+
+/// What the node was started with.
+#[derive(Debug, Clone)]
+pub(crate) struct Base {
+    pub(crate) threads: usize,
+    pub(crate) queue: usize,
+    pub(crate) task_timeout: Duration,
+    pub(crate) commit_batch: usize,
+    pub(crate) domains: Vec<Domain>,
+    pub(crate) registered: Vec<String>,
+}
+
+/// The node's domains now.
+pub(crate) struct DomainControl {
+    base: Base,
+    lanes: Arc<Lanes>,
+    plan: RwLock<Arc<Plan>>,
+    /// The table's rows and paused keywords last applied.
+    applied: Mutex<Option<(Vec<DomainRow>, Vec<String>)>>,
+}
+
+impl DomainControl {
+    /// Applies the configured domains to `lanes`.
+    pub(crate) fn new(base: Base, lanes: Arc<Lanes>) -> Result<DomainControl> {
+        let control = DomainControl {
+            base,
+            lanes,
+            plan: RwLock::new(Arc::new(Plan {
+                lanes: Vec::new(),
+                lane_of: HashMap::new(),
+            })),
+            applied: Mutex::new(None),
+        };
+        control.apply(&[], &[])?;
+        Ok(control)
+    }
+
+    /// The claim plan now.
+    pub(crate) fn plan(&self) -> Arc<Plan> {
+        Arc::clone(&self.plan.read().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Reads `async_domain` and `async_pause` again and applies them if they changed.
+    pub(crate) fn refresh(&self, conn: &mut DbConnection) -> Result<()> {
+        let rows = driver(conn).domain_rows().op("domain read")?;
+        let paused = driver(conn).keyword_paused().op("domain read")?;
+        let mut applied = self.applied.lock().unwrap_or_else(PoisonError::into_inner);
+        if applied.as_ref() == Some(&(rows.clone(), paused.clone())) {
+            return Ok(());
+        }
+        // Recorded even when it fails, so that a bad row is reported once, not at each beat.
+        *applied = Some((rows.clone(), paused.clone()));
+        drop(applied);
+        self.apply(&rows, &paused)
+    }
+
+    /// Applies the configuration merged with `rows`, with `paused` keywords not claimed. A
+    /// merge that is invalid changes nothing.
+    fn apply(&self, rows: &[DomainRow], paused: &[String]) -> Result<()> {
+        let base = &self.base;
+        let (default, domains) = merge(&base.domains, rows)?;
+        // A released domain's reserved threads are default's until it is resumed.
+        let holding: Vec<Domain> = domains
+            .iter()
+            .map(|d| {
+                let mut domain = d.domain.clone();
+                if d.released && domain.mode == DomainMode::Reserved {
+                    domain.threads = 0;
+                }
+                domain
+            })
+            .collect();
+        validate_domains(&holding, base.threads)?;
+        let registered = |k: &String| base.registered.contains(k);
+        let in_use: Vec<&Merged> = domains
+            .iter()
+            .filter(|d| d.domain.keywords.iter().any(registered))
+            .collect();
+        let timeout = |t: Option<Duration>| t.unwrap_or(base.task_timeout);
+        let lane_paused: Vec<bool> = std::iter::once(default.paused)
+            .chain(in_use.iter().map(|d| d.paused || d.released))
+            .collect();
+        let mut specs = vec![LaneSpec {
+            name: DEFAULT_DOMAIN.to_owned(),
+            mode: DomainMode::Max,
+            threads: base.threads,
+            queue: default.queue.unwrap_or(base.queue),
+            paused: default.paused,
+            released: false,
+            timeout_ms: millis(timeout(default.timeout)),
+        }];
+        specs.extend(in_use.iter().map(|d| {
+            LaneSpec {
+                name: d.domain.name.clone(),
+                mode: d.domain.mode,
+                threads: d.domain.threads,
+                queue: d
+                    .domain
+                    .queue
+                    .unwrap_or(QUEUE_PER_THREAD * d.domain.threads.max(1)),
+                paused: d.paused || d.released,
+                released: d.released,
+                timeout_ms: millis(timeout(d.domain.timeout)),
+            }
+        }));
+        let claimable = |k: &&String| registered(k) && !paused.contains(k);
+        let listed: Vec<&String> = in_use.iter().flat_map(|d| &d.domain.keywords).collect();
+        let mut keywords = vec![base
+            .registered
+            .iter()
+            .filter(|k| !listed.contains(k))
+            .filter(claimable)
+            .cloned()
+            .collect::<Vec<_>>()];
+        keywords.extend(in_use.iter().map(|d| {
+            d.domain
+                .keywords
+                .iter()
+                .filter(claimable)
+                .cloned()
+                .collect()
+        }));
+        let timeouts: Vec<Option<Duration>> = std::iter::once(default.timeout)
+            .chain(in_use.iter().map(|d| d.domain.timeout))
+            .collect();
+        // A paused lane claims nothing.
+        for (keywords, paused) in keywords.iter_mut().zip(&lane_paused) {
+            if *paused {
+                keywords.clear();
+            }
+        }
+        let indexes = self.lanes.apply(specs);
+        let mut lane_of = HashMap::new();
+        for (d, &lane) in in_use.iter().zip(&indexes[1..]) {
+            for keyword in &d.domain.keywords {
+                lane_of.insert(keyword.clone(), lane);
+            }
+        }
+        let plan = Plan {
+            lanes: indexes
+                .into_iter()
+                .zip(keywords)
+                .zip(timeouts)
+                .map(|((lane, keywords), own)| PlanLane {
+                    lane,
+                    keywords,
+                    timeout: timeout(own) * u32::try_from(base.commit_batch).unwrap_or(1),
+                    watch: own,
+                })
+                .collect(),
+            lane_of,
+        };
+        let mut current = self.plan.write().unwrap_or_else(PoisonError::into_inner);
+        if !current.lanes.is_empty() && **current != plan {
+            log::info!("domains applied: {:?}", plan.lanes);
+        }
+        *current = Arc::new(plan);
+        Ok(())
+    }
+
+    /// What the node publishes at its heartbeat: its threads and each lane's use (lanes no
+    /// longer configured only while they still run or hold tasks).
+    pub(crate) fn publication(&self) -> String {
+        let plan = self.plan();
+        let usage = self.lanes.lock().usage();
+        let domains = usage
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, mut used)| {
+                match plan.lanes.iter().find(|l| l.lane == i) {
+                    Some(lane) => used.keywords = lane.keywords.clone(),
+                    None if used.running + used.queued == 0 => return None,
+                    None => {}
+                }
+                Some(used)
+            })
+            .collect();
+        serde_json::to_string(&NodeDomains {
+            threads: self.base.threads,
+            domains,
+        })
+        .expect("domains serialise")
+    }
+}
+
+/// `default`'s overrides from its row.
+#[derive(Debug, Default)]
+struct DefaultRow {
+    queue: Option<usize>,
+    timeout: Option<Duration>,
+    paused: bool,
+}
+
+/// A domain as configured and overridden, with its row's flags.
+#[derive(Debug)]
+struct Merged {
+    domain: Domain,
+    paused: bool,
+    released: bool,
+}
+
+/// The configured domains with each row's non-NULL fields over them; a row naming a domain
+/// not configured here adds it when it sets keywords, mode and threads.
+fn merge(configured: &[Domain], rows: &[DomainRow]) -> Result<(DefaultRow, Vec<Merged>)> {
+    let mut default = DefaultRow::default();
+    let mut merged: Vec<Merged> = configured
+        .iter()
+        .map(|d| Merged {
+            domain: d.clone(),
+            paused: false,
+            released: false,
+        })
+        .collect();
+    for row in rows {
+        let bad = |reason: String| Error::InvalidDomain {
+            domain: row.name.clone(),
+            reason: format!("its async_domain row {reason}"),
+        };
+        let queue = row.queue.map(|q| usize::try_from(q).unwrap_or(0));
+        let timeout = row
+            .timeout_ms
+            .map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0)));
+        if row.name == DEFAULT_DOMAIN {
+            default = DefaultRow {
+                queue,
+                timeout,
+                paused: row.paused,
+            };
+            continue;
+        }
+        let keywords = row
+            .keywords
+            .as_deref()
+            .map(serde_json::from_str::<Vec<String>>)
+            .transpose()
+            .map_err(|e| bad(format!("has keywords that are not a JSON array: {e}")))?;
+        let mode = match row.mode.as_deref() {
+            None => None,
+            Some("max") => Some(DomainMode::Max),
+            Some("reserved") => Some(DomainMode::Reserved),
+            Some(other) => return Err(bad(format!("has an unknown mode {other:?}"))),
+        };
+        let threads = row.threads.map(|t| usize::try_from(t).unwrap_or(0));
+        let entry = match merged.iter().position(|m| m.domain.name == row.name) {
+            Some(i) => &mut merged[i],
+            None => match (&keywords, mode, threads) {
+                (Some(k), Some(m), Some(t)) => {
+                    merged.push(Merged {
+                        domain: Domain {
+                            name: row.name.clone(),
+                            keywords: k.clone(),
+                            mode: m,
+                            threads: t,
+                            queue: None,
+                            timeout: None,
+                        },
+                        paused: false,
+                        released: false,
+                    });
+                    merged.last_mut().expect("pushed")
+                }
+                // A pause or release of a domain this node does not have.
+                _ => continue,
+            },
+        };
+        let d = &mut entry.domain;
+        d.keywords = keywords.unwrap_or_else(|| d.keywords.clone());
+        d.mode = mode.unwrap_or(d.mode);
+        d.threads = threads.unwrap_or(d.threads);
+        d.queue = queue.or(d.queue);
+        d.timeout = timeout.or(d.timeout);
+        entry.paused = row.paused;
+        entry.released = row.released;
+    }
+    Ok((default, merged))
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+#[path = "domains_tests.rs"]
+mod tests;

@@ -1,0 +1,122 @@
+use super::*;
+
+fn row(name: &str) -> DomainRow {
+    DomainRow {
+        name: name.to_owned(),
+        keywords: None,
+        mode: None,
+        threads: None,
+        queue: None,
+        timeout_ms: None,
+        paused: false,
+        released: false,
+        version: 1,
+        updated_at: String::new(),
+        updated_by: String::new(),
+    }
+}
+
+fn control(domains: Vec<Domain>) -> DomainControl {
+    let base = Base {
+        threads: 6,
+        queue: 10,
+        task_timeout: Duration::from_secs(60),
+        commit_batch: 1,
+        domains,
+        registered: ["a", "b", "c", "d"].map(String::from).to_vec(),
+    };
+    let lanes = Arc::new(Lanes::new(super::super::slots::Slots::new(6, 10, 60_000)));
+    DomainControl::new(base, lanes).unwrap()
+}
+
+#[test]
+fn without_domains_default_claims_every_registered_keyword() {
+    let control = control(Vec::new());
+    let plan = control.plan();
+    assert!(!plan.has_domains());
+    assert_eq!(plan.lanes[0].keywords, ["a", "b", "c", "d"]);
+    assert_eq!(plan.lanes[0].timeout, Duration::from_secs(60));
+}
+
+#[test]
+fn a_domain_takes_its_keywords_from_default() {
+    let control = control(vec![
+        Domain::reserved("pay", ["b"], 2).timeout(Duration::from_secs(5))
+    ]);
+    let plan = control.plan();
+    assert_eq!(plan.lanes[0].keywords, ["a", "c", "d"]);
+    assert_eq!(plan.lanes[1].keywords, ["b"]);
+    assert_eq!(plan.lanes[1].timeout, Duration::from_secs(5));
+    assert_eq!(plan.lane_of("b"), 1);
+    assert_eq!(plan.lane_of("a"), 0);
+}
+
+#[test]
+fn rows_override_the_configuration_and_add_domains() {
+    let control = control(vec![Domain::reserved("pay", ["b"], 2)]);
+    let mut pay = row("pay");
+    pay.threads = Some(3);
+    pay.paused = true;
+    let mut mail = row("mail");
+    mail.keywords = Some(r#"["c","zzz"]"#.into());
+    mail.mode = Some("max".into());
+    mail.threads = Some(1);
+    let mut other = row("elsewhere");
+    other.paused = true;
+    control
+        .apply(&[pay, mail, other], &["d".to_owned()])
+        .unwrap();
+    let plan = control.plan();
+    assert_eq!(
+        plan.lanes.len(),
+        3,
+        "pay, mail; a pause of an unknown domain is ignored"
+    );
+    assert_eq!(plan.lanes[0].keywords, ["a"], "d is paused on its own");
+    assert!(plan.lanes[1].keywords.is_empty(), "pay is paused");
+    assert_eq!(
+        plan.lanes[2].keywords,
+        ["c"],
+        "only the registered keywords"
+    );
+    let published: NodeDomains = serde_json::from_str(&control.publication()).unwrap();
+    assert_eq!(published.threads, 6);
+    let pay = &published.domains[1];
+    assert_eq!(
+        (pay.domain.as_str(), pay.reserved, pay.paused),
+        ("pay", 3, true)
+    );
+    assert_eq!(published.domains[0].threads, 3, "default keeps the rest");
+}
+
+#[test]
+fn an_invalid_row_changes_nothing() {
+    let control = control(vec![Domain::reserved("pay", ["b"], 2)]);
+    let before = control.plan();
+    let mut pay = row("pay");
+    pay.threads = Some(6);
+    let err = control.apply(&[pay], &[]).unwrap_err().to_string();
+    assert!(
+        err.contains("\"pay\"") && err.contains("must keep at least one"),
+        "{err}"
+    );
+    assert_eq!(control.plan(), before);
+    let mut mail = row("mail");
+    mail.keywords = Some(r#"["b"]"#.into());
+    mail.mode = Some("max".into());
+    mail.threads = Some(1);
+    let err = control.apply(&[mail], &[]).unwrap_err().to_string();
+    assert!(err.contains("which domain \"pay\" lists too"), "{err}");
+}
+
+#[test]
+fn a_released_domain_gives_its_threads_to_default_and_claims_nothing() {
+    let control = control(vec![Domain::reserved("pay", ["b"], 5)]);
+    let mut pay = row("pay");
+    pay.released = true;
+    control.apply(&[pay], &[]).unwrap();
+    let published: NodeDomains = serde_json::from_str(&control.publication()).unwrap();
+    assert_eq!(published.domains[0].threads, 6);
+    assert_eq!(published.domains[1].reserved, 0);
+    assert!(control.plan().lanes[1].keywords.is_empty());
+}

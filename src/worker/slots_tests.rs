@@ -1,0 +1,153 @@
+use super::*;
+
+fn spec(name: &str, mode: DomainMode, threads: usize, queue: usize) -> LaneSpec {
+    LaneSpec {
+        name: name.to_owned(),
+        mode,
+        threads,
+        queue,
+        paused: false,
+        released: false,
+        timeout_ms: 1000,
+    }
+}
+
+/// 6 threads: `pay` RESERVED 2, `mail` MAX 1, `default` the 4 others.
+fn slots() -> Slots {
+    let mut slots = Slots::new(6, 0, 1000);
+    let lanes = slots.apply(vec![
+        spec(DEFAULT_DOMAIN, DomainMode::Max, 0, 0),
+        spec("pay", DomainMode::Reserved, 2, 0),
+        spec("mail", DomainMode::Max, 1, 0),
+    ]);
+    assert_eq!(lanes, vec![0, 1, 2]);
+    slots
+}
+
+#[test]
+fn reserved_threads_are_kept_and_default_owns_the_rest() {
+    let mut slots = slots();
+    assert_eq!(slots.shared_capacity(), 4);
+    for _ in 0..4 {
+        assert_eq!(slots.start(0), Some(Slot::Shared));
+    }
+    assert_eq!(
+        slots.start(0),
+        None,
+        "default has only the 4 shared threads"
+    );
+    assert_eq!(
+        slots.start(2),
+        None,
+        "MAX domains run on the shared threads"
+    );
+    assert_eq!(slots.start(1), Some(Slot::Own));
+    assert_eq!(slots.start(1), Some(Slot::Own));
+    assert_eq!(slots.start(1), None, "nothing left to borrow");
+}
+
+#[test]
+fn a_reserved_domain_borrows_free_shared_threads_and_gives_them_back() {
+    let mut slots = slots();
+    assert_eq!(slots.start(1), Some(Slot::Own));
+    assert_eq!(slots.start(1), Some(Slot::Own));
+    assert_eq!(slots.start(1), Some(Slot::Shared), "borrowed from default");
+    let pay = &slots.usage()[1];
+    assert_eq!((pay.running, pay.reserved, pay.borrowed), (3, 2, 1));
+    assert_eq!(slots.room(0), 3, "default lost the borrowed thread");
+    slots.finish(1, Slot::Shared);
+    assert_eq!(slots.usage()[1].borrowed, 0);
+    assert_eq!(slots.room(0), 4, "and has it back");
+}
+
+#[test]
+fn a_max_domain_never_runs_more_than_its_limit() {
+    let mut slots = slots();
+    assert_eq!(slots.start(2), Some(Slot::Shared));
+    assert_eq!(slots.start(2), None);
+    assert_eq!(slots.room(2), 0);
+    slots.finish(2, Slot::Shared);
+    assert_eq!(slots.room(2), 1);
+}
+
+#[test]
+fn room_is_what_can_start_plus_the_queue_less_what_is_queued() {
+    let mut slots = Slots::new(4, 8, 1000);
+    assert_eq!(slots.room(0), 12);
+    slots.queued(0);
+    slots.queued(0);
+    assert_eq!(slots.room(0), 10);
+    assert_eq!(slots.start(0), Some(Slot::Shared));
+    assert_eq!(
+        slots.room(0),
+        10,
+        "a start moves a task from the queue to a thread"
+    );
+    assert_eq!(slots.bound(), 12);
+}
+
+#[test]
+fn a_paused_domain_has_no_room_and_a_released_one_gives_its_threads_to_default() {
+    let mut slots = slots();
+    let mut pay = spec("pay", DomainMode::Reserved, 2, 0);
+    pay.paused = true;
+    slots.apply(vec![
+        spec(DEFAULT_DOMAIN, DomainMode::Max, 0, 0),
+        pay.clone(),
+        spec("mail", DomainMode::Max, 1, 0),
+    ]);
+    assert_eq!(slots.room(1), 0);
+    assert_eq!(slots.shared_capacity(), 4, "paused keeps its threads");
+    pay.released = true;
+    slots.apply(vec![
+        spec(DEFAULT_DOMAIN, DomainMode::Max, 0, 0),
+        pay,
+        spec("mail", DomainMode::Max, 1, 0),
+    ]);
+    assert_eq!(slots.shared_capacity(), 6, "released gives them to default");
+    assert_eq!(slots.room(0), 6);
+}
+
+#[test]
+fn a_stuck_slot_stays_taken_until_its_handler_returns() {
+    let mut slots = slots();
+    assert_eq!(slots.start(2), Some(Slot::Shared));
+    slots.mark_stuck(2);
+    assert_eq!(slots.usage()[2].stuck, 1);
+    assert_eq!(slots.start(2), None, "not reused");
+    slots.unstick(2);
+    assert_eq!(slots.usage()[2].stuck, 0);
+    assert_eq!(slots.start(2), None, "still running");
+    slots.finish(2, Slot::Shared);
+    assert_eq!(slots.start(2), Some(Slot::Shared));
+}
+
+#[test]
+fn a_lane_no_longer_configured_is_paused_and_new_ones_are_added() {
+    let mut slots = slots();
+    let lanes = slots.apply(vec![
+        spec(DEFAULT_DOMAIN, DomainMode::Max, 0, 0),
+        spec("sms", DomainMode::Max, 2, 0),
+    ]);
+    assert_eq!(lanes, vec![0, 3]);
+    assert_eq!(slots.len(), 4);
+    assert!(slots.spec(1).paused && slots.spec(2).paused);
+    assert_eq!(
+        slots.shared_capacity(),
+        6,
+        "pay's reservation ended with it"
+    );
+}
+
+#[test]
+fn claims_are_worth_making_once_a_lane_has_half_its_room() {
+    let mut slots = Slots::new(2, 2, 1000);
+    assert!(slots.worth_claiming());
+    for _ in 0..3 {
+        slots.queued(0);
+    }
+    assert!(!slots.worth_claiming(), "1 of 4");
+    assert_eq!(slots.start(0), Some(Slot::Shared));
+    slots.finish(0, Slot::Shared);
+    assert!(slots.worth_claiming(), "2 of 4");
+}

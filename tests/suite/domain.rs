@@ -1,0 +1,373 @@
+//! Task domains on the node's one pool: MAX and RESERVED, isolation, borrowing, run-time
+//! control through `async_domain` and `async_pause`, the published slot use, the per-domain
+//! watchdog, and bad configurations.
+
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use outbox::domain::{Domain, NodeDomains};
+use outbox::{
+    enqueue_batch, Backend, ClaimStyle, Error, HandlerResult, NewTask, Registry, TaskContext,
+    TaskTx, Worker, WorkerConfig,
+};
+
+use crate::{insert_ledger_row, TestDb};
+
+/// When each handler of a keyword started and ended.
+type Spans = Arc<Mutex<Vec<(String, Instant, Instant)>>>;
+
+/// A registry whose handlers (one per keyword) sleep `ms`, note their span and write the
+/// ledger row.
+fn timed_registry(keywords: &[&str], ms: u64, spans: &Spans) -> Registry {
+    let mut registry = Registry::new();
+    for keyword in keywords {
+        let spans = Arc::clone(spans);
+        registry.register(
+            keyword,
+            move |t: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
+                let started = Instant::now();
+                std::thread::sleep(Duration::from_millis(ms));
+                spans
+                    .lock()
+                    .unwrap()
+                    .push((t.keyword().to_owned(), started, Instant::now()));
+                insert_ledger_row(t, tx.conn()?)?;
+                Ok(())
+            },
+        );
+    }
+    registry
+}
+
+/// The most handlers of `keyword` that ran at once.
+fn most_at_once(spans: &Spans, keyword: &str) -> usize {
+    let spans: Vec<(Instant, Instant)> = spans
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(k, _, _)| k == keyword)
+        .map(|&(_, s, e)| (s, e))
+        .collect();
+    spans
+        .iter()
+        .map(|&(start, _)| {
+            spans
+                .iter()
+                .filter(|&&(s, e)| s <= start && start < e)
+                .count()
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+fn tasks(keyword: &str, n: usize) -> Vec<NewTask> {
+    (0..n)
+        .map(|i| NewTask::new(keyword, format!("{keyword}-{i}")))
+        .collect()
+}
+
+fn config(threads: usize) -> WorkerConfig {
+    WorkerConfig::default()
+        .threads(threads)
+        .queue(2)
+        .page_size(50)
+}
+
+/// What the node published at its last heartbeat.
+fn published(db: &TestDb, worker: &Worker) -> NodeDomains {
+    worker.heartbeat_once().unwrap();
+    let json: String = {
+        use diesel::prelude::*;
+        #[derive(QueryableByName)]
+        struct Row {
+            #[diesel(sql_type = diesel::sql_types::Text)]
+            domains: String,
+        }
+        diesel::sql_query(format!(
+            "SELECT domains FROM async_node WHERE id = {}",
+            worker.node_id()
+        ))
+        .get_result::<Row>(&mut db.conn())
+        .unwrap()
+        .domains
+    };
+    serde_json::from_str(&json).unwrap()
+}
+
+both_backends! {
+    fn a_max_domain_never_runs_more_than_its_limit(db: &TestDb) {
+        let spans = Spans::default();
+        let mut all = tasks("slow", 12);
+        all.extend(tasks("fast", 12));
+        enqueue_batch(&mut db.conn(), &all).unwrap();
+        let worker = Worker::new(
+            &db.url,
+            timed_registry(&["slow", "fast"], 20, &spans),
+            config(6).domain(Domain::max("slow", ["slow"], 2)),
+        )
+        .unwrap();
+        let report = worker.drain().unwrap();
+        assert_eq!(report.tally.done, 24);
+        let most = most_at_once(&spans, "slow");
+        assert!(most <= 2, "{most} of the MAX 2 domain's handlers ran at once");
+        assert!(most_at_once(&spans, "fast") <= 6);
+    }
+
+    fn a_busy_domain_never_takes_capacity_from_a_reserved_one(db: &TestDb) {
+        // default's tasks come first in claim order and hold every thread they may take
+        // until pay's tasks are done (or 10 s): without pay's reserved thread they would
+        // wait for each other.
+        let mut all = tasks("slow", 8);
+        all.extend(tasks("pay", 3));
+        enqueue_batch(&mut db.conn(), &all).unwrap();
+        let paid: Arc<(Mutex<usize>, Condvar)> = Arc::default();
+        let waited_out = Arc::new(Mutex::new(0));
+        let mut registry = Registry::new();
+        {
+            let (paid, waited_out) = (Arc::clone(&paid), Arc::clone(&waited_out));
+            registry.register("slow", move |_: &TaskContext, _: &mut TaskTx| -> HandlerResult {
+                let (count, changed) = &*paid;
+                let guard = count.lock().unwrap();
+                let (_guard, timeout) = changed
+                    .wait_timeout_while(guard, Duration::from_secs(10), |n| *n < 3)
+                    .unwrap();
+                if timeout.timed_out() {
+                    *waited_out.lock().unwrap() += 1;
+                }
+                Ok(())
+            });
+        }
+        {
+            let paid = Arc::clone(&paid);
+            registry.register("pay", move |_: &TaskContext, _: &mut TaskTx| -> HandlerResult {
+                let (count, changed) = &*paid;
+                *count.lock().unwrap() += 1;
+                changed.notify_all();
+                Ok(())
+            });
+        }
+        let worker = Worker::new(
+            &db.url,
+            registry,
+            config(4).domain(Domain::reserved("pay", ["pay"], 1)),
+        )
+        .unwrap();
+        let report = worker.drain().unwrap();
+        assert_eq!(report.tally.done, 11);
+        assert_eq!(
+            *waited_out.lock().unwrap(),
+            0,
+            "pay's tasks waited behind default's: its reserved thread was taken"
+        );
+    }
+
+    fn a_reserved_domain_borrows_free_threads_of_default(db: &TestDb) {
+        let spans = Spans::default();
+        enqueue_batch(&mut db.conn(), &tasks("pay", 12)).unwrap();
+        let worker = Worker::new(
+            &db.url,
+            timed_registry(&["pay", "other"], 40, &spans),
+            config(4).domain(Domain::reserved("pay", ["pay"], 1)),
+        )
+        .unwrap();
+        assert_eq!(worker.drain().unwrap().tally.done, 12);
+        let most = most_at_once(&spans, "pay");
+        assert!(most >= 2, "pay never borrowed: at most {most} ran at once");
+        assert!(most <= 4, "{most} ran at once on 4 threads");
+    }
+
+    fn a_domain_paused_through_async_domain_is_not_claimed_until_resumed(db: &TestDb) {
+        let spans = Spans::default();
+        let mut all = tasks("mail", 3);
+        all.extend(tasks("other", 3));
+        enqueue_batch(&mut db.conn(), &all).unwrap();
+        let worker = Worker::new(
+            &db.url,
+            timed_registry(&["mail", "other"], 1, &spans),
+            config(2).domain(Domain::max("mail", ["mail"], 1)),
+        )
+        .unwrap();
+        db.exec("INSERT INTO async_domain (name, paused, updated_by) VALUES ('mail', true, 't')");
+        worker.heartbeat_once().unwrap();
+        assert_eq!(worker.drain().unwrap().tally.done, 3);
+        assert_eq!(db.count("SELECT count(*) FROM async_task WHERE keyword = 'mail' AND state = 'pending'"), 3);
+        assert!(published(db, &worker).domains[1].paused);
+        db.exec("UPDATE async_domain SET paused = false WHERE name = 'mail'");
+        worker.heartbeat_once().unwrap();
+        assert_eq!(worker.drain().unwrap().tally.done, 3);
+        assert_eq!(db.count("SELECT count(*) FROM async_task WHERE state = 'done'"), 6);
+    }
+
+    fn a_keyword_paused_on_its_own_is_not_claimed_until_resumed(db: &TestDb) {
+        let spans = Spans::default();
+        let mut all = tasks("mail", 2);
+        all.extend(tasks("other", 2));
+        enqueue_batch(&mut db.conn(), &all).unwrap();
+        let worker = Worker::new(&db.url, timed_registry(&["mail", "other"], 1, &spans), config(2))
+            .unwrap();
+        db.exec("INSERT INTO async_pause (keyword, paused_by) VALUES ('mail', 't')");
+        worker.heartbeat_once().unwrap();
+        assert_eq!(worker.run_once().unwrap().claimed, 2, "only other's tasks");
+        assert_eq!(worker.drain().unwrap().tally.claimed, 0);
+        db.exec("DELETE FROM async_pause");
+        worker.heartbeat_once().unwrap();
+        assert_eq!(worker.drain().unwrap().tally.done, 2);
+    }
+
+    fn a_domain_set_at_run_time_applies_within_a_heartbeat(db: &TestDb) {
+        let spans = Spans::default();
+        enqueue_batch(&mut db.conn(), &tasks("slow", 8)).unwrap();
+        let worker = Worker::new(&db.url, timed_registry(&["slow", "fast"], 20, &spans), config(4))
+            .unwrap();
+        assert_eq!(published(db, &worker).domains.len(), 1, "default alone");
+        db.exec(
+            "INSERT INTO async_domain (name, keywords, mode, threads, updated_by) \
+             VALUES ('slow', '[\"slow\"]', 'max', 1, 't')",
+        );
+        let node = published(db, &worker);
+        assert_eq!(node.threads, 4);
+        let slow = &node.domains[1];
+        assert_eq!((slow.domain.as_str(), slow.mode.as_str(), slow.threads), ("slow", "max", 1));
+        assert_eq!(slow.keywords, ["slow"]);
+        assert_eq!(node.domains[0].keywords, ["fast"]);
+        assert_eq!(worker.drain().unwrap().tally.done, 8);
+        assert_eq!(most_at_once(&spans, "slow"), 1);
+    }
+
+    fn a_released_domain_gives_its_threads_to_default_until_resumed(db: &TestDb) {
+        let spans = Spans::default();
+        let worker = Worker::new(
+            &db.url,
+            timed_registry(&["pay", "other"], 1, &spans),
+            config(4).domain(Domain::reserved("pay", ["pay"], 3)),
+        )
+        .unwrap();
+        let node = published(db, &worker);
+        assert_eq!((node.domains[0].threads, node.domains[1].reserved), (1, 3));
+        db.exec("INSERT INTO async_domain (name, paused, released, updated_by) VALUES ('pay', true, true, 't')");
+        let node = published(db, &worker);
+        assert_eq!((node.domains[0].threads, node.domains[1].reserved), (4, 0));
+        assert!(node.domains[1].released && node.domains[1].paused);
+        db.exec("UPDATE async_domain SET paused = false, released = false");
+        let node = published(db, &worker);
+        assert_eq!((node.domains[0].threads, node.domains[1].reserved), (1, 3));
+    }
+
+    fn a_handler_past_its_domains_timeout_is_charged_and_its_slot_stuck_until_it_returns(db: &TestDb) {
+        enqueue_batch(&mut db.conn(), &tasks("stuck", 1)).unwrap();
+        let mut registry = Registry::new();
+        registry.register("stuck", |t: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
+            // Busy in Rust, where nothing can stop it, before it writes (on SQLite a
+            // handler holding the write lock would hold off the charge too).
+            std::thread::sleep(Duration::from_millis(1500));
+            insert_ledger_row(t, tx.conn()?)?;
+            Ok(())
+        });
+        let worker = Worker::new(
+            &db.url,
+            registry,
+            config(2).domain(Domain::max("stuck", ["stuck"], 1).timeout(Duration::from_millis(200))),
+        )
+        .unwrap();
+        std::thread::scope(|s| {
+            let run = s.spawn(|| worker.run_once().unwrap());
+            let charged = wait_for(|| {
+                db.count("SELECT count(*) FROM async_task WHERE state = 'pending' AND failures = 1") == 1
+            });
+            assert!(charged, "the task was not charged a failure at its timeout");
+            let node = published(db, &worker);
+            let stuck = &node.domains[1];
+            assert_eq!((stuck.running, stuck.stuck), (1, 1), "{stuck:?}");
+            let tally = run.join().unwrap();
+            assert_eq!(tally.done, 0, "the late completion was fenced out");
+        });
+        let task = db.task(db.count("SELECT id FROM async_task"));
+        assert_eq!((task.state.as_str(), task.failures), ("pending", 1));
+        assert!(task.last_error.unwrap_or_default().contains("timed out"));
+        assert_eq!(db.count("SELECT count(*) FROM test_ledger"), 0, "its effect rolled back");
+        let node = published(db, &worker);
+        assert_eq!((node.domains[1].running, node.domains[1].stuck), (0, 0));
+    }
+
+    fn bad_domain_configurations_are_refused_naming_the_domain(db: &TestDb) {
+        let registry = || crate::ledger_registry("a");
+        let refused = |config: WorkerConfig| match Worker::new(&db.url, registry(), config) {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("accepted"),
+        };
+        let overlap = refused(
+            config(4)
+                .domain(Domain::max("one", ["a"], 1))
+                .domain(Domain::max("two", ["b", "a"], 1)),
+        );
+        assert!(overlap.contains("\"two\"") && overlap.contains("\"one\" lists too"), "{overlap}");
+        let total = refused(
+            config(4)
+                .domain(Domain::reserved("one", ["a"], 2))
+                .domain(Domain::reserved("two", ["b"], 2)),
+        );
+        assert!(total.contains("\"two\"") && total.contains("RESERVED threads to 4 of the node's 4"), "{total}");
+        let max = refused(config(4).domain(Domain::max("one", ["a"], 5)));
+        assert!(max.contains("MAX 5 is over the node's 4 threads"), "{max}");
+        if db.backend() == Backend::Postgres {
+            let lock = refused(
+                config(4).queue(0).commit_batch(4).claim_style(ClaimStyle::Lock)
+                    .domain(Domain::max("one", ["a"], 1)),
+            );
+            assert!(lock.contains("must be stamp with domains"), "{lock}");
+        }
+        assert!(matches!(
+            Worker::new(&db.url, registry(), config(4).domain(Domain::max("default", ["a"], 1))),
+            Err(Error::InvalidDomain { .. })
+        ));
+        assert_eq!(db.count("SELECT count(*) FROM async_node"), 0, "no node registered");
+    }
+}
+
+/// On PostgreSQL the watchdog cancels the statement the timed-out handler waits on: the
+/// handler's transaction rolls back at once, and its slot is free again.
+#[test]
+fn a_timed_out_handler_waiting_on_postgresql_is_cancelled() {
+    let db = &TestDb::postgres();
+    enqueue_batch(&mut db.conn(), &tasks("sleepy", 1)).unwrap();
+    let mut registry = Registry::new();
+    registry.register(
+        "sleepy",
+        |t: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
+            use diesel::RunQueryDsl;
+            insert_ledger_row(t, tx.conn()?)?;
+            diesel::sql_query("SELECT pg_sleep(60)").execute(tx.conn()?)?;
+            Ok(())
+        },
+    );
+    let worker = Worker::new(
+        &db.url,
+        registry,
+        config(2).domain(Domain::max("sleepy", ["sleepy"], 1).timeout(Duration::from_millis(300))),
+    )
+    .unwrap();
+    let started = Instant::now();
+    let tally = worker.run_once().unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "pg_sleep was not cancelled"
+    );
+    assert_eq!((tally.done, tally.claimed), (0, 1));
+    let task = db.task(db.count("SELECT id FROM async_task"));
+    assert_eq!((task.state.as_str(), task.failures), ("pending", 1));
+    assert_eq!(db.count("SELECT count(*) FROM test_ledger"), 0);
+    let node = published(db, &worker);
+    assert_eq!((node.domains[1].running, node.domains[1].stuck), (0, 0));
+}
+
+/// Polls `done` until it holds, for at most 10 s.
+fn wait_for(mut done: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if done() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
