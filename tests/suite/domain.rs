@@ -2,6 +2,7 @@
 //! control through `async_domain` and `async_pause`, the published slot use, the per-domain
 //! watchdog, and bad configurations.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -114,18 +115,18 @@ both_backends! {
     }
 
     fn a_busy_domain_never_takes_capacity_from_a_reserved_one(db: &TestDb) {
-        // default's tasks come first in claim order and hold every thread they may take
-        // until pay's tasks are done (or 10 s): without pay's reserved thread they would
+        // default's tasks hold every thread they may take until pay's tasks are done (or
+        // 10 s); pay's tasks come once they all run. Without pay's reserved thread they would
         // wait for each other.
-        let mut all = tasks("slow", 8);
-        all.extend(tasks("pay", 3));
-        enqueue_batch(&mut db.conn(), &all).unwrap();
         let paid: Arc<(Mutex<usize>, Condvar)> = Arc::default();
         let waited_out = Arc::new(Mutex::new(0));
+        let slow_running = Arc::new(AtomicUsize::new(0));
         let mut registry = Registry::new();
         {
             let (paid, waited_out) = (Arc::clone(&paid), Arc::clone(&waited_out));
+            let slow_running = Arc::clone(&slow_running);
             registry.register("slow", move |_: &TaskContext, _: &mut TaskTx| -> HandlerResult {
+                slow_running.fetch_add(1, Ordering::SeqCst);
                 let (count, changed) = &*paid;
                 let guard = count.lock().unwrap();
                 let (_guard, timeout) = changed
@@ -149,11 +150,22 @@ both_backends! {
         let worker = Worker::new(
             &db.url,
             registry,
-            config(4).domain(Domain::reserved("pay", ["pay"], 1)),
+            config(4)
+                .poll_interval(Duration::from_millis(20))
+                .listen(false)
+                .domain(Domain::reserved("pay", ["pay"], 1)),
         )
         .unwrap();
-        let report = worker.drain().unwrap();
-        assert_eq!(report.tally.done, 11);
+        enqueue_batch(&mut db.conn(), &tasks("slow", 8)).unwrap();
+        std::thread::scope(|s| {
+            let run = s.spawn(|| worker.run().unwrap());
+            assert!(wait_for(|| slow_running.load(Ordering::SeqCst) >= 3), "default's tasks did not start");
+            enqueue_batch(&mut db.conn(), &tasks("pay", 3)).unwrap();
+            let done = wait_for(|| db.count("SELECT count(*) FROM async_task WHERE state = 'done'") == 11);
+            worker.stop_flag().store(true, Ordering::SeqCst);
+            run.join().unwrap();
+            assert!(done, "not every task was done");
+        });
         assert_eq!(
             *waited_out.lock().unwrap(),
             0,
