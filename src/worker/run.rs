@@ -125,9 +125,17 @@ impl Worker {
         tally: &'s Mutex<Tally>,
         plan: &Plan,
     ) -> Result<(usize, usize)> {
+        // Only the lanes with at least half their room free: one statement per domain per
+        // claim costs a round trip each, so a lane with a task or two of room waits for more.
         let rooms: Vec<(&PlanLane, usize)> = {
             let slots = self.dispatcher.slots();
-            plan.lanes.iter().map(|l| (l, slots.room(l.lane))).collect()
+            plan.lanes
+                .iter()
+                .map(|l| match slots.worth_claiming_for(l.lane) {
+                    true => (l, slots.room(l.lane)),
+                    false => (l, 0),
+                })
+                .collect()
         };
         let (mut claimed, mut limit, mut full) = (0, 0, false);
         for (lane, room) in rooms {

@@ -260,10 +260,14 @@ impl Slots {
     /// Whether some lane that is not paused has at least half its capacity free: worth a
     /// claim.
     pub(crate) fn worth_claiming(&self) -> bool {
-        (0..self.lanes.len()).any(|i| {
-            let room = self.room(i);
-            room > 0 && room * 2 >= self.capacity(i)
-        })
+        (0..self.lanes.len()).any(|i| self.worth_claiming_for(i))
+    }
+
+    /// Whether lane `i` is not paused and has at least half its capacity free: a claim for
+    /// it takes a useful page, not a task or two.
+    pub(crate) fn worth_claiming_for(&self, i: usize) -> bool {
+        let room = self.room(i);
+        room > 0 && room * 2 >= self.capacity(i)
     }
 
     /// Tasks that can be in flight at most: every thread and every lane's queue.

@@ -60,6 +60,13 @@ pub(super) struct BenchArgs {
     /// With --tenants: give each tenant this `max_running` (claimed apart, within it).
     #[arg(long, requires = "tenants")]
     max_running: Option<i32>,
+    /// Spread the tasks over this many keywords (`bench.noop`, `bench.noop.1`, …) in turn.
+    #[arg(long, default_value_t = 1)]
+    keywords: usize,
+    /// Configure this many domains, one per keyword after the first (`bench.noop.1` …):
+    /// odd ones RESERVED 1, even ones MAX half the threads; needs --keywords above it.
+    #[arg(long, default_value_t = 0)]
+    domains: usize,
     /// Print the claim statement's plan (EXPLAIN) at the backlog.
     #[arg(long)]
     explain: bool,
@@ -97,6 +104,16 @@ pub(super) fn run(url: &DatabaseUrl, args: BenchArgs) -> anyhow::Result<()> {
         }
         .into());
     }
+    if args.keywords == 0 || args.keywords > 100 || args.domains >= args.keywords {
+        return Err(outbox::Error::InvalidConfig {
+            setting: "keywords",
+            reason: format!(
+                "must be between 1 and 100 and more than --domains ({}), not {}",
+                args.domains, args.keywords
+            ),
+        }
+        .into());
+    }
     if args.latency {
         return latency(url, &args);
     }
@@ -125,6 +142,8 @@ pub(super) fn run(url: &DatabaseUrl, args: BenchArgs) -> anyhow::Result<()> {
             open_tx: args.open_tx,
             tenants: args.tenants,
             max_running: args.max_running,
+            keywords: args.keywords,
+            domains: args.domains,
         };
         let mut runs: Vec<DrainFigures> = Vec::new();
         for run in 1..=args.runs {

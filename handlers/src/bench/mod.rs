@@ -73,6 +73,19 @@ pub struct DrainBench {
     /// Each tenant's `max_running` (a row of `async_tenant` each); none: the tenants have
     /// no row.
     pub max_running: Option<i32>,
+    /// Keywords the tasks are spread over in turn (at least 1; see [`keyword`]).
+    pub keywords: usize,
+    /// Domains configured, one per keyword after the first: odd ones RESERVED 1, even ones
+    /// MAX half the threads.
+    pub domains: usize,
+}
+
+/// The benchmark's `i`-th keyword: [`NOOP_KEYWORD`], then `bench.noop.1`, ….
+pub fn keyword(i: usize) -> String {
+    match i {
+        0 => NOOP_KEYWORD.to_owned(),
+        i => format!("{NOOP_KEYWORD}.{i}"),
+    }
 }
 
 impl DrainBench {
@@ -144,7 +157,12 @@ pub fn drain_bench(url: &DatabaseUrl, bench: &DrainBench) -> anyhow::Result<Drai
         }
     }
     let started = Instant::now();
-    enqueue_noop(&mut conn, bench.backlog, bench.tenants)?;
+    enqueue_noop(
+        &mut conn,
+        bench.backlog,
+        bench.tenants,
+        bench.keywords.max(1),
+    )?;
     let enqueue_per_s = bench.backlog as f64 / started.elapsed().as_secs_f64();
     if scratch.url.backend() == Backend::Postgres {
         conn.batch_execute("ANALYZE async_task")?;
@@ -164,15 +182,29 @@ pub fn drain_bench(url: &DatabaseUrl, bench: &DrainBench) -> anyhow::Result<Drai
         .listen(false);
     config.threads = bench.threads;
     config.queue = bench.queue;
+    let threads = bench.threads.unwrap_or(match scratch.url.backend() {
+        Backend::Postgres => outbox::worker::default_threads(),
+        Backend::Sqlite => 1,
+    });
+    for d in 1..=bench.domains {
+        let name = format!("d{d}");
+        config = config.domain(if d % 2 == 1 {
+            outbox::domain::Domain::reserved(&name, [keyword(d)], 1)
+        } else {
+            outbox::domain::Domain::max(&name, [keyword(d)], (threads / 2).max(1))
+        });
+    }
 
     let mut registry = Registry::new();
-    if bench.open_tx {
-        registry.register(NOOP_KEYWORD, |_: &TaskContext, tx: &mut TaskTx| {
-            tx.conn()?;
-            Ok(())
-        });
-    } else {
-        registry.register(NOOP_KEYWORD, |_: &TaskContext, _: &mut TaskTx| Ok(()));
+    for k in 0..bench.keywords.max(1) {
+        if bench.open_tx {
+            registry.register(&keyword(k), |_: &TaskContext, tx: &mut TaskTx| {
+                tx.conn()?;
+                Ok(())
+            });
+        } else {
+            registry.register(&keyword(k), |_: &TaskContext, _: &mut TaskTx| Ok(()));
+        }
     }
     let worker = Worker::new(&scratch.url, registry, config)?;
     let plan = if bench.explain {
@@ -216,14 +248,19 @@ pub fn drain_bench(url: &DatabaseUrl, bench: &DrainBench) -> anyhow::Result<Drai
 }
 
 /// Enqueues `n` no-op tasks, [`ENQUEUE_BATCH`] per statement and transaction, spread over
-/// `tenants` tenants in turn (none when 0).
-fn enqueue_noop(conn: &mut DbConnection, n: usize, tenants: usize) -> anyhow::Result<()> {
+/// `tenants` tenants in turn (none when 0) and `keywords` keywords in turn.
+fn enqueue_noop(
+    conn: &mut DbConnection,
+    n: usize,
+    tenants: usize,
+    keywords: usize,
+) -> anyhow::Result<()> {
     let mut next = 0;
     while next < n {
         let end = (next + ENQUEUE_BATCH).min(n);
         let batch: Vec<NewTask> = (next..end)
             .map(|i| {
-                let task = NewTask::new(NOOP_KEYWORD, i.to_string());
+                let task = NewTask::new(keyword(i % keywords), i.to_string());
                 match tenants {
                     0 => task,
                     t => task.tenant(format!("t{}", i % t)),
