@@ -8,10 +8,9 @@
 //! domains and borrowing run on those threads too.
 //!
 //! A node is configured with [`crate::WorkerConfig::domain`] (or `outbox run --domains FILE`
-//! / `--domain`); `async_domain` rows, read at each heartbeat, override that configuration at
-//! run time ([`admin`]).
+//! / `--domain`); `async_domain` and `async_pause` rows, read at each heartbeat, override that
+//! configuration at run time (README, "Domains").
 
-pub mod admin;
 mod file;
 
 use std::collections::HashMap;

@@ -332,11 +332,16 @@ impl Dispatcher {
         if self.room() >= want {
             return;
         }
+        self.wait_until(want, || self.room() >= want || stop.load(Ordering::Relaxed));
+    }
+
+    /// Waits until `ready`, woken when a unit finishes with at least `want` room.
+    fn wait_until(&self, want: usize, ready: impl Fn() -> bool) {
         let mut guard = self.finished.0.lock().unwrap_or_else(|e| e.into_inner());
         // Set under the lock: a finishing thread that sees it takes the lock to notify, so
         // it cannot notify between our check and our wait.
         self.wanted.store(want, Ordering::SeqCst);
-        while self.room() < want && !stop.load(Ordering::Relaxed) {
+        while !ready() {
             guard = self
                 .finished
                 .1
@@ -353,21 +358,10 @@ impl Dispatcher {
         let ready = || {
             self.in_flight() == 0 || stop.load(Ordering::Relaxed) || self.slots().worth_claiming()
         };
-        if ready() {
-            return;
+        if !ready() {
+            // Any unit finishing wakes this waiter.
+            self.wait_until(1, ready);
         }
-        let mut guard = self.finished.0.lock().unwrap_or_else(|e| e.into_inner());
-        // Any unit finishing wakes this waiter (see `wait_for_room`).
-        self.wanted.store(1, Ordering::SeqCst);
-        while !ready() {
-            guard = self
-                .finished
-                .1
-                .wait_timeout(guard, Duration::from_millis(50))
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
-        self.wanted.store(0, Ordering::Release);
     }
 
     /// Runs a queued `job` of `default` on the calling (claiming) thread, which helps while

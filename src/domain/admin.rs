@@ -1,1 +1,0 @@
-//! Run-time control of domains through `async_domain`: list, set, release, pause, resume.
