@@ -88,8 +88,7 @@ pub fn exit_code(error: &Error) -> u8 {
         | Error::InvalidTask { .. }
         | Error::InvalidDatabaseUrl { .. }
         | Error::InvalidConfig { .. }
-        | Error::InvalidDomain { .. }
-        | Error::DomainNotFound { .. } => 2,
+        | Error::InvalidDomain { .. } => 2,
         _ => 1,
     }
 }

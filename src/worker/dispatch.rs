@@ -163,10 +163,14 @@ impl<'j> Feed<'j> {
             slot.get_or_insert(panic);
         }
         if let Some(slot) = slot {
-            dispatcher.slots().finish(lane, slot);
+            let several_lanes = {
+                let mut slots = dispatcher.slots();
+                slots.finish(lane, slot);
+                slots.len() > 1
+            };
             // A freed slot may let another lane's queued job start. Under the queues' lock,
             // so that no thread between its look and its wait misses it.
-            if dispatcher.lanes() > 1 {
+            if several_lanes {
                 let _jobs = self.lock();
                 self.ready.notify_all();
             }
@@ -280,11 +284,6 @@ impl Dispatcher {
     /// The slots, to share with the services that reconfigure them and report their use.
     pub(crate) fn shared_lanes(&self) -> Arc<Lanes> {
         Arc::clone(&self.lanes)
-    }
-
-    /// Lanes (domains), `default` included.
-    pub(crate) fn lanes(&self) -> usize {
-        self.slots().len()
     }
 
     /// Hands `work` of `lane` to the pool. A task of `default` past the bound of tasks in

@@ -3,6 +3,7 @@
 //! claim plan, and publishes the slots' use in `async_node.domains`.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
@@ -78,6 +79,9 @@ pub(crate) struct DomainControl {
     base: Base,
     lanes: Arc<Lanes>,
     plan: RwLock<Arc<Plan>>,
+    /// Whether some lane of the plan has a timeout of its own: read per task, so that a
+    /// node without one looks no further.
+    watching: AtomicBool,
     /// The table's rows and paused keywords last applied.
     applied: Mutex<Option<(Vec<DomainRow>, Vec<String>)>>,
 }
@@ -92,6 +96,7 @@ impl DomainControl {
                 lanes: Vec::new(),
                 lane_of: HashMap::new(),
             })),
+            watching: AtomicBool::new(false),
             applied: Mutex::new(None),
         };
         control.apply(&[], &[])?;
@@ -101,6 +106,11 @@ impl DomainControl {
     /// The claim plan now.
     pub(crate) fn plan(&self) -> Arc<Plan> {
         Arc::clone(&self.plan.read().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Whether some domain has a timeout of its own (see [`Plan::watch_of`]).
+    pub(crate) fn watching(&self) -> bool {
+        self.watching.load(Ordering::Relaxed)
     }
 
     /// Reads `async_domain` and `async_pause` again and applies them if they changed.
@@ -217,6 +227,10 @@ impl DomainControl {
         if !current.lanes.is_empty() && **current != plan {
             log::info!("domains applied: {:?}", plan.lanes);
         }
+        self.watching.store(
+            plan.lanes.iter().any(|l| l.watch.is_some()),
+            Ordering::Relaxed,
+        );
         *current = Arc::new(plan);
         Ok(())
     }

@@ -213,6 +213,9 @@ impl Worker {
 
     /// The lane of a task of a domain with a timeout, and the timeout.
     fn watched(&self, task: &ClaimedTask) -> Option<(usize, std::time::Duration)> {
+        if !self.services.domains.watching() {
+            return None;
+        }
         let plan = self.services.domains.plan();
         match plan.watch_of(&task.context.keyword) {
             (lane, Some(limit)) => Some((lane, limit)),

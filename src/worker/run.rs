@@ -131,10 +131,8 @@ impl Worker {
             let slots = self.dispatcher.slots();
             plan.lanes
                 .iter()
-                .map(|l| match slots.worth_claiming_for(l.lane) {
-                    true => (l, slots.room(l.lane)),
-                    false => (l, 0),
-                })
+                .filter(|l| slots.worth_claiming_for(l.lane))
+                .map(|l| (l, slots.room(l.lane)))
                 .collect()
         };
         let (mut claimed, mut limit, mut full) = (0, 0, false);
