@@ -12,7 +12,10 @@
 //! run time ([`admin`]).
 
 pub mod admin;
+mod change;
 mod file;
+mod fleet;
+mod view;
 
 use std::collections::HashMap;
 use std::time::Duration;
