@@ -8,6 +8,7 @@ mod batched;
 mod cancel;
 mod claim;
 mod connect;
+mod domain_admin;
 mod enqueue;
 mod execute;
 mod fencing;
