@@ -33,7 +33,7 @@ pub struct DomainSetting {
     pub released: bool,
     /// 1 when the row was created, one more at each change.
     pub version: i64,
-    /// When the row last changed, by the database clock (as the database writes it).
+    /// When the row last changed, by the database clock (UTC, `YYYY-MM-DD HH:MM:SS.SSS`).
     pub updated_at: String,
     /// Who changed it (`$USER@host` from the CLI).
     pub updated_by: String,

@@ -340,24 +340,52 @@ where
         .sql(")")
 }
 
-/// The columns of a [`DomainRow`] (the same on both backends).
+/// The columns of a [`DomainRow`], with `updated_at` as the expression given (the rest the
+/// same on both backends).
 macro_rules! domain_columns {
-    () => {
-        "name, keywords, mode, threads, queue, timeout_ms, paused, released, version, \
-         CAST(updated_at AS TEXT) AS updated_at, updated_by"
+    ($updated_at:literal) => {
+        concat!(
+            "name, keywords, mode, threads, queue, timeout_ms, paused, released, version, ",
+            $updated_at,
+            " AS updated_at, updated_by"
+        )
     };
 }
 
-/// Every row of `async_domain`, by name (the same on both backends).
-const DOMAIN_ROWS: &str = concat!(
+/// A [`DomainRow`]'s columns on PostgreSQL: `updated_at` as SQLite stores it, UTC
+/// `YYYY-MM-DD HH:MM:SS.SSS`, whatever the session's time zone.
+#[cfg(feature = "postgres")]
+const DOMAIN_COLUMNS_PG: &str =
+    domain_columns!("to_char(updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.MS')");
+
+/// A [`DomainRow`]'s columns on SQLite.
+#[cfg(feature = "sqlite")]
+const DOMAIN_COLUMNS_SQLITE: &str = domain_columns!("updated_at");
+
+/// Every row of `async_domain`, by name, on PostgreSQL.
+#[cfg(feature = "postgres")]
+const DOMAIN_ROWS_PG: &str = concat!(
     "SELECT ",
-    domain_columns!(),
+    domain_columns!("to_char(updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.MS')"),
     " FROM async_domain ORDER BY name"
 );
 
-/// The upsert of a whole `async_domain` row, returning it (the same SQL on both backends but
-/// for the clock, `now`, and the bind placeholders diesel writes).
-fn domain_upsert<DB>(row: &DomainWrite<'_>, actor: &str, now: &'static str) -> Statement<DB>
+/// Every row of `async_domain`, by name, on SQLite.
+#[cfg(feature = "sqlite")]
+const DOMAIN_ROWS_SQLITE: &str = concat!(
+    "SELECT ",
+    domain_columns!("updated_at"),
+    " FROM async_domain ORDER BY name"
+);
+
+/// The upsert of a whole `async_domain` row, returning its `columns` (the same SQL on both
+/// backends but for the clock, `now`, the columns, and the bind placeholders diesel writes).
+fn domain_upsert<DB>(
+    row: &DomainWrite<'_>,
+    actor: &str,
+    now: &'static str,
+    columns: &'static str,
+) -> Statement<DB>
 where
     DB: Backend + HasSqlType<BigInt> + HasSqlType<Integer> + HasSqlType<Text> + HasSqlType<Bool>,
     i64: diesel::serialize::ToSql<BigInt, DB>,
@@ -394,10 +422,8 @@ where
          released = excluded.released, version = d.version + 1, updated_at = ",
     )
     .sql(now)
-    .sql(concat!(
-        ", updated_by = excluded.updated_by RETURNING ",
-        domain_columns!()
-    ))
+    .sql(", updated_by = excluded.updated_by RETURNING ")
+    .sql(columns)
 }
 
 /// Pauses a keyword on its own, by `actor`; inserts nothing when it is paused already (the

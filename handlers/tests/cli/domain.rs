@@ -104,6 +104,9 @@ both_backends! {
         assert_eq!((listed1["paused"].as_bool(), listed1["nodes"].as_u64()), (Some(false), Some(0)));
         assert_eq!(listed1["setting"]["version"], 1);
         assert!(listed1["setting"]["updated_by"].as_str().unwrap().starts_with("tester@"), "{listed1}");
+        // UTC `YYYY-MM-DD HH:MM:SS.SSS` on both backends.
+        let at = listed1["setting"]["updated_at"].as_str().unwrap();
+        assert!(at.len() == 23 && &at[10..11] == " " && &at[19..20] == ".", "{at}");
 
         // A change of mode keeps the other fields; the row's version moves on.
         let out = run(operator(db, dir.path()).args(["domain", "set", "payments", "--max", "1", "--json"])).expect_code(0);

@@ -8,6 +8,7 @@ use diesel::{QueryResult, RunQueryDsl};
 use super::operate::audit;
 use crate::driver::{
     domain_upsert, keyword_pause_delete, keyword_pause_insert, AuditEntry, DomainRow, DomainWrite,
+    DOMAIN_COLUMNS_PG,
 };
 
 /// SHARE ROW EXCLUSIVE conflicts with itself and with every writer of the table, not with
@@ -26,7 +27,8 @@ pub(super) fn write(
     entry: &AuditEntry<'_>,
 ) -> QueryResult<DomainRow> {
     conn.transaction(|conn| {
-        let stored = domain_upsert::<Pg>(row, entry.actor, "now()").get_result(conn)?;
+        let stored =
+            domain_upsert::<Pg>(row, entry.actor, "now()", DOMAIN_COLUMNS_PG).get_result(conn)?;
         audit(conn, entry)?;
         Ok(stored)
     })

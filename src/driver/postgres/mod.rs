@@ -230,7 +230,7 @@ impl Driver for PgConnection {
     }
 
     fn domain_rows(&mut self) -> QueryResult<Vec<DomainRow>> {
-        diesel::sql_query(super::DOMAIN_ROWS).load(self)
+        diesel::sql_query(super::DOMAIN_ROWS_PG).load(self)
     }
 
     fn keyword_paused(&mut self) -> QueryResult<Vec<String>> {

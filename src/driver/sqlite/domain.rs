@@ -8,6 +8,7 @@ use diesel::{QueryResult, RunQueryDsl};
 use super::operate::audit;
 use crate::driver::{
     domain_upsert, keyword_pause_delete, keyword_pause_insert, AuditEntry, DomainRow, DomainWrite,
+    DOMAIN_COLUMNS_SQLITE,
 };
 
 /// Nothing to take: the caller's write transaction (`BEGIN IMMEDIATE`) already holds the
@@ -24,7 +25,8 @@ pub(super) fn write(
     entry: &AuditEntry<'_>,
 ) -> QueryResult<DomainRow> {
     conn.transaction(|conn| {
-        let stored = domain_upsert::<Sqlite>(row, entry.actor, now!()).get_result(conn)?;
+        let stored = domain_upsert::<Sqlite>(row, entry.actor, now!(), DOMAIN_COLUMNS_SQLITE)
+            .get_result(conn)?;
         audit(conn, entry)?;
         Ok(stored)
     })

@@ -260,7 +260,7 @@ impl Driver for SqliteConnection {
     }
 
     fn domain_rows(&mut self) -> QueryResult<Vec<DomainRow>> {
-        diesel::sql_query(super::DOMAIN_ROWS).load(self)
+        diesel::sql_query(super::DOMAIN_ROWS_SQLITE).load(self)
     }
 
     fn keyword_paused(&mut self) -> QueryResult<Vec<String>> {
