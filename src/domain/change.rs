@@ -13,7 +13,7 @@ use crate::worker::MAX_TASK_TIMEOUT;
 /// `MAX n` or `RESERVED n`.
 const MAX_NODE_THREADS: usize = 1024;
 
-/// What [`set`] changes in a domain's row; a field left out keeps its value (for a domain
+/// What [`set`](super::admin::set) changes in a domain's row; a field left out keeps its value (for a domain
 /// the nodes are configured with, their configuration).
 ///
 /// `default` takes none of these: it is always `MAX`, owns the threads no `RESERVED` domain
@@ -76,7 +76,7 @@ impl DomainChange {
         self
     }
 
-    /// Checks the change on its own, as [`set`] does before reading anything: the name, the
+    /// Checks the change on its own, as [`set`](super::admin::set) does before reading anything: the name, the
     /// rules of `default`, the keywords, n, the queue and the timeout. The error names the
     /// domain ([`Error::InvalidDomain`]; [`Error::InvalidKeyword`] for a bad keyword).
     pub fn validate(&self, name: &str) -> Result<()> {
@@ -194,4 +194,101 @@ impl DomainChange {
 
 fn timeout_ms(timeout: Duration) -> u64 {
     u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(change: &DomainChange, name: &str) -> String {
+        change.validate(name).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn a_change_is_checked_on_its_own() {
+        let ok = DomainChange::default().keywords(["a.b"]).reserved(0);
+        assert!(
+            ok.validate("payments").is_ok(),
+            "RESERVED 0 keeps nothing: allowed"
+        );
+        for (change, name, why) in [
+            (DomainChange::default(), "payments", "nothing to set"),
+            (DomainChange::default().max(1), "Pay", "only a-z"),
+            (
+                DomainChange::default().keywords(["a"]),
+                "default",
+                "cannot list keywords",
+            ),
+            (
+                DomainChange::default().reserved(1),
+                "default",
+                "takes no mode",
+            ),
+            (
+                DomainChange::default().timeout(Duration::from_secs(1)),
+                "default",
+                "paused",
+            ),
+            (
+                DomainChange::default().keywords(Vec::<String>::new()),
+                "p",
+                "at least one keyword",
+            ),
+            (
+                DomainChange::default().keywords(["a", "a"]),
+                "p",
+                "lists keyword \"a\" twice",
+            ),
+            (
+                DomainChange::default().keywords(["A"]),
+                "p",
+                "invalid keyword \"A\"",
+            ),
+            (
+                DomainChange::default().max(0),
+                "p",
+                "MAX must be at least 1",
+            ),
+            (
+                DomainChange::default().reserved(1025),
+                "p",
+                "RESERVED 1025 is over the 1024",
+            ),
+            (
+                DomainChange::default().queue(MAX_DOMAIN_QUEUE + 1),
+                "p",
+                "queue must be at most",
+            ),
+            (
+                DomainChange::default().timeout(Duration::from_millis(99)),
+                "p",
+                "timeout must be",
+            ),
+        ] {
+            let err = refused(&change, name);
+            assert!(err.contains(why), "{change:?} on {name}: {err}");
+        }
+    }
+
+    #[test]
+    fn applying_a_change_keeps_what_it_leaves_out() {
+        let mut row = DomainSetting::empty("p");
+        row.queue = Some(4);
+        row.paused = true;
+        let next = DomainChange::default()
+            .keywords(["a"])
+            .max(2)
+            .timeout(Duration::from_secs(2))
+            .apply(&row);
+        assert_eq!(next.keywords, Some(vec!["a".to_owned()]));
+        assert_eq!((next.mode, next.threads), (Some(DomainMode::Max), Some(2)));
+        assert_eq!(
+            (next.queue, next.timeout_ms, next.paused),
+            (Some(4), Some(2000), true)
+        );
+        assert_eq!(
+            DomainChange::default().queue(3).reserved(1).describe(),
+            "RESERVED 1; queue 3"
+        );
+    }
 }

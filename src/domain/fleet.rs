@@ -264,3 +264,57 @@ fn override_with(domain: &mut Domain, setting: &DomainSetting) {
         .map(Duration::from_millis)
         .or(domain.timeout);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{DomainMode, DomainUse};
+
+    /// A node of 2 threads whose `payments` holds both: it started with fewer threads than
+    /// its configuration needs.
+    fn overcommitted() -> Fleet {
+        let payments = DomainUse {
+            domain: "payments".into(),
+            mode: "reserved".into(),
+            keywords: vec!["pay".into()],
+            threads: 2,
+            ..DomainUse::default()
+        };
+        Fleet {
+            settings: Vec::new(),
+            paused_keywords: Vec::new(),
+            nodes: vec![LiveNode {
+                id: 7,
+                name: "small".into(),
+                published: NodeDomains {
+                    threads: 2,
+                    domains: vec![payments],
+                },
+            }],
+        }
+    }
+
+    #[test]
+    fn a_node_already_over_its_threads_refuses_only_changes_of_threads() {
+        let fleet = overcommitted();
+        let mut queue_only = DomainSetting::empty("payments");
+        queue_only.queue = Some(4);
+        assert!(fleet.check_nodes(&queue_only, false).is_ok());
+        // A change that fixes it passes.
+        let mut fix = DomainSetting::empty("payments");
+        fix.threads = Some(1);
+        assert!(fleet.check_nodes(&fix, true).is_ok());
+        // One that does not is refused, naming the domain at fault and the node.
+        let mut mail = DomainSetting::empty("mail");
+        mail.keywords = Some(vec!["mail".into()]);
+        mail.mode = Some(DomainMode::Max);
+        mail.threads = Some(1);
+        let err = fleet.check_nodes(&mail, true).unwrap_err().to_string();
+        assert!(
+            err.starts_with(
+                "domain \"payments\": on node 7 (small, 2 threads): brings the RESERVED"
+            ),
+            "{err}"
+        );
+    }
+}

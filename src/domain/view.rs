@@ -261,3 +261,98 @@ pub(crate) fn views(fleet: &Fleet) -> Vec<DomainView> {
     }
     views
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::fleet::LiveNode;
+    use crate::domain::{DomainUse, NodeDomains};
+
+    fn used(
+        domain: &str,
+        mode: &str,
+        keywords: &[&str],
+        threads: usize,
+        running: usize,
+    ) -> DomainUse {
+        DomainUse {
+            domain: domain.to_owned(),
+            mode: mode.to_owned(),
+            keywords: keywords.iter().map(|k| (*k).to_owned()).collect(),
+            threads,
+            running,
+            queue: 8,
+            timeout_ms: 1000,
+            ..DomainUse::default()
+        }
+    }
+
+    fn node(id: i64, threads: usize, domains: Vec<DomainUse>) -> LiveNode {
+        LiveNode {
+            id,
+            name: format!("w{id}"),
+            published: NodeDomains { threads, domains },
+        }
+    }
+
+    #[test]
+    fn rows_override_the_nodes_and_use_is_summed() {
+        let mut row = DomainSetting::empty("payments");
+        row.keywords = Some(vec!["pay.b".into(), "pay.a".into()]);
+        row.threads = Some(3);
+        row.paused = true;
+        let mut added = DomainSetting::empty("reports");
+        added.keywords = Some(vec!["report".into()]);
+        added.mode = Some(DomainMode::Max);
+        added.threads = Some(1);
+        let fleet = Fleet {
+            settings: vec![row, added],
+            paused_keywords: Vec::new(),
+            nodes: vec![
+                node(
+                    1,
+                    4,
+                    vec![
+                        used("default", "max", &["mail", "pay.a", "report"], 2, 1),
+                        used("payments", "reserved", &["pay.b"], 2, 2),
+                    ],
+                ),
+                node(
+                    2,
+                    8,
+                    vec![
+                        used("default", "max", &["mail"], 6, 4),
+                        used("payments", "reserved", &["pay.b"], 2, 1),
+                    ],
+                ),
+            ],
+        };
+        let views = views(&fleet);
+        let names: Vec<&str> = views.iter().map(|v| v.domain.as_str()).collect();
+        assert_eq!(names, ["default", "payments", "reports"]);
+        let [default, payments, reports] = &views[..] else {
+            unreachable!()
+        };
+        // Keywords a row lists leave default, whatever the nodes still publish.
+        assert_eq!(default.keywords, ["mail"]);
+        assert_eq!(
+            (default.mode, default.per_node),
+            (Some(DomainMode::Max), None)
+        );
+        assert_eq!((default.threads, default.running, default.nodes), (8, 5, 2));
+        assert_eq!(payments.keywords, ["pay.a", "pay.b"]);
+        assert_eq!(
+            (payments.mode, payments.per_node),
+            (Some(DomainMode::Reserved), Some(3))
+        );
+        assert_eq!(
+            (payments.threads, payments.running, payments.paused),
+            (4, 3, true)
+        );
+        assert_eq!(
+            (reports.nodes, reports.per_node, reports.queue),
+            (0, Some(1), None)
+        );
+        assert!(reports.setting.is_some() && default.setting.is_none());
+    }
+}
