@@ -134,8 +134,8 @@ pub enum Command {
     Drain(WorkerArgs),
     /// Run as a long-lived worker until SIGINT or SIGTERM.
     Run(work::RunArgs),
-    /// Tasks per keyword and state, the oldest due task, and keywords this binary's handlers
-    /// do not serve.
+    /// Tasks per keyword and state, the oldest due task, keywords this binary's handlers do
+    /// not serve, and the domains' slot use on the live nodes.
     Stats(stats::StatsArgs),
     /// Delete finished tasks older than a cutoff, so that the table does not keep growing.
     Prune(prune::PruneArgs),

@@ -73,8 +73,9 @@ pub struct Changed {
     /// A domain's row as it stands after the change (`None`: a keyword, or a domain with
     /// no row that was left without one).
     pub setting: Option<DomainSetting>,
-    /// The live nodes that run the domain or serve the keyword: they apply the change at
-    /// their next heartbeat.
+    /// The live nodes that apply the change at their next heartbeat: those that run the
+    /// domain (every live node when its row defines it, as they all add it) or serve the
+    /// keyword.
     pub nodes: usize,
 }
 
@@ -108,9 +109,8 @@ pub fn set(
     locked(conn, |driver| {
         let fleet = Fleet::read(driver)?;
         let current = fleet.setting(name).cloned();
-        let nodes = fleet.nodes_with(name);
         let proposed = change.apply(current.as_ref().unwrap_or(&DomainSetting::empty(name)));
-        if nodes == 0 && !proposed.is_complete() {
+        if fleet.nodes_with(name) == 0 && !proposed.is_complete() {
             let what = if current.is_some() {
                 "is on no live node and its row does not define it"
             } else {
@@ -126,6 +126,7 @@ pub fn set(
         }
         let touches_threads = change.keywords.is_some() || change.mode.is_some();
         fleet.check_nodes(&proposed, touches_threads)?;
+        let nodes = fleet.nodes_applying(&proposed);
         if current.as_ref().is_some_and(|c| c.same_as(&proposed)) {
             return Ok(unchanged(
                 Target::Domain,
@@ -248,11 +249,11 @@ fn flag(
     actor: &str,
 ) -> Result<Changed> {
     let current = fleet.setting(name).cloned();
-    let nodes = fleet.nodes_with(name);
     let mut proposed = current
         .clone()
         .unwrap_or_else(|| DomainSetting::empty(name));
     (proposed.paused, proposed.released) = (paused, released);
+    let nodes = fleet.nodes_applying(&proposed);
     let same = match &current {
         Some(c) => c.same_as(&proposed),
         // No row is neither paused nor released.

@@ -75,6 +75,16 @@ impl Fleet {
             .count()
     }
 
+    /// The live nodes that run the domain of `setting` once they apply it: those that run
+    /// it now, or every one when the row defines it (a node not configured with it adds it).
+    pub(crate) fn nodes_applying(&self, setting: &DomainSetting) -> usize {
+        if setting.is_complete() {
+            self.nodes.len()
+        } else {
+            self.nodes_with(&setting.name)
+        }
+    }
+
     /// Whether `name` is a domain: `default`, one with a row, or one a live node runs.
     pub(crate) fn is_domain(&self, name: &str) -> bool {
         name == DEFAULT_DOMAIN || self.setting(name).is_some() || self.nodes_with(name) > 0
