@@ -359,3 +359,27 @@ fn domain_input_is_refused_as_bad_usage_before_any_database_is_reached() {
         .expect_code(2);
     }
 }
+
+#[test]
+fn domain_commands_fail_with_exit_1_on_a_database_they_cannot_reach_and_create_no_file() {
+    let dir = workdir();
+    let commands: [&[&str]; 5] = [
+        &["domain", "list"],
+        &["domain", "set", "payments", "--max", "1"],
+        &["domain", "release", "payments"],
+        &["pause", "mail.send"],
+        &["resume", "mail.send"],
+    ];
+    for args in commands {
+        run(outbox(dir.path())
+            .args(["--database-url", DOWN_PG_URL])
+            .args(args))
+        .expect_code(1)
+        .stderr_has("cannot connect");
+        // The default SQLite file does not exist: refused, not created.
+        run(outbox(dir.path()).args(args))
+            .expect_code(1)
+            .stderr_has("the SQLite file does not exist");
+    }
+    assert_eq!(crate::binary::entries(dir.path()), Vec::<String>::new());
+}
