@@ -139,6 +139,13 @@ pub enum Error {
         reason: String,
     },
 
+    /// No domain or keyword has this name (in `async_domain`, or on a live node).
+    #[error("no domain or keyword {name:?} (see `outbox domain list`)")]
+    DomainNotFound {
+        /// The name as given.
+        name: String,
+    },
+
     /// The schema is older than this build: `outbox migrate` has not been run.
     #[error("the database schema is not up to date ({pending} pending migration(s)); run `outbox migrate`")]
     NotMigrated {

@@ -1,5 +1,6 @@
 //! What is in the table: tasks per keyword and state, the oldest due pending task, and
-//! keywords that no registered handler serves.
+//! keywords that no registered handler serves. The domains' slot use, summed over the live
+//! nodes, is [`crate::domain::admin::list`].
 
 use serde::Serialize;
 

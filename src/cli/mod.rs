@@ -10,6 +10,7 @@
 
 mod args;
 mod cancel;
+mod domain;
 mod enqueue;
 mod prune;
 mod stats;
@@ -22,6 +23,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 pub use args::WorkerArgs;
+pub use domain::{DomainArgs, PauseArgs};
 pub use enqueue::EnqueueArgs;
 pub use prune::PruneArgs;
 pub use stats::StatsArgs;
@@ -88,7 +90,8 @@ pub fn exit_code(error: &Error) -> u8 {
         | Error::InvalidTask { .. }
         | Error::InvalidDatabaseUrl { .. }
         | Error::InvalidConfig { .. }
-        | Error::InvalidDomain { .. } => 2,
+        | Error::InvalidDomain { .. }
+        | Error::DomainNotFound { .. } => 2,
         _ => 1,
     }
 }
@@ -131,8 +134,8 @@ pub enum Command {
     Drain(WorkerArgs),
     /// Run as a long-lived worker until SIGINT or SIGTERM.
     Run(work::RunArgs),
-    /// Tasks per keyword and state, the oldest due task, and keywords this binary's handlers
-    /// do not serve.
+    /// Tasks per keyword and state, the oldest due task, keywords this binary's handlers do
+    /// not serve, and the domains' slot use on the live nodes.
     Stats(stats::StatsArgs),
     /// Delete finished tasks older than a cutoff, so that the table does not keep growing.
     Prune(prune::PruneArgs),
@@ -144,6 +147,13 @@ pub enum Command {
     Retry(cancel::RetryArgs),
     /// Tenants' quotas: `max_queued` checked at enqueue, `max_running` fleet-wide at claim.
     Tenant(tenant::TenantArgs),
+    /// Task domains' run-time control: list them with their slot use, set one's keywords,
+    /// mode, queue or timeout, force-release one.
+    Domain(domain::DomainArgs),
+    /// Pause a domain or a keyword: nothing of it is claimed; running tasks finish.
+    Pause(domain::PauseArgs),
+    /// Resume a paused (or released) domain, or a paused keyword.
+    Resume(domain::PauseArgs),
 }
 
 /// Runs one of the library's commands on `url` with `registry`'s handlers.
@@ -175,6 +185,9 @@ pub fn run(command: Command, url: &DatabaseUrl, registry: Registry) -> Result<()
         Command::Cancel(args) => cancel::run(url, args),
         Command::Retry(args) => cancel::run_retry(url, args),
         Command::Tenant(args) => tenant::run(url, args),
+        Command::Domain(args) => domain::run(url, args),
+        Command::Pause(args) => domain::run_pause(url, args, true),
+        Command::Resume(args) => domain::run_pause(url, args, false),
     }
 }
 

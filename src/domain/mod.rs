@@ -9,9 +9,14 @@
 //!
 //! A node is configured with [`crate::WorkerConfig::domain`] (or `outbox run --domains FILE`
 //! / `--domain`); `async_domain` and `async_pause` rows, read at each heartbeat, override that
-//! configuration at run time (README, "Domains").
+//! configuration at run time; operators write them with [`admin`] (`outbox domain set`,
+//! `outbox pause`).
 
+pub mod admin;
+mod change;
 mod file;
+mod fleet;
+mod view;
 
 use std::collections::HashMap;
 use std::time::Duration;

@@ -254,3 +254,19 @@ pub struct NodeDomainsRow {
     #[diesel(sql_type = Nullable<Text>)]
     pub domains: Option<String>,
 }
+
+/// A row of `async_domain` as an operator's change leaves it, written whole (see
+/// [`super::Driver::domain_write`]): `None` leaves a field to the nodes' own configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DomainWrite<'a> {
+    pub name: &'a str,
+    /// A JSON array of keywords.
+    pub keywords: Option<String>,
+    /// `max` or `reserved`.
+    pub mode: Option<&'static str>,
+    pub threads: Option<i32>,
+    pub queue: Option<i32>,
+    pub timeout_ms: Option<i64>,
+    pub paused: bool,
+    pub released: bool,
+}

@@ -9,6 +9,7 @@ mod cancel;
 mod claim;
 mod connect;
 mod domain;
+mod domain_admin;
 mod enqueue;
 mod execute;
 mod fencing;

@@ -7,8 +7,8 @@
 //! command fails its test instead of hanging the suite.
 //!
 //! Layout: one module per command family (`usage`, `demo`, `enqueue`, `work`, `prune`,
-//! `bench`), so a test's full name is, e.g., `demo::demo_on_postgres`; the modules they
-//! share are listed below.
+//! `bench`, `domain`), so a test's full name is, e.g., `demo::demo_on_postgres`; the modules
+//! they share are listed below.
 
 #[path = "../../../tests/suite/support.rs"]
 mod support;
@@ -20,6 +20,7 @@ mod db;
 // The command families.
 mod bench;
 mod demo;
+mod domain;
 mod enqueue;
 mod prune;
 mod usage;

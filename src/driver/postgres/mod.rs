@@ -1,6 +1,7 @@
 //! The driver on PostgreSQL: `SKIP LOCKED` claims, `jsonb` payloads, `NOTIFY` on enqueue, an
 //! advisory lock around migrations.
 
+mod domain;
 mod lock;
 mod maintenance;
 mod operate;
@@ -14,9 +15,9 @@ use diesel::{QueryResult, RunQueryDsl};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
 use super::{
-    AuditEntry, Claim, ClaimRow, ClaimState, DomainRow, Driver, InsertRow, KeywordStateCount,
-    LockHolder, MigrationError, NodeDomainsRow, PruneBatch, PrunedBatch, RescueParams, RescuedRow,
-    TaskFilter, TaskKey, TaskRecord, TenantRow, TenantSet,
+    AuditEntry, Claim, ClaimRow, ClaimState, DomainRow, DomainWrite, Driver, InsertRow,
+    KeywordStateCount, LockHolder, MigrationError, NodeDomainsRow, PruneBatch, PrunedBatch,
+    RescueParams, RescuedRow, TaskFilter, TaskKey, TaskRecord, TenantRow, TenantSet,
 };
 
 /// The channel on which enqueues of due tasks notify idle workers (the enqueue statement
@@ -237,7 +238,7 @@ impl Driver for PgConnection {
     }
 
     fn domain_rows(&mut self) -> QueryResult<Vec<DomainRow>> {
-        diesel::sql_query(super::DOMAIN_ROWS).load(self)
+        diesel::sql_query(super::DOMAIN_ROWS_PG).load(self)
     }
 
     fn keyword_paused(&mut self) -> QueryResult<Vec<String>> {
@@ -277,5 +278,25 @@ impl Driver for PgConnection {
             woke = true;
         }
         Ok(woke)
+    }
+
+    fn domain_lock(&mut self) -> QueryResult<()> {
+        domain::lock(self)
+    }
+
+    fn domain_write(
+        &mut self,
+        row: &DomainWrite<'_>,
+        audit: &AuditEntry<'_>,
+    ) -> QueryResult<DomainRow> {
+        domain::write(self, row, audit)
+    }
+
+    fn keyword_pause(&mut self, keyword: &str, audit: &AuditEntry<'_>) -> QueryResult<usize> {
+        domain::pause(self, keyword, audit)
+    }
+
+    fn keyword_resume(&mut self, keyword: &str, audit: &AuditEntry<'_>) -> QueryResult<usize> {
+        domain::resume(self, keyword, audit)
     }
 }

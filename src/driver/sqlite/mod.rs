@@ -9,6 +9,7 @@ macro_rules! now {
     };
 }
 
+mod domain;
 mod enqueue;
 mod maintenance;
 mod operate;
@@ -23,9 +24,9 @@ use diesel::{QueryResult, RunQueryDsl};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
 use super::{
-    AuditEntry, Claim, ClaimRow, ClaimState, DomainRow, Driver, InsertRow, KeywordStateCount,
-    LockHolder, MigrationError, NodeDomainsRow, PruneBatch, PrunedBatch, RescueParams, RescuedRow,
-    TaskFilter, TaskKey, TaskRecord, TenantRow, TenantSet,
+    AuditEntry, Claim, ClaimRow, ClaimState, DomainRow, DomainWrite, Driver, InsertRow,
+    KeywordStateCount, LockHolder, MigrationError, NodeDomainsRow, PruneBatch, PrunedBatch,
+    RescueParams, RescuedRow, TaskFilter, TaskKey, TaskRecord, TenantRow, TenantSet,
 };
 use crate::db::SQLITE_BUSY_TIMEOUT;
 
@@ -267,7 +268,7 @@ impl Driver for SqliteConnection {
     }
 
     fn domain_rows(&mut self) -> QueryResult<Vec<DomainRow>> {
-        diesel::sql_query(super::DOMAIN_ROWS).load(self)
+        diesel::sql_query(super::DOMAIN_ROWS_SQLITE).load(self)
     }
 
     fn keyword_paused(&mut self) -> QueryResult<Vec<String>> {
@@ -301,6 +302,26 @@ impl Driver for SqliteConnection {
 
     fn listen_poll(&mut self) -> QueryResult<bool> {
         Ok(false)
+    }
+
+    fn domain_lock(&mut self) -> QueryResult<()> {
+        domain::lock(self)
+    }
+
+    fn domain_write(
+        &mut self,
+        row: &DomainWrite<'_>,
+        audit: &AuditEntry<'_>,
+    ) -> QueryResult<DomainRow> {
+        domain::write(self, row, audit)
+    }
+
+    fn keyword_pause(&mut self, keyword: &str, audit: &AuditEntry<'_>) -> QueryResult<usize> {
+        domain::pause(self, keyword, audit)
+    }
+
+    fn keyword_resume(&mut self, keyword: &str, audit: &AuditEntry<'_>) -> QueryResult<usize> {
+        domain::resume(self, keyword, audit)
     }
 }
 
