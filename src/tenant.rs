@@ -72,7 +72,22 @@ impl TenantLimits {
         self
     }
 
+    /// Sets the tenant's weight: its share of each claim against the other tenants with
+    /// tasks due (README, "Fair claiming"). At least 1; a tenant without a row weighs 1.
+    pub fn weight(mut self, weight: i32) -> Self {
+        self.0.weight = Some(weight);
+        self
+    }
+
     fn validate(&self) -> Result<()> {
+        if let Some(weight) = self.0.weight {
+            if weight < 1 {
+                return Err(Error::InvalidConfig {
+                    setting: "weight",
+                    reason: format!("must be at least 1, not {weight}"),
+                });
+            }
+        }
         for (setting, limit) in [
             ("max_queued", self.0.max_queued),
             ("max_running", self.0.max_running),
@@ -97,6 +112,9 @@ impl TenantLimits {
         }
         if let Some(limit) = self.0.max_running {
             detail.insert("max_running".into(), limit.into());
+        }
+        if let Some(weight) = self.0.weight {
+            detail.insert("weight".into(), weight.into());
         }
         serde_json::Value::Object(detail).to_string()
     }

@@ -25,6 +25,10 @@ enum TenantCommand {
         /// Running tasks at most across the fleet: a number, or `none` for unlimited.
         #[arg(long, value_name = "N|none", value_parser = parse_limit, allow_negative_numbers = true)]
         max_running: Option<Limit>,
+        /// Its share of each claim against the other tenants with tasks due (at least 1;
+        /// a tenant without a row weighs 1).
+        #[arg(long, value_name = "W", value_parser = parse_weight, allow_negative_numbers = true)]
+        weight: Option<i32>,
         /// Print the tenant as one JSON object.
         #[arg(long)]
         json: bool,
@@ -40,6 +44,17 @@ enum TenantCommand {
         /// The tenant.
         tenant: String,
     },
+}
+
+/// A weight of at least 1.
+fn parse_weight(text: &str) -> Result<i32, String> {
+    let n: i32 = text
+        .parse()
+        .map_err(|_| "expected a whole number".to_owned())?;
+    if n < 1 {
+        return Err(format!("must be at least 1, not {n}"));
+    }
+    Ok(n)
 }
 
 /// A limit given on the command line (`None`: unlimited).
@@ -73,6 +88,7 @@ pub(super) fn run(url: &DatabaseUrl, args: TenantArgs) -> crate::Result<()> {
             tenant,
             max_queued,
             max_running,
+            weight,
             json,
         } => {
             let mut limits = TenantLimits::default();
@@ -81,6 +97,9 @@ pub(super) fn run(url: &DatabaseUrl, args: TenantArgs) -> crate::Result<()> {
             }
             if let Some(limit) = max_running {
                 limits = limits.max_running(limit.0);
+            }
+            if let Some(weight) = weight {
+                limits = limits.weight(weight);
             }
             let row = set_tenant(&mut conn, &tenant, &limits, &super::actor())?;
             if json {
@@ -118,12 +137,13 @@ pub(super) fn run(url: &DatabaseUrl, args: TenantArgs) -> crate::Result<()> {
 fn line(t: &Tenant) -> String {
     let limit = |l: Option<i32>| l.map_or_else(|| "none".to_owned(), |n| n.to_string());
     format!(
-        "{}: queued {}/{}, running {}/{} (set {} by {})",
+        "{}: queued {}/{}, running {}/{}, weight {} (set {} by {})",
         t.tenant,
         t.queued,
         limit(t.max_queued),
         t.running,
         limit(t.max_running),
+        t.weight,
         t.updated_at,
         t.updated_by
     )

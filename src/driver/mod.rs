@@ -60,14 +60,17 @@ pub trait Driver {
     fn task_find_many(&mut self, keys_json: &str) -> QueryResult<Vec<TaskKey>>;
 
     /// Claims up to `limit` due pending tasks of `keywords` for `owner`, in one statement:
-    /// state running, owner set, claim token bumped, deadline `timeout_ms` from now. Tasks of
+    /// state running, owner set, claim token bumped, deadline `timeout_ms` from now. The page
+    /// is shared fairly between the tasks without a tenant and the tenants, by weight, the
+    /// tenants visited in tenant order after `after` (README, "Fair claiming"). Tasks of
     /// the tenants `except` (those with a `max_running`) are left to
-    /// [`Driver::task_claim_limited`]; when it is empty the statement has no tenant condition.
+    /// [`Driver::task_claim_limited`].
     fn task_claim_page(
         &mut self,
         owner: i64,
         keywords: &[String],
         except: &[String],
+        after: &str,
         limit: i64,
         timeout_ms: i64,
     ) -> QueryResult<Vec<ClaimRow>>;
@@ -97,6 +100,7 @@ pub trait Driver {
         &mut self,
         keywords: &[String],
         except: &[String],
+        after: &str,
         limit: i64,
     ) -> QueryResult<(LockHolder, Vec<ClaimRow>)>;
 

@@ -194,6 +194,7 @@ pub struct TenantRow {
 pub struct TenantSet {
     pub max_queued: Option<Option<i32>>,
     pub max_running: Option<Option<i32>>,
+    pub weight: Option<i32>,
 }
 
 /// One row of `async_audit` to write.

@@ -75,21 +75,54 @@ impl Worker {
         }
     }
 
-    /// The stamp claim of tasks not of a tenant with a `max_running`.
+    /// The stamp claim of tasks not of a tenant with a `max_running`: the fair claim. A
+    /// page shared by several participants (tenants, and the tasks without one) comes back
+    /// short when one of them had fewer tasks due than its share while another had more:
+    /// the rest is claimed again at once, twice at most.
     fn claim_plain(
         &self,
         keywords: &[String],
         limit: usize,
         timeout: Duration,
     ) -> Result<Vec<ClaimedTask>> {
-        self.claim_statement(
+        let mut page = self.claim_fair(keywords, limit, timeout)?;
+        for _ in 0..2 {
+            if page.len() >= limit || participants(&page) < 2 {
+                break;
+            }
+            match self.claim_fair(keywords, limit - page.len(), timeout) {
+                Ok(more) if more.is_empty() => break,
+                Ok(more) => page.extend(more),
+                // What was claimed runs; the next claim meets the error.
+                Err(e) => {
+                    log::debug!("a claim failed after another: {e}");
+                    break;
+                }
+            }
+        }
+        Ok(page)
+    }
+
+    /// One fair claim statement (README, "Fair claiming"), its ring of tenants starting
+    /// after where the last one left off.
+    fn claim_fair(
+        &self,
+        keywords: &[String],
+        limit: usize,
+        timeout: Duration,
+    ) -> Result<Vec<ClaimedTask>> {
+        let limits = &self.services.limits;
+        let after = limits.ring_start();
+        let page = self.claim_statement(
             keywords,
             limit,
             timeout,
             |driver, owner, keywords, except, n, timeout| {
-                driver.task_claim_page(owner, keywords, except, n, timeout)
+                driver.task_claim_page(owner, keywords, except, &after, n, timeout)
             },
-        )
+        )?;
+        limits.ring_served(&after, tenants_of(&page));
+        Ok(page)
     }
 
     /// Claims at most `limit` due tasks of the tenants with a `max_running`, within it (none
@@ -188,6 +221,20 @@ impl Worker {
             since,
         })
     }
+}
+
+/// How many participants of a fair claim a page holds: its tenants, and the tasks without
+/// one.
+pub(super) fn participants(page: &[ClaimedTask]) -> usize {
+    let mut seen: Vec<Option<&str>> = page.iter().map(|t| t.context.tenant()).collect();
+    seen.sort_unstable();
+    seen.dedup();
+    seen.len()
+}
+
+/// The tenants of claimed tasks, for the ring of the fair claim.
+pub(super) fn tenants_of(page: &[ClaimedTask]) -> impl Iterator<Item = &str> {
+    page.iter().filter_map(|t| t.context.tenant())
 }
 
 /// The claimed tasks of `rows`, in claim order (priority first, then age: `RETURNING` and

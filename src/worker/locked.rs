@@ -12,7 +12,7 @@
 use std::sync::Mutex;
 use std::time::Instant;
 
-use super::claim::claimed_tasks;
+use super::claim::{claimed_tasks, participants, tenants_of};
 use super::config::Settings;
 use super::dispatch::Feed;
 use super::execute::ChunkRollback;
@@ -36,7 +36,9 @@ pub(super) struct LockedChunk {
 impl Worker {
     /// Locks chunks of up to `commit_batch` due tasks, at most `limit` tasks in all, and
     /// hands each to the pool as it is locked; stops at the first chunk that comes back
-    /// short (nothing more is due). Returns how many tasks it locked.
+    /// short with one participant of the fair claim in it (nothing more is due; a chunk
+    /// shared by several comes back short when one of them had less than its share). Returns
+    /// how many tasks it locked.
     pub(super) fn refill_locked<'s>(
         &'s self,
         feed: &Feed<'s>,
@@ -58,13 +60,14 @@ impl Worker {
                 Err(e) => return Err(e),
             };
             let n = chunk.tasks.len();
+            let shared = participants(&chunk.tasks) >= 2;
             claimed += n;
             let record = self.recorder(n, tally);
             // Lock claims run without domains: every chunk is default's.
             self.dispatcher.submit(feed, 0, move || {
                 super::run::record_or_unwind(self, n as u64, || self.execute_locked(chunk), &record)
             });
-            if n < want {
+            if n < want && !shared {
                 break;
             }
         }
@@ -85,14 +88,19 @@ impl Worker {
             .discard_broken(&mut conn)
             .op("task lock")?;
         let limit = i64::try_from(want).unwrap_or(i64::MAX);
-        let limited = self.services.limits.tenants();
-        let locked = driver(&mut conn).task_lock_page(keywords, &limited, limit);
+        let limits = &self.services.limits;
+        let after = limits.ring_start();
+        let locked = driver(&mut conn).task_lock_page(keywords, &limits.tenants(), &after, limit);
         match locked {
-            Ok((holder, rows)) if !rows.is_empty() => Ok(Some(LockedChunk {
-                conn,
-                holder,
-                tasks: claimed_tasks(rows, self.node.id(), deadline),
-            })),
+            Ok((holder, rows)) if !rows.is_empty() => {
+                let tasks = claimed_tasks(rows, self.node.id(), deadline);
+                limits.ring_served(&after, tenants_of(&tasks));
+                Ok(Some(LockedChunk {
+                    conn,
+                    holder,
+                    tasks,
+                }))
+            }
             Ok(_) => {
                 roll_back_all(&mut conn);
                 Ok(None)

@@ -3,7 +3,7 @@
 //! heartbeat.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use crate::db::DbConnection;
 use crate::driver::driver;
@@ -17,6 +17,9 @@ pub(crate) struct RunLimits {
     turn: AtomicU64,
     /// Counts claims of the limited tenants, to rotate which tenant each serves first.
     rotation: AtomicU64,
+    /// Where the next claim starts its ring of tenants (README, "Fair claiming"): after
+    /// the tenant the last claim served last.
+    ring: Mutex<String>,
 }
 
 impl RunLimits {
@@ -33,6 +36,23 @@ impl RunLimits {
     /// A new number at each call: where the next claim of the limited tenants starts.
     pub(crate) fn next_rotation(&self) -> u64 {
         self.rotation.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Where the next claim's ring of tenants starts (after this tenant; `""`: the first).
+    pub(crate) fn ring_start(&self) -> String {
+        self.ring
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Moves the ring on past the tenants a claim that started after `start` served: the
+    /// next claim starts after the last of them in ring order (wrapping past `start`).
+    pub(crate) fn ring_served<'t>(&self, start: &str, served: impl Iterator<Item = &'t str>) {
+        let last = served.max_by_key(|&tenant| (tenant <= start, tenant));
+        if let Some(last) = last {
+            *self.ring.lock().unwrap_or_else(PoisonError::into_inner) = last.to_owned();
+        }
     }
 
     /// Reads them again.

@@ -12,6 +12,7 @@ mod domain;
 mod domain_admin;
 mod enqueue;
 mod execute;
+mod fair;
 mod fencing;
 mod fleet;
 mod heartbeat;

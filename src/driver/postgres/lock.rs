@@ -5,7 +5,7 @@ use diesel::pg::{Pg, PgConnection};
 use diesel::sql_types::{Array, BigInt, Integer, Text};
 use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 
-use super::task::{except_tenants, stamp_picked};
+use super::task::stamp_picked;
 use crate::driver::{Claim, ClaimRow, LockHolder};
 use crate::sql::Statement;
 
@@ -25,9 +25,10 @@ pub(super) fn lock_page(
     conn: &mut PgConnection,
     keywords: &[String],
     except: &[String],
+    after: &str,
     limit: i64,
 ) -> QueryResult<(LockHolder, Vec<ClaimRow>)> {
-    let rows: Vec<LockedRow> = lock_statement("", keywords, except, limit).load(conn)?;
+    let rows: Vec<LockedRow> = lock_statement("", keywords, except, after, limit).load(conn)?;
     let holder = rows.first().map_or(
         LockHolder {
             backend: 0,
@@ -53,7 +54,7 @@ pub(super) fn lock_plan(
         line: String,
     }
     let lines: Vec<Line> =
-        lock_statement("EXPLAIN (COSTS OFF) ", keywords, &[], limit).load(conn)?;
+        lock_statement("EXPLAIN (COSTS OFF) ", keywords, &[], "", limit).load(conn)?;
     Ok(lines.into_iter().map(|l| l.line).collect())
 }
 
@@ -62,31 +63,22 @@ fn lock_statement(
     prefix: &'static str,
     keywords: &[String],
     except: &[String],
+    after: &str,
     limit: i64,
 ) -> Statement<Pg> {
-    // The claim index's range scan in claim order, the rows other transactions hold skipped:
-    // concurrent chunks never wait on each other nor take the same task. The sort keys name
-    // the table's columns: `priority` alone would be the output's integer cast, which no
-    // index provides, and the plan would sort every pending row. Nothing is written; the
-    // lock lasts until the chunk's transaction ends.
-    let statement = Statement::<Pg>::new(prefix)
-        .sql(
-            "SELECT t.id, t.keyword, t.biz_id, t.biz_data::text AS biz_data, t.tenant, t.failures,
+    // The fair claim's choice (`fair::picked`), its rows locked as they are read, the rows
+    // other transactions hold skipped: concurrent chunks never wait on each other nor take
+    // the same task. Nothing is written; the locks last until the chunk's transaction ends
+    // (a participant's rows read past the page, at most one per participant, stay locked
+    // with them, and are claimed later).
+    super::fair::picked(prefix, keywords, except, after, limit).sql(
+        "
+            )
+         SELECT t.id, t.keyword, t.biz_id, t.biz_data::text AS biz_data, t.tenant, t.failures,
                 t.max_attempts, t.claim_token, t.priority::integer AS priority,
                 pg_backend_pid() AS backend, pg_current_xact_id()::text::bigint AS xact
-         FROM async_task t
-         WHERE t.state = 'pending' AND t.run_at <= now() AND t.keyword = ANY(",
-        )
-        .bind::<Array<Text>, _>(keywords.to_vec())
-        .sql(")");
-    except_tenants(statement, "t.", except)
-        .sql(
-            "
-         ORDER BY t.priority, t.run_at, t.id
-         LIMIT ",
-        )
-        .bind::<BigInt, _>(limit)
-        .sql(" FOR UPDATE SKIP LOCKED")
+         FROM async_task t JOIN picked p ON p.id = t.id",
+    )
 }
 
 /// See [`crate::driver::Driver::task_complete_locked`].

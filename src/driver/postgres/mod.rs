@@ -2,6 +2,7 @@
 //! advisory lock around migrations.
 
 mod domain;
+mod fair;
 mod lock;
 mod maintenance;
 mod operate;
@@ -71,10 +72,11 @@ impl Driver for PgConnection {
         owner: i64,
         keywords: &[String],
         except: &[String],
+        after: &str,
         limit: i64,
         timeout_ms: i64,
     ) -> QueryResult<Vec<ClaimRow>> {
-        task::claim_page(self, owner, keywords, except, limit, timeout_ms)
+        task::claim_page(self, owner, keywords, except, after, limit, timeout_ms)
     }
 
     fn task_claim_limited(
@@ -104,9 +106,10 @@ impl Driver for PgConnection {
         &mut self,
         keywords: &[String],
         except: &[String],
+        after: &str,
         limit: i64,
     ) -> QueryResult<(LockHolder, Vec<ClaimRow>)> {
-        lock::lock_page(self, keywords, except, limit)
+        lock::lock_page(self, keywords, except, after, limit)
     }
 
     fn task_cancel(&mut self, id: i64) -> QueryResult<usize> {

@@ -56,10 +56,11 @@ pub(super) fn claim_page(
     owner: i64,
     keywords: &[String],
     except: &[String],
+    after: &str,
     limit: i64,
     timeout_ms: i64,
 ) -> QueryResult<Vec<ClaimRow>> {
-    claim_statement("", owner, keywords, except, limit, timeout_ms).load(conn)
+    claim_statement("", owner, keywords, except, after, limit, timeout_ms).load(conn)
 }
 
 pub(super) fn claim_plan(
@@ -73,7 +74,7 @@ pub(super) fn claim_plan(
         line: String,
     }
     let lines: Vec<Line> =
-        claim_statement("EXPLAIN (COSTS OFF) ", 0, keywords, &[], limit, 0).load(conn)?;
+        claim_statement("EXPLAIN (COSTS OFF) ", 0, keywords, &[], "", limit, 0).load(conn)?;
     Ok(lines.into_iter().map(|l| l.line).collect())
 }
 
@@ -240,6 +241,7 @@ fn claim_statement(
     owner: i64,
     keywords: &[String],
     except: &[String],
+    after: &str,
     limit: i64,
     timeout_ms: i64,
 ) -> Statement<Pg> {
@@ -249,53 +251,17 @@ fn claim_statement(
     // claim is flushed (a completion under a lost claim would be fenced out anyway). That
     // saves one fsync wait per claim.
     //
-    // The ids are materialised in a CTE first: `SKIP LOCKED` skips rows that a concurrent
-    // claim has locked, so two nodes never wait on each other nor claim the same row.
-    let picked = Statement::<Pg>::new(prefix)
-        .sql(
-            "WITH picked AS (
-                SELECT id FROM async_task
-                WHERE state = 'pending' AND run_at <= now() AND keyword = ANY(",
-        )
-        .bind::<Array<Text>, _>(keywords.to_vec())
-        .sql(")");
-    let picked = except_tenants(picked, "", except)
-        .sql(
-            "
-                ORDER BY priority, run_at, id
-                LIMIT ",
-        )
-        .bind::<BigInt, _>(limit)
-        .sql(
-            "
-                FOR UPDATE SKIP LOCKED",
-        );
-    stamp_picked(picked, owner, timeout_ms)
+    // The rows are locked as they are chosen (`SKIP LOCKED`), so two nodes never wait on
+    // each other nor claim the same row.
+    stamp_picked(
+        super::fair::picked(prefix, keywords, except, after, limit),
+        owner,
+        timeout_ms,
+    )
 }
 
-/// Appends `AND (tenant IS NULL OR tenant <> ALL(except))` (with `alias`, `t.` or empty,
-/// before `tenant`) when `except` is not empty: the tenants with a `max_running`, claimed
-/// apart. Without any, the statement is the one it always was.
-pub(super) fn except_tenants(
-    statement: Statement<Pg>,
-    alias: &'static str,
-    except: &[String],
-) -> Statement<Pg> {
-    if except.is_empty() {
-        return statement;
-    }
-    statement
-        .sql(" AND (")
-        .sql(alias)
-        .sql("tenant IS NULL OR ")
-        .sql(alias)
-        .sql("tenant <> ALL(")
-        .bind::<Array<Text>, _>(except.to_vec())
-        .sql("))")
-}
-
-/// Completes a claim statement whose `picked` CTE (`WITH picked AS (SELECT id … FOR UPDATE
-/// SKIP LOCKED`, left open) chose the rows: stamps them running for `owner` with a new claim
+/// Completes a claim statement whose `picked` CTE (`WITH … picked AS (SELECT id …`, left
+/// open, its rows locked) chose the rows: stamps them running for `owner` with a new claim
 /// token and a deadline `timeout_ms` from now, and returns them.
 pub(super) fn stamp_picked(picked: Statement<Pg>, owner: i64, timeout_ms: i64) -> Statement<Pg> {
     picked

@@ -38,13 +38,15 @@ pub(super) fn set(
     // transaction if one is open.
     let statement = Statement::<Pg>::new(
         "WITH a AS (
-            INSERT INTO async_tenant AS a (tenant, max_queued, max_running, updated_by) VALUES (",
+            INSERT INTO async_tenant AS a (tenant, max_queued, max_running, weight, updated_by) VALUES (",
     )
     .bind::<Text, _>(tenant.to_owned())
     .sql(", ")
     .bind::<Nullable<Integer>, _>(set.max_queued.flatten())
     .sql(", ")
     .bind::<Nullable<Integer>, _>(set.max_running.flatten())
+    .sql(", ")
+    .bind::<Integer, _>(set.weight.unwrap_or(1))
     .sql(", ")
     .bind::<Text, _>(audit.actor.to_owned())
     .sql(
@@ -56,7 +58,11 @@ pub(super) fn set(
     .sql(" THEN EXCLUDED.max_queued ELSE a.max_queued END, max_running = CASE WHEN ")
     .bind::<Bool, _>(set.max_running.is_some())
     .sql(
-        " THEN EXCLUDED.max_running ELSE a.max_running END,
+        " THEN EXCLUDED.max_running ELSE a.max_running END, weight = CASE WHEN ",
+    )
+    .bind::<Bool, _>(set.weight.is_some())
+    .sql(
+        " THEN EXCLUDED.weight ELSE a.weight END,
                 updated_at = now(), updated_by = EXCLUDED.updated_by
             RETURNING *
         ), ",

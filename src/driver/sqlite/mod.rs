@@ -11,6 +11,7 @@ macro_rules! now {
 
 mod domain;
 mod enqueue;
+mod fair;
 mod maintenance;
 mod operate;
 mod task;
@@ -104,10 +105,11 @@ impl Driver for SqliteConnection {
         owner: i64,
         keywords: &[String],
         except: &[String],
+        after: &str,
         limit: i64,
         timeout_ms: i64,
     ) -> QueryResult<Vec<ClaimRow>> {
-        task::claim_page(self, owner, keywords, except, limit, timeout_ms)
+        task::claim_page(self, owner, keywords, except, after, limit, timeout_ms)
     }
 
     fn task_claim_limited(
@@ -139,6 +141,7 @@ impl Driver for SqliteConnection {
         &mut self,
         _: &[String],
         _: &[String],
+        _: &str,
         _: i64,
     ) -> QueryResult<(LockHolder, Vec<ClaimRow>)> {
         Err(lock_claims_unsupported())

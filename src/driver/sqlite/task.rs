@@ -4,6 +4,7 @@ use diesel::sql_types::{BigInt, Nullable, Text};
 use diesel::sqlite::{Sqlite, SqliteConnection};
 use diesel::{OptionalExtension, QueryResult, RunQueryDsl};
 
+use super::fair;
 use crate::driver::{
     fence, rescue_params, Claim, ClaimRow, ClaimState, RescueParams, RescuedRow, TaskRecord,
 };
@@ -14,9 +15,13 @@ pub(super) fn claim_page(
     owner: i64,
     keywords: &[String],
     except: &[String],
+    after: &str,
     limit: i64,
     timeout_ms: i64,
 ) -> QueryResult<Vec<ClaimRow>> {
+    let keywords = serde_json::to_string(keywords).expect("a list of strings serialises");
+    let except =
+        (!except.is_empty()).then(|| serde_json::to_string(except).expect("strings serialise"));
     // The node's tasks that finished since its last claim leave the lease index first
     // (see `async_task_lease_idx`): one statement for the page, in the claim's
     // transaction, instead of an index write at every completion.
@@ -28,7 +33,16 @@ pub(super) fn claim_page(
         .bind::<BigInt, _>(owner)
         .sql(" AND deadline_at IS NOT NULL AND state <> 'running'")
         .execute(conn)?;
-        claim_statement("", owner, keywords, except, limit, timeout_ms).load(conn)
+        let shares = fair::shares(conn, &keywords, except.as_deref(), after, limit)?;
+        match shares.as_slice() {
+            [] => Ok(Vec::new()),
+            [only] if only.tenant.is_none() => {
+                claim_statement("", owner, &keywords, limit, timeout_ms).load(conn)
+            }
+            _ => fair::page_ids(claim_set("", owner, timeout_ms), &shares, &keywords, limit)
+                .sql(CLAIM_RETURNING)
+                .load(conn),
+        }
     })
 }
 
@@ -42,8 +56,11 @@ pub(super) fn claim_plan(
         #[diesel(sql_type = Text)]
         detail: String,
     }
-    let lines: Vec<Line> =
-        claim_statement("EXPLAIN QUERY PLAN ", 0, keywords, &[], limit, 0).load(conn)?;
+    let keywords = serde_json::to_string(keywords).expect("a list of strings serialises");
+    let mut lines: Vec<Line> =
+        fair::shares_statement("EXPLAIN QUERY PLAN ", &keywords, None, "", limit).load(conn)?;
+    lines
+        .extend(claim_statement("EXPLAIN QUERY PLAN ", 0, &keywords, limit, 0).load::<Line>(conn)?);
     Ok(lines.into_iter().map(|l| l.detail).collect())
 }
 
@@ -244,12 +261,12 @@ fn rescue_statement(rescue: &RescueParams) -> Statement<Sqlite> {
             ))
 }
 
-/// The claim statement, after `prefix` (empty, or `EXPLAIN QUERY PLAN` to show its plan).
+/// The claim of tasks without a tenant (`keywords` a JSON array), after `prefix` (empty, or
+/// `EXPLAIN QUERY PLAN` to show its plan).
 fn claim_statement(
     prefix: &'static str,
     owner: i64,
-    keywords: &[String],
-    except: &[String],
+    keywords: &str,
     limit: i64,
     timeout_ms: i64,
 ) -> Statement<Sqlite> {
@@ -258,30 +275,17 @@ fn claim_statement(
     // pending. The keyword list is one JSON bind. INDEXED BY: left to itself, the planner
     // serves `keyword IN (…)` from the unique (keyword, biz_id) index and sorts every task
     // of those keywords, done ones included, on every claim.
-    let keywords = serde_json::to_string(keywords).expect("a list of strings serialises");
-    let picked = claim_set(prefix, owner, timeout_ms)
+    claim_set(prefix, owner, timeout_ms)
         .sql(concat!(
             "
                 SELECT id FROM async_task INDEXED BY async_task_claim_idx
-                WHERE state = 'pending' AND run_at <= ",
+                WHERE tenant IS NULL AND state = 'pending' AND run_at <= ",
             now!(),
             " AND keyword IN (SELECT value FROM json_each("
         ))
-        .bind::<Text, _>(keywords)
-        .sql("))");
-    let picked = if except.is_empty() {
-        picked
-    } else {
-        // The tenants with a `max_running`, claimed apart (`claim_limited`).
-        let except = serde_json::to_string(except).expect("a list of strings serialises");
-        picked
-            .sql(" AND (tenant IS NULL OR tenant NOT IN (SELECT value FROM json_each(")
-            .bind::<Text, _>(except)
-            .sql(")))")
-    };
-    picked
+        .bind::<Text, _>(keywords.to_owned())
         .sql(
-            "
+            "))
                 ORDER BY priority, run_at, id
                 LIMIT ",
         )

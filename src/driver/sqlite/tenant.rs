@@ -29,13 +29,15 @@ pub(super) fn set(
     // The first statement writes, so the transaction takes the write lock at once.
     conn.transaction(|conn| {
         Statement::<Sqlite>::new(
-            "INSERT INTO async_tenant AS a (tenant, max_queued, max_running, updated_by) VALUES (",
+            "INSERT INTO async_tenant AS a (tenant, max_queued, max_running, weight, updated_by) VALUES (",
         )
         .bind::<Text, _>(tenant.to_owned())
         .sql(", ")
         .bind::<Nullable<Integer>, _>(set.max_queued.flatten())
         .sql(", ")
         .bind::<Nullable<Integer>, _>(set.max_running.flatten())
+        .sql(", ")
+        .bind::<Integer, _>(set.weight.unwrap_or(1))
         .sql(", ")
         .bind::<Text, _>(entry.actor.to_owned())
         .sql(
@@ -46,8 +48,10 @@ pub(super) fn set(
         .bind::<Bool, _>(set.max_queued.is_some())
         .sql(" THEN excluded.max_queued ELSE a.max_queued END, max_running = CASE WHEN ")
         .bind::<Bool, _>(set.max_running.is_some())
+        .sql(" THEN excluded.max_running ELSE a.max_running END, weight = CASE WHEN ")
+        .bind::<Bool, _>(set.weight.is_some())
         .sql(concat!(
-            " THEN excluded.max_running ELSE a.max_running END,
+            " THEN excluded.weight ELSE a.weight END,
                 updated_at = ",
             now!(),
             ", updated_by = excluded.updated_by"

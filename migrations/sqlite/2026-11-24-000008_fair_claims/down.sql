@@ -1,0 +1,2 @@
+DROP INDEX async_task_claim_idx;
+CREATE INDEX async_task_claim_idx ON async_task (priority, run_at, id) WHERE state = 'pending';

@@ -1,0 +1,139 @@
+//! The fair claim on PostgreSQL: which due tasks a claim takes when tenants share the table.
+//!
+//! The tasks without a tenant are served from the claim index and each tenant's from the
+//! tenant index, as one participant each. A claim visits the tenants with pending tasks in
+//! tenant order from where this node's last claim left off (a ring: a loose index scan, one
+//! probe per tenant, wrapping around), keeps the first `limit` of them that have a task due
+//! for these keywords, and gives each participant a share of the page in proportion to its
+//! weight (tasks without a tenant weigh 1): at most `ceil(limit × weight / total)` of its
+//! first tasks in claim order, locked as they are read (`SKIP LOCKED`). The page is then the
+//! `limit` first of those by priority, then by each task's rank within its participant over
+//! its weight, then by age. Every step is an index range scan bounded by the page, whatever
+//! the backlog.
+
+use diesel::pg::Pg;
+use diesel::sql_types::{Array, BigInt, Text};
+
+use crate::sql::Statement;
+
+/// How many tenants a claim visits at most, for each task it may take: tenants whose
+/// pending tasks are all delayed, or of other keywords, are stepped over, up to this.
+const WALK_PER_TASK: i64 = 2;
+
+/// A task of `t` is due for the claim: pending, its time come, one of the keywords bound next.
+const DUE: &str = "t.state = 'pending' AND t.run_at <= now() AND t.keyword = ANY(";
+
+/// The first tenant with a pending task, for the ring to wrap around to.
+const FIRST_TENANT: &str = "(SELECT tenant FROM async_task WHERE tenant IS NOT NULL
+    AND state = 'pending' ORDER BY tenant LIMIT 1)";
+
+/// `WITH RECURSIVE …, picked AS (SELECT id …` (left open) choosing at most `limit` due
+/// pending tasks of `keywords`, locked, fairly across tenants as the module says; the ring
+/// starts after `after` (`""`: at the first tenant). Tenants in `except` (those with a
+/// `max_running`, claimed apart) are left out.
+pub(super) fn picked(
+    prefix: &'static str,
+    keywords: &[String],
+    except: &[String],
+    after: &str,
+    limit: i64,
+) -> Statement<Pg> {
+    // The ring: each step one probe of the tenant index for the next tenant, wrapping
+    // around, until it comes back to the first or has walked its bound.
+    let statement = Statement::<Pg>::new(prefix)
+        .sql(
+            "WITH RECURSIVE ring(tenant, n, first) AS (
+                SELECT s.tenant, 1, s.tenant FROM (SELECT COALESCE(
+                    (SELECT tenant FROM async_task WHERE tenant > ",
+        )
+        .bind::<Text, _>(after.to_owned())
+        .sql(
+            " AND tenant IS NOT NULL AND state = 'pending' ORDER BY tenant LIMIT 1),
+                    ",
+        )
+        .sql(FIRST_TENANT)
+        .sql(
+            ") AS tenant) s WHERE s.tenant IS NOT NULL
+              UNION ALL
+                SELECT nx.tenant, r.n + 1, r.first FROM ring r CROSS JOIN LATERAL (
+                    SELECT COALESCE(
+                    (SELECT tenant FROM async_task WHERE tenant > r.tenant AND tenant IS NOT NULL
+                        AND state = 'pending' ORDER BY tenant LIMIT 1),
+                    ",
+        )
+        .sql(FIRST_TENANT)
+        .sql(") AS tenant) nx WHERE r.n < ")
+        .bind::<BigInt, _>(limit.saturating_mul(WALK_PER_TASK))
+        .sql(
+            " AND nx.tenant <> r.first
+            ), share AS (
+                (SELECT r.tenant, COALESCE(a.weight, 1) AS weight
+                   FROM ring r CROSS JOIN LATERAL (
+                       SELECT 1 FROM async_task t WHERE t.tenant = r.tenant AND ",
+        )
+        .sql(DUE)
+        .bind::<Array<Text>, _>(keywords.to_vec())
+        .sql(
+            ")
+                        ORDER BY t.priority, t.run_at, t.id LIMIT 1) due
+                   LEFT JOIN async_tenant a ON a.tenant = r.tenant",
+        );
+    let statement = if except.is_empty() {
+        statement
+    } else {
+        statement
+            .sql(" WHERE r.tenant <> ALL(")
+            .bind::<Array<Text>, _>(except.to_vec())
+            .sql(")")
+    };
+    statement
+        .sql(" ORDER BY r.n LIMIT ")
+        .bind::<BigInt, _>(limit)
+        .sql(
+            ")
+                UNION ALL
+                SELECT NULL, 1 FROM (SELECT 1 FROM async_task t WHERE t.tenant IS NULL AND ",
+        )
+        .sql(DUE)
+        .bind::<Array<Text>, _>(keywords.to_vec())
+        .sql(
+            ")
+                     ORDER BY t.priority, t.run_at, t.id LIMIT 1) due
+            ), quota AS (
+                SELECT tenant, weight, ceil(",
+        )
+        .bind::<BigInt, _>(limit)
+        .sql(
+            "::numeric * weight / sum(weight) OVER ())::bigint AS k FROM share
+            ), candidate AS (
+                SELECT q.tenant, q.weight, c.* FROM quota q CROSS JOIN LATERAL (
+                    SELECT t.id, t.priority, t.run_at FROM async_task t
+                     WHERE t.tenant = q.tenant AND ",
+        )
+        .sql(DUE)
+        .bind::<Array<Text>, _>(keywords.to_vec())
+        .sql(
+            ")
+                     ORDER BY t.priority, t.run_at, t.id LIMIT q.k FOR UPDATE SKIP LOCKED) c
+                 WHERE q.tenant IS NOT NULL
+                UNION ALL
+                SELECT NULL, 1, c.* FROM quota q CROSS JOIN LATERAL (
+                    SELECT t.id, t.priority, t.run_at FROM async_task t
+                     WHERE t.tenant IS NULL AND ",
+        )
+        .sql(DUE)
+        .bind::<Array<Text>, _>(keywords.to_vec())
+        .sql(
+            ")
+                     ORDER BY t.priority, t.run_at, t.id LIMIT q.k FOR UPDATE SKIP LOCKED) c
+                 WHERE q.tenant IS NULL
+            ), picked AS (
+                SELECT id FROM (
+                    SELECT id, priority, run_at, row_number() OVER (
+                               PARTITION BY tenant ORDER BY priority, run_at, id)::float8 / weight AS turn
+                      FROM candidate) ranked
+                 ORDER BY priority, turn, run_at, id
+                 LIMIT ",
+        )
+        .bind::<BigInt, _>(limit)
+}

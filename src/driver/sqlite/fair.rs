@@ -1,0 +1,153 @@
+//! The fair claim on SQLite: the same choice as on PostgreSQL (see `driver/postgres/fair.rs`),
+//! made in the claim's write transaction by two statements: one walks the ring of tenants
+//! and reads each participant's weight, the other takes the page in one UPDATE. With no
+//! tenant due, the UPDATE is the claim of tasks without a tenant alone.
+
+use diesel::sql_types::{BigInt, Double, Nullable, Text};
+use diesel::sqlite::{Sqlite, SqliteConnection};
+use diesel::{QueryResult, QueryableByName, RunQueryDsl};
+
+use crate::sql::Statement;
+
+/// How many tenants a claim visits at most, for each task it may take (as on PostgreSQL).
+const WALK_PER_TASK: i64 = 2;
+
+/// A participant of a claim: a tenant with a task due, or (`None`) the tasks without one.
+#[derive(Debug, QueryableByName)]
+pub(super) struct Share {
+    #[diesel(sql_type = Nullable<Text>)]
+    pub(super) tenant: Option<String>,
+    #[diesel(sql_type = BigInt)]
+    pub(super) weight: i64,
+}
+
+/// The tenant index, its predicate's terms repeated (SQLite uses a partial index only then).
+const TENANT_IDX: &str = "async_task INDEXED BY async_task_tenant_idx";
+const PENDING_OF_TENANT: &str = "tenant IS NOT NULL AND state = 'pending'
+    AND state IN ('pending', 'blocked', 'running')";
+/// The first tenant with a pending task, for the ring to wrap around to.
+const FIRST_TENANT: &str = "(SELECT tenant FROM async_task INDEXED BY async_task_tenant_idx
+    WHERE tenant IS NOT NULL AND state = 'pending' AND state IN ('pending', 'blocked', 'running')
+    ORDER BY tenant LIMIT 1)";
+/// The next tenant after the ring's last, wrapping around.
+const NEXT_TENANT: &str = "COALESCE((SELECT tenant FROM async_task INDEXED BY async_task_tenant_idx
+    WHERE tenant > r.tenant AND tenant IS NOT NULL AND state = 'pending'
+      AND state IN ('pending', 'blocked', 'running') ORDER BY tenant LIMIT 1),
+    (SELECT tenant FROM async_task INDEXED BY async_task_tenant_idx
+    WHERE tenant IS NOT NULL AND state = 'pending' AND state IN ('pending', 'blocked', 'running')
+    ORDER BY tenant LIMIT 1))";
+/// Due for the claim: the time come, one of the keywords (a JSON array bound next).
+const DUE: &str = concat!(
+    " AND run_at <= ",
+    now!(),
+    " AND keyword IN (SELECT value FROM json_each("
+);
+
+/// The participants of a claim of `limit` tasks of `keywords` (a JSON array): at most
+/// `limit` tenants with a task due, in ring order after `after`, none of `except` (a JSON
+/// array, or `None`), then the tasks without a tenant if one is due.
+pub(super) fn shares(
+    conn: &mut SqliteConnection,
+    keywords: &str,
+    except: Option<&str>,
+    after: &str,
+    limit: i64,
+) -> QueryResult<Vec<Share>> {
+    shares_statement("", keywords, except, after, limit).load(conn)
+}
+
+/// The statement of [`shares`], after `prefix` (empty, or `EXPLAIN QUERY PLAN`).
+pub(super) fn shares_statement(
+    prefix: &'static str,
+    keywords: &str,
+    except: Option<&str>,
+    after: &str,
+    limit: i64,
+) -> Statement<Sqlite> {
+    let statement = Statement::<Sqlite>::new(prefix)
+        .sql("WITH RECURSIVE ring(tenant, n, first) AS (SELECT t0, 1, t0 FROM (SELECT COALESCE((SELECT tenant FROM ")
+        .sql(TENANT_IDX)
+        .sql(" WHERE tenant > ")
+        .bind::<Text, _>(after.to_owned())
+        .sql(" AND ")
+        .sql(PENDING_OF_TENANT)
+        .sql(" ORDER BY tenant LIMIT 1), ")
+        .sql(FIRST_TENANT)
+        .sql(") AS t0) WHERE t0 IS NOT NULL UNION ALL SELECT ")
+        .sql(NEXT_TENANT)
+        .sql(", r.n + 1, r.first FROM ring r WHERE r.n < ")
+        .bind::<BigInt, _>(limit.saturating_mul(WALK_PER_TASK))
+        .sql(" AND ")
+        .sql(NEXT_TENANT)
+        .sql(
+            " <> r.first)
+            SELECT tenant, weight FROM (
+                SELECT r.tenant, COALESCE(a.weight, 1) AS weight
+                  FROM ring r LEFT JOIN async_tenant a ON a.tenant = r.tenant
+                 WHERE EXISTS (SELECT 1 FROM async_task INDEXED BY async_task_tenant_idx
+                                WHERE tenant = r.tenant AND state = 'pending'
+                                  AND state IN ('pending', 'blocked', 'running')",
+        )
+        .sql(DUE)
+        .bind::<Text, _>(keywords.to_owned())
+        .sql(")))");
+    let statement = match except {
+        None => statement,
+        Some(except) => statement
+            .sql(" AND r.tenant NOT IN (SELECT value FROM json_each(")
+            .bind::<Text, _>(except.to_owned())
+            .sql("))"),
+    };
+    statement
+        .sql(" ORDER BY r.n LIMIT ")
+        .bind::<BigInt, _>(limit)
+        .sql(
+            ")
+            UNION ALL
+            SELECT NULL, 1 WHERE EXISTS (SELECT 1 FROM async_task INDEXED BY async_task_claim_idx
+                                          WHERE tenant IS NULL AND state = 'pending'",
+        )
+        .sql(DUE)
+        .bind::<Text, _>(keywords.to_owned())
+        .sql(")))")
+}
+
+/// Appends to `statement` (an `UPDATE … WHERE id IN (`, left open) the ids of the page: each
+/// participant's first `ceil(limit × weight / total)` due tasks, ranked as on PostgreSQL.
+pub(super) fn page_ids(
+    statement: Statement<Sqlite>,
+    shares: &[Share],
+    keywords: &str,
+    limit: i64,
+) -> Statement<Sqlite> {
+    let total: i64 = shares.iter().map(|s| s.weight).sum::<i64>().max(1);
+    let mut statement = statement.sql("SELECT id FROM (");
+    for (i, share) in shares.iter().enumerate() {
+        let k = (limit.saturating_mul(share.weight) + total - 1) / total;
+        if i > 0 {
+            statement = statement.sql(" UNION ALL ");
+        }
+        statement = statement
+            .sql("SELECT * FROM (SELECT id, priority, run_at, row_number() OVER (ORDER BY priority, run_at, id) * 1.0 / ")
+            .bind::<Double, _>(share.weight as f64)
+            .sql(" AS turn FROM (SELECT id, priority, run_at FROM ");
+        statement = match &share.tenant {
+            Some(tenant) => statement
+                .sql(TENANT_IDX)
+                .sql(" WHERE tenant = ")
+                .bind::<Text, _>(tenant.clone())
+                .sql(" AND state = 'pending' AND state IN ('pending', 'blocked', 'running')"),
+            None => statement
+                .sql("async_task INDEXED BY async_task_claim_idx WHERE tenant IS NULL AND state = 'pending'"),
+        };
+        statement = statement
+            .sql(DUE)
+            .bind::<Text, _>(keywords.to_owned())
+            .sql(")) ORDER BY priority, run_at, id LIMIT ")
+            .bind::<BigInt, _>(k)
+            .sql("))");
+    }
+    statement
+        .sql(") ORDER BY priority, turn, run_at, id LIMIT ")
+        .bind::<BigInt, _>(limit)
+}

@@ -1,0 +1,180 @@
+//! Fair claiming across tenants: each claim shares its page between the tenants with tasks
+//! due (and the tasks without a tenant) in proportion to their weights, visiting the tenants
+//! in turn; within a tenant the claim order is unchanged.
+
+use std::collections::HashMap;
+
+use outbox::{
+    enqueue_batch, set_tenant, ClaimStyle, NewTask, Registry, TaskContext, TaskTx, TenantLimits,
+    Worker, WorkerConfig,
+};
+
+use crate::TestDb;
+
+const PAGE: usize = 40;
+
+fn noop_registry() -> Registry {
+    let mut registry = Registry::new();
+    registry.register("job", |_: &TaskContext, _: &mut TaskTx| Ok(()));
+    registry
+}
+
+fn worker(db: &TestDb) -> Worker {
+    let config = WorkerConfig::default().threads(4).queue(64).page_size(PAGE);
+    Worker::new(&db.url, noop_registry(), config).unwrap()
+}
+
+/// `n` tasks of `tenant` (`None`: without one), enqueued in one batch, `tag` in their ids.
+fn enqueue(db: &TestDb, tenant: Option<&str>, tag: &str, n: usize) {
+    let tasks: Vec<NewTask> = (0..n)
+        .map(|i| {
+            let task = NewTask::new("job", format!("{tag}-{i:05}"));
+            match tenant {
+                Some(t) => task.tenant(t),
+                None => task,
+            }
+        })
+        .collect();
+    enqueue_batch(&mut db.conn(), &tasks).unwrap();
+}
+
+fn weigh(db: &TestDb, tenant: &str, weight: i32) {
+    let limits = TenantLimits::default().weight(weight);
+    set_tenant(&mut db.conn(), tenant, &limits, "test").unwrap();
+}
+
+/// Claims `claims` pages; returns how many tasks each tenant (`""`: none) got.
+fn claim_pages(worker: &Worker, claims: usize) -> HashMap<String, usize> {
+    let mut got = HashMap::new();
+    for _ in 0..claims {
+        for task in worker.claim().unwrap() {
+            *got.entry(task.context.tenant().unwrap_or_default().to_owned())
+                .or_default() += 1;
+        }
+    }
+    got
+}
+
+/// Makes the tasks `tag` older than any other by `minutes`, keeping their order.
+fn backdate(db: &TestDb, tag: &str, minutes: i64) {
+    let sql = match db.backend() {
+        outbox::Backend::Postgres => format!(
+            "UPDATE async_task SET run_at = run_at - interval '{minutes} minutes' WHERE biz_id LIKE '{tag}-%'"
+        ),
+        outbox::Backend::Sqlite => format!(
+            "UPDATE async_task SET run_at = strftime('%Y-%m-%d %H:%M:%f', run_at, '-{minutes} minutes') WHERE biz_id LIKE '{tag}-%'"
+        ),
+    };
+    db.exec(&sql);
+}
+
+both_backends! {
+    fn two_saturated_tenants_are_served_in_proportion_to_their_weights(db: &TestDb) {
+        weigh(db, "heavy", 3);
+        enqueue(db, Some("heavy"), "h", 2000);
+        enqueue(db, Some("light"), "l", 2000);
+        // The light tenant's tasks are the oldest: age alone would serve it first.
+        backdate(db, "l", 10);
+        let got = claim_pages(&worker(db), 25);
+        let (heavy, light) = (got["heavy"], got["light"]);
+        assert_eq!(heavy + light, 25 * PAGE, "{got:?}");
+        let ratio = heavy as f64 / light as f64;
+        assert!((2.7..=3.3).contains(&ratio), "served {heavy}:{light}, ratio {ratio:.2}, not 3:1 ±10%");
+    }
+
+    fn a_small_tenant_is_served_by_the_next_claim_behind_a_large_backlog(db: &TestDb) {
+        enqueue(db, Some("big"), "big", 3000);
+        backdate(db, "big", 10);
+        enqueue(db, Some("small"), "small", 5);
+        enqueue(db, None, "plain", 5);
+        let got = claim_pages(&worker(db), 1);
+        assert_eq!(got.get("small"), Some(&5), "{got:?}");
+        assert_eq!(got.get(""), Some(&5), "tasks without a tenant: {got:?}");
+        assert_eq!(got.get("big"), Some(&(PAGE - 10)), "the rest of the page: {got:?}");
+    }
+
+    fn within_a_tenant_tasks_are_claimed_in_claim_order(db: &TestDb) {
+        enqueue(db, Some("a"), "a", 100);
+        enqueue(db, Some("b"), "b", 100);
+        // a-00050 and after first, by priority.
+        db.exec("UPDATE async_task SET priority = -1 WHERE biz_id >= 'a-00050' AND tenant = 'a'");
+        let worker = worker(db);
+        let mut order: Vec<String> = Vec::new();
+        for _ in 0..3 {
+            let mut page = worker.claim().unwrap();
+            page.retain(|t| t.context.tenant() == Some("a"));
+            order.extend(page.into_iter().map(|t| t.context.biz_id().to_owned()));
+        }
+        let expected: Vec<String> = (50..100).chain(0..100).take(order.len()).map(|i| format!("a-{i:05}")).collect();
+        assert!(order.len() >= 50, "{order:?}");
+        assert_eq!(order, expected);
+    }
+
+    fn every_tenant_gets_a_turn_when_there_are_more_tenants_than_the_page(db: &TestDb) {
+        // 120 tenants of 3 tasks, pages of 40: each claim serves 40 tenants one task each,
+        // the next claim the next 40.
+        let tasks: Vec<NewTask> = (0..360)
+            .map(|i| NewTask::new("job", format!("t-{i:05}")).tenant(format!("tenant-{:03}", i % 120)))
+            .collect();
+        enqueue_batch(&mut db.conn(), &tasks).unwrap();
+        let worker = worker(db);
+        let got = claim_pages(&worker, 3);
+        assert_eq!(got.len(), 120, "tenants served: {}", got.len());
+        assert!(got.values().all(|&n| n == 1), "{got:?}");
+        let got = claim_pages(&worker, 3);
+        assert!(got.len() == 120 && got.values().all(|&n| n == 1), "{got:?}");
+    }
+
+    fn a_tenant_with_only_delayed_tasks_takes_no_share_of_the_page(db: &TestDb) {
+        let later: Vec<NewTask> = (0..100)
+            .map(|i| NewTask::new("job", format!("later-{i:05}")).tenant("later").delay(std::time::Duration::from_secs(3600)))
+            .collect();
+        enqueue_batch(&mut db.conn(), &later).unwrap();
+        enqueue(db, Some("now"), "now", 100);
+        let got = claim_pages(&worker(db), 1);
+        assert_eq!(got.get("now"), Some(&PAGE), "{got:?}");
+        assert_eq!(got.get("later"), None, "{got:?}");
+    }
+
+    fn tenants_with_a_max_running_keep_it_beside_the_fair_claim(db: &TestDb) {
+        set_tenant(&mut db.conn(), "capped", &TenantLimits::default().max_running(Some(3)), "test").unwrap();
+        enqueue(db, Some("capped"), "c", 100);
+        enqueue(db, Some("free"), "f", 100);
+        let worker = worker(db);
+        worker.heartbeat_once().unwrap();
+        let got = claim_pages(&worker, 2);
+        assert_eq!(got.get("capped"), Some(&3), "{got:?}");
+        assert_eq!(got.get("free"), Some(&(2 * PAGE - 3)), "{got:?}");
+    }
+}
+
+/// Lock claims (PostgreSQL, batched) take the same fair choice, chunk by chunk.
+#[test]
+fn lock_claims_serve_tenants_in_proportion_to_their_weights() {
+    let db = &TestDb::postgres();
+    weigh(db, "heavy", 3);
+    enqueue(db, Some("heavy"), "h", 2000);
+    enqueue(db, Some("light"), "l", 2000);
+    backdate(db, "l", 10);
+    let config = WorkerConfig::default()
+        .threads(2)
+        .page_size(PAGE)
+        .commit_batch(PAGE)
+        .claim_style(ClaimStyle::Lock);
+    let worker = Worker::new(&db.url, noop_registry(), config).unwrap();
+    for _ in 0..25 {
+        worker.run_once().unwrap();
+    }
+    let done = |tenant: &str| {
+        db.count(&format!(
+            "SELECT count(*) FROM async_task WHERE state = 'done' AND tenant = '{tenant}'"
+        ))
+    };
+    let (heavy, light) = (done("heavy"), done("light"));
+    assert!(heavy + light >= 20 * PAGE as i64, "{heavy} + {light}");
+    let ratio = heavy as f64 / light as f64;
+    assert!(
+        (2.7..=3.3).contains(&ratio),
+        "done {heavy}:{light}, ratio {ratio:.2}, not 3:1 ±10%"
+    );
+}
