@@ -33,6 +33,32 @@ use crate::task::TaskState;
 /// An error of the migration harness.
 pub type MigrationError = Box<dyn std::error::Error + Send + Sync>;
 
+/// Whose tasks a claim takes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Pick<'a> {
+    /// Every participant's, shared by weight; the ring of tenants starts after `after`.
+    Fair {
+        /// The tenant the node's last claim served last (`""`: none).
+        after: &'a str,
+    },
+    /// One participant's only: a tenant's, or (`None`) the tasks without one.
+    Solo {
+        /// The participant.
+        tenant: Option<&'a str>,
+        /// Whether to ask if another participant has pending tasks (`crowded`).
+        probe: bool,
+    },
+}
+
+/// What a claim took.
+#[derive(Debug, Default)]
+pub struct Picked {
+    /// The rows claimed (or locked).
+    pub rows: Vec<ClaimRow>,
+    /// A [`Pick::Solo`] claim that probed found another participant with pending tasks.
+    pub crowded: bool,
+}
+
 /// The database interface of the engine.
 pub trait Driver {
     /// Applies the session settings every connection needs (SQLite: WAL, busy timeout).
@@ -62,18 +88,23 @@ pub trait Driver {
     /// Claims up to `limit` due pending tasks of `keywords` for `owner`, in one statement:
     /// state running, owner set, claim token bumped, deadline `timeout_ms` from now. The page
     /// is shared fairly between the tasks without a tenant and the tenants, by weight, the
-    /// tenants visited in tenant order after `after` (README, "Fair claiming"). Tasks of
+    /// tenants visited in tenant order after [`Pick::Fair`]'s `after` (README, "Fair
+    /// claiming"). Tasks of
     /// the tenants `except` (those with a `max_running`) are left to
     /// [`Driver::task_claim_limited`].
+    ///
+    /// With [`Pick::Solo`] (PostgreSQL), the claim takes one participant's tasks only, in a
+    /// statement much cheaper to plan, and says whether another participant has pending
+    /// tasks (`crowded`: the next claim should be fair again).
     fn task_claim_page(
         &mut self,
         owner: i64,
         keywords: &[String],
         except: &[String],
-        after: &str,
+        pick: &Pick<'_>,
         limit: i64,
         timeout_ms: i64,
-    ) -> QueryResult<Vec<ClaimRow>>;
+    ) -> QueryResult<Picked>;
 
     /// Claims, as [`Driver::task_claim_page`] does, up to `limit` due tasks of the tenants
     /// `tenants`, none past its `max_running` counted fleet-wide: on PostgreSQL in a
@@ -100,9 +131,9 @@ pub trait Driver {
         &mut self,
         keywords: &[String],
         except: &[String],
-        after: &str,
+        pick: &Pick<'_>,
         limit: i64,
-    ) -> QueryResult<(LockHolder, Vec<ClaimRow>)>;
+    ) -> QueryResult<(LockHolder, Picked)>;
 
     /// The plan of the lock statement (`EXPLAIN`), one line per row (PostgreSQL only).
     fn task_lock_plan(&mut self, keywords: &[String], limit: i64) -> QueryResult<Vec<String>>;

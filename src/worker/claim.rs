@@ -103,8 +103,8 @@ impl Worker {
         Ok(page)
     }
 
-    /// One fair claim statement (README, "Fair claiming"), its ring of tenants starting
-    /// after where the last one left off.
+    /// One claim statement: fair (README, "Fair claiming"), its ring of tenants starting
+    /// after where the last one left off, or solo while one participant is alone.
     fn claim_fair(
         &self,
         keywords: &[String],
@@ -112,16 +112,20 @@ impl Worker {
         timeout: Duration,
     ) -> Result<Vec<ClaimedTask>> {
         let limits = &self.services.limits;
-        let after = limits.ring_start();
+        let pick = limits.next_pick(keywords);
+        let mut crowded = false;
         let page = self.claim_statement(
             keywords,
             limit,
             timeout,
             |driver, owner, keywords, except, n, timeout| {
-                driver.task_claim_page(owner, keywords, except, &after, n, timeout)
+                let picked =
+                    driver.task_claim_page(owner, keywords, except, &pick.as_pick(), n, timeout)?;
+                crowded = picked.crowded;
+                Ok(picked.rows)
             },
         )?;
-        limits.ring_served(&after, tenants_of(&page));
+        limits.picked(keywords, &pick, &page, crowded);
         Ok(page)
     }
 
@@ -230,11 +234,6 @@ pub(super) fn participants(page: &[ClaimedTask]) -> usize {
     seen.sort_unstable();
     seen.dedup();
     seen.len()
-}
-
-/// The tenants of claimed tasks, for the ring of the fair claim.
-pub(super) fn tenants_of(page: &[ClaimedTask]) -> impl Iterator<Item = &str> {
-    page.iter().filter_map(|t| t.context.tenant())
 }
 
 /// The claimed tasks of `rows`, in claim order (priority first, then age: `RETURNING` and

@@ -12,7 +12,7 @@
 use std::sync::Mutex;
 use std::time::Instant;
 
-use super::claim::{claimed_tasks, participants, tenants_of};
+use super::claim::{claimed_tasks, participants};
 use super::config::Settings;
 use super::dispatch::Feed;
 use super::execute::ChunkRollback;
@@ -89,19 +89,21 @@ impl Worker {
             .op("task lock")?;
         let limit = i64::try_from(want).unwrap_or(i64::MAX);
         let limits = &self.services.limits;
-        let after = limits.ring_start();
-        let locked = driver(&mut conn).task_lock_page(keywords, &limits.tenants(), &after, limit);
+        let pick = limits.next_pick(keywords);
+        let locked =
+            driver(&mut conn).task_lock_page(keywords, &limits.tenants(), &pick.as_pick(), limit);
         match locked {
-            Ok((holder, rows)) if !rows.is_empty() => {
-                let tasks = claimed_tasks(rows, self.node.id(), deadline);
-                limits.ring_served(&after, tenants_of(&tasks));
+            Ok((holder, picked)) if !picked.rows.is_empty() => {
+                let tasks = claimed_tasks(picked.rows, self.node.id(), deadline);
+                limits.picked(keywords, &pick, &tasks, picked.crowded);
                 Ok(Some(LockedChunk {
                     conn,
                     holder,
                     tasks,
                 }))
             }
-            Ok(_) => {
+            Ok((_, picked)) => {
+                limits.picked(keywords, &pick, &[], picked.crowded);
                 roll_back_all(&mut conn);
                 Ok(None)
             }

@@ -3,6 +3,7 @@
 //! in turn; within a tenant the claim order is unchanged.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use outbox::{
     enqueue_batch, set_tenant, ClaimStyle, NewTask, Registry, TaskContext, TaskTx, TenantLimits,
@@ -45,8 +46,14 @@ fn weigh(db: &TestDb, tenant: &str, weight: i32) {
 
 /// Claims `claims` pages; returns how many tasks each tenant (`""`: none) got.
 fn claim_pages(worker: &Worker, claims: usize) -> HashMap<String, usize> {
+    claim_pages_apart(worker, claims, Duration::ZERO)
+}
+
+/// [`claim_pages`], each claim at least `apart` after the one before.
+fn claim_pages_apart(worker: &Worker, claims: usize, apart: Duration) -> HashMap<String, usize> {
     let mut got = HashMap::new();
     for _ in 0..claims {
+        std::thread::sleep(apart);
         for task in worker.claim().unwrap() {
             *got.entry(task.context.tenant().unwrap_or_default().to_owned())
                 .or_default() += 1;
@@ -177,4 +184,35 @@ fn lock_claims_serve_tenants_in_proportion_to_their_weights() {
         (2.7..=3.3).contains(&ratio),
         "done {heavy}:{light}, ratio {ratio:.2}, not 3:1 ±10%"
     );
+}
+
+both_backends! {
+    fn a_tenant_that_comes_while_another_is_alone_is_served_within_two_claims(db: &TestDb) {
+        // After a claim that found one participant, the next claims take its tasks alone (a
+        // cheaper statement on PostgreSQL) until one finds another participant pending; they
+        // ask at most every 10 ms, so the claims here are 10 ms apart.
+        let apart = Duration::from_millis(10);
+        enqueue(db, Some("first"), "first", 2000);
+        let worker = worker(db);
+        let got = claim_pages(&worker, 2);
+        assert_eq!(got.keys().collect::<Vec<_>>(), ["first"], "{got:?}");
+        enqueue(db, Some("second"), "second", 5);
+        let got = claim_pages_apart(&worker, 2, apart);
+        assert_eq!(got.get("second"), Some(&5), "{got:?}");
+        // And tasks without a tenant behind a tenant alone.
+        let got = claim_pages(&worker, 2);
+        assert_eq!(got.keys().collect::<Vec<_>>(), ["first"], "{got:?}");
+        enqueue(db, None, "late", 5);
+        let got = claim_pages_apart(&worker, 2, apart);
+        assert_eq!(got.get(""), Some(&5), "{got:?}");
+    }
+
+    fn a_tenant_alone_that_gets_a_max_running_is_held_to_it_at_once(db: &TestDb) {
+        enqueue(db, Some("solo"), "solo", 500);
+        let worker = worker(db);
+        assert_eq!(claim_pages(&worker, 2).get("solo"), Some(&(2 * PAGE)));
+        set_tenant(&mut db.conn(), "solo", &TenantLimits::default().max_running(Some(2 * PAGE as i32 + 3)), "test").unwrap();
+        worker.heartbeat_once().unwrap();
+        assert_eq!(claim_pages(&worker, 3).get("solo"), Some(&3), "the limit holds");
+    }
 }

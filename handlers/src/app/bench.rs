@@ -7,6 +7,7 @@ use clap::{Args, ValueEnum};
 use outbox::cli::parse_duration;
 use outbox::{ClaimStyle, DatabaseUrl};
 
+use crate::bench::fair::{fair_bench, FairFigures};
 use crate::bench::latency::latency_bench;
 use crate::bench::{drain_bench, median, DrainBench, DrainFigures, Mode};
 
@@ -80,6 +81,15 @@ pub(super) struct BenchArgs {
     /// The poll interval of the latency measurement with polling only.
     #[arg(long, value_parser = parse_duration, default_value = "1s")]
     poll_interval: Duration,
+    /// Measure fair claiming instead of throughput: tenant `large` holds --backlog due tasks
+    /// [default here: 200000] and tenant `small` enqueues --fair-small tasks, 10 ms apart,
+    /// while a `run` worker drains; then tenants of weights 3 and 1 hold --tasks tasks each
+    /// and a drain takes --tasks of them.
+    #[arg(long, conflicts_with_all = ["latency", "explain"])]
+    fair: bool,
+    /// With --fair: the small tenant's tasks.
+    #[arg(long, default_value_t = 100, requires = "fair")]
+    fair_small: usize,
     /// One JSON object per line per measured configuration.
     #[arg(long)]
     json: bool,
@@ -116,6 +126,9 @@ pub(super) fn run(url: &DatabaseUrl, args: BenchArgs) -> anyhow::Result<()> {
     }
     if args.latency {
         return latency(url, &args);
+    }
+    if args.fair {
+        return fair(url, &args);
     }
     let modes: &[Mode] = match args.mode {
         ModeArg::Strict => &[Mode::Strict],
@@ -237,6 +250,50 @@ fn report(backend: &str, bench: &DrainBench, runs: &[DrainFigures], json: bool) 
         med(|r| r.cpu_s) * 1e6 / bench.tasks as f64,
         runs.iter().map(|r| r.rss_mib).fold(0.0, f64::max),
     );
+}
+
+/// Fair claiming's figures, medians of --runs runs.
+fn fair(url: &DatabaseUrl, args: &BenchArgs) -> anyhow::Result<()> {
+    let backlog = args.backlog.unwrap_or(200_000);
+    let runs: Vec<FairFigures> = (0..args.runs)
+        .map(|_| fair_bench(url, backlog, args.fair_small, args.tasks, args.threads))
+        .collect::<anyhow::Result<_>>()?;
+    let med = |f: fn(&FairFigures) -> f64| median(&runs.iter().map(f).collect::<Vec<_>>());
+    let round = |x: f64| (x * 10.0).round() / 10.0;
+    let ratio = |r: &FairFigures| r.heavy_done as f64 / r.light_done.max(1) as f64;
+    let figures = serde_json::json!({
+        "backend": url.backend().name(),
+        "mode": "fair",
+        "runs": runs.len(),
+        "backlog": backlog,
+        "small": args.fair_small,
+        "small_p50_ms": round(med(|r| r.small_p50_ms)),
+        "small_p99_ms": round(med(|r| r.small_p99_ms)),
+        "large_p50_ms": round(med(|r| r.large_p50_ms)),
+        "large_p99_ms": round(med(|r| r.large_p99_ms)),
+        "claim_cycle_ms": round(med(|r| r.claim_cycle_ms)),
+        "weighted": args.tasks,
+        "weighted_ratio": (med(ratio) * 100.0).round() / 100.0,
+        "weighted_ratio_runs": runs.iter().map(|r| (ratio(r) * 100.0).round() / 100.0).collect::<Vec<_>>(),
+    });
+    if args.json {
+        println!("{figures}");
+    } else {
+        println!(
+            "{} fair claiming (median of {}): tenant small's {} tasks waited p50 {} ms, p99 {} ms from due to claimed, behind tenant large's backlog of {backlog} (whose tasks claimed meanwhile waited p50 {} ms, p99 {} ms); a claim every {} ms meanwhile; weights 3:1 served {}:1 over {} tasks",
+            figures["backend"].as_str().unwrap_or_default(),
+            runs.len(),
+            args.fair_small,
+            figures["small_p50_ms"],
+            figures["small_p99_ms"],
+            figures["large_p50_ms"],
+            figures["large_p99_ms"],
+            figures["claim_cycle_ms"],
+            figures["weighted_ratio"],
+            args.tasks
+        );
+    }
+    Ok(())
 }
 
 /// Commit-to-start latency with LISTEN (PostgreSQL only) and with polling.

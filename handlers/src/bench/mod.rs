@@ -6,6 +6,7 @@
 //! temporary SQLite file, or a new database on the PostgreSQL server of the given URL (its
 //! role needs `CREATEDB`). Nothing of the URL's own database is touched.
 
+pub mod fair;
 pub mod latency;
 mod reference;
 mod scratch;

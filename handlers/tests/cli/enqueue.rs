@@ -212,7 +212,14 @@ both_backends! {
         run(outbox_on(db, dir.path()).args(["tenant", "remove", "nobody"]))
             .expect_code(1)
             .stderr_has("no tenant \"nobody\"");
-        assert_eq!(db.count("SELECT count(*) FROM async_tenant WHERE max_queued = 1 AND max_running = 2"), 1);
+        run(outbox_on(db, dir.path()).args(["tenant", "set", "acme", "--weight", "0"]))
+            .expect_code(2)
+            .stderr_has("must be at least 1, not 0");
+        assert_eq!(db.count("SELECT count(*) FROM async_tenant WHERE max_queued = 1 AND max_running = 2 AND weight = 1"), 1);
+        // A weight alone keeps the limits.
+        run(outbox_on(db, dir.path()).args(["tenant", "set", "acme", "--weight", "3"]))
+            .expect_code(0)
+            .stdout_has("acme: queued 1/1, running 0/2, weight 3");
         // `none` lifts a limit; remove deletes the row.
         run(outbox_on(db, dir.path()).args(["tenant", "set", "acme", "--max-queued", "none"]))
             .expect_code(0)
@@ -222,7 +229,7 @@ both_backends! {
         run(outbox_on(db, dir.path()).args(["tenant", "list"]))
             .expect_code(0)
             .stdout_has("no tenants with a row");
-        assert_eq!(db.count("SELECT count(*) FROM async_audit"), 3, "set, set, remove");
+        assert_eq!(db.count("SELECT count(*) FROM async_audit"), 4, "set, set weight, set, remove");
     }
 }
 

@@ -14,6 +14,8 @@
 use diesel::pg::Pg;
 use diesel::sql_types::{Array, BigInt, Text};
 
+use crate::driver::Pick;
+
 use crate::sql::Statement;
 
 /// How many tenants a claim visits at most, for each task it may take: tenants whose
@@ -136,4 +138,62 @@ pub(super) fn picked(
                  LIMIT ",
         )
         .bind::<BigInt, _>(limit)
+}
+
+/// What a claim takes (see [`Pick`]): `WITH …, picked AS (SELECT id …` left open.
+pub(super) fn pick(
+    prefix: &'static str,
+    keywords: &[String],
+    except: &[String],
+    pick: &Pick<'_>,
+    limit: i64,
+) -> Statement<Pg> {
+    match pick {
+        Pick::Fair { after } => picked(prefix, keywords, except, after, limit),
+        Pick::Solo { tenant, .. } => solo(prefix, keywords, *tenant, limit),
+    }
+}
+
+/// One participant's first due tasks, locked: the statement of a claim before it, when that
+/// claim found no other participant (`WITH picked AS (SELECT id …`, left open).
+fn solo(
+    prefix: &'static str,
+    keywords: &[String],
+    tenant: Option<&str>,
+    limit: i64,
+) -> Statement<Pg> {
+    let statement =
+        Statement::<Pg>::new(prefix).sql("WITH picked AS (SELECT t.id FROM async_task t WHERE ");
+    let statement = match tenant {
+        Some(tenant) => statement
+            .sql("t.tenant = ")
+            .bind::<Text, _>(tenant.to_owned())
+            .sql(" AND "),
+        None => statement.sql("t.tenant IS NULL AND "),
+    };
+    statement
+        .sql(DUE)
+        .bind::<Array<Text>, _>(keywords.to_vec())
+        .sql(") ORDER BY t.priority, t.run_at, t.id LIMIT ")
+        .bind::<BigInt, _>(limit)
+        .sql(" FOR UPDATE SKIP LOCKED")
+}
+
+/// `, <whether another participant has pending tasks> AS crowded`, for the output of a claim
+/// of `pick` (false for a fair one, and for a solo one that does not probe):
+/// `async_task_others_pending`, a few index probes, once per statement.
+pub(super) fn crowded(
+    statement: Statement<Pg>,
+    except: &[String],
+    pick: &Pick<'_>,
+) -> Statement<Pg> {
+    match pick {
+        Pick::Fair { .. } | Pick::Solo { probe: false, .. } => statement.sql(", false AS crowded"),
+        Pick::Solo { tenant, .. } => statement
+            .sql(", (SELECT async_task_others_pending(")
+            .bind::<diesel::sql_types::Nullable<Text>, _>(tenant.map(str::to_owned))
+            .sql(", ")
+            .bind::<Array<Text>, _>(except.to_vec())
+            .sql(")) AS crowded"),
+    }
 }

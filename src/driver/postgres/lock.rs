@@ -6,7 +6,7 @@ use diesel::sql_types::{Array, BigInt, Integer, Text};
 use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 
 use super::task::stamp_picked;
-use crate::driver::{Claim, ClaimRow, LockHolder};
+use crate::driver::{Claim, ClaimRow, LockHolder, Pick, Picked};
 use crate::sql::Statement;
 
 /// A locked row and the transaction that holds its lock.
@@ -18,6 +18,8 @@ struct LockedRow {
     backend: i32,
     #[diesel(sql_type = BigInt)]
     xact: i64,
+    #[diesel(sql_type = diesel::sql_types::Bool)]
+    crowded: bool,
 }
 
 /// See [`crate::driver::Driver::task_lock_page`].
@@ -25,10 +27,10 @@ pub(super) fn lock_page(
     conn: &mut PgConnection,
     keywords: &[String],
     except: &[String],
-    after: &str,
+    pick: &Pick<'_>,
     limit: i64,
-) -> QueryResult<(LockHolder, Vec<ClaimRow>)> {
-    let rows: Vec<LockedRow> = lock_statement("", keywords, except, after, limit).load(conn)?;
+) -> QueryResult<(LockHolder, Picked)> {
+    let rows: Vec<LockedRow> = lock_statement("", keywords, except, pick, limit).load(conn)?;
     let holder = rows.first().map_or(
         LockHolder {
             backend: 0,
@@ -39,7 +41,11 @@ pub(super) fn lock_page(
             xact: r.xact,
         },
     );
-    Ok((holder, rows.into_iter().map(|r| r.task).collect()))
+    let picked = Picked {
+        crowded: rows.iter().any(|r| r.crowded),
+        rows: rows.into_iter().map(|r| r.task).collect(),
+    };
+    Ok((holder, picked))
 }
 
 /// See [`crate::driver::Driver::task_lock_plan`].
@@ -53,8 +59,14 @@ pub(super) fn lock_plan(
         #[diesel(sql_type = Text, column_name = "QUERY PLAN")]
         line: String,
     }
-    let lines: Vec<Line> =
-        lock_statement("EXPLAIN (COSTS OFF) ", keywords, &[], "", limit).load(conn)?;
+    let lines: Vec<Line> = lock_statement(
+        "EXPLAIN (COSTS OFF) ",
+        keywords,
+        &[],
+        &Pick::Fair { after: "" },
+        limit,
+    )
+    .load(conn)?;
     Ok(lines.into_iter().map(|l| l.line).collect())
 }
 
@@ -63,22 +75,49 @@ fn lock_statement(
     prefix: &'static str,
     keywords: &[String],
     except: &[String],
-    after: &str,
+    pick: &Pick<'_>,
     limit: i64,
 ) -> Statement<Pg> {
-    // The fair claim's choice (`fair::picked`), its rows locked as they are read, the rows
-    // other transactions hold skipped: concurrent chunks never wait on each other nor take
-    // the same task. Nothing is written; the locks last until the chunk's transaction ends
-    // (a participant's rows read past the page, at most one per participant, stay locked
-    // with them, and are claimed later).
-    super::fair::picked(prefix, keywords, except, after, limit).sql(
-        "
-            )
-         SELECT t.id, t.keyword, t.biz_id, t.biz_data::text AS biz_data, t.tenant, t.failures,
-                t.max_attempts, t.claim_token, t.priority::integer AS priority,
-                pg_backend_pid() AS backend, pg_current_xact_id()::text::bigint AS xact
-         FROM async_task t JOIN picked p ON p.id = t.id",
-    )
+    // The rows other transactions hold are skipped: concurrent chunks never wait on each
+    // other nor take the same task. Nothing is written; the locks last until the chunk's
+    // transaction ends.
+    const COLUMNS: &str = "SELECT t.id, t.keyword, t.biz_id, t.biz_data::text AS biz_data,
+                t.tenant, t.failures, t.max_attempts, t.claim_token,
+                t.priority::integer AS priority, pg_backend_pid() AS backend,
+                pg_current_xact_id()::text::bigint AS xact";
+    match pick {
+        // One participant: its index's range scan in claim order, locked as it is read. The
+        // sort keys name the table's columns: `priority` alone would be the output's integer
+        // cast, which no index provides, and the plan would sort every pending row.
+        Pick::Solo { tenant, .. } => {
+            let statement =
+                super::fair::crowded(Statement::<Pg>::new(prefix).sql(COLUMNS), except, pick)
+                    .sql(" FROM async_task t WHERE ");
+            let statement = match tenant {
+                Some(tenant) => statement
+                    .sql("t.tenant = ")
+                    .bind::<Text, _>((*tenant).to_owned())
+                    .sql(" AND "),
+                None => statement.sql("t.tenant IS NULL AND "),
+            };
+            statement
+                .sql("t.state = 'pending' AND t.run_at <= now() AND t.keyword = ANY(")
+                .bind::<Array<Text>, _>(keywords.to_vec())
+                .sql(") ORDER BY t.priority, t.run_at, t.id LIMIT ")
+                .bind::<BigInt, _>(limit)
+                .sql(" FOR UPDATE SKIP LOCKED")
+        }
+        // The fair choice (`fair::picked`), its rows locked as they are read; a
+        // participant's rows read past the page (at most one per participant) stay locked
+        // with the chunk's, and are claimed later.
+        Pick::Fair { .. } => {
+            let statement = super::fair::pick(prefix, keywords, except, pick, limit)
+                .sql("\n            ) ")
+                .sql(COLUMNS);
+            super::fair::crowded(statement, except, pick)
+                .sql(" FROM async_task t JOIN picked p ON p.id = t.id")
+        }
+    }
 }
 
 /// See [`crate::driver::Driver::task_complete_locked`].

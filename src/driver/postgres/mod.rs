@@ -17,8 +17,8 @@ use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
 use super::{
     AuditEntry, Claim, ClaimRow, ClaimState, DomainRow, DomainWrite, Driver, InsertRow,
-    KeywordStateCount, LockHolder, MigrationError, NodeDomainsRow, PruneBatch, PrunedBatch,
-    RescueParams, RescuedRow, TaskFilter, TaskKey, TaskRecord, TenantRow, TenantSet,
+    KeywordStateCount, LockHolder, MigrationError, NodeDomainsRow, Pick, Picked, PruneBatch,
+    PrunedBatch, RescueParams, RescuedRow, TaskFilter, TaskKey, TaskRecord, TenantRow, TenantSet,
 };
 
 /// The channel on which enqueues of due tasks notify idle workers (the enqueue statement
@@ -72,11 +72,11 @@ impl Driver for PgConnection {
         owner: i64,
         keywords: &[String],
         except: &[String],
-        after: &str,
+        pick: &Pick<'_>,
         limit: i64,
         timeout_ms: i64,
-    ) -> QueryResult<Vec<ClaimRow>> {
-        task::claim_page(self, owner, keywords, except, after, limit, timeout_ms)
+    ) -> QueryResult<Picked> {
+        task::claim_page(self, owner, keywords, except, pick, limit, timeout_ms)
     }
 
     fn task_claim_limited(
@@ -106,10 +106,10 @@ impl Driver for PgConnection {
         &mut self,
         keywords: &[String],
         except: &[String],
-        after: &str,
+        pick: &Pick<'_>,
         limit: i64,
-    ) -> QueryResult<(LockHolder, Vec<ClaimRow>)> {
-        lock::lock_page(self, keywords, except, after, limit)
+    ) -> QueryResult<(LockHolder, Picked)> {
+        lock::lock_page(self, keywords, except, pick, limit)
     }
 
     fn task_cancel(&mut self, id: i64) -> QueryResult<usize> {

@@ -2,11 +2,11 @@
 
 use diesel::pg::{Pg, PgConnection};
 use diesel::sql_types::{Array, BigInt, Nullable, Text};
-use diesel::{OptionalExtension, QueryResult, RunQueryDsl};
+use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
 
 use crate::driver::{
-    fence, rescue_params, Claim, ClaimRow, ClaimState, InsertRow, RescueParams, RescuedRow,
-    TaskKey, TaskRecord,
+    fence, rescue_params, Claim, ClaimRow, ClaimState, InsertRow, Pick, Picked, RescueParams,
+    RescuedRow, TaskKey, TaskRecord,
 };
 use crate::sql::Statement;
 
@@ -56,11 +56,23 @@ pub(super) fn claim_page(
     owner: i64,
     keywords: &[String],
     except: &[String],
-    after: &str,
+    pick: &Pick<'_>,
     limit: i64,
     timeout_ms: i64,
-) -> QueryResult<Vec<ClaimRow>> {
-    claim_statement("", owner, keywords, except, after, limit, timeout_ms).load(conn)
+) -> QueryResult<Picked> {
+    #[derive(QueryableByName)]
+    struct Row {
+        #[diesel(embed)]
+        task: ClaimRow,
+        #[diesel(sql_type = diesel::sql_types::Bool)]
+        crowded: bool,
+    }
+    let rows: Vec<Row> =
+        claim_statement("", owner, keywords, except, pick, limit, timeout_ms).load(conn)?;
+    Ok(Picked {
+        crowded: rows.iter().any(|r| r.crowded),
+        rows: rows.into_iter().map(|r| r.task).collect(),
+    })
 }
 
 pub(super) fn claim_plan(
@@ -73,8 +85,16 @@ pub(super) fn claim_plan(
         #[diesel(sql_type = Text, column_name = "QUERY PLAN")]
         line: String,
     }
-    let lines: Vec<Line> =
-        claim_statement("EXPLAIN (COSTS OFF) ", 0, keywords, &[], "", limit, 0).load(conn)?;
+    let lines: Vec<Line> = claim_statement(
+        "EXPLAIN (COSTS OFF) ",
+        0,
+        keywords,
+        &[],
+        &Pick::Fair { after: "" },
+        limit,
+        0,
+    )
+    .load(conn)?;
     Ok(lines.into_iter().map(|l| l.line).collect())
 }
 
@@ -241,7 +261,7 @@ fn claim_statement(
     owner: i64,
     keywords: &[String],
     except: &[String],
-    after: &str,
+    pick: &Pick<'_>,
     limit: i64,
     timeout_ms: i64,
 ) -> Statement<Pg> {
@@ -253,11 +273,12 @@ fn claim_statement(
     //
     // The rows are locked as they are chosen (`SKIP LOCKED`), so two nodes never wait on
     // each other nor claim the same row.
-    stamp_picked(
-        super::fair::picked(prefix, keywords, except, after, limit),
+    let claim = stamp_picked(
+        super::fair::pick(prefix, keywords, except, pick, limit),
         owner,
         timeout_ms,
-    )
+    );
+    super::fair::crowded(claim, except, pick)
 }
 
 /// Completes a claim statement whose `picked` CTE (`WITH … picked AS (SELECT id …`, left

@@ -26,8 +26,8 @@ use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
 use super::{
     AuditEntry, Claim, ClaimRow, ClaimState, DomainRow, DomainWrite, Driver, InsertRow,
-    KeywordStateCount, LockHolder, MigrationError, NodeDomainsRow, PruneBatch, PrunedBatch,
-    RescueParams, RescuedRow, TaskFilter, TaskKey, TaskRecord, TenantRow, TenantSet,
+    KeywordStateCount, LockHolder, MigrationError, NodeDomainsRow, Pick, Picked, PruneBatch,
+    PrunedBatch, RescueParams, RescuedRow, TaskFilter, TaskKey, TaskRecord, TenantRow, TenantSet,
 };
 use crate::db::SQLITE_BUSY_TIMEOUT;
 
@@ -105,11 +105,21 @@ impl Driver for SqliteConnection {
         owner: i64,
         keywords: &[String],
         except: &[String],
-        after: &str,
+        pick: &Pick<'_>,
         limit: i64,
         timeout_ms: i64,
-    ) -> QueryResult<Vec<ClaimRow>> {
-        task::claim_page(self, owner, keywords, except, after, limit, timeout_ms)
+    ) -> QueryResult<Picked> {
+        // One process claims from a SQLite file and its statements are planned once: every
+        // claim is the fair one, and is never crowded.
+        let after = match pick {
+            Pick::Fair { after } => after,
+            Pick::Solo { .. } => "",
+        };
+        let rows = task::claim_page(self, owner, keywords, except, after, limit, timeout_ms)?;
+        Ok(Picked {
+            rows,
+            crowded: false,
+        })
     }
 
     fn task_claim_limited(
@@ -141,9 +151,9 @@ impl Driver for SqliteConnection {
         &mut self,
         _: &[String],
         _: &[String],
-        _: &str,
+        _: &Pick<'_>,
         _: i64,
-    ) -> QueryResult<(LockHolder, Vec<ClaimRow>)> {
+    ) -> QueryResult<(LockHolder, Picked)> {
         Err(lock_claims_unsupported())
     }
 
