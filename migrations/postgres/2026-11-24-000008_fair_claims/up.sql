@@ -10,7 +10,7 @@ CREATE INDEX async_task_claim_idx ON async_task (priority, run_at, id)
 -- tasks, the tenants in `apart` (those with a max_running, claimed apart) left out: asked
 -- once by each claim that takes one participant's tasks alone, so that the next claim is fair again when another comes. A
 -- function, so that the claim statement stays as cheap to plan as a plain one.
-CREATE FUNCTION async_task_others_pending(t text, apart text[]) RETURNS boolean
+CREATE OR REPLACE FUNCTION async_task_others_pending(t text, apart text[]) RETURNS boolean
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
     IF t IS NOT NULL THEN
