@@ -161,7 +161,7 @@ fn count(url: &DatabaseUrl, tenant: &str, condition: &str) -> anyhow::Result<i64
 /// Seconds since the epoch of a timestamp column, on either backend.
 fn epoch(url: &DatabaseUrl, column: &str) -> String {
     match url.backend() {
-        Backend::Postgres => format!("extract(epoch FROM {column})::float8"),
+        Backend::Postgres => format!("CAST(extract(epoch FROM {column}) AS double precision)"),
         Backend::Sqlite => format!("(julianday({column}) - 2440587.5) * 86400.0"),
     }
 }
@@ -182,8 +182,8 @@ fn claim_window(url: &DatabaseUrl) -> anyhow::Result<(f64, f64, f64)> {
     let w: Window = diesel::sql_query(format!(
         "WITH s AS (SELECT min({claimed}) AS first, max({claimed}) AS last
                       FROM async_task WHERE tenant = 'small')
-         SELECT s.first, s.last, (SELECT count(DISTINCT claimed_at) FROM async_task
-                                   WHERE {claimed} BETWEEN s.first AND s.last)::float8 AS claims
+         SELECT s.first, s.last, CAST((SELECT count(DISTINCT claimed_at) FROM async_task
+                                   WHERE {claimed} BETWEEN s.first AND s.last) AS double precision) AS claims
            FROM s"
     ))
     .get_result(&mut url.connect()?)?;

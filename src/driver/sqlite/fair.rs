@@ -1,7 +1,8 @@
 //! The fair claim on SQLite: the same choice as on PostgreSQL (see `driver/postgres/fair.rs`),
 //! made in the claim's write transaction by two statements: one walks the ring of tenants
 //! and reads each participant's weight, the other takes the page in one UPDATE. With no
-//! tenant due, the UPDATE is the claim of tasks without a tenant alone.
+//! tenant due, the UPDATE is the claim of tasks without a tenant alone. A solo claim (one
+//! participant alone) is the UPDATE alone, and [`others_pending`] when it probes.
 
 use diesel::sql_types::{BigInt, Double, Nullable, Text};
 use diesel::sqlite::{Sqlite, SqliteConnection};
@@ -19,6 +20,67 @@ pub(super) struct Share {
     pub(super) tenant: Option<String>,
     #[diesel(sql_type = BigInt)]
     pub(super) weight: i64,
+}
+
+impl Share {
+    /// A tenant alone (its weight does not matter then).
+    pub(super) fn of(tenant: &str) -> Share {
+        Share {
+            tenant: Some(tenant.to_owned()),
+            weight: 1,
+        }
+    }
+}
+
+/// Whether a participant other than `tenant` (`None`: the tasks without one) has pending
+/// tasks, tenants in `except` (a JSON array) left out: asked by a solo claim, so that the
+/// next claim is fair again when another comes.
+pub(super) fn others_pending(
+    conn: &mut SqliteConnection,
+    tenant: Option<&str>,
+    except: Option<&str>,
+) -> QueryResult<bool> {
+    #[derive(QueryableByName)]
+    struct Found {
+        #[diesel(sql_type = diesel::sql_types::Bool)]
+        found: bool,
+    }
+    let except = except.unwrap_or("[]").to_owned();
+    let statement = match tenant {
+        None => Statement::<Sqlite>::new("SELECT EXISTS (SELECT 1 FROM ")
+            .sql(TENANT_IDX)
+            .sql(" WHERE ")
+            .sql(PENDING_OF_TENANT)
+            .sql(" AND tenant NOT IN (SELECT value FROM json_each(")
+            .bind::<Text, _>(except)
+            .sql("))) AS found"),
+        Some(tenant) => Statement::<Sqlite>::new(
+            "SELECT EXISTS (SELECT 1 FROM async_task INDEXED BY async_task_claim_idx
+                             WHERE tenant IS NULL AND state = 'pending'",
+        )
+        .sql(concat!(
+            " AND run_at <= ",
+            now!(),
+            ") OR EXISTS (SELECT 1 FROM "
+        ))
+        .sql(TENANT_IDX)
+        .sql(" WHERE tenant < ")
+        .bind::<Text, _>(tenant.to_owned())
+        .sql(" AND ")
+        .sql(PENDING_OF_TENANT)
+        .sql(" AND tenant NOT IN (SELECT value FROM json_each(")
+        .bind::<Text, _>(except.clone())
+        .sql("))) OR EXISTS (SELECT 1 FROM ")
+        .sql(TENANT_IDX)
+        .sql(" WHERE tenant > ")
+        .bind::<Text, _>(tenant.to_owned())
+        .sql(" AND ")
+        .sql(PENDING_OF_TENANT)
+        .sql(" AND tenant NOT IN (SELECT value FROM json_each(")
+        .bind::<Text, _>(except)
+        .sql("))) AS found"),
+    };
+    Ok(statement.get_result::<Found>(conn)?.found)
 }
 
 /// The tenant index, its predicate's terms repeated (SQLite uses a partial index only then).

@@ -109,17 +109,7 @@ impl Driver for SqliteConnection {
         limit: i64,
         timeout_ms: i64,
     ) -> QueryResult<Picked> {
-        // One process claims from a SQLite file and its statements are planned once: every
-        // claim is the fair one, and is never crowded.
-        let after = match pick {
-            Pick::Fair { after } => after,
-            Pick::Solo { .. } => "",
-        };
-        let rows = task::claim_page(self, owner, keywords, except, after, limit, timeout_ms)?;
-        Ok(Picked {
-            rows,
-            crowded: false,
-        })
+        task::claim_page(self, owner, keywords, except, pick, limit, timeout_ms)
     }
 
     fn task_claim_limited(

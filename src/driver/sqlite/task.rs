@@ -6,7 +6,8 @@ use diesel::{OptionalExtension, QueryResult, RunQueryDsl};
 
 use super::fair;
 use crate::driver::{
-    fence, rescue_params, Claim, ClaimRow, ClaimState, RescueParams, RescuedRow, TaskRecord,
+    fence, rescue_params, Claim, ClaimRow, ClaimState, Pick, Picked, RescueParams, RescuedRow,
+    TaskRecord,
 };
 use crate::sql::Statement;
 
@@ -15,10 +16,10 @@ pub(super) fn claim_page(
     owner: i64,
     keywords: &[String],
     except: &[String],
-    after: &str,
+    pick: &Pick<'_>,
     limit: i64,
     timeout_ms: i64,
-) -> QueryResult<Vec<ClaimRow>> {
+) -> QueryResult<Picked> {
     let keywords = serde_json::to_string(keywords).expect("a list of strings serialises");
     let except =
         (!except.is_empty()).then(|| serde_json::to_string(except).expect("strings serialise"));
@@ -33,16 +34,38 @@ pub(super) fn claim_page(
         .bind::<BigInt, _>(owner)
         .sql(" AND deadline_at IS NOT NULL AND state <> 'running'")
         .execute(conn)?;
+        let after = match pick {
+            Pick::Fair { after } => after,
+            Pick::Solo { tenant, probe } => {
+                let rows = match tenant {
+                    None => claim_statement("", owner, &keywords, limit, timeout_ms).load(conn)?,
+                    Some(tenant) => fair::page_ids(
+                        claim_set("", owner, timeout_ms),
+                        &[fair::Share::of(tenant)],
+                        &keywords,
+                        limit,
+                    )
+                    .sql(CLAIM_RETURNING)
+                    .load(conn)?,
+                };
+                let crowded = *probe && fair::others_pending(conn, *tenant, except.as_deref())?;
+                return Ok(Picked { rows, crowded });
+            }
+        };
         let shares = fair::shares(conn, &keywords, except.as_deref(), after, limit)?;
-        match shares.as_slice() {
-            [] => Ok(Vec::new()),
+        let rows = match shares.as_slice() {
+            [] => Vec::new(),
             [only] if only.tenant.is_none() => {
-                claim_statement("", owner, &keywords, limit, timeout_ms).load(conn)
+                claim_statement("", owner, &keywords, limit, timeout_ms).load(conn)?
             }
             _ => fair::page_ids(claim_set("", owner, timeout_ms), &shares, &keywords, limit)
                 .sql(CLAIM_RETURNING)
-                .load(conn),
-        }
+                .load(conn)?,
+        };
+        Ok(Picked {
+            rows,
+            crowded: false,
+        })
     })
 }
 
