@@ -22,8 +22,8 @@ use diesel::QueryResult;
 
 pub use rows::{
     AuditEntry, Claim, ClaimRow, ClaimState, DomainRow, DomainWrite, InsertRow, KeywordStateCount,
-    LockHolder, NodeDomainsRow, PruneBatch, PrunedBatch, RescueParams, RescuedRow, TaskFilter,
-    TaskKey, TaskRecord, TenantRow, TenantSet,
+    LockHolder, NodeDomainsRow, Pick, Picked, PruneBatch, PrunedBatch, RescueParams, RescuedRow,
+    TaskFilter, TaskKey, TaskRecord, TenantRow, TenantSet,
 };
 
 use crate::db::DbConnection;
@@ -32,32 +32,6 @@ use crate::task::TaskState;
 
 /// An error of the migration harness.
 pub type MigrationError = Box<dyn std::error::Error + Send + Sync>;
-
-/// Whose tasks a claim takes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Pick<'a> {
-    /// Every participant's, shared by weight; the ring of tenants starts after `after`.
-    Fair {
-        /// The tenant the node's last claim served last (`""`: none).
-        after: &'a str,
-    },
-    /// One participant's only: a tenant's, or (`None`) the tasks without one.
-    Solo {
-        /// The participant.
-        tenant: Option<&'a str>,
-        /// Whether to ask if another participant has pending tasks (`crowded`).
-        probe: bool,
-    },
-}
-
-/// What a claim took.
-#[derive(Debug, Default)]
-pub struct Picked {
-    /// The rows claimed (or locked).
-    pub rows: Vec<ClaimRow>,
-    /// A [`Pick::Solo`] claim that probed found another participant with pending tasks.
-    pub crowded: bool,
-}
 
 /// The database interface of the engine.
 pub trait Driver {

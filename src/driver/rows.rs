@@ -271,3 +271,29 @@ pub struct DomainWrite<'a> {
     pub paused: bool,
     pub released: bool,
 }
+
+/// Whose tasks a claim takes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Pick<'a> {
+    /// Every participant's, shared by weight; the ring of tenants starts after `after`.
+    Fair {
+        /// The tenant the node's last claim served last (`""`: none).
+        after: &'a str,
+    },
+    /// One participant's only: a tenant's, or (`None`) the tasks without one.
+    Solo {
+        /// The participant.
+        tenant: Option<&'a str>,
+        /// Whether to ask if another participant has pending tasks (`crowded`).
+        probe: bool,
+    },
+}
+
+/// What a claim took.
+#[derive(Debug, Default)]
+pub struct Picked {
+    /// The rows claimed (or locked).
+    pub rows: Vec<ClaimRow>,
+    /// A [`Pick::Solo`] claim that probed found another participant with pending tasks.
+    pub crowded: bool,
+}

@@ -1,4 +1,4 @@
-//! `demo`: the quick start, and `demo --check`.
+//! `demo`: the quick start, and `demo --check`; a drain of its tasks with domains.
 
 use crate::binary::{entries, outbox, outbox_on, run, workdir};
 use crate::both_backends;
@@ -119,5 +119,45 @@ both_backends! {
         let out = run(outbox_on(db, dir.path()).args(["demo", "--check"])).expect_code(1);
         out.stderr_has("1 of 3 orders")
             .stderr_has(&format!("order {first} (2 credits, 1 coupons)"));
+    }
+}
+
+both_backends! {
+    fn drain_with_a_domains_file_runs_every_task_and_bad_domains_exit_2(db: &TestDb) {
+        let dir = workdir();
+        run(outbox_on(db, dir.path()).args(["demo", "--enqueue-only", "--tasks", "40"]))
+            .expect_code(0);
+        let file = dir.path().join("domains.toml");
+        std::fs::write(
+            &file,
+            "[[domain]]\nname = \"coupons\"\nkeywords = [\"coupon.grant\"]\nmax = 1\nqueue = 4\n",
+        )
+        .unwrap();
+        let path = file.to_str().unwrap();
+        run(outbox_on(db, dir.path()).args(["drain", "--threads", "4", "--domains", path]))
+            .expect_code(0)
+            .stdout_has("drained 80 tasks")
+            .stdout_has("80 done, 0 retried, 0 dead");
+        run(outbox_on(db, dir.path()).args(["demo", "--check"]))
+            .expect_code(0)
+            .stdout_has("check: all 40 orders credited exactly once");
+
+        // A file that does not parse names the line and column; a bad flag names the
+        // domain; domains refuse lock claims. Each exits 2 and runs nothing.
+        std::fs::write(&file, "[[domain]]\nname = \"coupons\"\nkeywords = [\"coupon.grant\"\nmax = 1\n").unwrap();
+        run(outbox_on(db, dir.path()).args(["drain", "--domains", path]))
+            .expect_code(2)
+            .stderr_has("line 4, column");
+        run(outbox_on(db, dir.path()).args(["drain", "--threads", "4", "--domain", "coupons:coupon.grant:max=9"]))
+            .expect_code(2)
+            .stderr_has("domain \"coupons\"");
+        if db.backend() == outbox::Backend::Postgres {
+            run(outbox_on(db, dir.path()).args(["drain", "--claim", "lock", "--domain", "coupons:coupon.grant:max=1"]))
+                .expect_code(2)
+                .stderr_has("lock");
+        }
+        run(outbox_on(db, dir.path()).args(["demo", "--enqueue-only", "--tasks", "5"])).expect_code(0);
+        run(outbox_on(db, dir.path()).args(["drain", "--domain", "coupons:coupon.grant:max=0"])).expect_code(2);
+        assert_eq!(tasks_in(db, "pending"), 10, "nothing ran after a refused configuration");
     }
 }

@@ -164,6 +164,19 @@ fn solo(
 ) -> Statement<Pg> {
     let statement =
         Statement::<Pg>::new(prefix).sql("WITH picked AS (SELECT t.id FROM async_task t WHERE ");
+    solo_scan(statement, keywords, tenant, limit)
+}
+
+/// `<tenant's> AND <due> ORDER BY … LIMIT n FOR UPDATE SKIP LOCKED` after `WHERE`, for the
+/// tasks of `t` of one participant: its index's range scan in claim order, locked as it is
+/// read. The sort keys name the table's columns: `priority` alone would be an output's
+/// integer cast, which no index provides, and the plan would sort every pending row.
+pub(super) fn solo_scan(
+    statement: Statement<Pg>,
+    keywords: &[String],
+    tenant: Option<&str>,
+    limit: i64,
+) -> Statement<Pg> {
     let statement = match tenant {
         Some(tenant) => statement
             .sql("t.tenant = ")

@@ -86,26 +86,12 @@ fn lock_statement(
                 t.priority::integer AS priority, pg_backend_pid() AS backend,
                 pg_current_xact_id()::text::bigint AS xact";
     match pick {
-        // One participant: its index's range scan in claim order, locked as it is read. The
-        // sort keys name the table's columns: `priority` alone would be the output's integer
-        // cast, which no index provides, and the plan would sort every pending row.
+        // One participant: `fair::solo_scan`.
         Pick::Solo { tenant, .. } => {
             let statement =
                 super::fair::crowded(Statement::<Pg>::new(prefix).sql(COLUMNS), except, pick)
                     .sql(" FROM async_task t WHERE ");
-            let statement = match tenant {
-                Some(tenant) => statement
-                    .sql("t.tenant = ")
-                    .bind::<Text, _>((*tenant).to_owned())
-                    .sql(" AND "),
-                None => statement.sql("t.tenant IS NULL AND "),
-            };
-            statement
-                .sql("t.state = 'pending' AND t.run_at <= now() AND t.keyword = ANY(")
-                .bind::<Array<Text>, _>(keywords.to_vec())
-                .sql(") ORDER BY t.priority, t.run_at, t.id LIMIT ")
-                .bind::<BigInt, _>(limit)
-                .sql(" FOR UPDATE SKIP LOCKED")
+            super::fair::solo_scan(statement, keywords, *tenant, limit)
         }
         // The fair choice (`fair::picked`), its rows locked as they are read; a
         // participant's rows read past the page (at most one per participant) stay locked
