@@ -114,8 +114,10 @@ impl RunLimits {
     /// Records what a claim of `keywords` that picked `pick` took: the ring moves on past
     /// the tenants a fair claim served (the next starts after the last of them in ring
     /// order, wrapping past where this one started); a fair claim that found one
-    /// participant, when none found several for [`SOLO_AFTER`], makes the next claim solo; a
-    /// solo claim that came back empty or crowded makes it fair again.
+    /// participant (or none: then the tasks without a tenant), when none found several for
+    /// [`SOLO_AFTER`], makes the next claim solo; a solo claim that found another participant
+    /// pending makes it fair again (one that comes back empty stays solo: its participant may
+    /// get more, and the probe looks for the others).
     pub(crate) fn picked(
         &self,
         keywords: &[String],
@@ -144,13 +146,16 @@ impl RunLimits {
                 if let Some(last) = last {
                     *self.ring.lock().unwrap_or_else(PoisonError::into_inner) = (*last).to_owned();
                 }
+                // Nothing due: the tasks without a tenant are watched alone (the cheapest
+                // claim), the probe asking for the rest.
                 match participants.as_slice() {
                     [only] if quiet => Some(only.map(str::to_owned)),
+                    [] if quiet => Some(None),
                     _ => None,
                 }
             }
             NextPick::Solo(..) => {
-                if crowded || page.is_empty() {
+                if crowded {
                     self.solo
                         .lock()
                         .unwrap_or_else(PoisonError::into_inner)
