@@ -216,3 +216,19 @@ both_backends! {
         assert_eq!(claim_pages(&worker, 3).get("solo"), Some(&3), "the limit holds");
     }
 }
+
+both_backends! {
+    fn a_weight_below_1_is_refused_and_nothing_is_written(db: &TestDb) {
+        for weight in [0, -3] {
+            let refused = set_tenant(&mut db.conn(), "acme", &TenantLimits::default().weight(weight), "test");
+            assert!(
+                matches!(&refused, Err(outbox::Error::InvalidConfig { setting: "weight", reason }) if reason.contains(&weight.to_string())),
+                "{refused:?}"
+            );
+        }
+        assert_eq!(db.count("SELECT count(*) FROM async_tenant"), 0);
+        assert_eq!(db.count("SELECT count(*) FROM async_audit"), 0);
+        weigh(db, "acme", 2);
+        assert_eq!(db.count("SELECT count(*) FROM async_tenant WHERE weight = 2"), 1);
+    }
+}
