@@ -112,20 +112,24 @@ impl Worker {
         timeout: Duration,
     ) -> Result<Vec<ClaimedTask>> {
         let limits = &self.services.limits;
-        let pick = limits.next_pick(keywords);
+        let mut picked_by = None;
         let mut crowded = false;
         let page = self.claim_statement(
             keywords,
             limit,
             timeout,
             |driver, owner, keywords, except, n, timeout| {
+                // The pick and the claim see one list of the tenants claimed apart.
+                let pick = picked_by.insert(limits.next_pick(keywords, except));
                 let picked =
                     driver.task_claim_page(owner, keywords, except, &pick.as_pick(), n, timeout)?;
                 crowded = picked.crowded;
                 Ok(picked.rows)
             },
         )?;
-        limits.picked(keywords, &pick, &page, crowded);
+        if let Some(pick) = picked_by {
+            limits.picked(keywords, &pick, &page, crowded);
+        }
         Ok(page)
     }
 

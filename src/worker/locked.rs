@@ -89,9 +89,9 @@ impl Worker {
             .op("task lock")?;
         let limit = i64::try_from(want).unwrap_or(i64::MAX);
         let limits = &self.services.limits;
-        let pick = limits.next_pick(keywords);
-        let locked =
-            driver(&mut conn).task_lock_page(keywords, &limits.tenants(), &pick.as_pick(), limit);
+        let limited = limits.tenants();
+        let pick = limits.next_pick(keywords, &limited);
+        let locked = driver(&mut conn).task_lock_page(keywords, &limited, &pick.as_pick(), limit);
         match locked {
             Ok((holder, picked)) if !picked.rows.is_empty() => {
                 let tasks = claimed_tasks(picked.rows, self.node.id(), deadline);

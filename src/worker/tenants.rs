@@ -88,8 +88,8 @@ impl RunLimits {
 
     /// How the next claim of `keywords` picks: alone for the participant its last claim
     /// found alone, else fairly from where the ring of tenants stopped.
-    pub(crate) fn next_pick(&self, keywords: &[String]) -> NextPick {
-        let limited = self.tenants();
+    /// `limited` is the list of tenants with a `max_running` the claim itself passes on.
+    pub(crate) fn next_pick(&self, keywords: &[String], limited: &[String]) -> NextPick {
         let mut solo = self.solo.lock().unwrap_or_else(PoisonError::into_inner);
         // A tenant given a `max_running` since is claimed apart: never alone here.
         match solo.iter_mut().find(|s| {

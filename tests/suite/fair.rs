@@ -232,3 +232,27 @@ both_backends! {
         assert_eq!(db.count("SELECT count(*) FROM async_tenant WHERE weight = 2"), 1);
     }
 }
+
+both_backends! {
+    fn a_node_that_found_nothing_claims_a_tenant_that_comes_later(db: &TestDb) {
+        // An empty claim leaves the node watching the tasks without a tenant alone; an empty
+        // watch asks whether anyone else has tasks.
+        let worker = worker(db);
+        assert!(claim_pages(&worker, 1).is_empty());
+        enqueue(db, Some("late"), "late", 5);
+        let got = claim_pages_apart(&worker, 2, Duration::from_millis(10));
+        assert_eq!(got.get("late"), Some(&5), "{got:?}");
+    }
+
+    fn a_tenant_that_comes_after_another_ran_dry_is_claimed(db: &TestDb) {
+        enqueue(db, Some("first"), "first", 50);
+        let worker = worker(db);
+        let got = claim_pages(&worker, 3);
+        assert_eq!(got.get("first"), Some(&50), "{got:?}");
+        std::thread::sleep(Duration::from_millis(1100)); // past the second of fair claims
+        assert!(claim_pages(&worker, 2).is_empty());
+        enqueue(db, Some("second"), "second", 5);
+        let got = claim_pages_apart(&worker, 2, Duration::from_millis(10));
+        assert_eq!(got.get("second"), Some(&5), "{got:?}");
+    }
+}

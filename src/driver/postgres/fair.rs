@@ -192,6 +192,28 @@ pub(super) fn solo_scan(
         .sql(" FOR UPDATE SKIP LOCKED")
 }
 
+/// Whether a participant other than `tenant` (`None`: the tasks without one) has pending
+/// tasks, the tenants `except` left out: `async_task_others_pending`, asked on its own.
+pub(super) fn others_pending(
+    conn: &mut diesel::pg::PgConnection,
+    tenant: Option<&str>,
+    except: &[String],
+) -> diesel::QueryResult<bool> {
+    use diesel::RunQueryDsl;
+    #[derive(diesel::QueryableByName)]
+    struct Found {
+        #[diesel(sql_type = diesel::sql_types::Bool)]
+        found: bool,
+    }
+    let found: Found = Statement::<Pg>::new("SELECT async_task_others_pending(")
+        .bind::<diesel::sql_types::Nullable<Text>, _>(tenant.map(str::to_owned))
+        .sql(", ")
+        .bind::<Array<Text>, _>(except.to_vec())
+        .sql(") AS found")
+        .get_result(conn)?;
+    Ok(found.found)
+}
+
 /// `, <whether another participant has pending tasks> AS crowded`, for the output of a claim
 /// of `pick` (false for a fair one, and for a solo one that does not probe):
 /// `async_task_others_pending`, a few index probes, once per statement.

@@ -41,8 +41,13 @@ pub(super) fn lock_page(
             xact: r.xact,
         },
     );
+    let crowded = match (pick, rows.is_empty()) {
+        // The probe is a column of the locked rows: with none, it is asked apart.
+        (Pick::Solo { tenant, .. }, true) => super::fair::others_pending(conn, *tenant, except)?,
+        _ => rows.iter().any(|r| r.crowded),
+    };
     let picked = Picked {
-        crowded: rows.iter().any(|r| r.crowded),
+        crowded,
         rows: rows.into_iter().map(|r| r.task).collect(),
     };
     Ok((holder, picked))

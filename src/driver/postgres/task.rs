@@ -69,8 +69,13 @@ pub(super) fn claim_page(
     }
     let rows: Vec<Row> =
         claim_statement("", owner, keywords, except, pick, limit, timeout_ms).load(conn)?;
+    let crowded = match (pick, rows.is_empty()) {
+        // The probe is a column of the claimed rows: with none, it is asked apart.
+        (Pick::Solo { tenant, .. }, true) => super::fair::others_pending(conn, *tenant, except)?,
+        _ => rows.iter().any(|r| r.crowded),
+    };
     Ok(Picked {
-        crowded: rows.iter().any(|r| r.crowded),
+        crowded,
         rows: rows.into_iter().map(|r| r.task).collect(),
     })
 }

@@ -48,7 +48,8 @@ pub(super) fn claim_page(
                     .sql(CLAIM_RETURNING)
                     .load(conn)?,
                 };
-                let crowded = *probe && fair::others_pending(conn, *tenant, except.as_deref())?;
+                let crowded = (*probe || rows.is_empty())
+                    && fair::others_pending(conn, *tenant, except.as_deref())?;
                 return Ok(Picked { rows, crowded });
             }
         };
