@@ -22,8 +22,8 @@ use diesel::QueryResult;
 
 pub use rows::{
     AuditEntry, Claim, ClaimRow, ClaimState, DomainRow, DomainWrite, InsertRow, KeywordStateCount,
-    LockHolder, NodeDomainsRow, Pick, Picked, PruneBatch, PrunedBatch, RescueParams, RescuedRow,
-    TaskFilter, TaskKey, TaskRecord, TenantRow, TenantSet,
+    LockHolder, NodeDomainsRow, Passes, Pick, Picked, PruneBatch, PrunedBatch, RescueParams,
+    RescuedRow, TaskFilter, TaskKey, TaskRecord, TenantRow, TenantSet,
 };
 
 use crate::db::DbConnection;

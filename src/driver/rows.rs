@@ -273,12 +273,14 @@ pub struct DomainWrite<'a> {
 }
 
 /// Whose tasks a claim takes.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Pick<'a> {
     /// Every participant's, shared by weight; the ring of tenants starts after `after`.
     Fair {
-        /// The tenant the node's last claim served last (`""`: none).
+        /// The tenant where the node's last claim stopped (`""`: none).
         after: &'a str,
+        /// What the node's claims have served each participant, over its weight.
+        passes: &'a Passes,
     },
     /// One participant's only: a tenant's, or (`None`) the tasks without one.
     Solo {
@@ -289,11 +291,34 @@ pub enum Pick<'a> {
     },
 }
 
+/// Each participant's pass: the tasks this node's claims (of one keyword set) served it,
+/// over its weight. A fair claim ranks a participant's tasks from its pass, so that shares
+/// even out across claims, whatever the page size.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Passes {
+    /// Tenants with a pass…
+    pub tenants: Vec<String>,
+    /// …and their passes, in the same order.
+    pub values: Vec<f64>,
+    /// The pass of the tasks without a tenant.
+    pub none: f64,
+    /// The pass of a tenant not listed.
+    pub base: f64,
+}
+
 /// What a claim took.
 #[derive(Debug, Default)]
 pub struct Picked {
     /// The rows claimed (or locked).
     pub rows: Vec<ClaimRow>,
-    /// A [`Pick::Solo`] claim that probed found another participant with pending tasks.
+    /// The weight of each participant with rows (a tenant, or `None`); a solo claim's is 1.
+    pub weights: Vec<(Option<String>, i32)>,
+    /// A [`Pick::Solo`] claim found another participant with pending tasks.
     pub crowded: bool,
+    /// A [`Pick::Fair`] claim: the last tenant its ring walked to.
+    pub ring_end: Option<String>,
+    /// The participants that had tasks due and shared a fair claim's page (a tenant, or
+    /// `None`: the tasks without one); empty for a solo claim, and for a fair claim that
+    /// took nothing.
+    pub shared: Vec<Option<String>>,
 }

@@ -2,6 +2,7 @@
 
 use std::time::{Duration, Instant};
 
+use super::fairness::Took;
 use super::heartbeat::may_claim;
 use super::{millis, Worker};
 use crate::db::transaction::DiscardBroken;
@@ -111,24 +112,38 @@ impl Worker {
         limit: usize,
         timeout: Duration,
     ) -> Result<Vec<ClaimedTask>> {
-        let limits = &self.services.limits;
+        let fair = &self.services.limits.fair;
         let mut picked_by = None;
-        let mut crowded = false;
+        let mut took = (Vec::new(), false, None, Vec::new());
         let page = self.claim_statement(
             keywords,
             limit,
             timeout,
             |driver, owner, keywords, except, n, timeout| {
                 // The pick and the claim see one list of the tenants claimed apart.
-                let pick = picked_by.insert(limits.next_pick(keywords, except));
+                let pick = picked_by.insert(fair.next_pick(keywords, except));
                 let picked =
                     driver.task_claim_page(owner, keywords, except, &pick.as_pick(), n, timeout)?;
-                crowded = picked.crowded;
+                took = (
+                    picked.weights,
+                    picked.crowded,
+                    picked.ring_end,
+                    picked.shared,
+                );
                 Ok(picked.rows)
             },
         )?;
         if let Some(pick) = picked_by {
-            limits.picked(keywords, &pick, &page, crowded);
+            let (weights, crowded, ring_end, shared) = took;
+            let took = Took {
+                page: &page,
+                weights: &weights,
+                crowded,
+                ring_end,
+                shared,
+                limit,
+            };
+            fair.picked(keywords, &pick, took);
         }
         Ok(page)
     }

@@ -16,6 +16,7 @@ use super::claim::{claimed_tasks, participants};
 use super::config::Settings;
 use super::dispatch::Feed;
 use super::execute::ChunkRollback;
+use super::fairness::Took;
 use super::tally::{Outcome, Tally};
 use super::watchdog::Hung;
 use super::{millis, Worker};
@@ -90,12 +91,20 @@ impl Worker {
         let limit = i64::try_from(want).unwrap_or(i64::MAX);
         let limits = &self.services.limits;
         let limited = limits.tenants();
-        let pick = limits.next_pick(keywords, &limited);
+        let pick = limits.fair.next_pick(keywords, &limited);
         let locked = driver(&mut conn).task_lock_page(keywords, &limited, &pick.as_pick(), limit);
         match locked {
             Ok((holder, picked)) if !picked.rows.is_empty() => {
                 let tasks = claimed_tasks(picked.rows, self.node.id(), deadline);
-                limits.picked(keywords, &pick, &tasks, picked.crowded);
+                let took = Took {
+                    page: &tasks,
+                    weights: &picked.weights,
+                    crowded: picked.crowded,
+                    ring_end: picked.ring_end,
+                    shared: picked.shared,
+                    limit: want,
+                };
+                limits.fair.picked(keywords, &pick, took);
                 Ok(Some(LockedChunk {
                     conn,
                     holder,
@@ -103,7 +112,15 @@ impl Worker {
                 }))
             }
             Ok((_, picked)) => {
-                limits.picked(keywords, &pick, &[], picked.crowded);
+                let took = Took {
+                    page: &[],
+                    weights: &[],
+                    crowded: picked.crowded,
+                    ring_end: picked.ring_end,
+                    shared: picked.shared,
+                    limit: want,
+                };
+                limits.fair.picked(keywords, &pick, took);
                 roll_back_all(&mut conn);
                 Ok(None)
             }

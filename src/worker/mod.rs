@@ -7,6 +7,7 @@ mod config;
 mod dispatch;
 mod domains;
 mod execute;
+mod fairness;
 mod heartbeat;
 mod listen;
 mod locked;

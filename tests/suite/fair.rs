@@ -21,7 +21,11 @@ fn noop_registry() -> Registry {
 }
 
 fn worker(db: &TestDb) -> Worker {
-    let config = WorkerConfig::default().threads(4).queue(64).page_size(PAGE);
+    worker_with_page(db, PAGE)
+}
+
+fn worker_with_page(db: &TestDb, page: usize) -> Worker {
+    let config = WorkerConfig::default().threads(4).queue(64).page_size(page);
     Worker::new(&db.url, noop_registry(), config).unwrap()
 }
 
@@ -254,5 +258,38 @@ both_backends! {
         enqueue(db, Some("second"), "second", 5);
         let got = claim_pages_apart(&worker, 2, Duration::from_millis(10));
         assert_eq!(got.get("second"), Some(&5), "{got:?}");
+    }
+}
+
+both_backends! {
+    fn tenants_with_only_delayed_tasks_never_hold_the_ring_back(db: &TestDb) {
+        // More tenants with only delayed tasks than a claim walks (twice its page), all
+        // before the one with tasks due: the ring goes on past them.
+        let later: Vec<NewTask> = (0..100)
+            .map(|i| NewTask::new("job", format!("later-{i:03}")).tenant(format!("d{i:03}")).delay(Duration::from_secs(3600)))
+            .collect();
+        enqueue_batch(&mut db.conn(), &later).unwrap();
+        enqueue(db, Some("zz"), "zz", 5);
+        let got = claim_pages(&worker(db), 4);
+        assert_eq!(got.get("zz"), Some(&5), "{got:?}");
+    }
+
+    fn pages_of_one_task_still_take_turns(db: &TestDb) {
+        // Each claim takes one task: the passes carry the shares from claim to claim, so an
+        // older backlog without a tenant does not win every time.
+        enqueue(db, None, "plain", 30);
+        backdate(db, "plain", 10);
+        enqueue(db, Some("t"), "t", 30);
+        let got = claim_pages(&worker_with_page(db, 1), 20);
+        assert_eq!((got.get(""), got.get("t")), (Some(&10), Some(&10)), "{got:?}");
+    }
+
+    fn pages_of_one_task_serve_weights_3_to_1(db: &TestDb) {
+        weigh(db, "heavy", 3);
+        enqueue(db, Some("heavy"), "h", 100);
+        enqueue(db, Some("light"), "l", 100);
+        backdate(db, "l", 10);
+        let got = claim_pages(&worker_with_page(db, 1), 40);
+        assert_eq!((got.get("heavy"), got.get("light")), (Some(&30), Some(&10)), "{got:?}");
     }
 }

@@ -7,20 +7,30 @@
 //! for these keywords, and gives each participant a share of the page in proportion to its
 //! weight (tasks without a tenant weigh 1): at most `ceil(limit × weight / total)` of its
 //! first tasks in claim order, locked as they are read (`SKIP LOCKED`). The page is then the
-//! `limit` first of those by priority, then by each task's rank within its participant over
-//! its weight, then by age. Every step is an index range scan bounded by the page, whatever
-//! the backlog.
+//! `limit` first of those by priority, then by turn (the participant's pass, what this
+//! node's claims served it over its weight, plus the task's rank within it over its weight),
+//! then by age, then by ring position. Every step is an index range scan bounded by the
+//! page, whatever the backlog.
 
 use diesel::pg::Pg;
-use diesel::sql_types::{Array, BigInt, Text};
+use diesel::sql_types::{Array, BigInt, Double, Text};
 
-use crate::driver::Pick;
+use crate::driver::{Passes, Pick};
 
 use crate::sql::Statement;
 
-/// How many tenants a claim visits at most, for each task it may take: tenants whose
-/// pending tasks are all delayed, or of other keywords, are stepped over, up to this.
+/// How many tenants a claim visits at most, for each tenant its window may hold: tenants
+/// whose pending tasks are all delayed, or of other keywords, are stepped over, up to this.
 const WALK_PER_TASK: i64 = 2;
+
+/// The fewest tenants a claim's window holds, however small its page: weights are compared
+/// within the window, so a page of one task still serves them in proportion.
+const MIN_WINDOW: i64 = 16;
+
+/// The tenants a claim of `limit` tasks shares its page between, at most.
+pub(super) fn window(limit: i64) -> i64 {
+    limit.max(MIN_WINDOW)
+}
 
 /// A task of `t` is due for the claim: pending, its time come, one of the keywords bound next.
 const DUE: &str = "t.state = 'pending' AND t.run_at <= now() AND t.keyword = ANY(";
@@ -29,20 +39,11 @@ const DUE: &str = "t.state = 'pending' AND t.run_at <= now() AND t.keyword = ANY
 const FIRST_TENANT: &str = "(SELECT tenant FROM async_task WHERE tenant IS NOT NULL
     AND state = 'pending' ORDER BY tenant LIMIT 1)";
 
-/// `WITH RECURSIVE …, picked AS (SELECT id …` (left open) choosing at most `limit` due
-/// pending tasks of `keywords`, locked, fairly across tenants as the module says; the ring
-/// starts after `after` (`""`: at the first tenant). Tenants in `except` (those with a
-/// `max_running`, claimed apart) are left out.
-pub(super) fn picked(
-    prefix: &'static str,
-    keywords: &[String],
-    except: &[String],
-    after: &str,
-    limit: i64,
-) -> Statement<Pg> {
-    // The ring: each step one probe of the tenant index for the next tenant, wrapping
-    // around, until it comes back to the first or has walked its bound.
-    let statement = Statement::<Pg>::new(prefix)
+/// `WITH RECURSIVE ring(tenant, n, first) AS (…)`: from the first tenant with a pending
+/// task after `after` (wrapping around), each step one probe of the tenant index for the
+/// next, until it comes back to the first or has walked `walk` tenants.
+fn ring(prefix: &'static str, after: &str, walk: i64) -> Statement<Pg> {
+    Statement::<Pg>::new(prefix)
         .sql(
             "WITH RECURSIVE ring(tenant, n, first) AS (
                 SELECT s.tenant, 1, s.tenant FROM (SELECT COALESCE(
@@ -65,11 +66,52 @@ pub(super) fn picked(
         )
         .sql(FIRST_TENANT)
         .sql(") AS tenant) nx WHERE r.n < ")
-        .bind::<BigInt, _>(limit.saturating_mul(WALK_PER_TASK))
+        .bind::<BigInt, _>(walk)
+        .sql(" AND nx.tenant <> r.first)")
+}
+
+/// The last tenant a fair claim of `limit` after `after` walks to (`None`: no tenant has a
+/// pending task): where the next starts when this one found too little to fill its page.
+pub(super) fn ring_end(
+    conn: &mut diesel::pg::PgConnection,
+    after: &str,
+    limit: i64,
+) -> diesel::QueryResult<Option<String>> {
+    use diesel::{OptionalExtension, RunQueryDsl};
+    #[derive(diesel::QueryableByName)]
+    struct End {
+        #[diesel(sql_type = Text)]
+        tenant: String,
+    }
+    let end: Option<End> = ring("", after, window(limit).saturating_mul(WALK_PER_TASK))
+        .sql(" SELECT tenant FROM ring ORDER BY n DESC LIMIT 1")
+        .get_result(conn)
+        .optional()?;
+    Ok(end.map(|e| e.tenant))
+}
+
+/// `WITH RECURSIVE …, picked AS (SELECT id, weight …` (left open) choosing at most `limit`
+/// due pending tasks of `keywords`, locked, fairly across tenants as the module says; the
+/// ring starts after `after` (`""`: at the first tenant). Tenants in `except` (those with a
+/// `max_running`, claimed apart) are left out. Each participant's rank starts from its pass
+/// in `passes` (what this node's claims have served it, over its weight).
+pub(super) fn picked(
+    prefix: &'static str,
+    keywords: &[String],
+    except: &[String],
+    after: &str,
+    passes: &Passes,
+    limit: i64,
+) -> Statement<Pg> {
+    let statement = ring(prefix, after, window(limit).saturating_mul(WALK_PER_TASK))
         .sql(
-            " AND nx.tenant <> r.first
-            ), share AS (
-                (SELECT r.tenant, COALESCE(a.weight, 1) AS weight
+            ", share AS (
+                (SELECT r.tenant, COALESCE(a.weight, 1) AS weight, r.n AS pos,
+                        COALESCE(pp.pass, ",
+        )
+        .bind::<Double, _>(passes.base)
+        .sql(
+            ") AS pass
                    FROM ring r CROSS JOIN LATERAL (
                        SELECT 1 FROM async_task t WHERE t.tenant = r.tenant AND ",
         )
@@ -78,8 +120,13 @@ pub(super) fn picked(
         .sql(
             ")
                         ORDER BY t.priority, t.run_at, t.id LIMIT 1) due
-                   LEFT JOIN async_tenant a ON a.tenant = r.tenant",
-        );
+                   LEFT JOIN async_tenant a ON a.tenant = r.tenant
+                   LEFT JOIN unnest(",
+        )
+        .bind::<Array<Text>, _>(passes.tenants.clone())
+        .sql("::text[], ")
+        .bind::<Array<Double>, _>(passes.values.clone())
+        .sql("::float8[]) AS pp(tenant, pass) ON pp.tenant = r.tenant");
     let statement = if except.is_empty() {
         statement
     } else {
@@ -90,25 +137,27 @@ pub(super) fn picked(
     };
     statement
         .sql(" ORDER BY r.n LIMIT ")
-        .bind::<BigInt, _>(limit)
+        .bind::<BigInt, _>(window(limit))
         .sql(
             ")
                 UNION ALL
-                SELECT NULL, 1 FROM (SELECT 1 FROM async_task t WHERE t.tenant IS NULL AND ",
+                SELECT NULL, 1, 0, ",
         )
+        .bind::<Double, _>(passes.none)
+        .sql(" FROM (SELECT 1 FROM async_task t WHERE t.tenant IS NULL AND ")
         .sql(DUE)
         .bind::<Array<Text>, _>(keywords.to_vec())
         .sql(
             ")
                      ORDER BY t.priority, t.run_at, t.id LIMIT 1) due
             ), quota AS (
-                SELECT tenant, weight, ceil(",
+                SELECT tenant, weight, pos, pass, ceil(",
         )
         .bind::<BigInt, _>(limit)
         .sql(
             "::numeric * weight / sum(weight) OVER ())::bigint AS k FROM share
             ), candidate AS (
-                SELECT q.tenant, q.weight, c.* FROM quota q CROSS JOIN LATERAL (
+                SELECT q.tenant, q.weight, q.pos, q.pass, c.* FROM quota q CROSS JOIN LATERAL (
                     SELECT t.id, t.priority, t.run_at FROM async_task t
                      WHERE t.tenant = q.tenant AND ",
         )
@@ -119,7 +168,7 @@ pub(super) fn picked(
                      ORDER BY t.priority, t.run_at, t.id LIMIT q.k FOR UPDATE SKIP LOCKED) c
                  WHERE q.tenant IS NOT NULL
                 UNION ALL
-                SELECT NULL, 1, c.* FROM quota q CROSS JOIN LATERAL (
+                SELECT q.tenant, q.weight, q.pos, q.pass, c.* FROM quota q CROSS JOIN LATERAL (
                     SELECT t.id, t.priority, t.run_at FROM async_task t
                      WHERE t.tenant IS NULL AND ",
         )
@@ -130,11 +179,11 @@ pub(super) fn picked(
                      ORDER BY t.priority, t.run_at, t.id LIMIT q.k FOR UPDATE SKIP LOCKED) c
                  WHERE q.tenant IS NULL
             ), picked AS (
-                SELECT id FROM (
-                    SELECT id, priority, run_at, row_number() OVER (
+                SELECT id, weight FROM (
+                    SELECT id, priority, run_at, pos, weight, pass + row_number() OVER (
                                PARTITION BY tenant ORDER BY priority, run_at, id)::float8 / weight AS turn
                       FROM candidate) ranked
-                 ORDER BY priority, turn, run_at, id
+                 ORDER BY priority, turn, run_at, pos, id
                  LIMIT ",
         )
         .bind::<BigInt, _>(limit)
@@ -149,7 +198,7 @@ pub(super) fn pick(
     limit: i64,
 ) -> Statement<Pg> {
     match pick {
-        Pick::Fair { after } => picked(prefix, keywords, except, after, limit),
+        Pick::Fair { after, passes } => picked(prefix, keywords, except, after, passes, limit),
         Pick::Solo { tenant, .. } => solo(prefix, keywords, *tenant, limit),
     }
 }
@@ -223,12 +272,18 @@ pub(super) fn crowded(
     pick: &Pick<'_>,
 ) -> Statement<Pg> {
     match pick {
-        Pick::Fair { .. } | Pick::Solo { probe: false, .. } => statement.sql(", false AS crowded"),
+        Pick::Fair { .. } => statement.sql(
+            ", false AS crowded, picked.weight AS weight,
+               (SELECT tenant FROM ring ORDER BY n DESC LIMIT 1) AS ring_end,
+               (SELECT array_agg(tenant) FROM share) AS shared",
+        ),
+        Pick::Solo { probe: false, .. } => statement
+            .sql(", false AS crowded, 1 AS weight, NULL::text AS ring_end, NULL::text[] AS shared"),
         Pick::Solo { tenant, .. } => statement
             .sql(", (SELECT async_task_others_pending(")
             .bind::<diesel::sql_types::Nullable<Text>, _>(tenant.map(str::to_owned))
             .sql(", ")
             .bind::<Array<Text>, _>(except.to_vec())
-            .sql(")) AS crowded"),
+            .sql(")) AS crowded, 1 AS weight, NULL::text AS ring_end, NULL::text[] AS shared"),
     }
 }

@@ -5,21 +5,19 @@ use diesel::pg::{Pg, PgConnection};
 use diesel::sql_types::{Array, BigInt, Integer, Text};
 use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 
-use super::task::stamp_picked;
-use crate::driver::{Claim, ClaimRow, LockHolder, Pick, Picked};
+use super::task::{picked, stamp_picked, PickedRow};
+use crate::driver::{Claim, ClaimRow, LockHolder, Passes, Pick, Picked};
 use crate::sql::Statement;
 
 /// A locked row and the transaction that holds its lock.
 #[derive(QueryableByName)]
 struct LockedRow {
     #[diesel(embed)]
-    task: ClaimRow,
+    picked: PickedRow,
     #[diesel(sql_type = Integer)]
     backend: i32,
     #[diesel(sql_type = BigInt)]
     xact: i64,
-    #[diesel(sql_type = diesel::sql_types::Bool)]
-    crowded: bool,
 }
 
 /// See [`crate::driver::Driver::task_lock_page`].
@@ -41,16 +39,8 @@ pub(super) fn lock_page(
             xact: r.xact,
         },
     );
-    let crowded = match (pick, rows.is_empty()) {
-        // The probe is a column of the locked rows: with none, it is asked apart.
-        (Pick::Solo { tenant, .. }, true) => super::fair::others_pending(conn, *tenant, except)?,
-        _ => rows.iter().any(|r| r.crowded),
-    };
-    let picked = Picked {
-        crowded,
-        rows: rows.into_iter().map(|r| r.task).collect(),
-    };
-    Ok((holder, picked))
+    let rows = rows.into_iter().map(|r| r.picked).collect();
+    Ok((holder, picked(conn, rows, except, pick, limit)?))
 }
 
 /// See [`crate::driver::Driver::task_lock_plan`].
@@ -68,7 +58,10 @@ pub(super) fn lock_plan(
         "EXPLAIN (COSTS OFF) ",
         keywords,
         &[],
-        &Pick::Fair { after: "" },
+        &Pick::Fair {
+            after: "",
+            passes: &Passes::default(),
+        },
         limit,
     )
     .load(conn)?;
@@ -106,7 +99,7 @@ fn lock_statement(
                 .sql("\n            ) ")
                 .sql(COLUMNS);
             super::fair::crowded(statement, except, pick)
-                .sql(" FROM async_task t JOIN picked p ON p.id = t.id")
+                .sql(" FROM async_task t JOIN picked ON picked.id = t.id")
         }
     }
 }

@@ -4,6 +4,7 @@ use diesel::pg::{Pg, PgConnection};
 use diesel::sql_types::{Array, BigInt, Nullable, Text};
 use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
 
+use crate::driver::Passes;
 use crate::driver::{
     fence, rescue_params, Claim, ClaimRow, ClaimState, InsertRow, Pick, Picked, RescueParams,
     RescuedRow, TaskKey, TaskRecord,
@@ -60,22 +61,63 @@ pub(super) fn claim_page(
     limit: i64,
     timeout_ms: i64,
 ) -> QueryResult<Picked> {
-    #[derive(QueryableByName)]
-    struct Row {
-        #[diesel(embed)]
-        task: ClaimRow,
-        #[diesel(sql_type = diesel::sql_types::Bool)]
-        crowded: bool,
-    }
-    let rows: Vec<Row> =
+    let rows: Vec<PickedRow> =
         claim_statement("", owner, keywords, except, pick, limit, timeout_ms).load(conn)?;
-    let crowded = match (pick, rows.is_empty()) {
-        // The probe is a column of the claimed rows: with none, it is asked apart.
-        (Pick::Solo { tenant, .. }, true) => super::fair::others_pending(conn, *tenant, except)?,
-        _ => rows.iter().any(|r| r.crowded),
+    picked(conn, rows, except, pick, limit)
+}
+
+/// A claimed (or locked) row with what the claim says beside it.
+#[derive(QueryableByName)]
+pub(super) struct PickedRow {
+    #[diesel(embed)]
+    task: ClaimRow,
+    #[diesel(sql_type = diesel::sql_types::Bool)]
+    crowded: bool,
+    #[diesel(sql_type = diesel::sql_types::Integer)]
+    weight: i32,
+    #[diesel(sql_type = Nullable<Text>)]
+    ring_end: Option<String>,
+    #[diesel(sql_type = Nullable<Array<Nullable<Text>>>)]
+    shared: Option<Vec<Option<String>>>,
+}
+
+/// What a claim of `pick` took, from its rows; with none, the probe and the ring's end are
+/// asked apart (they are columns of the rows).
+pub(super) fn picked(
+    conn: &mut PgConnection,
+    rows: Vec<PickedRow>,
+    except: &[String],
+    pick: &Pick<'_>,
+    limit: i64,
+) -> QueryResult<Picked> {
+    let (crowded, ring_end, shared) = match (pick, rows.first()) {
+        (_, Some(row)) => (
+            rows.iter().any(|r| r.crowded),
+            row.ring_end.clone(),
+            row.shared.clone().unwrap_or_default(),
+        ),
+        (Pick::Solo { tenant, .. }, None) => (
+            super::fair::others_pending(conn, *tenant, except)?,
+            None,
+            Vec::new(),
+        ),
+        (Pick::Fair { after, .. }, None) => (
+            false,
+            super::fair::ring_end(conn, after, limit)?,
+            Vec::new(),
+        ),
     };
+    let mut weights: Vec<(Option<String>, i32)> = rows
+        .iter()
+        .map(|r| (r.task.tenant.clone(), r.weight))
+        .collect();
+    weights.sort_unstable();
+    weights.dedup();
     Ok(Picked {
         crowded,
+        ring_end,
+        shared,
+        weights,
         rows: rows.into_iter().map(|r| r.task).collect(),
     })
 }
@@ -95,7 +137,10 @@ pub(super) fn claim_plan(
         0,
         keywords,
         &[],
-        &Pick::Fair { after: "" },
+        &Pick::Fair {
+            after: "",
+            passes: &Passes::default(),
+        },
         limit,
         0,
     )

@@ -8,28 +8,53 @@ use diesel::sql_types::{BigInt, Double, Nullable, Text};
 use diesel::sqlite::{Sqlite, SqliteConnection};
 use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 
+use crate::driver::Passes;
 use crate::sql::Statement;
 
-/// How many tenants a claim visits at most, for each task it may take (as on PostgreSQL).
+/// How many tenants a claim visits at most, for each tenant its window may hold (as on
+/// PostgreSQL).
 const WALK_PER_TASK: i64 = 2;
 
-/// A participant of a claim: a tenant with a task due, or (`None`) the tasks without one.
-#[derive(Debug, QueryableByName)]
+/// The tenants a claim of `limit` tasks shares its page between, at most (as on PostgreSQL:
+/// at least 16, so that weights are compared even within small pages).
+fn window(limit: i64) -> i64 {
+    limit.max(16)
+}
+
+/// A participant of a claim: a tenant with a task due, or (`None`) the tasks without one;
+/// its weight, its place in the ring (0 for the tasks without a tenant) and its pass.
+#[derive(Debug)]
 pub(super) struct Share {
-    #[diesel(sql_type = Nullable<Text>)]
     pub(super) tenant: Option<String>,
-    #[diesel(sql_type = BigInt)]
     pub(super) weight: i64,
+    pub(super) pos: i64,
+    pub(super) pass: f64,
 }
 
 impl Share {
-    /// A tenant alone (its weight does not matter then).
+    /// A tenant alone (its weight and pass do not matter then).
     pub(super) fn of(tenant: &str) -> Share {
         Share {
             tenant: Some(tenant.to_owned()),
             weight: 1,
+            pos: 0,
+            pass: 0.0,
         }
     }
+}
+
+/// A row of the shares' statement: a participant, or (weight NULL) none, with the ring's
+/// end either way.
+#[derive(Debug, QueryableByName)]
+struct ShareRow {
+    #[diesel(sql_type = Nullable<Text>)]
+    tenant: Option<String>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    weight: Option<i64>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pos: Option<i64>,
+    #[diesel(sql_type = Nullable<Text>)]
+    ring_end: Option<String>,
 }
 
 /// Whether a participant other than `tenant` (`None`: the tasks without one) has pending
@@ -108,14 +133,39 @@ const DUE: &str = concat!(
 /// The participants of a claim of `limit` tasks of `keywords` (a JSON array): at most
 /// `limit` tenants with a task due, in ring order after `after`, none of `except` (a JSON
 /// array, or `None`), then the tasks without a tenant if one is due.
+/// Returns them in ring order, each with its pass from `passes`, and the last tenant the
+/// ring walked to.
 pub(super) fn shares(
     conn: &mut SqliteConnection,
     keywords: &str,
     except: Option<&str>,
     after: &str,
+    passes: &Passes,
     limit: i64,
-) -> QueryResult<Vec<Share>> {
-    shares_statement("", keywords, except, after, limit).load(conn)
+) -> QueryResult<(Vec<Share>, Option<String>)> {
+    let rows: Vec<ShareRow> = shares_statement("", keywords, except, after, limit).load(conn)?;
+    let ring_end = rows.first().and_then(|r| r.ring_end.clone());
+    let mut shares: Vec<Share> = rows
+        .into_iter()
+        .filter_map(|r| {
+            let pass = match &r.tenant {
+                None => passes.none,
+                Some(t) => passes
+                    .tenants
+                    .iter()
+                    .position(|p| p == t)
+                    .map_or(passes.base, |i| passes.values[i]),
+            };
+            Some(Share {
+                weight: r.weight?,
+                pos: r.pos.unwrap_or(0),
+                tenant: r.tenant,
+                pass,
+            })
+        })
+        .collect();
+    shares.sort_by_key(|s| s.pos);
+    Ok((shares, ring_end))
 }
 
 /// The statement of [`shares`], after `prefix` (empty, or `EXPLAIN QUERY PLAN`).
@@ -138,13 +188,16 @@ pub(super) fn shares_statement(
         .sql(") AS t0) WHERE t0 IS NOT NULL UNION ALL SELECT ")
         .sql(NEXT_TENANT)
         .sql(", r.n + 1, r.first FROM ring r WHERE r.n < ")
-        .bind::<BigInt, _>(limit.saturating_mul(WALK_PER_TASK))
+        .bind::<BigInt, _>(window(limit).saturating_mul(WALK_PER_TASK))
         .sql(" AND ")
         .sql(NEXT_TENANT)
         .sql(
             " <> r.first)
-            SELECT tenant, weight FROM (
-                SELECT r.tenant, COALESCE(a.weight, 1) AS weight
+            SELECT s.tenant, s.weight, s.pos,
+                   (SELECT tenant FROM ring ORDER BY n DESC LIMIT 1) AS ring_end
+              FROM (SELECT 1) one LEFT JOIN (
+            SELECT tenant, weight, pos FROM (
+                SELECT r.tenant, COALESCE(a.weight, 1) AS weight, r.n AS pos
                   FROM ring r LEFT JOIN async_tenant a ON a.tenant = r.tenant
                  WHERE EXISTS (SELECT 1 FROM async_task INDEXED BY async_task_tenant_idx
                                 WHERE tenant = r.tenant AND state = 'pending'
@@ -162,20 +215,21 @@ pub(super) fn shares_statement(
     };
     statement
         .sql(" ORDER BY r.n LIMIT ")
-        .bind::<BigInt, _>(limit)
+        .bind::<BigInt, _>(window(limit))
         .sql(
             ")
             UNION ALL
-            SELECT NULL, 1 WHERE EXISTS (SELECT 1 FROM async_task INDEXED BY async_task_claim_idx
+            SELECT NULL, 1, 0 WHERE EXISTS (SELECT 1 FROM async_task INDEXED BY async_task_claim_idx
                                           WHERE tenant IS NULL AND state = 'pending'",
         )
         .sql(DUE)
         .bind::<Text, _>(keywords.to_owned())
-        .sql(")))")
+        .sql(")))) s ON 1")
 }
 
 /// Appends to `statement` (an `UPDATE … WHERE id IN (`, left open) the ids of the page: each
-/// participant's first `ceil(limit × weight / total)` due tasks, ranked as on PostgreSQL.
+/// participant's first `ceil(limit × weight / total)` due tasks, ranked as on PostgreSQL (by
+/// priority, then turn: pass plus rank over weight, then age, then ring position).
 pub(super) fn page_ids(
     statement: Statement<Sqlite>,
     shares: &[Share],
@@ -190,7 +244,11 @@ pub(super) fn page_ids(
             statement = statement.sql(" UNION ALL ");
         }
         statement = statement
-            .sql("SELECT * FROM (SELECT id, priority, run_at, row_number() OVER (ORDER BY priority, run_at, id) * 1.0 / ")
+            .sql("SELECT * FROM (SELECT id, priority, run_at, ")
+            .bind::<BigInt, _>(share.pos)
+            .sql(" AS pos, ")
+            .bind::<Double, _>(share.pass)
+            .sql(" + row_number() OVER (ORDER BY priority, run_at, id) * 1.0 / ")
             .bind::<Double, _>(share.weight as f64)
             .sql(" AS turn FROM (SELECT id, priority, run_at FROM ");
         statement = match &share.tenant {
@@ -210,6 +268,6 @@ pub(super) fn page_ids(
             .sql("))");
     }
     statement
-        .sql(") ORDER BY priority, turn, run_at, id LIMIT ")
+        .sql(") ORDER BY priority, turn, run_at, pos, id LIMIT ")
         .bind::<BigInt, _>(limit)
 }

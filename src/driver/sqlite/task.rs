@@ -34,10 +34,10 @@ pub(super) fn claim_page(
         .bind::<BigInt, _>(owner)
         .sql(" AND deadline_at IS NOT NULL AND state <> 'running'")
         .execute(conn)?;
-        let after = match pick {
-            Pick::Fair { after } => after,
+        let (after, passes) = match pick {
+            Pick::Fair { after, passes } => (after, passes),
             Pick::Solo { tenant, probe } => {
-                let rows = match tenant {
+                let rows: Vec<ClaimRow> = match tenant {
                     None => claim_statement("", owner, &keywords, limit, timeout_ms).load(conn)?,
                     Some(tenant) => fair::page_ids(
                         claim_set("", owner, timeout_ms),
@@ -50,11 +50,18 @@ pub(super) fn claim_page(
                 };
                 let crowded = (*probe || rows.is_empty())
                     && fair::others_pending(conn, *tenant, except.as_deref())?;
-                return Ok(Picked { rows, crowded });
+                return Ok(Picked {
+                    weights: vec![(tenant.map(str::to_owned), 1)],
+                    rows,
+                    crowded,
+                    ring_end: None,
+                    shared: Vec::new(),
+                });
             }
         };
-        let shares = fair::shares(conn, &keywords, except.as_deref(), after, limit)?;
-        let rows = match shares.as_slice() {
+        let (shares, ring_end) =
+            fair::shares(conn, &keywords, except.as_deref(), after, passes, limit)?;
+        let rows: Vec<ClaimRow> = match shares.as_slice() {
             [] => Vec::new(),
             [only] if only.tenant.is_none() => {
                 claim_statement("", owner, &keywords, limit, timeout_ms).load(conn)?
@@ -63,9 +70,21 @@ pub(super) fn claim_page(
                 .sql(CLAIM_RETURNING)
                 .load(conn)?,
         };
+        let weights = shares
+            .iter()
+            .map(|s| {
+                (
+                    s.tenant.clone(),
+                    i32::try_from(s.weight).unwrap_or(i32::MAX),
+                )
+            })
+            .collect();
         Ok(Picked {
             rows,
+            weights,
             crowded: false,
+            ring_end,
+            shared: shares.iter().map(|s| s.tenant.clone()).collect(),
         })
     })
 }
