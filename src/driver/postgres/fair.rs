@@ -2,15 +2,15 @@
 //!
 //! The tasks without a tenant are served from the claim index and each tenant's from the
 //! tenant index, as one participant each. A claim visits the tenants with pending tasks in
-//! tenant order from where this node's last claim left off (a ring: a loose index scan, one
-//! probe per tenant, wrapping around), keeps the first `limit` of them that have a task due
-//! for these keywords, and gives each participant a share of the page in proportion to its
-//! weight (tasks without a tenant weigh 1): at most `ceil(limit × weight / total)` of its
-//! first tasks in claim order, locked as they are read (`SKIP LOCKED`). The page is then the
-//! `limit` first of those by priority, then by turn (the participant's pass, what this
-//! node's claims served it over its weight, plus the task's rank within it over its weight),
-//! then by age, then by ring position. Every step is an index range scan bounded by the
-//! page, whatever the backlog.
+//! tenant order from where this node's last claim of these keywords stopped (a ring: a
+//! loose index scan, one probe per tenant, wrapping around), keeps the first [`window`] of
+//! them that have a task due for these keywords, and gives each participant a share of the
+//! page in proportion to its weight (tasks without a tenant weigh 1): at most
+//! `ceil(limit × weight / total)` of its first tasks in claim order, locked as they are read
+//! (`SKIP LOCKED`). The page is then the `limit` first of those by priority, then by turn
+//! (the participant's pass, what this node's claims served it over its weight, plus the
+//! task's rank within it over its weight), then by age, then by ring position. Every step is
+//! an index range scan bounded by the page, whatever the backlog.
 
 use diesel::pg::Pg;
 use diesel::sql_types::{Array, BigInt, Double, Text};
