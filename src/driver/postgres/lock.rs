@@ -5,7 +5,7 @@ use diesel::pg::{Pg, PgConnection};
 use diesel::sql_types::{Array, BigInt, Integer, Text};
 use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 
-use super::task::{picked, stamp_picked, PickedRow};
+use super::task::{picked, plan_lines, stamp_picked, PickedRow};
 use crate::driver::{Claim, ClaimRow, LockHolder, Passes, Pick, Picked};
 use crate::sql::Statement;
 
@@ -49,23 +49,14 @@ pub(super) fn lock_plan(
     keywords: &[String],
     limit: i64,
 ) -> QueryResult<Vec<String>> {
-    #[derive(QueryableByName)]
-    struct Line {
-        #[diesel(sql_type = Text, column_name = "QUERY PLAN")]
-        line: String,
-    }
-    let lines: Vec<Line> = lock_statement(
-        "EXPLAIN (COSTS OFF) ",
-        keywords,
-        &[],
-        &Pick::Fair {
-            after: "",
-            passes: &Passes::default(),
-        },
-        limit,
+    let fair = Pick::Fair {
+        after: "",
+        passes: &Passes::default(),
+    };
+    plan_lines(
+        conn,
+        lock_statement("EXPLAIN (COSTS OFF) ", keywords, &[], &fair, limit),
     )
-    .load(conn)?;
-    Ok(lines.into_iter().map(|l| l.line).collect())
 }
 
 /// The lock statement, after `prefix` (empty, or `EXPLAIN …` to show its plan).

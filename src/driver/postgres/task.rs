@@ -127,24 +127,27 @@ pub(super) fn claim_plan(
     keywords: &[String],
     limit: i64,
 ) -> QueryResult<Vec<String>> {
-    #[derive(diesel::QueryableByName)]
+    let fair = Pick::Fair {
+        after: "",
+        passes: &Passes::default(),
+    };
+    plan_lines(
+        conn,
+        claim_statement("EXPLAIN (COSTS OFF) ", 0, keywords, &[], &fair, limit, 0),
+    )
+}
+
+/// The lines of an `EXPLAIN` statement's plan.
+pub(super) fn plan_lines(
+    conn: &mut PgConnection,
+    explain: Statement<Pg>,
+) -> QueryResult<Vec<String>> {
+    #[derive(QueryableByName)]
     struct Line {
         #[diesel(sql_type = Text, column_name = "QUERY PLAN")]
         line: String,
     }
-    let lines: Vec<Line> = claim_statement(
-        "EXPLAIN (COSTS OFF) ",
-        0,
-        keywords,
-        &[],
-        &Pick::Fair {
-            after: "",
-            passes: &Passes::default(),
-        },
-        limit,
-        0,
-    )
-    .load(conn)?;
+    let lines: Vec<Line> = explain.load(conn)?;
     Ok(lines.into_iter().map(|l| l.line).collect())
 }
 
