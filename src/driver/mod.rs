@@ -10,6 +10,7 @@
 //! The items here are `pub` only so that the sealed [`crate::EnqueueConnection`] can name
 //! them; the module itself is private.
 
+mod domain_sql;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod rows;
@@ -17,7 +18,7 @@ mod rows;
 mod sqlite;
 
 use diesel::backend::Backend;
-use diesel::sql_types::{BigInt, Bool, Double, HasSqlType, Integer, Nullable, Text};
+use diesel::sql_types::{BigInt, Double, HasSqlType, Integer, Text};
 use diesel::QueryResult;
 
 pub use rows::{
@@ -25,6 +26,12 @@ pub use rows::{
     LockHolder, NodeDomainsRow, Passes, Pick, Picked, PruneBatch, PrunedBatch, RescueParams,
     RescuedRow, TaskFilter, TaskKey, TaskRecord, TenantRow, TenantSet,
 };
+
+use domain_sql::{domain_upsert, keyword_pause_delete, keyword_pause_insert, KEYWORD_PAUSED};
+#[cfg(feature = "postgres")]
+use domain_sql::{DOMAIN_COLUMNS_PG, DOMAIN_ROWS_PG};
+#[cfg(feature = "sqlite")]
+use domain_sql::{DOMAIN_COLUMNS_SQLITE, DOMAIN_ROWS_SQLITE};
 
 use crate::db::DbConnection;
 use crate::sql::Statement;
@@ -355,118 +362,6 @@ where
         .bind::<BigInt, _>(audit.affected)
         .sql(")")
 }
-
-/// The columns of a [`DomainRow`], with `updated_at` as the expression given (the rest the
-/// same on both backends).
-macro_rules! domain_columns {
-    ($updated_at:literal) => {
-        concat!(
-            "name, keywords, mode, threads, queue, timeout_ms, paused, released, version, ",
-            $updated_at,
-            " AS updated_at, updated_by"
-        )
-    };
-}
-
-/// A [`DomainRow`]'s columns on PostgreSQL: `updated_at` as SQLite stores it, UTC
-/// `YYYY-MM-DD HH:MM:SS.SSS`, whatever the session's time zone.
-#[cfg(feature = "postgres")]
-const DOMAIN_COLUMNS_PG: &str =
-    domain_columns!("to_char(updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.MS')");
-
-/// A [`DomainRow`]'s columns on SQLite.
-#[cfg(feature = "sqlite")]
-const DOMAIN_COLUMNS_SQLITE: &str = domain_columns!("updated_at");
-
-/// Every row of `async_domain`, by name, on PostgreSQL.
-#[cfg(feature = "postgres")]
-const DOMAIN_ROWS_PG: &str = concat!(
-    "SELECT ",
-    domain_columns!("to_char(updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.MS')"),
-    " FROM async_domain ORDER BY name"
-);
-
-/// Every row of `async_domain`, by name, on SQLite.
-#[cfg(feature = "sqlite")]
-const DOMAIN_ROWS_SQLITE: &str = concat!(
-    "SELECT ",
-    domain_columns!("updated_at"),
-    " FROM async_domain ORDER BY name"
-);
-
-/// The upsert of a whole `async_domain` row, returning its `columns` (the same SQL on both
-/// backends but for the clock, `now`, the columns, and the bind placeholders diesel writes).
-fn domain_upsert<DB>(
-    row: &DomainWrite<'_>,
-    actor: &str,
-    now: &'static str,
-    columns: &'static str,
-) -> Statement<DB>
-where
-    DB: Backend + HasSqlType<BigInt> + HasSqlType<Integer> + HasSqlType<Text> + HasSqlType<Bool>,
-    i64: diesel::serialize::ToSql<BigInt, DB>,
-    i32: diesel::serialize::ToSql<Integer, DB>,
-    bool: diesel::serialize::ToSql<Bool, DB>,
-    String: diesel::serialize::ToSql<Text, DB>,
-{
-    Statement::new(
-        "INSERT INTO async_domain AS d \
-         (name, keywords, mode, threads, queue, timeout_ms, paused, released, updated_by) \
-         VALUES (",
-    )
-    .bind::<Text, _>(row.name.to_owned())
-    .sql(", ")
-    .bind::<Nullable<Text>, _>(row.keywords.clone())
-    .sql(", ")
-    .bind::<Nullable<Text>, _>(row.mode.map(str::to_owned))
-    .sql(", ")
-    .bind::<Nullable<Integer>, _>(row.threads)
-    .sql(", ")
-    .bind::<Nullable<Integer>, _>(row.queue)
-    .sql(", ")
-    .bind::<Nullable<BigInt>, _>(row.timeout_ms)
-    .sql(", ")
-    .bind::<Bool, _>(row.paused)
-    .sql(", ")
-    .bind::<Bool, _>(row.released)
-    .sql(", ")
-    .bind::<Text, _>(actor.to_owned())
-    .sql(
-        ") ON CONFLICT (name) DO UPDATE SET keywords = excluded.keywords, \
-         mode = excluded.mode, threads = excluded.threads, queue = excluded.queue, \
-         timeout_ms = excluded.timeout_ms, paused = excluded.paused, \
-         released = excluded.released, version = d.version + 1, updated_at = ",
-    )
-    .sql(now)
-    .sql(", updated_by = excluded.updated_by RETURNING ")
-    .sql(columns)
-}
-
-/// Pauses a keyword on its own, by `actor`; inserts nothing when it is paused already (the
-/// same on both backends).
-fn keyword_pause_insert<DB>(keyword: &str, actor: &str) -> Statement<DB>
-where
-    DB: Backend + HasSqlType<Text>,
-    String: diesel::serialize::ToSql<Text, DB>,
-{
-    Statement::new("INSERT INTO async_pause (keyword, paused_by) VALUES (")
-        .bind::<Text, _>(keyword.to_owned())
-        .sql(", ")
-        .bind::<Text, _>(actor.to_owned())
-        .sql(") ON CONFLICT (keyword) DO NOTHING")
-}
-
-/// Deletes a keyword's pause (the same on both backends).
-fn keyword_pause_delete<DB>(keyword: &str) -> Statement<DB>
-where
-    DB: Backend + HasSqlType<Text>,
-    String: diesel::serialize::ToSql<Text, DB>,
-{
-    Statement::new("DELETE FROM async_pause WHERE keyword = ").bind::<Text, _>(keyword.to_owned())
-}
-
-/// The keywords paused on their own.
-const KEYWORD_PAUSED: &str = "SELECT keyword FROM async_pause ORDER BY keyword";
 
 /// The driver behind a connection.
 pub(crate) fn driver(conn: &mut DbConnection) -> &mut dyn Driver {

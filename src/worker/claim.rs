@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::fairness::Took;
+use super::fairness::{participants, Took};
 use super::heartbeat::may_claim;
 use super::{millis, Worker};
 use crate::db::transaction::DiscardBroken;
@@ -88,7 +88,7 @@ impl Worker {
     ) -> Result<Vec<ClaimedTask>> {
         let mut page = self.claim_fair(keywords, limit, timeout)?;
         for _ in 0..2 {
-            if page.len() >= limit || participants(&page) < 2 {
+            if page.len() >= limit || participants(&page).len() < 2 {
                 break;
             }
             match self.claim_fair(keywords, limit - page.len(), timeout) {
@@ -244,15 +244,6 @@ impl Worker {
             since,
         })
     }
-}
-
-/// How many participants of a fair claim a page holds: its tenants, and the tasks without
-/// one.
-pub(super) fn participants(page: &[ClaimedTask]) -> usize {
-    let mut seen: Vec<Option<&str>> = page.iter().map(|t| t.context.tenant()).collect();
-    seen.sort_unstable();
-    seen.dedup();
-    seen.len()
 }
 
 /// The claimed tasks of `rows`, in claim order (priority first, then age: `RETURNING` and

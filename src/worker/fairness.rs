@@ -96,6 +96,15 @@ pub(crate) struct Took<'a> {
     pub(crate) limit: usize,
 }
 
+/// The participants a page holds, each once: its tenants, and (`None`) the tasks without
+/// one.
+pub(crate) fn participants(page: &[ClaimedTask]) -> Vec<Option<&str>> {
+    let mut seen: Vec<Option<&str>> = page.iter().map(|t| t.context.tenant()).collect();
+    seen.sort_unstable();
+    seen.dedup();
+    seen
+}
+
 impl FairClaims {
     fn with_set<T>(&self, keywords: &[String], f: impl FnOnce(&mut KeywordSet) -> T) -> T {
         let mut sets = self.sets.lock().unwrap_or_else(PoisonError::into_inner);
@@ -149,10 +158,7 @@ impl FairClaims {
     /// another participant pending makes the next fair again.
     pub(crate) fn picked(&self, keywords: &[String], pick: &NextPick, took: Took<'_>) {
         self.with_set(keywords, |set| {
-            let mut participants: Vec<Option<&str>> =
-                took.page.iter().map(|t| t.context.tenant()).collect();
-            participants.sort_unstable();
-            participants.dedup();
+            let participants = participants(took.page);
             if took.crowded || took.shared.len() > 1 {
                 set.crowded_at = Some(Instant::now());
             }

@@ -12,11 +12,11 @@
 use std::sync::Mutex;
 use std::time::Instant;
 
-use super::claim::{claimed_tasks, participants};
+use super::claim::claimed_tasks;
 use super::config::Settings;
 use super::dispatch::Feed;
 use super::execute::ChunkRollback;
-use super::fairness::Took;
+use super::fairness::{participants, Took};
 use super::tally::{Outcome, Tally};
 use super::watchdog::Hung;
 use super::{millis, Worker};
@@ -61,7 +61,7 @@ impl Worker {
                 Err(e) => return Err(e),
             };
             let n = chunk.tasks.len();
-            let shared = participants(&chunk.tasks) >= 2;
+            let shared = participants(&chunk.tasks).len() >= 2;
             claimed += n;
             let record = self.recorder(n, tally);
             // Lock claims run without domains: every chunk is default's.
