@@ -82,8 +82,9 @@ pub struct Domain {
     pub mode: DomainMode,
     /// `MAX`: the most it runs at once (at least 1); `RESERVED`: the threads kept for it.
     pub threads: usize,
-    /// Claimed tasks that may wait for one of its threads (default: 8 per thread on
-    /// PostgreSQL, as the node's queue; at most [`MAX_DOMAIN_QUEUE`]).
+    /// Claimed tasks that may wait for one of its threads (default: 8 per thread it can run
+    /// on, as the node's queue — `MAX n`: n; `RESERVED n`: n and `default`'s threads; at
+    /// most [`MAX_DOMAIN_QUEUE`]; none under lock claims).
     pub queue: Option<usize>,
     /// How long one of its handlers may run before the watchdog cancels its database work
     /// and charges the task a failure (default: the worker's task timeout).

@@ -124,7 +124,8 @@ pub struct WorkerConfig {
     /// [`ClaimStyle`]; default [`ClaimStyle::Auto`]).
     pub claim_style: ClaimStyle,
     /// The node's task domains (none by default: every keyword is `default`'s and takes any
-    /// thread). See [`crate::domain`]. Domains need stamp claims.
+    /// thread). See [`crate::domain`]. Under lock claims a domain queues nothing: each
+    /// chunk is locked for a domain's free thread and starts at once.
     pub domains: Vec<Domain>,
 }
 
@@ -203,18 +204,9 @@ impl WorkerConfig {
             Backend::Postgres => default_threads(),
             Backend::Sqlite => 1,
         });
-        let lock = match self.claim_style {
-            ClaimStyle::Auto if !self.domains.is_empty() => false,
-            style => style.locks(backend, self.commit_batch, self.queue)?,
-        };
-        if lock && !self.domains.is_empty() {
-            return Err(Error::InvalidConfig {
-                setting: "claim",
-                reason: "must be stamp with domains (a locked chunk cannot wait for its \
-                         domain's slot)"
-                    .into(),
-            });
-        }
+        let lock = self
+            .claim_style
+            .locks(backend, self.commit_batch, self.queue)?;
         validate_domains(&self.domains, threads)?;
         // A lock claim starts each chunk at once: a queued chunk would hold its locks and a
         // connection while it waited.

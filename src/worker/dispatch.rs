@@ -39,12 +39,16 @@ pub(crate) struct Dispatcher {
     /// Signalled when a unit of work finishes on the pool and there is then room for what
     /// [`Self::wait_for_room`] waits for.
     finished: (Mutex<()>, Condvar),
-    /// The room [`Self::wait_for_room`] waits for; 0 when nobody waits. Finishing work wakes
-    /// the waiter only once there is that much room, not at every task.
+    /// The room [`Self::wait_for_room`] waits for, or [`LANE_ROOM`]; 0 when nobody waits.
+    /// Finishing work wakes the waiter only once there is that much room (or a lane worth
+    /// claiming for, or nothing in flight), not at every task.
     wanted: AtomicUsize,
     /// Held for the length of a [`Self::scope`].
     scope_lock: Mutex<()>,
 }
+
+/// What [`Dispatcher::wait_for_lane_room`] waits for: some lane worth claiming for.
+const LANE_ROOM: usize = usize::MAX;
 
 /// A unit of work.
 type Job<'j> = Box<dyn FnOnce() + Send + 'j>;
@@ -162,10 +166,12 @@ impl<'j> Feed<'j> {
             let mut slot = self.panic.lock().unwrap_or_else(|e| e.into_inner());
             slot.get_or_insert(panic);
         }
+        let mut lane_worth_claiming = false;
         if let Some(slot) = slot {
             let several_lanes = {
                 let mut slots = dispatcher.slots();
                 slots.finish(lane, slot);
+                lane_worth_claiming = slots.len() > 1 && slots.worth_claiming();
                 slots.len() > 1
             };
             // A freed slot may let another lane's queued job start. Under the queues' lock,
@@ -175,9 +181,14 @@ impl<'j> Feed<'j> {
                 self.ready.notify_all();
             }
         }
-        dispatcher.in_flight.fetch_sub(1, Ordering::SeqCst);
+        let left = dispatcher.in_flight.fetch_sub(1, Ordering::SeqCst) - 1;
         let wanted = dispatcher.wanted.load(Ordering::SeqCst);
-        if wanted != 0 && dispatcher.room() >= wanted {
+        let wake = match wanted {
+            0 => false,
+            LANE_ROOM => lane_worth_claiming || left == 0,
+            _ => dispatcher.room() >= wanted,
+        };
+        if wake {
             let _guard = dispatcher
                 .finished
                 .0
@@ -334,7 +345,7 @@ impl Dispatcher {
         self.wait_until(want, || self.room() >= want || stop.load(Ordering::Relaxed));
     }
 
-    /// Waits until `ready`, woken when a unit finishes with at least `want` room.
+    /// Waits until `ready`, woken when a unit finishes as `want` asks (see [`Self::wanted`]).
     fn wait_until(&self, want: usize, ready: impl Fn() -> bool) {
         let mut guard = self.finished.0.lock().unwrap_or_else(|e| e.into_inner());
         // Set under the lock: a finishing thread that sees it takes the lock to notify, so
@@ -358,8 +369,10 @@ impl Dispatcher {
             self.in_flight() == 0 || stop.load(Ordering::Relaxed) || self.slots().worth_claiming()
         };
         if !ready() {
-            // Any unit finishing wakes this waiter.
-            self.wait_until(1, ready);
+            // A unit finishing wakes this waiter only when it leaves a lane worth claiming
+            // for, or nothing in flight; a change of the domains is seen within the wait's
+            // poll.
+            self.wait_until(LANE_ROOM, ready);
         }
     }
 

@@ -63,6 +63,18 @@ impl Plan {
     }
 }
 
+/// A domain's queue when it sets none: [`QUEUE_PER_THREAD`] for each thread it can run on
+/// at once — a `MAX n` domain's n (within `default`'s `shared` threads), a `RESERVED n`
+/// domain's n and the `shared` threads it borrows — as the node's queue is per thread. A
+/// smaller queue makes its claims small, and their round trips the domain's cost.
+fn default_queue(domain: &Domain, shared: usize) -> usize {
+    let reach = match domain.mode {
+        DomainMode::Max => domain.threads.min(shared),
+        DomainMode::Reserved => domain.threads + shared,
+    };
+    QUEUE_PER_THREAD * reach.max(1)
+}
+
 /// What the node was started with.
 #[derive(Debug, Clone)]
 pub(crate) struct Base {
@@ -70,6 +82,8 @@ pub(crate) struct Base {
     pub(crate) queue: usize,
     pub(crate) task_timeout: Duration,
     pub(crate) commit_batch: usize,
+    /// Lock claims: a locked chunk never waits for a slot, so no lane has a queue.
+    pub(crate) lock: bool,
     pub(crate) domains: Vec<Domain>,
     pub(crate) registered: Vec<String>,
 }
@@ -144,6 +158,12 @@ impl DomainControl {
             })
             .collect();
         validate_domains(&holding, base.threads)?;
+        let reserved: usize = holding
+            .iter()
+            .filter(|d| d.mode == DomainMode::Reserved)
+            .map(|d| d.threads)
+            .sum();
+        let shared = base.threads.saturating_sub(reserved);
         let registered = |k: &String| base.registered.contains(k);
         let in_use: Vec<&Merged> = domains
             .iter()
@@ -157,24 +177,27 @@ impl DomainControl {
             name: DEFAULT_DOMAIN.to_owned(),
             mode: DomainMode::Max,
             threads: base.threads,
-            queue: default.queue.unwrap_or(base.queue),
+            queue: if base.lock {
+                0
+            } else {
+                default.queue.unwrap_or(base.queue)
+            },
             paused: default.paused,
             released: false,
             timeout_ms: millis(timeout(default.timeout)),
         }];
-        specs.extend(in_use.iter().map(|d| {
-            LaneSpec {
-                name: d.domain.name.clone(),
-                mode: d.domain.mode,
-                threads: d.domain.threads,
-                queue: d
-                    .domain
-                    .queue
-                    .unwrap_or(QUEUE_PER_THREAD * d.domain.threads.max(1)),
-                paused: d.paused || d.released,
-                released: d.released,
-                timeout_ms: millis(timeout(d.domain.timeout)),
-            }
+        specs.extend(in_use.iter().map(|d| LaneSpec {
+            name: d.domain.name.clone(),
+            mode: d.domain.mode,
+            threads: d.domain.threads,
+            queue: match (base.lock, d.domain.queue) {
+                (true, _) => 0,
+                (false, Some(queue)) => queue,
+                (false, None) => default_queue(&d.domain, shared),
+            },
+            paused: d.paused || d.released,
+            released: d.released,
+            timeout_ms: millis(timeout(d.domain.timeout)),
         }));
         let claimable = |k: &&String| registered(k) && !paused.contains(k);
         let listed: Vec<&String> = in_use.iter().flat_map(|d| &d.domain.keywords).collect();

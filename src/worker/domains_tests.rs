@@ -22,6 +22,7 @@ fn control(domains: Vec<Domain>) -> DomainControl {
         queue: 10,
         task_timeout: Duration::from_secs(60),
         commit_batch: 1,
+        lock: false,
         domains,
         registered: ["a", "b", "c", "d"].map(String::from).to_vec(),
     };

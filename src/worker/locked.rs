@@ -4,7 +4,8 @@
 //! The claiming thread opens a transaction per chunk, locks the chunk's rows
 //! (`FOR UPDATE SKIP LOCKED`) and hands the connection, transaction open, to a free pool
 //! thread (there is no queue: a chunk never waits with its locks held; when every thread
-//! is busy the claiming thread runs it itself). The chunk commits its handlers' effects and
+//! is busy the claiming thread runs it itself; with domains, a chunk is locked for a domain
+//! only when a thread it may take is free). The chunk commits its handlers' effects and
 //! its completion together. If anything fails, it rolls back, releasing the locks, and its
 //! tasks are claimed the stamping way and run one by one, as a failed chunk of stamped
 //! claims is.
@@ -15,6 +16,7 @@ use std::time::Instant;
 use super::claim::claimed_tasks;
 use super::config::Settings;
 use super::dispatch::Feed;
+use super::domains::PlanLane;
 use super::execute::ChunkRollback;
 use super::fairness::{participants, Took};
 use super::tally::{Outcome, Tally};
@@ -44,13 +46,14 @@ impl Worker {
         &'s self,
         feed: &Feed<'s>,
         tally: &'s Mutex<Tally>,
+        lane: &PlanLane,
         limit: usize,
     ) -> Result<usize> {
         self.ensure_heartbeat_fresh()?;
         let mut claimed = 0;
         while claimed < limit && !self.is_stopping() {
             let want = self.settings.commit_batch.min(limit - claimed);
-            let chunk = match self.lock_chunk(want) {
+            let chunk = match self.lock_chunk(lane, want) {
                 Ok(Some(chunk)) => chunk,
                 Ok(None) => break,
                 // What was locked is running: report it; the next claim meets the error.
@@ -64,8 +67,7 @@ impl Worker {
             let shared = participants(&chunk.tasks).len() >= 2;
             claimed += n;
             let record = self.recorder(n, tally);
-            // Lock claims run without domains: every chunk is default's.
-            self.dispatcher.submit(feed, 0, move || {
+            self.dispatcher.submit(feed, lane.lane, move || {
                 super::run::record_or_unwind(self, n as u64, || self.execute_locked(chunk), &record)
             });
             if n < want && !shared {
@@ -75,15 +77,15 @@ impl Worker {
         Ok(claimed)
     }
 
-    /// Opens a transaction and locks up to `want` due tasks in it; `None` when none is due.
-    fn lock_chunk(&self, want: usize) -> Result<Option<LockedChunk>> {
-        let plan = self.services.domains.plan();
-        let keywords = &plan.lanes[0].keywords;
+    /// Opens a transaction and locks up to `want` due tasks of `lane` in it; `None` when
+    /// none is due.
+    fn lock_chunk(&self, lane: &PlanLane, want: usize) -> Result<Option<LockedChunk>> {
+        let keywords = &lane.keywords;
         if keywords.is_empty() {
             return Ok(None);
         }
         let mut conn = self.pool.get().op("task lock")?;
-        let deadline = Instant::now() + self.settings.claim_timeout();
+        let deadline = Instant::now() + lane.timeout;
         driver(&mut conn)
             .transaction_begin()
             .discard_broken(&mut conn)

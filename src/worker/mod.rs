@@ -159,6 +159,7 @@ impl Worker {
                 queue: settings.queue,
                 task_timeout: settings.task_timeout,
                 commit_batch: settings.commit_batch,
+                lock: settings.lock,
                 domains: settings.domains.clone(),
                 registered: registry.keywords().map(str::to_owned).collect(),
             },

@@ -105,10 +105,10 @@ impl Worker {
             .settings
             .page_size
             .min(room * self.settings.commit_batch);
-        if self.settings.lock {
-            return Ok((self.refill_lock_style(feed, tally, limit)?, limit));
-        }
         let default = &plan.lanes[0];
+        if self.settings.lock {
+            return Ok((self.refill_lock_style(feed, tally, default, limit)?, limit));
+        }
         let page = self.claim_up_to(&default.keywords, limit, default.timeout)?;
         let claimed = page.len();
         self.submit_page(feed, page, tally);
@@ -116,8 +116,9 @@ impl Worker {
     }
 
     /// With domains: claims, lane by lane, as many of its tasks as it can start now or queue
-    /// ([`super::slots::Slots::room`]), and hands them to the pool. Returns how many it
-    /// claimed and the most it could have, the two equal when some lane's claim came back
+    /// ([`super::slots::Slots::room`]; under lock claims, as many chunks as it can start
+    /// now, [`super::slots::Slots::lock_room`]), and hands them to the pool. Returns how many
+    /// it claimed and the most it could have, the two equal when some lane's claim came back
     /// full (more may be due: claim again at once).
     fn refill_lanes<'s>(
         &'s self,
@@ -137,6 +138,12 @@ impl Worker {
         };
         let (mut claimed, mut limit, mut full) = (0, 0, false);
         for (lane, room) in rooms {
+            // Under lock claims the chunks locked for the lanes before count against this
+            // one's room: none of them waits for a slot with its locks held.
+            let room = match self.settings.lock {
+                true => self.dispatcher.slots().lock_room(lane.lane),
+                false => room,
+            };
             if room == 0 || lane.keywords.is_empty() {
                 continue;
             }
@@ -145,11 +152,20 @@ impl Worker {
                 .page_size
                 .min(room * self.settings.commit_batch);
             limit += n;
-            match self.claim_up_to(&lane.keywords, n, lane.timeout) {
-                Ok(page) => {
-                    claimed += page.len();
-                    full |= page.len() >= n;
-                    self.submit_page(feed, page, tally);
+            let took = if self.settings.lock {
+                self.refill_lock_style(feed, tally, lane, n)
+            } else {
+                self.claim_up_to(&lane.keywords, n, lane.timeout)
+                    .map(|page| {
+                        let took = page.len();
+                        self.submit_page(feed, page, tally);
+                        took
+                    })
+            };
+            match took {
+                Ok(took) => {
+                    claimed += took;
+                    full |= took >= n;
                 }
                 // What was claimed runs; the next claim meets the error.
                 Err(e) if claimed > 0 => {
@@ -172,26 +188,26 @@ impl Worker {
     /// Under lock claims: the tasks of tenants with a `max_running` claimed the stamping way
     /// (their limit counts `running` rows) and handed to the pool, and chunks locked for the
     /// rest of `limit`; which comes first alternates from claim to claim
-    /// ([`Worker::take_both_kinds`]). Returns how many tasks it took.
+    /// ([`Worker::take_both_kinds`]). All of `lane`'s keywords. Returns how many tasks it
+    /// took.
     fn refill_lock_style<'s>(
         &'s self,
         feed: &Feed<'s>,
         tally: &'s Mutex<Tally>,
+        lane: &PlanLane,
         limit: usize,
     ) -> Result<usize> {
         if self.services.limits.tenants().is_empty() {
-            return self.refill_locked(feed, tally, limit);
+            return self.refill_locked(feed, tally, lane, limit);
         }
-        let plan = self.services.domains.plan();
         self.take_both_kinds(limit, |limited, n| {
             if limited {
-                let default = &plan.lanes[0];
-                let page = self.claim_limited_up_to(&default.keywords, n, default.timeout)?;
+                let page = self.claim_limited_up_to(&lane.keywords, n, lane.timeout)?;
                 let stamped = page.len();
                 self.submit_page(feed, page, tally);
                 Ok(stamped)
             } else {
-                self.refill_locked(feed, tally, n)
+                self.refill_locked(feed, tally, lane, n)
             }
         })
     }
@@ -202,15 +218,15 @@ impl Worker {
     /// With lock claims ([`crate::ClaimStyle::Lock`]) the page is locked chunk by chunk, each
     /// chunk run in the transaction that holds its locks.
     pub fn run_once(&self) -> Result<Tally> {
-        if self.settings.lock {
+        let plan = self.services.domains.plan();
+        if self.settings.lock && !plan.has_domains() {
             let tally = Mutex::new(Tally::default());
             self.dispatcher.scope(|feed| {
-                self.refill_lock_style(feed, &tally, self.claim_limit())
+                self.refill_lock_style(feed, &tally, &plan.lanes[0], self.claim_limit())
                     .map(|_| ())
             })?;
             return Ok(tally.into_inner().unwrap_or_else(PoisonError::into_inner));
         }
-        let plan = self.services.domains.plan();
         if plan.has_domains() {
             let tally = Mutex::new(Tally::default());
             self.dispatcher

@@ -245,6 +245,27 @@ impl Slots {
         (self.startable(i) + lane.spec.queue).saturating_sub(lane.queued)
     }
 
+    /// Under lock claims (no queues): how many chunks lane `i` can start now with no wait,
+    /// counting every lane's chunks not yet started as taking a slot first.
+    pub(crate) fn lock_room(&self, i: usize) -> usize {
+        let lane = &self.lanes[i];
+        if lane.spec.paused || lane.spec.released {
+            return 0;
+        }
+        // Each chunk not yet started counted on a shared thread: at worst a chunk waits a
+        // moment for one of its lane's own.
+        let queued: usize = self.lanes.iter().map(|l| l.queued).sum();
+        let shared = self.shared_free().saturating_sub(queued);
+        match lane.spec.mode {
+            DomainMode::Max if i > 0 => lane
+                .spec
+                .threads
+                .saturating_sub(lane.running() + lane.queued)
+                .min(shared),
+            _ => Self::reserved(&lane.spec).saturating_sub(lane.own) + shared,
+        }
+    }
+
     /// [`Slots::room`] with nothing running or queued anywhere.
     fn capacity(&self, i: usize) -> usize {
         let lane = &self.lanes[i];
@@ -263,11 +284,15 @@ impl Slots {
         (0..self.lanes.len()).any(|i| self.worth_claiming_for(i))
     }
 
-    /// Whether lane `i` is not paused and has at least half its capacity free: a claim for
-    /// it takes a useful page, not a task or two.
+    /// Whether lane `i` is not paused and has at least half its capacity free (a claim for
+    /// it takes a useful page, not a task or two), or is a `RESERVED` lane with a reserved
+    /// thread free and nothing queued (its reserved threads never wait for the shared ones
+    /// to free up).
     pub(crate) fn worth_claiming_for(&self, i: usize) -> bool {
         let room = self.room(i);
-        room > 0 && room * 2 >= self.capacity(i)
+        let lane = &self.lanes[i];
+        let idle_own = i > 0 && lane.queued == 0 && lane.own < Self::reserved(&lane.spec);
+        room > 0 && (room * 2 >= self.capacity(i) || idle_own)
     }
 
     /// Tasks that can be in flight at most: every thread and every lane's queue.

@@ -151,3 +151,33 @@ fn claims_are_worth_making_once_a_lane_has_half_its_room() {
     slots.finish(0, Slot::Shared);
     assert!(slots.worth_claiming(), "2 of 4");
 }
+
+#[test]
+fn a_reserved_lane_with_its_own_thread_idle_is_worth_a_claim_whatever_the_shared_ones_do() {
+    // Queues of 0, as under lock claims: pay's capacity is its 2 threads and default's 4.
+    let mut slots = slots();
+    for _ in 0..4 {
+        assert_eq!(slots.start(0), Some(Slot::Shared));
+    }
+    assert_eq!(slots.start(1), Some(Slot::Own));
+    assert_eq!(slots.room(1), 1, "one reserved thread of 6 it could run on");
+    assert!(slots.worth_claiming_for(1), "pay's second thread idles");
+    slots.queued(1);
+    assert!(!slots.worth_claiming_for(1), "a task waits for it already");
+}
+
+#[test]
+fn lock_room_counts_other_lanes_chunks_not_yet_started() {
+    let mut slots = slots();
+    assert_eq!(slots.lock_room(0), 4);
+    assert_eq!(slots.lock_room(1), 6);
+    slots.queued(0);
+    slots.queued(0);
+    assert_eq!(slots.lock_room(0), 2);
+    assert_eq!(
+        slots.lock_room(1),
+        4,
+        "default's 2 chunks will take 2 shared threads"
+    );
+    assert_eq!(slots.lock_room(2), 1);
+}

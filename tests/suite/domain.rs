@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use outbox::domain::{Domain, NodeDomains};
 use outbox::{
-    enqueue_batch, Backend, ClaimStyle, Error, HandlerResult, NewTask, Registry, TaskContext,
-    TaskTx, Worker, WorkerConfig,
+    enqueue_batch, ClaimStyle, Error, HandlerResult, NewTask, Registry, TaskContext, TaskTx,
+    Worker, WorkerConfig,
 };
 
 use crate::{insert_ledger_row, TestDb};
@@ -95,37 +95,57 @@ fn published(db: &TestDb, worker: &Worker) -> NodeDomains {
     serde_json::from_str(&json).unwrap()
 }
 
-both_backends! {
-    fn a_max_domain_never_runs_more_than_its_limit(db: &TestDb) {
-        let spans = Spans::default();
-        let mut all = tasks("slow", 12);
-        all.extend(tasks("fast", 12));
-        enqueue_batch(&mut db.conn(), &all).unwrap();
-        let worker = Worker::new(
-            &db.url,
-            timed_registry(&["slow", "fast"], 20, &spans),
-            config(6).domain(Domain::max("slow", ["slow"], 2)),
-        )
-        .unwrap();
-        let report = worker.drain().unwrap();
-        assert_eq!(report.tally.done, 24);
-        let most = most_at_once(&spans, "slow");
-        assert!(most <= 2, "{most} of the MAX 2 domain's handlers ran at once");
-        assert!(most_at_once(&spans, "fast") <= 6);
-    }
+/// Lock claims (PostgreSQL, batched): chunks of 2 locked per domain, none queued.
+fn lock_config(threads: usize) -> WorkerConfig {
+    WorkerConfig::default()
+        .threads(threads)
+        .queue(0)
+        .page_size(50)
+        .commit_batch(2)
+        .claim_style(ClaimStyle::Lock)
+}
 
-    fn a_busy_domain_never_takes_capacity_from_a_reserved_one(db: &TestDb) {
-        // default's tasks hold every thread they may take until pay's tasks are done (or
-        // 10 s); pay's tasks come once they all run. Without pay's reserved thread they would
-        // wait for each other.
-        let paid: Arc<(Mutex<usize>, Condvar)> = Arc::default();
-        let waited_out = Arc::new(Mutex::new(0));
-        let slow_running = Arc::new(AtomicUsize::new(0));
-        let mut registry = Registry::new();
-        {
-            let (paid, waited_out) = (Arc::clone(&paid), Arc::clone(&waited_out));
-            let slow_running = Arc::clone(&slow_running);
-            registry.register("slow", move |_: &TaskContext, _: &mut TaskTx| -> HandlerResult {
+/// A `MAX 2` domain never runs more than 2 handlers at once, with `config`'s 6 threads.
+fn max_holds(db: &TestDb, config: WorkerConfig) -> ClaimStyle {
+    let spans = Spans::default();
+    let mut all = tasks("slow", 12);
+    all.extend(tasks("fast", 12));
+    enqueue_batch(&mut db.conn(), &all).unwrap();
+    let worker = Worker::new(
+        &db.url,
+        timed_registry(&["slow", "fast"], 20, &spans),
+        config.domain(Domain::max("slow", ["slow"], 2)),
+    )
+    .unwrap();
+    let report = worker.drain().unwrap();
+    assert_eq!(report.tally.done, 24);
+    let most = most_at_once(&spans, "slow");
+    assert!(
+        most <= 2,
+        "{most} of the MAX 2 domain's handlers ran at once"
+    );
+    assert!(most_at_once(&spans, "fast") <= 6);
+    worker.claim_style()
+}
+
+/// default's tasks hold every thread they may take until pay's tasks are done (or 10 s);
+/// pay's tasks come once they all run. Without pay's reserved thread they would wait for
+/// each other. `config` has 4 threads; pay's queue is `pay_queue`, or its default.
+fn reserved_isolates(db: &TestDb, config: WorkerConfig, pay_queue: Option<usize>) {
+    let mut pay = Domain::reserved("pay", ["pay"], 1);
+    if let Some(queue) = pay_queue {
+        pay = pay.queue(queue);
+    }
+    let paid: Arc<(Mutex<usize>, Condvar)> = Arc::default();
+    let waited_out = Arc::new(Mutex::new(0));
+    let slow_running = Arc::new(AtomicUsize::new(0));
+    let mut registry = Registry::new();
+    {
+        let (paid, waited_out) = (Arc::clone(&paid), Arc::clone(&waited_out));
+        let slow_running = Arc::clone(&slow_running);
+        registry.register(
+            "slow",
+            move |_: &TaskContext, _: &mut TaskTx| -> HandlerResult {
                 slow_running.fetch_add(1, Ordering::SeqCst);
                 let (count, changed) = &*paid;
                 let guard = count.lock().unwrap();
@@ -136,41 +156,62 @@ both_backends! {
                     *waited_out.lock().unwrap() += 1;
                 }
                 Ok(())
-            });
-        }
-        {
-            let paid = Arc::clone(&paid);
-            registry.register("pay", move |_: &TaskContext, _: &mut TaskTx| -> HandlerResult {
+            },
+        );
+    }
+    {
+        let paid = Arc::clone(&paid);
+        registry.register(
+            "pay",
+            move |_: &TaskContext, _: &mut TaskTx| -> HandlerResult {
                 let (count, changed) = &*paid;
                 *count.lock().unwrap() += 1;
                 changed.notify_all();
                 Ok(())
-            });
-        }
-        let worker = Worker::new(
-            &db.url,
-            registry,
-            config(4)
-                .poll_interval(Duration::from_millis(20))
-                .listen(false)
-                .domain(Domain::reserved("pay", ["pay"], 1)),
-        )
-        .unwrap();
-        enqueue_batch(&mut db.conn(), &tasks("slow", 8)).unwrap();
-        std::thread::scope(|s| {
-            let run = s.spawn(|| worker.run().unwrap());
-            assert!(wait_for(|| slow_running.load(Ordering::SeqCst) >= 3), "default's tasks did not start");
-            enqueue_batch(&mut db.conn(), &tasks("pay", 3)).unwrap();
-            let done = wait_for(|| db.count("SELECT count(*) FROM async_task WHERE state = 'done'") == 11);
-            worker.stop_flag().store(true, Ordering::SeqCst);
-            run.join().unwrap();
-            assert!(done, "not every task was done");
-        });
-        assert_eq!(
-            *waited_out.lock().unwrap(),
-            0,
-            "pay's tasks waited behind default's: its reserved thread was taken"
+            },
         );
+    }
+    let worker = Worker::new(
+        &db.url,
+        registry,
+        config
+            .poll_interval(Duration::from_millis(20))
+            .listen(false)
+            .domain(pay),
+    )
+    .unwrap();
+    enqueue_batch(&mut db.conn(), &tasks("slow", 8)).unwrap();
+    std::thread::scope(|s| {
+        let run = s.spawn(|| worker.run().unwrap());
+        assert!(
+            wait_for(|| slow_running.load(Ordering::SeqCst) >= 3),
+            "default's tasks did not start"
+        );
+        enqueue_batch(&mut db.conn(), &tasks("pay", 3)).unwrap();
+        let done =
+            wait_for(|| db.count("SELECT count(*) FROM async_task WHERE state = 'done'") == 11);
+        worker.stop_flag().store(true, Ordering::SeqCst);
+        run.join().unwrap();
+        assert!(done, "not every task was done");
+    });
+    assert_eq!(
+        *waited_out.lock().unwrap(),
+        0,
+        "pay's tasks waited behind default's: its reserved thread was taken"
+    );
+}
+
+both_backends! {
+    fn a_max_domain_never_runs_more_than_its_limit(db: &TestDb) {
+        assert_eq!(max_holds(db, config(6)), ClaimStyle::Stamp);
+    }
+
+    fn a_busy_domain_never_takes_capacity_from_a_reserved_one(db: &TestDb) {
+        reserved_isolates(db, config(4), None);
+    }
+
+    fn a_reserved_domain_without_a_queue_keeps_its_thread_busy(db: &TestDb) {
+        reserved_isolates(db, config(4), Some(0));
     }
 
     fn a_reserved_domain_borrows_free_threads_of_default(db: &TestDb) {
@@ -321,13 +362,6 @@ both_backends! {
         assert!(total.contains("\"two\"") && total.contains("RESERVED threads to 4 of the node's 4"), "{total}");
         let max = refused(config(4).domain(Domain::max("one", ["a"], 5)));
         assert!(max.contains("MAX 5 is over the node's 4 threads"), "{max}");
-        if db.backend() == Backend::Postgres {
-            let lock = refused(
-                config(4).queue(0).commit_batch(4).claim_style(ClaimStyle::Lock)
-                    .domain(Domain::max("one", ["a"], 1)),
-            );
-            assert!(lock.contains("must be stamp with domains"), "{lock}");
-        }
         assert!(matches!(
             Worker::new(&db.url, registry(), config(4).domain(Domain::max("default", ["a"], 1))),
             Err(Error::InvalidDomain { .. })
@@ -368,6 +402,66 @@ fn a_timed_out_handler_waiting_on_postgresql_is_cancelled() {
     let task = db.task(db.count("SELECT id FROM async_task"));
     assert_eq!((task.state.as_str(), task.failures), ("pending", 1));
     assert_eq!(db.count("SELECT count(*) FROM test_ledger"), 0);
+    let node = published(db, &worker);
+    assert_eq!((node.domains[1].running, node.domains[1].stuck), (0, 0));
+}
+
+/// Lock claims keep a `MAX` domain within its limit: each chunk is locked for its domain and
+/// starts on one of its slots.
+#[test]
+fn lock_claims_keep_a_max_domain_within_its_limit() {
+    let db = &TestDb::postgres();
+    assert_eq!(max_holds(db, lock_config(6)), ClaimStyle::Lock);
+}
+
+/// Lock claims keep a `RESERVED` domain's thread for it.
+#[test]
+fn lock_claims_keep_a_reserved_domains_thread_for_it() {
+    reserved_isolates(&TestDb::postgres(), lock_config(4), None);
+}
+
+/// Under lock claims a handler past its domain's timeout has its chunk's transaction
+/// cancelled; the chunk's tasks run again one by one under stamp claims, where the timeout
+/// charges the task a failure.
+#[test]
+fn lock_claims_charge_a_handler_past_its_domains_timeout() {
+    let db = &TestDb::postgres();
+    enqueue_batch(&mut db.conn(), &tasks("sleepy", 1)).unwrap();
+    enqueue_batch(&mut db.conn(), &tasks("quick", 1)).unwrap();
+    let mut registry = crate::ledger_registry("quick");
+    registry.register(
+        "sleepy",
+        |t: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
+            use diesel::RunQueryDsl;
+            insert_ledger_row(t, tx.conn()?)?;
+            diesel::sql_query("SELECT pg_sleep(60)").execute(tx.conn()?)?;
+            Ok(())
+        },
+    );
+    let worker = Worker::new(
+        &db.url,
+        registry,
+        lock_config(2).domain(
+            Domain::max("sleepy", ["sleepy", "quick"], 1).timeout(Duration::from_millis(300)),
+        ),
+    )
+    .unwrap();
+    assert_eq!(worker.claim_style(), ClaimStyle::Lock);
+    let started = Instant::now();
+    let report = worker.drain().unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "pg_sleep was not cancelled"
+    );
+    assert_eq!(report.tally.done, 1, "{report:?}");
+    let sleepy = db.task(db.count("SELECT id FROM async_task WHERE keyword = 'sleepy'"));
+    assert_eq!((sleepy.state.as_str(), sleepy.failures), ("pending", 1));
+    assert!(sleepy.last_error.unwrap_or_default().contains("timed out"));
+    assert_eq!(
+        db.count("SELECT count(*) FROM test_ledger"),
+        1,
+        "the quick task's effect is there, the sleepy one's rolled back"
+    );
     let node = published(db, &worker);
     assert_eq!((node.domains[1].running, node.domains[1].stuck), (0, 0));
 }
