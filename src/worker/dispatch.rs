@@ -362,7 +362,7 @@ impl Dispatcher {
         self.wanted.store(0, Ordering::Release);
     }
 
-    /// Waits until some lane has at least half its room free ([`Slots::worth_claiming`]),
+    /// Waits until some lane is worth a claim ([`Slots::worth_claiming`]),
     /// nothing is in flight, or `stop` is set: with several domains, the claim's trigger.
     pub(crate) fn wait_for_lane_room(&self, stop: &AtomicBool) {
         let ready = || {

@@ -140,16 +140,16 @@ fn a_lane_no_longer_configured_is_paused_and_new_ones_are_added() {
 }
 
 #[test]
-fn claims_are_worth_making_once_a_lane_has_half_its_room() {
-    let mut slots = Slots::new(2, 2, 1000);
+fn claims_are_worth_making_once_a_lane_has_two_thirds_of_its_room() {
+    let mut slots = Slots::new(2, 4, 1000);
     assert!(slots.worth_claiming());
     for _ in 0..3 {
         slots.queued(0);
     }
-    assert!(!slots.worth_claiming(), "1 of 4");
+    assert!(!slots.worth_claiming(), "3 of 6");
     assert_eq!(slots.start(0), Some(Slot::Shared));
     slots.finish(0, Slot::Shared);
-    assert!(slots.worth_claiming(), "2 of 4");
+    assert!(slots.worth_claiming(), "4 of 6");
 }
 
 #[test]
