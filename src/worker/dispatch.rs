@@ -362,8 +362,8 @@ impl Dispatcher {
         self.wanted.store(0, Ordering::Release);
     }
 
-    /// Waits until some lane is worth a claim ([`Slots::worth_claiming`]),
-    /// nothing is in flight, or `stop` is set: with several domains, the claim's trigger.
+    /// Waits until some lane is worth a claim ([`Slots::worth_claiming`]), nothing is in
+    /// flight, or `stop` is set: with several domains, the claim's trigger.
     pub(crate) fn wait_for_lane_room(&self, stop: &AtomicBool) {
         let ready = || {
             self.in_flight() == 0 || stop.load(Ordering::Relaxed) || self.slots().worth_claiming()

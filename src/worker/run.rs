@@ -126,8 +126,9 @@ impl Worker {
         tally: &'s Mutex<Tally>,
         plan: &Plan,
     ) -> Result<(usize, usize)> {
-        // Only the lanes worth a claim (two thirds of their room free): one statement per domain per
-        // claim costs a round trip each, so a lane with a task or two of room waits for more.
+        // Only the lanes worth a claim (two thirds of their room free): one statement per
+        // domain per claim costs a round trip each, so a lane with a task or two of room
+        // waits for more.
         let rooms: Vec<(&PlanLane, usize)> = {
             let slots = self.dispatcher.slots();
             plan.lanes
