@@ -61,6 +61,10 @@ pub(super) struct BenchArgs {
     /// With --tenants: give each tenant this `max_running` (claimed apart, within it).
     #[arg(long, requires = "tenants")]
     max_running: Option<i32>,
+    /// With --tenants: give each tenant this `max_queued` (checked at each enqueue; the
+    /// enqueue's rate is `enqueue_per_s`).
+    #[arg(long, requires = "tenants")]
+    max_queued: Option<i32>,
     /// Spread the tasks over this many keywords (`bench.noop`, `bench.noop.1`, …) in turn.
     #[arg(long, default_value_t = 1)]
     keywords: usize,
@@ -155,6 +159,7 @@ pub(super) fn run(url: &DatabaseUrl, args: BenchArgs) -> anyhow::Result<()> {
             open_tx: args.open_tx,
             tenants: args.tenants,
             max_running: args.max_running,
+            max_queued: args.max_queued,
             keywords: args.keywords,
             domains: args.domains,
         };

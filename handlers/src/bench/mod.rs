@@ -74,6 +74,8 @@ pub struct DrainBench {
     /// Each tenant's `max_running` (a row of `async_tenant` each); none: the tenants have
     /// no row.
     pub max_running: Option<i32>,
+    /// Each tenant's `max_queued` (a row of `async_tenant` each): the enqueue checks it.
+    pub max_queued: Option<i32>,
     /// Keywords the tasks are spread over in turn (at least 1; see [`keyword`]).
     pub keywords: usize,
     /// Domains configured, one per keyword after the first: odd ones RESERVED 1, even ones
@@ -150,10 +152,15 @@ pub fn drain_bench(url: &DatabaseUrl, bench: &DrainBench) -> anyhow::Result<Drai
     };
     conn.batch_execute(empty)?;
     conn.batch_execute("DELETE FROM async_tenant")?;
-    if let Some(limit) = bench.max_running {
-        anyhow::ensure!(bench.tenants > 0, "--max-running needs --tenants");
+    if bench.max_running.is_some() || bench.max_queued.is_some() {
+        anyhow::ensure!(
+            bench.tenants > 0,
+            "--max-running and --max-queued need --tenants"
+        );
         for t in 0..bench.tenants {
-            let limits = outbox::TenantLimits::default().max_running(Some(limit));
+            let limits = outbox::TenantLimits::default()
+                .max_running(bench.max_running)
+                .max_queued(bench.max_queued);
             outbox::set_tenant(&mut conn, &format!("t{t}"), &limits, "bench")?;
         }
     }
