@@ -370,13 +370,8 @@ both_backends! {
     }
 }
 
-/// On PostgreSQL the watchdog cancels the statement the timed-out handler waits on: the
-/// handler's transaction rolls back at once, and its slot is free again.
-#[test]
-fn a_timed_out_handler_waiting_on_postgresql_is_cancelled() {
-    let db = &TestDb::postgres();
-    enqueue_batch(&mut db.conn(), &tasks("sleepy", 1)).unwrap();
-    let mut registry = Registry::new();
+/// Registers `sleepy`: writes its ledger row, then waits in `pg_sleep(60)` (PostgreSQL).
+fn register_sleepy(registry: &mut Registry) {
     registry.register(
         "sleepy",
         |t: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
@@ -386,6 +381,16 @@ fn a_timed_out_handler_waiting_on_postgresql_is_cancelled() {
             Ok(())
         },
     );
+}
+
+/// On PostgreSQL the watchdog cancels the statement the timed-out handler waits on: the
+/// handler's transaction rolls back at once, and its slot is free again.
+#[test]
+fn a_timed_out_handler_waiting_on_postgresql_is_cancelled() {
+    let db = &TestDb::postgres();
+    enqueue_batch(&mut db.conn(), &tasks("sleepy", 1)).unwrap();
+    let mut registry = Registry::new();
+    register_sleepy(&mut registry);
     let worker = Worker::new(
         &db.url,
         registry,
@@ -429,15 +434,7 @@ fn lock_claims_charge_a_handler_past_its_domains_timeout() {
     enqueue_batch(&mut db.conn(), &tasks("sleepy", 1)).unwrap();
     enqueue_batch(&mut db.conn(), &tasks("quick", 1)).unwrap();
     let mut registry = crate::ledger_registry("quick");
-    registry.register(
-        "sleepy",
-        |t: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
-            use diesel::RunQueryDsl;
-            insert_ledger_row(t, tx.conn()?)?;
-            diesel::sql_query("SELECT pg_sleep(60)").execute(tx.conn()?)?;
-            Ok(())
-        },
-    );
+    register_sleepy(&mut registry);
     let worker = Worker::new(
         &db.url,
         registry,
