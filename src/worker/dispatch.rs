@@ -166,12 +166,10 @@ impl<'j> Feed<'j> {
             let mut slot = self.panic.lock().unwrap_or_else(|e| e.into_inner());
             slot.get_or_insert(panic);
         }
-        let mut lane_worth_claiming = false;
         if let Some(slot) = slot {
             let several_lanes = {
                 let mut slots = dispatcher.slots();
                 slots.finish(lane, slot);
-                lane_worth_claiming = slots.len() > 1 && slots.worth_claiming();
                 slots.len() > 1
             };
             // A freed slot may let another lane's queued job start. Under the queues' lock,
@@ -183,9 +181,11 @@ impl<'j> Feed<'j> {
         }
         let left = dispatcher.in_flight.fetch_sub(1, Ordering::SeqCst) - 1;
         let wanted = dispatcher.wanted.load(Ordering::SeqCst);
+        // The lanes are looked at only while the claiming thread waits for one (after this
+        // task's slot was given back, so the look sees it).
         let wake = match wanted {
             0 => false,
-            LANE_ROOM => lane_worth_claiming || left == 0,
+            LANE_ROOM => left == 0 || dispatcher.slots().worth_claiming(),
             _ => dispatcher.room() >= wanted,
         };
         if wake {

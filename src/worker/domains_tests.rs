@@ -17,12 +17,16 @@ fn row(name: &str) -> DomainRow {
 }
 
 fn control(domains: Vec<Domain>) -> DomainControl {
+    control_with(domains, false)
+}
+
+fn control_with(domains: Vec<Domain>, lock: bool) -> DomainControl {
     let base = Base {
         threads: 6,
         queue: 10,
         task_timeout: Duration::from_secs(60),
         commit_batch: 1,
-        lock: false,
+        lock,
         domains,
         registered: ["a", "b", "c", "d"].map(String::from).to_vec(),
     };
@@ -120,4 +124,26 @@ fn a_released_domain_gives_its_threads_to_default_and_claims_nothing() {
     assert_eq!(published.domains[0].threads, 6);
     assert_eq!(published.domains[1].reserved, 0);
     assert!(control.plan().lanes[1].keywords.is_empty());
+}
+
+#[test]
+fn a_domains_default_queue_is_8_per_thread_it_can_run_on_and_none_under_lock_claims() {
+    // 6 threads: pay RESERVED 1 leaves default 5, which pay may borrow and mail MAX 2 runs on.
+    let domains = || {
+        vec![
+            Domain::reserved("pay", ["b"], 1),
+            Domain::max("mail", ["c"], 2),
+            Domain::max("sms", ["d"], 1).queue(3),
+        ]
+    };
+    let queues = |control: &DomainControl| -> Vec<usize> {
+        let plan = control.plan();
+        let slots = control.lanes.lock();
+        plan.lanes
+            .iter()
+            .map(|l| slots.spec(l.lane).queue)
+            .collect()
+    };
+    assert_eq!(queues(&control_with(domains(), false)), [10, 48, 16, 3]);
+    assert_eq!(queues(&control_with(domains(), true)), [0, 0, 0, 0]);
 }
