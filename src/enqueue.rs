@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use crate::db::DbConnection;
 use crate::driver::{driver, Driver, InsertRow, TaskKey};
 use crate::error::{Error, OpContext, Result};
-use crate::task::{NewTask, DEFAULT_MAX_PAYLOAD_BYTES};
+use crate::task::{NewTask, Parent, DEFAULT_MAX_PAYLOAD_BYTES};
 
 /// A connection `enqueue` accepts: the caller's own `PgConnection`, `SqliteConnection`, or
 /// [`DbConnection`] (a pooled one dereferences to it). Sealed: the engine's SQL is written
@@ -177,71 +177,187 @@ impl EnqueueOptions {
                 ms: i64::try_from(task.delay.as_millis()).unwrap_or(i64::MAX),
             });
         }
-        // Rows of several tenants are inserted tenant by tenant (in each, in the batch's
-        // order): the quota check locks each limited tenant in turn, and two producers that
-        // took the same tenants' locks in opposite orders would deadlock.
-        if rows.windows(2).any(|w| w[0].t != w[1].t) {
-            rows.sort_by(|a, b| a.t.cmp(&b.t));
+        // Tenants' quota locks are taken in one order by the statement trigger
+        // (migration 000009), so rows keep the batch's order: a parent named by key comes
+        // before its child in the batch, and so gets the smaller id the chain requires.
+        if tasks.iter().all(|t| t.parents.is_empty()) {
+            return insert(driver, tasks, &rows);
         }
-        let created = match driver.task_insert_many(&rows) {
-            Ok(created) => created,
-            Err(e) => {
-                let mut tenants: Vec<(String, i64)> = Vec::new();
-                for tenant in tasks.iter().filter_map(|t| t.tenant.as_deref()) {
-                    match tenants.iter_mut().find(|(t, _)| t == tenant) {
-                        Some((_, n)) => *n += 1,
-                        None => tenants.push((tenant.to_owned(), 1)),
-                    }
-                }
-                let quota = crate::tenant::quota_exceeded(driver, &e, &tenants);
-                return Err(quota.unwrap_or(Error::Database {
-                    operation: "task enqueue",
-                    source: e,
-                }));
+        // Children: the tasks and their links all or nothing, so that a parent that does
+        // not exist leaves nothing written.
+        let mut outcome = None;
+        let done = driver.atomically(&mut |d| {
+            let linked = insert(d, tasks, &rows).and_then(|r| link(d, tasks, &r).map(|()| r));
+            let rollback = linked.is_err();
+            outcome = Some(linked);
+            if rollback {
+                Err(diesel::result::Error::RollbackTransaction)
+            } else {
+                Ok(())
             }
-        };
-
-        let mut created_ids = key_map(&created);
-        let mut results = Vec::with_capacity(tasks.len());
-        let mut missing = Vec::new();
-        for (index, task) in tasks.iter().enumerate() {
-            match created_ids.remove(&(task.keyword.as_str(), task.biz_id.as_str())) {
-                Some(id) => results.push(Some(Enqueued { id, created: true })),
-                None => {
-                    results.push(None);
-                    missing.push(index);
-                }
-            }
+        });
+        match outcome {
+            Some(Err(e)) => Err(e),
+            Some(Ok(results)) => done.op("task enqueue").map(|()| results),
+            None => Err(done.op("task enqueue").expect_err("atomically ran nothing")),
         }
-        if !missing.is_empty() {
-            let keys: Vec<serde_json::Value> = missing
-                .iter()
-                .map(|&i| serde_json::json!({"k": tasks[i].keyword, "b": tasks[i].biz_id}))
-                .collect();
-            let keys_json = serde_json::Value::Array(keys).to_string();
-            let existing = driver
-                .task_find_many(&keys_json)
-                .op("task enqueue (duplicate lookup)")?;
-            let existing = key_map(&existing);
-            for index in missing {
-                let task = &tasks[index];
-                let id = existing
-                    .get(&(task.keyword.as_str(), task.biz_id.as_str()))
-                    .copied()
-                    // A duplicate inserted by a transaction this one cannot see (a
-                    // REPEATABLE READ snapshot taken before it committed).
-                    .ok_or(Error::Database {
-                        operation: "task enqueue (duplicate lookup)",
-                        source: diesel::result::Error::NotFound,
-                    })?;
-                results[index] = Some(Enqueued { id, created: false });
-            }
-        }
-        Ok(results
-            .into_iter()
-            .map(|r| r.expect("every task resolved"))
-            .collect())
     }
+}
+
+/// Inserts `rows` (the validated `tasks`, in order) and resolves every task's id.
+fn insert(
+    driver: &mut dyn Driver,
+    tasks: &[NewTask],
+    rows: &[InsertRow<'_>],
+) -> Result<Vec<Enqueued>> {
+    let created = match driver.task_insert_many(rows) {
+        Ok(created) => created,
+        Err(e) => {
+            let mut tenants: Vec<(String, i64)> = Vec::new();
+            for tenant in tasks.iter().filter_map(|t| t.tenant.as_deref()) {
+                match tenants.iter_mut().find(|(t, _)| t == tenant) {
+                    Some((_, n)) => *n += 1,
+                    None => tenants.push((tenant.to_owned(), 1)),
+                }
+            }
+            let quota = crate::tenant::quota_exceeded(driver, &e, &tenants);
+            return Err(quota.unwrap_or(Error::Database {
+                operation: "task enqueue",
+                source: e,
+            }));
+        }
+    };
+
+    let mut created_ids = key_map(&created);
+    let mut results = Vec::with_capacity(tasks.len());
+    let mut missing = Vec::new();
+    for (index, task) in tasks.iter().enumerate() {
+        match created_ids.remove(&(task.keyword.as_str(), task.biz_id.as_str())) {
+            Some(id) => results.push(Some(Enqueued { id, created: true })),
+            None => {
+                results.push(None);
+                missing.push(index);
+            }
+        }
+    }
+    if !missing.is_empty() {
+        let keys: Vec<(&str, &str)> = missing
+            .iter()
+            .map(|&i| (tasks[i].keyword.as_str(), tasks[i].biz_id.as_str()))
+            .collect();
+        let existing = find(driver, &keys).op("task enqueue (duplicate lookup)")?;
+        for index in missing {
+            let task = &tasks[index];
+            let id = existing
+                .get(&(task.keyword.clone(), task.biz_id.clone()))
+                .copied()
+                // A duplicate inserted by a transaction this one cannot see (a
+                // REPEATABLE READ snapshot taken before it committed).
+                .ok_or(Error::Database {
+                    operation: "task enqueue (duplicate lookup)",
+                    source: diesel::result::Error::NotFound,
+                })?;
+            results[index] = Some(Enqueued { id, created: false });
+        }
+    }
+    Ok(results
+        .into_iter()
+        .map(|r| r.expect("every task resolved"))
+        .collect())
+}
+
+/// The ids of the existing tasks among `keys`.
+fn find(
+    driver: &mut dyn Driver,
+    keys: &[(&str, &str)],
+) -> diesel::QueryResult<HashMap<(String, String), i64>> {
+    let keys: Vec<serde_json::Value> = keys
+        .iter()
+        .map(|(k, b)| serde_json::json!({"k": k, "b": b}))
+        .collect();
+    let found = driver.task_find_many(&serde_json::Value::Array(keys).to_string())?;
+    Ok(found
+        .into_iter()
+        .map(|k| ((k.keyword, k.biz_id), k.id))
+        .collect())
+}
+
+/// Links each task this enqueue created to its parents (a duplicate keeps the parents it
+/// was created with): a parent named by key is looked up in the batch first, then in the
+/// table; each must exist and be older than its child.
+fn link(driver: &mut dyn Driver, tasks: &[NewTask], results: &[Enqueued]) -> Result<()> {
+    let in_batch: HashMap<(&str, &str), i64> = tasks
+        .iter()
+        .zip(results)
+        .map(|(t, r)| ((t.keyword.as_str(), t.biz_id.as_str()), r.id))
+        .collect();
+    let outside: Vec<(&str, &str)> = tasks
+        .iter()
+        .zip(results)
+        .filter(|(_, r)| r.created)
+        .flat_map(|(t, _)| &t.parents)
+        .filter_map(|p| match p {
+            Parent::Key(k, b) if !in_batch.contains_key(&(k.as_str(), b.as_str())) => {
+                Some((k.as_str(), b.as_str()))
+            }
+            _ => None,
+        })
+        .collect();
+    let found = if outside.is_empty() {
+        HashMap::new()
+    } else {
+        find(driver, &outside).op("task enqueue (parent lookup)")?
+    };
+    let mut checked: HashMap<i64, bool> = HashMap::new();
+    let mut links = Vec::new();
+    for (task, result) in tasks.iter().zip(results).filter(|(_, r)| r.created) {
+        let invalid = |reason: String| Error::InvalidTask {
+            keyword: task.keyword.clone(),
+            biz_id: task.biz_id.clone(),
+            reason,
+        };
+        for parent in &task.parents {
+            let id = match parent {
+                Parent::Id(id) => {
+                    let exists = match checked.get(id) {
+                        Some(exists) => *exists,
+                        None => {
+                            let exists = driver
+                                .task_get_claim(*id)
+                                .op("task enqueue (parent lookup)")?
+                                .is_some();
+                            checked.insert(*id, exists);
+                            exists
+                        }
+                    };
+                    if !exists {
+                        return Err(invalid(format!("its parent task {id} does not exist")));
+                    }
+                    *id
+                }
+                Parent::Key(k, b) => in_batch
+                    .get(&(k.as_str(), b.as_str()))
+                    .or_else(|| found.get(&(k.clone(), b.clone())))
+                    .copied()
+                    .ok_or_else(|| invalid(format!("its parent ({k}, {b}) does not exist")))?,
+            };
+            if id >= result.id {
+                return Err(invalid(format!(
+                    "its parent task {id} is not older than it (task {}): a parent is \
+                     enqueued before its children",
+                    result.id
+                )));
+            }
+            links.push((result.id, id));
+        }
+    }
+    if links.is_empty() {
+        return Ok(());
+    }
+    driver
+        .task_link_parents(&links)
+        .op("task enqueue (parent link)")?;
+    Ok(())
 }
 
 fn key_map(keys: &[TaskKey]) -> HashMap<(&str, &str), i64> {

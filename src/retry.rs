@@ -20,23 +20,16 @@ pub struct Retried {
 
 /// Puts the dead or cancelled task `id` back to `pending`, due now, with its failures reset
 /// to 0 (its `last_error` is kept until its next failure), in the caller's transaction. A
+/// task with a parent that is not `done` goes back to `blocked` instead, until that parent is
+/// done: retry the parent too when it is dead or cancelled (retrying a parent does not bring
+/// back the children it cancelled). A
 /// task in any other state is left as it is. The tenant's `max_queued` is not checked (it is
 /// checked when a task is inserted).
 ///
 /// Fails with [`Error::TaskNotFound`] when there is no such task.
 pub fn retry<C: EnqueueConnection + ?Sized>(conn: &mut C, id: i64) -> Result<Retried> {
     let driver = conn.driver();
-    if driver.task_retry(id).op("task retry")? == 1 {
-        return Ok(Retried {
-            id,
-            retried: true,
-            state: TaskState::Pending,
-        });
-    }
+    let retried = driver.task_retry(id).op("task retry")? == 1;
     let state = state_of(driver, id, "task retry", || id.to_string())?;
-    Ok(Retried {
-        id,
-        retried: false,
-        state,
-    })
+    Ok(Retried { id, retried, state })
 }

@@ -4,7 +4,9 @@ use std::time::Duration;
 
 use clap::Args;
 
+use crate::cancel::state_of;
 use crate::db::DatabaseUrl;
+use crate::driver::driver;
 use crate::enqueue::enqueue;
 use crate::migrate::ensure_migrated;
 use crate::task::NewTask;
@@ -31,6 +33,10 @@ pub struct EnqueueArgs {
     /// Attempts before the task is dead [default: the worker's].
     #[arg(long)]
     max_attempts: Option<i32>,
+    /// Make the task a child of task ID: it waits (blocked) until ID is done, and is
+    /// cancelled if ID ends dead or cancelled. Repeat for a task with several parents.
+    #[arg(long = "after", value_name = "ID")]
+    after: Vec<i64>,
     /// Print the result as one JSON object.
     #[arg(long)]
     json: bool,
@@ -47,6 +53,9 @@ pub(super) fn run(url: &DatabaseUrl, args: EnqueueArgs) -> crate::Result<()> {
     if let Some(max) = args.max_attempts {
         task = task.max_attempts(max);
     }
+    for parent in &args.after {
+        task = task.after(*parent);
+    }
     // Validate before connecting: bad input is reported as such even when the database is
     // down, and nothing is written. The payload's size depends on the backend's stored form:
     // the enqueue measures it.
@@ -55,17 +64,21 @@ pub(super) fn run(url: &DatabaseUrl, args: EnqueueArgs) -> crate::Result<()> {
     let mut conn = url.connect()?;
     ensure_migrated(&mut conn)?;
     let result = enqueue(&mut conn, &task)?;
+    let state = state_of(driver(&mut conn), result.id, "task enqueue", || {
+        result.id.to_string()
+    })?;
     if args.json {
         println!(
             "{}",
-            serde_json::json!({"id": result.id, "created": result.created, "keyword": task.keyword(), "biz_id": task.biz_id()})
+            serde_json::json!({"id": result.id, "created": result.created, "state": state.as_str(), "keyword": task.keyword(), "biz_id": task.biz_id()})
         );
     } else if result.created {
         println!(
-            "created task {} ({} {})",
+            "created task {} ({} {}), {}",
             result.id,
             task.keyword(),
-            task.biz_id()
+            task.biz_id(),
+            state.as_str()
         );
     } else {
         println!(

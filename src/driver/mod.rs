@@ -63,6 +63,18 @@ pub trait Driver {
     /// returns the keys of the rows it created. All or nothing.
     fn task_insert_many(&mut self, rows: &[InsertRow<'_>]) -> QueryResult<Vec<TaskKey>>;
 
+    /// Runs `f` all or nothing: in a savepoint inside the open transaction, or in a
+    /// transaction of its own (`BEGIN IMMEDIATE` on SQLite) when none is open.
+    fn atomically(
+        &mut self,
+        f: &mut dyn FnMut(&mut dyn Driver) -> QueryResult<()>,
+    ) -> QueryResult<()>;
+
+    /// Links each `(child, parent)` of `links` in `async_task_parent`, whose trigger blocks
+    /// the child on an unfinished parent, or cancels it with a dead or cancelled one (README,
+    /// "Chains"); returns the links inserted.
+    fn task_link_parents(&mut self, links: &[(i64, i64)]) -> QueryResult<usize>;
+
     /// The ids of the existing tasks among `keys` (a JSON array of `{"k":…, "b":…}`).
     fn task_find_many(&mut self, keys_json: &str) -> QueryResult<Vec<TaskKey>>;
 
@@ -177,7 +189,8 @@ pub trait Driver {
     fn task_cancel_matching(&mut self, filter: &TaskFilter<'_>, dry_run: bool) -> QueryResult<i64>;
 
     /// Puts the task `id` back to pending, due now with no failure counted, if it is dead or
-    /// cancelled; returns the rows touched, 0 or 1.
+    /// cancelled (to `blocked` instead while one of its parents is not done, its parents
+    /// locked first so that none completes unseen); returns the rows touched, 0 or 1.
     fn task_retry(&mut self, id: i64) -> QueryResult<usize>;
 
     /// Writes one row of `async_audit`.

@@ -3,6 +3,7 @@
 mod new;
 
 pub use new::NewTask;
+pub(crate) use new::Parent;
 
 use std::fmt;
 use std::str::FromStr;

@@ -27,6 +27,14 @@ pub struct NewTask {
     pub(crate) priority: i16,
     pub(crate) max_attempts: Option<i32>,
     pub(crate) delay: Duration,
+    pub(crate) parents: Vec<Parent>,
+}
+
+/// A parent a task waits for: by id, or by its `(keyword, biz_id)`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Parent {
+    Id(i64),
+    Key(String, String),
 }
 
 impl NewTask {
@@ -41,6 +49,7 @@ impl NewTask {
             priority: 0,
             max_attempts: None,
             delay: Duration::ZERO,
+            parents: Vec::new(),
         }
     }
 
@@ -78,6 +87,48 @@ impl NewTask {
     /// Makes the task due `delay` after the enqueue, by the database clock.
     pub fn delay(mut self, delay: Duration) -> Self {
         self.delay = delay;
+        self
+    }
+
+    /// Makes the task a child of the task `parent_id`: it is enqueued `blocked` and becomes
+    /// `pending` in the transaction that marks its last unfinished parent `done`. If a parent
+    /// ends `dead` or `cancelled` (now or later), the task is cancelled with it. Call it more
+    /// than once for a task that waits for several parents (fan-in).
+    ///
+    /// The parent must exist when the task is enqueued (created earlier, or by this same
+    /// transaction), so no chain can loop back on itself. Parents are linked only when the
+    /// enqueue creates the task: a duplicate keeps the parents it was created with.
+    ///
+    /// ```
+    /// use outbox::NewTask;
+    ///
+    /// // The invoice is sent once the order is both paid and packed.
+    /// let send = NewTask::new("invoice.send", "order-42").after(17).after(18);
+    /// ```
+    pub fn after(mut self, parent_id: i64) -> Self {
+        let parent = Parent::Id(parent_id);
+        if !self.parents.contains(&parent) {
+            self.parents.push(parent);
+        }
+        self
+    }
+
+    /// As [`NewTask::after`], naming the parent by its `(keyword, biz_id)`: a task created
+    /// earlier, or one that comes before this one in the same [`crate::enqueue_batch`].
+    ///
+    /// ```
+    /// use outbox::NewTask;
+    ///
+    /// let batch = [
+    ///     NewTask::new("order.pack", "42"),
+    ///     NewTask::new("order.ship", "42").after_key("order.pack", "42"),
+    /// ];
+    /// ```
+    pub fn after_key(mut self, keyword: impl Into<String>, biz_id: impl Into<String>) -> Self {
+        let parent = Parent::Key(keyword.into(), biz_id.into());
+        if !self.parents.contains(&parent) {
+            self.parents.push(parent);
+        }
         self
     }
 
@@ -136,6 +187,29 @@ impl NewTask {
         if self.delay > MAX_DELAY {
             return Err(invalid_task("delay is longer than ten years".into()));
         }
+        for parent in &self.parents {
+            match parent {
+                Parent::Id(id) if *id < 1 => {
+                    return Err(invalid_task(format!(
+                        "parent id must be positive, not {id}"
+                    )))
+                }
+                Parent::Key(keyword, biz_id) => {
+                    if validate_keyword(keyword).is_err()
+                        || biz_id.is_empty()
+                        || biz_id.len() > MAX_BIZ_ID_LEN
+                    {
+                        return Err(invalid_task(format!(
+                            "parent ({keyword:?}, {biz_id:?}) is not a valid task key"
+                        )));
+                    }
+                    if *keyword == self.keyword && *biz_id == self.biz_id {
+                        return Err(invalid_task("a task cannot be its own parent".into()));
+                    }
+                }
+                Parent::Id(_) => {}
+            }
+        }
         let invalid_payload = |reason: String| Error::InvalidPayload {
             keyword: self.keyword.clone(),
             biz_id: self.biz_id.clone(),
@@ -180,6 +254,7 @@ impl std::fmt::Debug for NewTask {
             .field("priority", &self.priority)
             .field("max_attempts", &self.max_attempts)
             .field("delay", &self.delay)
+            .field("parents", &self.parents)
             .finish()
     }
 }

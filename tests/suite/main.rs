@@ -6,6 +6,7 @@ mod support;
 
 mod batched;
 mod cancel;
+mod chain;
 mod claim;
 mod connect;
 mod domain;

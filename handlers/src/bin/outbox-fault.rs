@@ -3,7 +3,8 @@
 //! processes and kills them; it is not meant for production.
 //!
 //! Every handler takes an optional `{"sleep_ms": N}` payload, so that kills land mid-work.
-//! - `fault.ledger`: one `fault_ledger` row in the task's transaction (exactly once).
+//! - `fault.ledger`: one `fault_ledger` row in the task's transaction (exactly once), with
+//!   the number of the task's parents that were not done as the handler ran (`early`).
 //! - `fault.external`: appends the task id to the file `$OUTBOX_FAULT_FILE`, outside the
 //!   database (at least once). When it runs in a PostgreSQL transaction already open (a lock
 //!   claim's chunk) the line also names that transaction (`ID XID`), so that the suite can
@@ -36,9 +37,11 @@ fn pause(task: &TaskContext) -> anyhow::Result<()> {
 
 fn ledger(task: &TaskContext, tx: &mut TaskTx) -> HandlerResult {
     pause(task)?;
+    let id = task.id();
     diesel::sql_query(format!(
-        "INSERT INTO fault_ledger (task_id) VALUES ({})",
-        task.id()
+        "INSERT INTO fault_ledger (task_id, early)
+         SELECT {id}, count(*) FROM async_task_parent l JOIN async_task p ON p.id = l.parent_id
+          WHERE l.child_id = {id} AND p.state <> 'done'"
     ))
     .execute(tx.conn()?)
     .context("writing the ledger row")?;

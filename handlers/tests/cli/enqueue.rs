@@ -52,6 +52,20 @@ both_backends! {
         );
     }
 
+    fn enqueue_after_a_parent_blocks_the_child_and_a_missing_parent_writes_nothing(db: &TestDb) {
+        let dir = workdir();
+        run(outbox_on(db, dir.path()).args(["enqueue", "order.pack", "42"])).expect_code(0);
+        let parent = db.count("SELECT id FROM async_task WHERE keyword = 'order.pack'");
+        let out = run(outbox_on(db, dir.path()).args(["enqueue", "order.ship", "42", "--after", &parent.to_string(), "--json"]))
+            .expect_code(0);
+        let json: Value = serde_json::from_str(out.stdout.trim()).unwrap();
+        assert_eq!(json["state"], "blocked", "{json}");
+        run(outbox_on(db, dir.path()).args(["enqueue", "order.mail", "42", "--after", &parent.to_string(), "--after", "999"]))
+            .expect_code(2)
+            .stderr_has("its parent task 999 does not exist");
+        assert_eq!(db.count("SELECT count(*) FROM async_task"), 2);
+    }
+
     fn invalid_keyword_exits_2_and_writes_nothing(db: &TestDb) {
         let dir = workdir();
         run(outbox_on(db, dir.path()).args(["enqueue", "Bad Keyword", "1"]))

@@ -141,7 +141,10 @@ impl Db {
     }
 
     pub fn create_fault_ledger(&self) {
-        self.exec("CREATE TABLE fault_ledger (task_id BIGINT NOT NULL)");
+        // `early`: how many parents of the task were not done when its handler ran.
+        self.exec(
+            "CREATE TABLE fault_ledger (task_id BIGINT NOT NULL, early BIGINT NOT NULL DEFAULT 0)",
+        );
     }
 
     /// Enqueues `tasks` with the library, in batches.

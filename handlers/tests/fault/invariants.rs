@@ -30,6 +30,8 @@ pub struct Figures {
     ledger_missing: i64,
     /// Rows for tasks that are not done `fault.ledger` tasks.
     ledger_stray: i64,
+    /// Rows written by a handler that found a parent of its task not done.
+    ledger_early: i64,
     external_lines: usize,
     /// Done `fault.external` tasks not in the file.
     external_missing: usize,
@@ -75,6 +77,7 @@ impl Figures {
                 "SELECT count(*) FROM async_task t WHERE t.keyword = 'fault.ledger' AND t.state = 'done'
                    AND NOT EXISTS (SELECT 1 FROM fault_ledger l WHERE l.task_id = t.id)",
             ),
+            ledger_early: db.count("SELECT count(*) FROM fault_ledger WHERE early > 0"),
             ledger_stray: db.count(
                 "SELECT count(*) FROM fault_ledger l WHERE NOT EXISTS (SELECT 1 FROM async_task t
                    WHERE t.id = l.task_id AND t.keyword = 'fault.ledger' AND t.state = 'done')",
@@ -263,6 +266,12 @@ impl Figures {
                 self.ledger_stray
             ));
         }
+        if self.ledger_early != 0 {
+            v.push(format!(
+                "{} ledger row(s) written while a parent of the task was not done",
+                self.ledger_early
+            ));
+        }
         if self.external_missing != 0 {
             v.push(format!(
                 "{} done fault.external task(s) missing from the external file",
@@ -306,8 +315,12 @@ impl Figures {
         report.add(
             "ledger rows",
             format!(
-                "{} ({} duplicated, {} missing, {} stray)",
-                self.ledger_rows, self.ledger_dups, self.ledger_missing, self.ledger_stray
+                "{} ({} duplicated, {} missing, {} stray, {} before a parent was done)",
+                self.ledger_rows,
+                self.ledger_dups,
+                self.ledger_missing,
+                self.ledger_stray,
+                self.ledger_early
             ),
         );
         report.add(

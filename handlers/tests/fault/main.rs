@@ -18,7 +18,7 @@
 //! `connections_terminated_in_a_loop`, `postgres_restarted_mid_run_{fast,immediate}` (on a
 //! cluster of their own), `sigterm_mid_batch_*`, `poison_tasks_*` (fail, panic, abort),
 //! `poison_hang_*`, `sigterm_past_the_shutdown_timeout`, `overlapping_drains`,
-//! `concurrent_migrations_*`.
+//! `concurrent_migrations_*`, `chains_of_three_with_kills`.
 //!
 //! Scenarios run one at a time (they are heavy). `OUTBOX_FAULT_PROFILE=long` runs the long
 //! profile (more kills, terminations, restarts, drains, repetitions); unset or `short` is the
@@ -32,7 +32,7 @@
 //! `RUST_LOG=info`) goes to a file in the scenario's temporary directory; on failure the
 //! tails are printed and the directory is kept.
 //!
-//! Layout: one module per scenario family (`kill`, `connections`, `restart`, `sigterm`,
+//! Layout: one module per scenario family (`kill`, `chains`, `connections`, `restart`, `sigterm`,
 //! `poison`, `drains`, `migrations`), so a test's full name is, e.g.,
 //! `kill::kill_9_during_a_run`; the modules they share are listed below.
 
@@ -49,6 +49,7 @@ mod report;
 mod scenario;
 
 // The scenario families.
+mod chains;
 mod connections;
 mod drains;
 mod kill;

@@ -63,6 +63,17 @@ impl Driver for PgConnection {
         task::insert_many(self, rows)
     }
 
+    fn atomically(
+        &mut self,
+        f: &mut dyn FnMut(&mut dyn Driver) -> QueryResult<()>,
+    ) -> QueryResult<()> {
+        diesel::Connection::transaction(self, |conn| f(conn))
+    }
+
+    fn task_link_parents(&mut self, links: &[(i64, i64)]) -> QueryResult<usize> {
+        task::link_parents(self, links)
+    }
+
     fn task_find_many(&mut self, keys_json: &str) -> QueryResult<Vec<TaskKey>> {
         task::find_many(self, keys_json)
     }

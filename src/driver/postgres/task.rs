@@ -41,6 +41,19 @@ pub(super) fn insert_many(
     .load(conn)
 }
 
+/// Links children to parents: see [`crate::driver::Driver::task_link_parents`].
+pub(super) fn link_parents(conn: &mut PgConnection, links: &[(i64, i64)]) -> QueryResult<usize> {
+    let (children, parents): (Vec<i64>, Vec<i64>) = links.iter().copied().unzip();
+    Statement::<Pg>::new(
+        "INSERT INTO async_task_parent (child_id, parent_id) SELECT * FROM unnest(",
+    )
+    .bind::<Array<BigInt>, _>(children)
+    .sql("::bigint[], ")
+    .bind::<Array<BigInt>, _>(parents)
+    .sql("::bigint[]) ON CONFLICT DO NOTHING")
+    .execute(conn)
+}
+
 pub(super) fn find_many(conn: &mut PgConnection, keys_json: &str) -> QueryResult<Vec<TaskKey>> {
     Statement::<Pg>::new(
         "SELECT id, keyword, biz_id FROM async_task

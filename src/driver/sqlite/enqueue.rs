@@ -31,6 +31,21 @@ pub(super) fn insert_many(
     }
 }
 
+/// Links children to parents: see [`crate::driver::Driver::task_link_parents`].
+pub(super) fn link_parents(
+    conn: &mut SqliteConnection,
+    links: &[(i64, i64)],
+) -> QueryResult<usize> {
+    let json = serde_json::to_string(links).expect("links serialise");
+    Statement::<Sqlite>::new(
+        "INSERT INTO async_task_parent (child_id, parent_id)
+         SELECT value ->> 0, value ->> 1 FROM json_each(",
+    )
+    .bind::<Text, _>(json)
+    .sql(") WHERE true ON CONFLICT DO NOTHING")
+    .execute(conn)
+}
+
 pub(super) fn find_many(conn: &mut SqliteConnection, keys_json: &str) -> QueryResult<Vec<TaskKey>> {
     Statement::<Sqlite>::new(
         "SELECT id, keyword, biz_id FROM async_task

@@ -92,6 +92,21 @@ impl Driver for SqliteConnection {
         json.len()
     }
 
+    fn atomically(
+        &mut self,
+        f: &mut dyn FnMut(&mut dyn Driver) -> QueryResult<()>,
+    ) -> QueryResult<()> {
+        if crate::db::transaction::depth_of(self) == Some(0) {
+            self.immediate_transaction(|conn| f(conn))
+        } else {
+            diesel::Connection::transaction(self, |conn| f(conn))
+        }
+    }
+
+    fn task_link_parents(&mut self, links: &[(i64, i64)]) -> QueryResult<usize> {
+        enqueue::link_parents(self, links)
+    }
+
     fn task_insert_many(&mut self, rows: &[InsertRow<'_>]) -> QueryResult<Vec<TaskKey>> {
         enqueue::insert_many(self, rows)
     }

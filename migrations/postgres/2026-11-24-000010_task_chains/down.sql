@@ -1,0 +1,10 @@
+DROP TRIGGER async_task_parent_forget ON async_task;
+DROP FUNCTION async_task_parent_forget();
+DROP TRIGGER async_task_children_settle ON async_task;
+DROP FUNCTION async_task_children_settle();
+DROP TRIGGER async_task_parent_insert ON async_task;
+DROP FUNCTION async_task_parent_insert();
+DROP TABLE async_task_parent;
+DROP FUNCTION async_task_parent_link();
+DROP FUNCTION async_task_cancel_descendants(bigint, text);
+ALTER TABLE async_task DROP COLUMN has_children, DROP COLUMN blocked_by;

@@ -1,0 +1,283 @@
+//! Parent → child chains: a child is blocked until every parent is done, released in the
+//! parent's completion transaction, and cancelled with its descendants when a parent ends
+//! dead or cancelled.
+
+use std::time::Duration;
+
+use diesel::prelude::*;
+use outbox::prune::{prune, PruneParams};
+use outbox::{
+    cancel, enqueue, enqueue_batch, retry, DbConnection, Error, HandlerResult, NewTask, Registry,
+    TaskContext, TaskState, TaskTx, Worker,
+};
+
+use crate::support::TestDb;
+use crate::{insert_ledger_row, small_config, worker};
+
+/// A handler that writes its ledger row only if every parent of its task is done, as seen
+/// from inside its own transaction, and fails otherwise: a child that ran too early is a
+/// failure on record, never a silent success.
+fn ledger_after_parents(task: &TaskContext, tx: &mut TaskTx) -> HandlerResult {
+    let conn = tx.conn()?;
+    let early = parents_not_done(conn, task.id())?;
+    if early > 0 {
+        return Err(
+            anyhow::anyhow!("task {} ran while {early} parents were not done", task.id()).into(),
+        );
+    }
+    insert_ledger_row(task, conn)?;
+    Ok(())
+}
+
+fn parents_not_done(conn: &mut DbConnection, id: i64) -> QueryResult<i64> {
+    #[derive(QueryableByName)]
+    struct N {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+    let row: N = diesel::sql_query(format!(
+        "SELECT count(*) AS n FROM async_task_parent l JOIN async_task p ON p.id = l.parent_id
+          WHERE l.child_id = {id} AND p.state <> 'done'"
+    ))
+    .get_result(conn)?;
+    Ok(row.n)
+}
+
+fn registry(keywords: &[&str]) -> Registry {
+    let mut registry = Registry::new();
+    for keyword in keywords {
+        registry.register(keyword, ledger_after_parents);
+    }
+    registry
+}
+
+fn failing(_: &TaskContext, _: &mut TaskTx) -> HandlerResult {
+    Err(anyhow::anyhow!("the parent fails").into())
+}
+
+fn state(db: &TestDb, id: i64) -> String {
+    db.task(id).state
+}
+
+both_backends! {
+    fn a_child_is_blocked_until_its_parent_is_done_then_runs(db: &TestDb) {
+        let parent = enqueue(&mut db.conn(), &NewTask::new("step", "1")).unwrap().id;
+        let child = enqueue(&mut db.conn(), &NewTask::new("step", "2").after(parent)).unwrap();
+        assert!(child.created);
+        assert_eq!(state(db, child.id), "blocked");
+        let w = worker(db, registry(&["step"]));
+        let first = w.run_once().unwrap();
+        assert_eq!((first.claimed, first.done), (1, 1), "only the parent is claimed: {first:?}");
+        assert_eq!(state(db, parent), "done");
+        assert_eq!(state(db, child.id), "pending", "released by the parent's completion");
+        assert_eq!(db.ledger_rows(child.id), 0);
+        assert_eq!(w.run_once().unwrap().done, 1);
+        assert_eq!(db.ledger_rows(child.id), 1);
+        // A parent already done leaves a new child pending at once.
+        let late = enqueue(&mut db.conn(), &NewTask::new("step", "3").after(parent)).unwrap();
+        assert_eq!(state(db, late.id), "pending");
+    }
+
+    fn a_failed_parent_keeps_its_child_blocked_and_a_dead_one_cancels_every_descendant(db: &TestDb) {
+        let parent = enqueue(&mut db.conn(), &NewTask::new("flaky", "p").max_attempts(2)).unwrap().id;
+        let child = enqueue(&mut db.conn(), &NewTask::new("step", "c").after(parent)).unwrap().id;
+        let grandchild = enqueue(&mut db.conn(), &NewTask::new("step", "g").after(child)).unwrap().id;
+        let mut registry = registry(&["step"]);
+        registry.register("flaky", failing);
+        let w = worker(db, registry);
+        assert_eq!(w.run_once().unwrap().retried, 1);
+        assert_eq!(state(db, parent), "pending", "retried");
+        assert_eq!(state(db, child), "blocked", "the failure rolled back: nothing released");
+        db.make_all_due();
+        assert_eq!(w.run_once().unwrap().dead, 1);
+        assert_eq!(state(db, parent), "dead");
+        for id in [child, grandchild] {
+            let row = db.task(id);
+            assert_eq!(row.state, "cancelled", "task {id}");
+            assert_eq!(row.last_error.as_deref(), Some(format!("parent task {parent} is dead").as_str()));
+        }
+        assert_eq!(w.run_once().unwrap().claimed, 0);
+        // A child enqueued after a dead parent is cancelled at once, and says why.
+        let orphan = enqueue(&mut db.conn(), &NewTask::new("step", "o").after(parent)).unwrap().id;
+        assert_eq!(state(db, orphan), "cancelled");
+        assert_eq!(db.task(orphan).last_error.as_deref(), Some(format!("parent task {parent} is dead").as_str()));
+    }
+
+    fn fan_in_waits_for_every_parent_and_fan_out_releases_every_child(db: &TestDb) {
+        let a = enqueue(&mut db.conn(), &NewTask::new("step.a", "1")).unwrap().id;
+        let b = enqueue(&mut db.conn(), &NewTask::new("step.b", "1")).unwrap().id;
+        let both = enqueue(&mut db.conn(), &NewTask::new("step", "both").after(a).after(b)).unwrap().id;
+        let fan: Vec<i64> = (0..3)
+            .map(|n| enqueue(&mut db.conn(), &NewTask::new("step", format!("fan-{n}")).after(a)).unwrap().id)
+            .collect();
+        let w = worker(db, registry(&["step.a"]));
+        assert_eq!(w.run_once().unwrap().done, 1);
+        for id in &fan {
+            assert_eq!(state(db, *id), "pending");
+        }
+        assert_eq!(state(db, both), "blocked", "still waits for b");
+        assert_eq!(db.count(&format!("SELECT CAST(blocked_by AS BIGINT) FROM async_task WHERE id = {both}")), 1);
+        let w = worker(db, registry(&["step.b"]));
+        assert_eq!(w.run_once().unwrap().done, 1);
+        assert_eq!(state(db, both), "pending");
+        let w = worker(db, registry(&["step"]));
+        assert_eq!(w.drain().unwrap().tally.done, 4);
+        assert_eq!(db.count("SELECT count(*) FROM test_ledger"), 6);
+    }
+
+    fn a_cancelled_parent_cancels_a_deep_chain_and_a_fan_in_child(db: &TestDb) {
+        let root = enqueue(&mut db.conn(), &NewTask::new("step", "0")).unwrap().id;
+        let mut chain = vec![root];
+        for depth in 1..=6 {
+            let parent = *chain.last().unwrap();
+            chain.push(enqueue(&mut db.conn(), &NewTask::new("step", depth.to_string()).after(parent)).unwrap().id);
+        }
+        let other = enqueue(&mut db.conn(), &NewTask::new("other", "x")).unwrap().id;
+        let joined = enqueue(&mut db.conn(), &NewTask::new("step", "joined").after(other).after(chain[3])).unwrap().id;
+        assert!(cancel(&mut db.conn(), root).unwrap().cancelled);
+        for id in chain.iter().skip(1).chain([&joined]) {
+            let row = db.task(*id);
+            assert_eq!(row.state, "cancelled", "task {id}");
+            assert_eq!(row.last_error.as_deref(), Some(format!("parent task {root} is cancelled").as_str()));
+        }
+        assert_eq!(state(db, other), "pending", "a parent is not cancelled by its child");
+    }
+
+    fn parents_by_key_in_the_batch_or_the_table_and_a_missing_parent_writes_nothing(db: &TestDb) {
+        let batch = [
+            NewTask::new("order.pack", "42"),
+            NewTask::new("order.ship", "42").after_key("order.pack", "42"),
+        ];
+        let made = enqueue_batch(&mut db.conn(), &batch).unwrap();
+        assert_eq!(state(db, made[1].id), "blocked");
+        let invoice = NewTask::new("order.invoice", "42").after_key("order.ship", "42");
+        let invoice = enqueue(&mut db.conn(), &invoice).unwrap().id;
+        assert_eq!(db.count(&format!("SELECT parent_id FROM async_task WHERE id = {invoice}")), made[1].id);
+        let before = db.count("SELECT count(*) FROM async_task");
+        let missing = [
+            NewTask::new("order.mail", "42"),
+            NewTask::new("order.mail", "43").after_key("order.pack", "nope"),
+        ];
+        let error = enqueue_batch(&mut db.conn(), &missing).unwrap_err();
+        assert!(matches!(error, Error::InvalidTask { .. }), "{error}");
+        assert_eq!(error.to_string(), "invalid task order.mail/43: its parent (order.pack, nope) does not exist");
+        let error = enqueue(&mut db.conn(), &NewTask::new("order.mail", "44").after(invoice + 100)).unwrap_err();
+        assert_eq!(error.to_string(), format!("invalid task order.mail/44: its parent task {} does not exist", invoice + 100));
+        let error = enqueue(&mut db.conn(), &NewTask::new("a", "1").after_key("a", "1")).unwrap_err();
+        assert!(error.to_string().contains("cannot be its own parent"), "{error}");
+        assert_eq!(db.count("SELECT count(*) FROM async_task"), before, "nothing written");
+        // A duplicate keeps the parents it was created with.
+        let again = enqueue(&mut db.conn(), &NewTask::new("order.ship", "42").after(invoice)).unwrap();
+        assert!(!again.created);
+        assert_eq!(db.count(&format!("SELECT count(*) FROM async_task_parent WHERE child_id = {}", made[1].id)), 1);
+    }
+
+    fn the_schema_refuses_a_link_that_could_close_a_loop_or_reach_a_started_child(db: &TestDb) {
+        let a = enqueue(&mut db.conn(), &NewTask::new("step", "a")).unwrap().id;
+        let b = enqueue(&mut db.conn(), &NewTask::new("step", "b").after(a)).unwrap().id;
+        let backwards = diesel::sql_query(format!(
+            "INSERT INTO async_task_parent (child_id, parent_id) VALUES ({a}, {b})"
+        ))
+        .execute(&mut db.conn())
+        .unwrap_err();
+        assert!(backwards.to_string().contains("async_task_parent_order_check"), "{backwards}");
+        let w = worker(db, registry(&["step"]));
+        w.drain().unwrap();
+        let c = enqueue(&mut db.conn(), &NewTask::new("step", "c")).unwrap().id;
+        let started = diesel::sql_query(format!(
+            "INSERT INTO async_task_parent (child_id, parent_id) VALUES ({b}, {a})"
+        ))
+        .execute(&mut db.conn())
+        .unwrap_err();
+        assert!(started.to_string().contains("async_task_parent"), "{started}");
+        assert_eq!(state(db, c), "pending");
+    }
+
+    fn a_producers_plain_insert_with_a_parent_id_blocks_the_child(db: &TestDb) {
+        let parent = enqueue(&mut db.conn(), &NewTask::new("step", "p")).unwrap().id;
+        db.exec(&format!(
+            "INSERT INTO async_task (keyword, biz_id, parent_id) VALUES ('step', 'c', {parent})"
+        ));
+        let child = db.count("SELECT id FROM async_task WHERE biz_id = 'c'");
+        assert_eq!(state(db, child), "blocked");
+        let missing = diesel::sql_query(
+            "INSERT INTO async_task (keyword, biz_id, parent_id) VALUES ('step', 'd', 0)",
+        )
+        .execute(&mut db.conn())
+        .unwrap_err();
+        assert!(missing.to_string().contains("does not exist"), "{missing}");
+        assert_eq!(db.count("SELECT count(*) FROM async_task WHERE biz_id = 'd'"), 0);
+        let w = worker(db, registry(&["step"]));
+        assert_eq!(w.drain().unwrap().tally.done, 2);
+        assert_eq!(db.ledger_rows(child), 1);
+    }
+
+    fn a_retried_child_waits_for_its_parent_again(db: &TestDb) {
+        let parent = enqueue(&mut db.conn(), &NewTask::new("flaky", "p").max_attempts(1)).unwrap().id;
+        let child = enqueue(&mut db.conn(), &NewTask::new("step", "c").after(parent)).unwrap().id;
+        let mut registry = registry(&["step"]);
+        registry.register("flaky", failing);
+        let w = worker(db, registry);
+        w.run_once().unwrap();
+        assert_eq!((state(db, parent).as_str(), state(db, child).as_str()), ("dead", "cancelled"));
+        let retried = retry(&mut db.conn(), child).unwrap();
+        assert_eq!((retried.retried, retried.state), (true, TaskState::Blocked));
+        assert_eq!(retry(&mut db.conn(), parent).unwrap().state, TaskState::Pending);
+        // The parent now succeeds.
+        let w = worker(db, crate::ledger_registry("flaky"));
+        assert_eq!(w.run_once().unwrap().done, 1);
+        assert_eq!(state(db, child), "pending");
+    }
+
+    fn prune_takes_a_tasks_links_with_it(db: &TestDb) {
+        let parent = enqueue(&mut db.conn(), &NewTask::new("step", "p")).unwrap().id;
+        enqueue(&mut db.conn(), &NewTask::new("step", "c").after(parent)).unwrap();
+        worker(db, registry(&["step"])).drain().unwrap();
+        assert_eq!(db.count("SELECT count(*) FROM async_task_parent"), 1);
+        let report = prune(&mut db.conn(), &PruneParams::new(Duration::ZERO)).unwrap();
+        assert_eq!(report.tasks(), 2);
+        assert_eq!(db.count("SELECT count(*) FROM async_task_parent"), 0);
+    }
+
+    fn the_early_run_check_sees_a_child_forced_to_run_before_its_parent(db: &TestDb) {
+        // The check the concurrent tests rely on (and the fault suite's ledger), shown to fail.
+        let parent = enqueue(&mut db.conn(), &NewTask::new("root", "p")).unwrap().id;
+        let child = enqueue(&mut db.conn(), &NewTask::new("step", "c").after(parent)).unwrap().id;
+        db.exec(&format!("UPDATE async_task SET state = 'pending' WHERE id = {child}"));
+        let w = worker(db, registry(&["step"]));
+        assert_eq!(w.run_once().unwrap().retried, 1);
+        assert_eq!(db.ledger_rows(child), 0);
+    }
+
+    fn two_workers_run_fan_in_chains_never_before_their_parents(db: &TestDb) {
+        // 100 diamonds: a root, two middles, a join waiting for both.
+        let mut batch = Vec::new();
+        for n in 0..100 {
+            let root = format!("{n}");
+            batch.push(NewTask::new("root", root.clone()));
+            for side in ["l", "r"] {
+                batch.push(NewTask::new("middle", format!("{n}{side}")).after_key("root", root.clone()));
+            }
+            batch.push(NewTask::new("join", root.clone())
+                .after_key("middle", format!("{n}l"))
+                .after_key("middle", format!("{n}r")));
+        }
+        enqueue_batch(&mut db.conn(), &batch).unwrap();
+        let config = small_config().threads(4).queue(4);
+        let workers: Vec<Worker> = (0..2)
+            .map(|_| Worker::new(&db.url, registry(&["root", "middle", "join"]), config.clone()).unwrap())
+            .collect();
+        let failed: u64 = std::thread::scope(|s| {
+            let handles: Vec<_> = workers.iter().map(|w| s.spawn(|| w.drain().unwrap())).collect();
+            handles.into_iter().map(|h| h.join().unwrap().tally).map(|t| t.retried + t.dead).sum()
+        });
+        // A drain stops when nothing is due, which may be while the other still runs the
+        // parents of what is left.
+        let rest = workers[0].drain().unwrap().tally;
+        assert_eq!(rest.retried + rest.dead, 0);
+        assert_eq!(failed, 0, "a child ran before its parents were done");
+        assert_eq!(db.count("SELECT count(*) FROM async_task WHERE state <> 'done'"), 0);
+        assert_eq!(db.count("SELECT count(*) FROM test_ledger"), 400);
+        assert_eq!(db.count("SELECT count(DISTINCT task_id) FROM test_ledger"), 400);
+    }
+}
