@@ -281,3 +281,68 @@ both_backends! {
         assert_eq!(db.count("SELECT count(DISTINCT task_id) FROM test_ledger"), 400);
     }
 }
+
+#[test]
+fn two_parents_completing_at_once_release_their_shared_children_without_a_deadlock() {
+    // 300 children of both x and y, linked to x in one order and to y in the other: the two
+    // completions' triggers meet on the same child rows, and must lock them in one order.
+    let db = &TestDb::postgres();
+    let x = enqueue(&mut db.conn(), &NewTask::new("x", "1")).unwrap().id;
+    let y = enqueue(&mut db.conn(), &NewTask::new("y", "1")).unwrap().id;
+    let children: Vec<i64> = enqueue_batch(
+        &mut db.conn(),
+        &(0..300)
+            .map(|n| NewTask::new("child", n.to_string()))
+            .collect::<Vec<_>>(),
+    )
+    .unwrap()
+    .iter()
+    .map(|e| e.id)
+    .collect();
+    // Linked while still pending: the link trigger blocks them.
+    let values = |parent: i64, ids: &mut dyn Iterator<Item = &i64>| {
+        ids.map(|c| format!("({c}, {parent})"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    db.exec(&format!(
+        "INSERT INTO async_task_parent (child_id, parent_id) VALUES {}",
+        values(x, &mut children.iter())
+    ));
+    db.exec(&format!(
+        "INSERT INTO async_task_parent (child_id, parent_id) VALUES {}",
+        values(y, &mut children.iter().rev())
+    ));
+    assert_eq!(
+        db.count("SELECT count(*) FROM async_task WHERE blocked_by = 2"),
+        300
+    );
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(2));
+    let workers: Vec<Worker> = ["x", "y"]
+        .iter()
+        .map(|keyword| {
+            let barrier = std::sync::Arc::clone(&barrier);
+            let mut registry = Registry::new();
+            registry.register(
+                keyword,
+                move |task: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
+                    insert_ledger_row(task, tx.conn()?)?;
+                    barrier.wait();
+                    Ok(())
+                },
+            );
+            Worker::new(&db.url, registry, small_config()).unwrap()
+        })
+        .collect();
+    let tallies: Vec<outbox::Tally> = std::thread::scope(|s| {
+        let handles: Vec<_> = workers
+            .iter()
+            .map(|w| s.spawn(|| w.run_once().unwrap()))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for tally in &tallies {
+        assert_eq!((tally.done, tally.retried), (1, 0), "{tally:?}");
+    }
+    assert_eq!(db.count("SELECT count(*) FROM async_task WHERE keyword = 'child' AND state = 'pending' AND blocked_by = 0"), 300);
+}

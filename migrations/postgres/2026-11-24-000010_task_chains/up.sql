@@ -39,12 +39,16 @@ CREATE OR REPLACE FUNCTION async_task_cancel_descendants(root bigint, why text) 
 LANGUAGE sql AS $$
     UPDATE async_task SET state = 'cancelled', finished_at = now(), updated_at = now(),
            last_error = why
-     WHERE state IN ('blocked', 'pending') AND id IN (
+     WHERE id IN (
+        -- Locked in id order, as the release does.
+        SELECT id FROM async_task WHERE state IN ('blocked', 'pending') AND id IN (
         WITH RECURSIVE d(id) AS (
             SELECT child_id FROM async_task_parent WHERE parent_id = root
             UNION
             SELECT l.child_id FROM async_task_parent l JOIN d ON l.parent_id = d.id)
         SELECT id FROM d)
+        ORDER BY id FOR NO KEY UPDATE)
+       AND state IN ('blocked', 'pending')
 $$;
 
 -- A link: lock the parent (FOR NO KEY UPDATE: a completion of it waits for this
@@ -115,6 +119,12 @@ CREATE TRIGGER async_task_parent_insert AFTER INSERT ON async_task
 CREATE OR REPLACE FUNCTION async_task_children_settle() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF NEW.state = 'done' THEN
+        -- Children in id order first: two parents completing at once that share children
+        -- (fan-in) then lock them in one order, instead of deadlocking.
+        PERFORM 1 FROM async_task c
+          WHERE c.id IN (SELECT child_id FROM async_task_parent WHERE parent_id = NEW.id)
+            AND c.state = 'blocked'
+          ORDER BY c.id FOR NO KEY UPDATE;
         UPDATE async_task c SET blocked_by = c.blocked_by - 1,
                state = CASE WHEN c.blocked_by <= 1 THEN 'pending' ELSE 'blocked' END,
                updated_at = now()
