@@ -63,8 +63,8 @@ pub struct CronPass {
     pub ticks: Vec<ScheduledTick>,
     /// The schedules seen for the first time: their row is written, and they start from now.
     pub first_seen: Vec<String>,
-    /// The schedules whose oldest due tick was missed (the fleet was down), with how many
-    /// due ticks were not enqueued for it.
+    /// The schedules some of whose due ticks were not enqueued (missed while the fleet was
+    /// down, or past [`MAX_TICKS`]), with how many (counted up to [`MAX_TICKS`]).
     pub skipped: Vec<(String, u64)>,
     /// The earliest next tick of the schedules, after `now`.
     pub next: Option<DateTime<Utc>>,
@@ -163,9 +163,9 @@ impl Worker {
         };
         if ticks[0] > oldest {
             // The ticks after the cursor and before the first one enqueued.
-            let skipped = schedule.ticks_between(cursor, ticks[0], MAX_TICKS);
+            let skipped = schedule.ticks_between(cursor, ticks[0], MAX_TICKS + 1);
             let n = skipped.len().saturating_sub(1) as u64;
-            let more = if skipped.len() >= MAX_TICKS {
+            let more = if n >= MAX_TICKS as u64 {
                 "or more "
             } else {
                 ""

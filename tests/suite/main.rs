@@ -8,6 +8,7 @@ mod batched;
 mod cancel;
 mod claim;
 mod connect;
+mod cron;
 mod domain;
 mod domain_admin;
 mod enqueue;
