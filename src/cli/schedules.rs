@@ -34,13 +34,14 @@ pub(super) fn run(url: &DatabaseUrl, args: SchedulesArgs) -> crate::Result<()> {
         println!("no schedules: no node has run one yet");
         return Ok(());
     }
-    println!(
-        "{:<32} {:<28} {:<21} {:<20} {:<21}",
+    let header = format!(
+        "{:<32} {:<28} {:<21} {:<20} {}",
         "keyword", "expression", "last tick", "last task", "next tick"
     );
+    println!("{}", header.trim_end());
     for s in &schedules {
         println!(
-            "{:<32} {:<28} {:<21} {:<20} {:<21}",
+            "{:<32} {:<28} {:<21} {:<20} {}",
             s.keyword,
             s.expression,
             time(s.last_tick),

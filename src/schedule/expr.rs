@@ -362,7 +362,7 @@ mod tests {
     fn the_seeds_every_ten_seconds_ticks_on_the_tens() {
         let s = Schedule::parse("0/10 * * * * ?").unwrap();
         let ticks = s.ticks_between(at("2026-11-24T03:00:00Z"), at("2026-11-24T03:01:00Z"), 100);
-        let seconds: Vec<u32> = ticks.iter().map(|t| chrono::Timelike::second(t)).collect();
+        let seconds: Vec<u32> = ticks.iter().map(chrono::Timelike::second).collect();
         assert_eq!(seconds, [10, 20, 30, 40, 50, 0]);
     }
 }

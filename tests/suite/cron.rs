@@ -109,6 +109,8 @@ both_backends! {
         rewind(db, "report.minute", before);
 
         let by_a = a.schedule_once().unwrap();
+        // (A minute may have begun since the first pass: its tick is then the one due.)
+        let latest = schedule.latest_until(by_a.now.unwrap()).unwrap();
         assert_eq!(by_a.ticks.len(), 1, "{by_a:?}");
         assert!(by_a.ticks[0].created);
         assert_eq!(by_a.ticks[0].tick, latest);
@@ -289,4 +291,52 @@ both_backends! {
             assert_eq!(pair[1] - pair[0], TimeDelta::seconds(1), "{ticks:?}");
         }
     }
+}
+
+/// The same race for real on PostgreSQL: two workers' passes both read the schedule before
+/// either commits. The test holds the schedule's row locked, so that neither pass can
+/// record its tick; it lets them go once both wait on a lock (one on the row, the other on
+/// the first one's uncommitted task), which means both have read the tick as due.
+#[test]
+fn two_overlapping_passes_enqueue_one_task_on_postgres() {
+    let db = &TestDb::postgres();
+    let schedule = Schedule::parse("0 * * * * *").unwrap();
+    let a = scheduled_worker(db, "report.minute", schedule.clone());
+    let b = scheduled_worker(db, "report.minute", schedule.clone());
+    let now = first_sight(&a, "report.minute");
+    let latest = schedule.latest_until(now).unwrap();
+    rewind(db, "report.minute", latest - TimeDelta::minutes(1));
+    let waiting = "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity s ON s.pid = l.pid
+                    WHERE NOT l.granted AND s.datname = current_database()";
+    let passes: Vec<CronPass> = std::thread::scope(|s| {
+        let mut holder = db.conn();
+        let handles = holder
+            .transaction(|conn| -> QueryResult<_> {
+                diesel::sql_query("SELECT keyword FROM async_schedule FOR UPDATE").execute(conn)?;
+                let handles = [
+                    s.spawn(|| a.schedule_once().unwrap()),
+                    s.spawn(|| b.schedule_once().unwrap()),
+                ];
+                let deadline = Instant::now() + Duration::from_secs(30);
+                while db.count(waiting) < 2 {
+                    assert!(
+                        Instant::now() < deadline,
+                        "the two passes never both waited"
+                    );
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Ok(handles)
+            })
+            .unwrap();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let latest = schedule.latest_until(passes[0].now.unwrap()).unwrap();
+    let ticks: Vec<_> = passes.iter().flat_map(|p| p.ticks.clone()).collect();
+    assert_eq!(ticks.len(), 2, "both passes enqueued the tick: {passes:?}");
+    assert!(ticks
+        .iter()
+        .all(|t| t.tick == latest && t.task_id == ticks[0].task_id));
+    assert_eq!(ticks.iter().filter(|t| t.created).count(), 1, "{ticks:?}");
+    assert_eq!(tick_tasks(db, "report.minute"), [tick_biz_id(latest)]);
+    assert_eq!(last_tick(db, "report.minute"), Some(latest));
 }
