@@ -16,8 +16,9 @@
 //! ([`crate::schedule::MAX_TICKS`] at most). Otherwise every due tick is enqueued: a node
 //! that is late by less than that (a slow pass, a short restart) skips none.
 //!
-//! `Worker::run` runs the pass on a thread of its own (not the heartbeat's): at each next
-//! tick, and at least every heartbeat; `Worker::drain` runs it once at start.
+//! `Worker::run` runs the pass on a thread and a connection of its own (not the heartbeat's,
+//! not the pool's): at each next tick, and at least every heartbeat; `Worker::drain` runs it
+//! once at start, on a pooled connection.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -249,12 +250,29 @@ impl Worker {
     /// The timer: a pass, then a wait until the next tick (at most a heartbeat), until
     /// `done` or the worker's stop flag is set. Logs once when passes start failing and
     /// once when they recover.
+    ///
+    /// The timer's passes run on a connection of its own, outside the pool (reopened after
+    /// a failure), as the heartbeat's do: a pool whose connections long handlers hold must
+    /// not make a tick late.
     fn cron_timer(&self, done: &AtomicBool) {
         let stopped = || done.load(Ordering::Relaxed) || self.is_stopping();
+        let schedules: Vec<(&str, &Schedule)> = self.registry.schedules().collect();
+        let mut conn: Option<DbConnection> = None;
         let mut failing = false;
         while !stopped() {
             let started = Instant::now();
-            let wait = match self.schedule_once() {
+            let result = match conn.as_mut() {
+                Some(c) => self.pass(c, &schedules),
+                None => self
+                    .url
+                    .connect()
+                    .and_then(|c| self.pass(conn.insert(c), &schedules)),
+            };
+            if result.is_err() {
+                // A fresh connection next time: this one may be dead.
+                conn = None;
+            }
+            let wait = match result {
                 Ok(pass) => {
                     if failing {
                         log::warn!("node {}: cron passes recovered", self.node.id());
