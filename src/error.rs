@@ -146,6 +146,11 @@ pub enum Error {
         name: String,
     },
 
+    /// A cron schedule is invalid: its expression, its keyword, its backfill or data, or a
+    /// line of a crontab file (each named).
+    #[error(transparent)]
+    Schedule(#[from] crate::schedule::ScheduleError),
+
     /// The schema is older than this build: `outbox migrate` has not been run.
     #[error("the database schema is not up to date ({pending} pending migration(s)); run `outbox migrate`")]
     NotMigrated {

@@ -36,6 +36,7 @@ pub mod migrate;
 pub mod prune;
 pub mod registry;
 pub mod retry;
+pub mod schedule;
 mod sql;
 pub mod stats;
 pub mod task;
@@ -57,7 +58,9 @@ pub use registry::Registry;
 pub use retry::{retry, Retried};
 pub use task::{validate_keyword, ClaimedTask, NewTask, TaskState};
 pub use tenant::{remove_tenant, set_tenant, tenants, Tenant, TenantLimits};
-pub use worker::{ClaimStyle, Report, RescueReport, Tally, Worker, WorkerConfig};
+pub use worker::{
+    ClaimStyle, CronPass, Report, RescueReport, ScheduledTick, Tally, Worker, WorkerConfig,
+};
 
 /// Every Rust block of the README compiles (and runs, unless marked `no_run`) as a doctest.
 #[cfg(doctest)]

@@ -3,7 +3,10 @@
 //!
 //! To add a handler: write `src/<keyword>.rs` with a `pub fn handle(task: &TaskContext, tx:
 //! &mut TaskTx) -> HandlerResult` (`tx.conn()?` is the connection inside the task's
-//! transaction), and register it in [`registry`] below.
+//! transaction), and register it in [`registry`] below. To run it on a cron schedule as
+//! well, register it with `registry.schedule("report.daily", "0 0 3 * * *", report::handle)`
+//! (six fields with seconds; README, "Cron schedules"); operators can schedule any
+//! registered keyword without code with `outbox run --crontab FILE`.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 

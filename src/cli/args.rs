@@ -7,6 +7,7 @@ use clap::Args;
 use super::parse_duration;
 use crate::db::Backend;
 use crate::error::Result;
+use crate::registry::Registry;
 use crate::worker::{ClaimStyle, WorkerConfig, DEFAULT_MAX_ATTEMPTS};
 
 /// Settings shared by the commands that run tasks (`drain`, `run`, and a binary's own).
@@ -65,6 +66,12 @@ pub struct WorkerArgs {
     /// Print the summary as one JSON object.
     #[arg(long)]
     pub(super) json: bool,
+    /// Cron schedules for registered keywords, one per line: the six cron fields (seconds
+    /// first; `TZ=Area/City` before them for a time zone), the keyword (`KEYWORD?fill=2h` to
+    /// backfill after an outage), optional JSON data; `#` comments (README, "Cron
+    /// schedules").
+    #[arg(long, value_name = "FILE")]
+    crontab: Option<std::path::PathBuf>,
 }
 
 impl WorkerArgs {
@@ -91,6 +98,17 @@ impl WorkerArgs {
         }
         config.resolve(backend)?;
         Ok(config)
+    }
+
+    /// Adds the schedules of `--crontab` to `registry` ([`Registry::add_crontab`]): a bad
+    /// line, or a keyword `registry` has no handler for, is an error naming the file and
+    /// the line.
+    pub fn add_crontab(&self, registry: &mut Registry) -> Result<()> {
+        if let Some(file) = &self.crontab {
+            let n = registry.add_crontab(file)?;
+            log::info!("crontab {}: {n} schedule(s)", file.display());
+        }
+        Ok(())
     }
 
     /// `--shutdown-timeout`.

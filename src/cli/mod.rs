@@ -13,6 +13,7 @@ mod cancel;
 mod domain;
 mod enqueue;
 mod prune;
+mod schedules;
 mod stats;
 mod tenant;
 mod work;
@@ -26,6 +27,7 @@ pub use args::WorkerArgs;
 pub use domain::{DomainArgs, PauseArgs};
 pub use enqueue::EnqueueArgs;
 pub use prune::PruneArgs;
+pub use schedules::SchedulesArgs;
 pub use stats::StatsArgs;
 pub use tenant::TenantArgs;
 pub use work::RunArgs;
@@ -91,7 +93,8 @@ pub fn exit_code(error: &Error) -> u8 {
         | Error::InvalidDatabaseUrl { .. }
         | Error::InvalidConfig { .. }
         | Error::InvalidDomain { .. }
-        | Error::DomainNotFound { .. } => 2,
+        | Error::DomainNotFound { .. }
+        | Error::Schedule(_) => 2,
         _ => 1,
     }
 }
@@ -154,6 +157,9 @@ pub enum Command {
     Pause(domain::PauseArgs),
     /// Resume a paused (or released) domain, or a paused keyword.
     Resume(domain::PauseArgs),
+    /// Cron schedules: each one the fleet runs, with its expression, last tick, the state
+    /// of that tick's task, and next tick.
+    Schedules(schedules::SchedulesArgs),
 }
 
 /// Runs one of the library's commands on `url` with `registry`'s handlers.
@@ -188,6 +194,7 @@ pub fn run(command: Command, url: &DatabaseUrl, registry: Registry) -> Result<()
         Command::Domain(args) => domain::run(url, args),
         Command::Pause(args) => domain::run_pause(url, args, true),
         Command::Resume(args) => domain::run_pause(url, args, false),
+        Command::Schedules(args) => schedules::run(url, args),
     }
 }
 

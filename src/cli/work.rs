@@ -22,8 +22,13 @@ pub struct RunArgs {
     no_listen: bool,
 }
 
-pub(super) fn drain(url: &DatabaseUrl, registry: Registry, args: WorkerArgs) -> crate::Result<()> {
+pub(super) fn drain(
+    url: &DatabaseUrl,
+    mut registry: Registry,
+    args: WorkerArgs,
+) -> crate::Result<()> {
     let config = args.config(url.backend())?;
+    args.add_crontab(&mut registry)?;
     url.require_existing()?;
     let worker = Worker::new(url, registry, config)?;
     let report = worker.drain_until_stopped(args.shutdown_timeout())?;
@@ -31,13 +36,14 @@ pub(super) fn drain(url: &DatabaseUrl, registry: Registry, args: WorkerArgs) -> 
     Ok(())
 }
 
-pub(super) fn run(url: &DatabaseUrl, registry: Registry, args: RunArgs) -> crate::Result<()> {
+pub(super) fn run(url: &DatabaseUrl, mut registry: Registry, args: RunArgs) -> crate::Result<()> {
     let config = args
         .worker
         .config(url.backend())?
         .poll_interval(args.poll_interval)
         .listen(!args.no_listen);
     config.resolve(url.backend())?;
+    args.worker.add_crontab(&mut registry)?;
     url.require_existing()?;
     let worker = Worker::new(url, registry, config)?;
     let report = worker.run_until_stopped(args.worker.shutdown_timeout())?;

@@ -14,6 +14,7 @@ mod domain_sql;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod rows;
+pub(crate) mod schedule;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 

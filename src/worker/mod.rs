@@ -4,6 +4,7 @@
 mod cancels;
 mod claim;
 mod config;
+mod cron;
 mod dispatch;
 mod domains;
 mod execute;
@@ -34,6 +35,7 @@ pub use config::{
     MAX_DEFAULT_THREADS, MAX_ERROR_LEN, MAX_PAGE_SIZE, MAX_TASK_TIMEOUT, QUEUE_PER_THREAD,
     SQLITE_DEFAULT_QUEUE,
 };
+pub use cron::{CronPass, ScheduledTick};
 pub use rescue::RescueReport;
 pub use style::ClaimStyle;
 pub use tally::{Report, Tally};

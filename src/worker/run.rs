@@ -238,7 +238,8 @@ impl Worker {
         Ok(self.execute(page))
     }
 
-    /// Rescues the tasks of dead nodes, then works until nothing is due (or the stop flag is
+    /// Rescues the tasks of dead nodes and enqueues the cron ticks due now
+    /// ([`Worker::schedule_once`]), then works until nothing is due (or the stop flag is
     /// set), then returns once the tasks it claimed have finished. For cron.
     ///
     /// Claims overlap execution: a new page is claimed as soon as half the pool is free. An
@@ -247,6 +248,8 @@ impl Worker {
     /// backoff) is run by this drain too.
     pub fn drain(&self) -> Result<Report> {
         self.retry_dead_connections(|| self.rescue_once())?;
+        // The cron ticks due now (README, "Cron schedules").
+        self.retry_dead_connections(|| self.schedule_once())?;
         self.drain_at_most(u64::MAX)
     }
 
@@ -301,7 +304,15 @@ impl Worker {
     /// poll interval (±10% jitter, so that a fleet does not poll in step) or, on PostgreSQL
     /// with `listen`, until a producer's `NOTIFY`. A database outage is waited out with
     /// capped exponential backoff, logging once when it starts and once when it ends.
+    ///
+    /// Meanwhile a thread of its own enqueues the registry's cron ticks as they come due
+    /// (README, "Cron schedules").
     pub fn run(&self) -> Result<Report> {
+        self.with_cron_timer(|| self.claim_until_stopped())?
+    }
+
+    /// [`Worker::run`]'s claim loop.
+    fn claim_until_stopped(&self) -> Result<Report> {
         let started = Instant::now();
         let tally = Mutex::new(Tally::default());
         let mut listener: Option<Listener> = None;

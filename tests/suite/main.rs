@@ -9,6 +9,7 @@ mod cancel;
 mod chain;
 mod claim;
 mod connect;
+mod cron;
 mod domain;
 mod domain_admin;
 mod enqueue;

@@ -23,5 +23,6 @@ mod demo;
 mod domain;
 mod enqueue;
 mod prune;
+mod schedules;
 mod usage;
 mod work;

@@ -18,7 +18,8 @@
 //! `connections_terminated_in_a_loop`, `postgres_restarted_mid_run_{fast,immediate}` (on a
 //! cluster of their own), `sigterm_mid_batch_*`, `poison_tasks_*` (fail, panic, abort),
 //! `poison_hang_*`, `sigterm_past_the_shutdown_timeout`, `overlapping_drains`,
-//! `concurrent_migrations_*`, `chains_of_three_with_kills`.
+//! `concurrent_migrations_*`, `chains_of_three_with_kills`,
+//! `cron_fleet_runs_every_tick_exactly_once`.
 //!
 //! Scenarios run one at a time (they are heavy). `OUTBOX_FAULT_PROFILE=long` runs the long
 //! profile (more kills, terminations, restarts, drains, repetitions); unset or `short` is the
@@ -33,7 +34,7 @@
 //! tails are printed and the directory is kept.
 //!
 //! Layout: one module per scenario family (`kill`, `chains`, `connections`, `restart`, `sigterm`,
-//! `poison`, `drains`, `migrations`), so a test's full name is, e.g.,
+//! `poison`, `drains`, `migrations`, `cron`), so a test's full name is, e.g.,
 //! `kill::kill_9_during_a_run`; the modules they share are listed below.
 
 #[path = "../../../tests/suite/support.rs"]
@@ -51,6 +52,7 @@ mod scenario;
 // The scenario families.
 mod chains;
 mod connections;
+mod cron;
 mod drains;
 mod kill;
 mod migrations;

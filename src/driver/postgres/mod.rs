@@ -7,6 +7,7 @@ mod lock;
 mod maintenance;
 mod operate;
 mod payload;
+mod schedule;
 mod task;
 mod tenant;
 
