@@ -354,6 +354,9 @@ fn link(driver: &mut dyn Driver, tasks: &[NewTask], results: &[Enqueued]) -> Res
     if links.is_empty() {
         return Ok(());
     }
+    // Each link locks its parent until the transaction ends: in parent order, so that two
+    // producers naming the same parents wait for each other instead of deadlocking.
+    links.sort_unstable_by_key(|&(child, parent)| (parent, child));
     driver
         .task_link_parents(&links)
         .op("task enqueue (parent link)")?;

@@ -22,7 +22,8 @@ pub struct Retried {
 /// to 0 (its `last_error` is kept until its next failure), in the caller's transaction. A
 /// task with a parent that is not `done` goes back to `blocked` instead, until that parent is
 /// done: retry the parent too when it is dead or cancelled (retrying a parent does not bring
-/// back the children it cancelled). A
+/// back the children it cancelled). A child whose dead or cancelled parent was pruned is not
+/// retried (`retried: false`): the outcome it waited for is gone. A
 /// task in any other state is left as it is. The tenant's `max_queued` is not checked (it is
 /// checked when a task is inserted).
 ///

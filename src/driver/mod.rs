@@ -191,7 +191,8 @@ pub trait Driver {
 
     /// Puts the task `id` back to pending, due now with no failure counted, if it is dead or
     /// cancelled (to `blocked` instead while one of its parents is not done, its parents
-    /// locked first so that none completes unseen); returns the rows touched, 0 or 1.
+    /// locked first so that none completes unseen; not at all when one of its parents was
+    /// pruned, its outcome gone); returns the rows touched, 0 or 1.
     fn task_retry(&mut self, id: i64) -> QueryResult<usize>;
 
     /// Writes one row of `async_audit`.

@@ -181,16 +181,18 @@ both_backends! {
         .execute(&mut db.conn())
         .unwrap_err();
         assert!(backwards.to_string().contains("async_task_parent_order_check"), "{backwards}");
+        let c = enqueue(&mut db.conn(), &NewTask::new("step", "c")).unwrap().id;
         let w = worker(db, registry(&["step"]));
         w.drain().unwrap();
-        let c = enqueue(&mut db.conn(), &NewTask::new("step", "c")).unwrap().id;
+        assert_eq!(state(db, c), "done");
         let started = diesel::sql_query(format!(
-            "INSERT INTO async_task_parent (child_id, parent_id) VALUES ({b}, {a})"
+            "INSERT INTO async_task_parent (child_id, parent_id) VALUES ({c}, {a})"
         ))
         .execute(&mut db.conn())
         .unwrap_err();
-        assert!(started.to_string().contains("async_task_parent"), "{started}");
-        assert_eq!(state(db, c), "pending");
+        assert!(started.to_string().contains("async_task_parent: "), "{started}");
+        assert!(!started.to_string().contains("pkey"), "{started}");
+        assert_eq!(db.count(&format!("SELECT count(*) FROM async_task_parent WHERE child_id = {c}")), 0);
     }
 
     fn a_producers_plain_insert_with_a_parent_id_blocks_the_child(db: &TestDb) {
@@ -227,6 +229,64 @@ both_backends! {
         let w = worker(db, crate::ledger_registry("flaky"));
         assert_eq!(w.run_once().unwrap().done, 1);
         assert_eq!(state(db, child), "pending");
+    }
+
+    fn a_child_enqueued_after_a_dead_parent_is_released_once_both_are_retried(db: &TestDb) {
+        let parent = enqueue(&mut db.conn(), &NewTask::new("flaky", "p").max_attempts(1)).unwrap().id;
+        let mut registry = registry(&["step"]);
+        registry.register("flaky", failing);
+        worker(db, registry).run_once().unwrap();
+        assert_eq!(state(db, parent), "dead");
+        let child = enqueue(&mut db.conn(), &NewTask::new("step", "c").after(parent)).unwrap().id;
+        assert_eq!(state(db, child), "cancelled");
+        assert_eq!(retry(&mut db.conn(), child).unwrap().state, TaskState::Blocked);
+        assert_eq!(retry(&mut db.conn(), parent).unwrap().state, TaskState::Pending);
+        let w = worker(db, crate::ledger_registry("flaky"));
+        assert_eq!(w.run_once().unwrap().done, 1);
+        assert_eq!(state(db, child), "pending", "released by the retried parent's completion");
+    }
+
+    fn a_child_of_a_dead_parent_and_another_is_enqueued_cancelled_in_any_order(db: &TestDb) {
+        let dead = enqueue(&mut db.conn(), &NewTask::new("flaky", "p").max_attempts(1)).unwrap().id;
+        let mut registry = registry(&["step"]);
+        registry.register("flaky", failing);
+        worker(db, registry).run_once().unwrap();
+        let live = enqueue(&mut db.conn(), &NewTask::new("other", "q")).unwrap().id;
+        for (n, parents) in [[dead, live], [live, dead]].iter().enumerate() {
+            let task = NewTask::new("step", format!("c{n}")).after(parents[0]).after(parents[1]);
+            let id = enqueue(&mut db.conn(), &task).unwrap().id;
+            assert_eq!(state(db, id), "cancelled", "parents {parents:?}");
+        }
+        // A chain enqueued under a dead parent at once: the whole chain is cancelled.
+        let batch = [
+            NewTask::new("step", "b").after(dead),
+            NewTask::new("step", "c").after_key("step", "b"),
+        ];
+        for made in enqueue_batch(&mut db.conn(), &batch).unwrap() {
+            assert_eq!(state(db, made.id), "cancelled");
+        }
+    }
+
+    fn prune_keeps_a_parent_with_unfinished_children_and_a_pruned_parent_blocks_retry(db: &TestDb) {
+        let parent = enqueue(&mut db.conn(), &NewTask::new("flaky", "p").max_attempts(1)).unwrap().id;
+        let child = enqueue(&mut db.conn(), &NewTask::new("step", "c").after(parent)).unwrap().id;
+        let mut registry = registry(&["step"]);
+        registry.register("flaky", failing);
+        worker(db, registry).run_once().unwrap();
+        assert_eq!(retry(&mut db.conn(), child).unwrap().state, TaskState::Blocked);
+        let pruned = prune(&mut db.conn(), &PruneParams::new(Duration::ZERO)).unwrap();
+        assert_eq!(pruned.tasks(), 0, "the dead parent of a blocked child is kept");
+        assert!(cancel(&mut db.conn(), child).unwrap().cancelled);
+        // The parent alone is old enough to go.
+        let old = match db.backend() {
+            outbox::Backend::Postgres => "now() - interval '2 hours'",
+            outbox::Backend::Sqlite => "strftime('%Y-%m-%d %H:%M:%f', 'now', '-2 hours')",
+        };
+        db.exec(&format!("UPDATE async_task SET finished_at = {old} WHERE id = {parent}"));
+        let pruned = prune(&mut db.conn(), &PruneParams::new(Duration::from_secs(3600))).unwrap();
+        assert_eq!(pruned.tasks(), 1);
+        let retried = retry(&mut db.conn(), child).unwrap();
+        assert_eq!((retried.retried, retried.state), (false, TaskState::Cancelled));
     }
 
     fn prune_takes_a_tasks_links_with_it(db: &TestDb) {
@@ -345,4 +405,59 @@ fn two_parents_completing_at_once_release_their_shared_children_without_a_deadlo
         assert_eq!((tally.done, tally.retried), (1, 0), "{tally:?}");
     }
     assert_eq!(db.count("SELECT count(*) FROM async_task WHERE keyword = 'child' AND state = 'pending' AND blocked_by = 0"), 300);
+}
+
+#[test]
+fn a_parent_cancelled_by_a_business_trigger_cancels_its_descendants() {
+    let db = &TestDb::postgres();
+    let parent = enqueue(&mut db.conn(), &NewTask::new("step", "p"))
+        .unwrap()
+        .id;
+    let child = enqueue(&mut db.conn(), &NewTask::new("step", "c").after(parent))
+        .unwrap()
+        .id;
+    let grandchild = enqueue(&mut db.conn(), &NewTask::new("step", "g").after(child))
+        .unwrap()
+        .id;
+    db.exec(
+        "CREATE TABLE orders (id int, task bigint);
+         CREATE FUNCTION orders_cancel() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             UPDATE async_task SET state = 'cancelled' WHERE id = NEW.task;
+             RETURN NULL;
+         END $$;
+         CREATE TRIGGER orders_cancel AFTER INSERT ON orders
+             FOR EACH ROW EXECUTE FUNCTION orders_cancel();",
+    );
+    db.exec(&format!("INSERT INTO orders VALUES (1, {parent})"));
+    assert_eq!(state(db, child), "cancelled");
+    assert_eq!(state(db, grandchild), "cancelled");
+}
+
+#[test]
+fn a_repeatable_read_completion_that_predates_a_new_child_fails_to_serialise() {
+    let db = &TestDb::postgres();
+    let parent = enqueue(&mut db.conn(), &NewTask::new("step", "p"))
+        .unwrap()
+        .id;
+    enqueue(&mut db.conn(), &NewTask::new("step", "c1").after(parent)).unwrap();
+    let mut completion = db.conn();
+    let sql = |conn: &mut DbConnection, sql: &str| diesel::sql_query(sql).execute(conn);
+    sql(&mut completion, "BEGIN ISOLATION LEVEL REPEATABLE READ").unwrap();
+    sql(&mut completion, "SELECT count(*) FROM async_task").unwrap();
+    let late = enqueue(&mut db.conn(), &NewTask::new("step", "c2").after(parent))
+        .unwrap()
+        .id;
+    let done = sql(
+        &mut completion,
+        &format!("UPDATE async_task SET state = 'done' WHERE id = {parent}"),
+    );
+    let error = done.expect_err("the completion's snapshot does not see the new child");
+    assert!(error.to_string().contains("could not serialize"), "{error}");
+    sql(&mut completion, "ROLLBACK").unwrap();
+    assert_eq!(state(db, late), "blocked");
+    db.exec(&format!(
+        "UPDATE async_task SET state = 'done' WHERE id = {parent}"
+    ));
+    assert_eq!(state(db, late), "pending");
 }

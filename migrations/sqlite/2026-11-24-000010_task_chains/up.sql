@@ -19,9 +19,11 @@ CREATE TRIGGER async_task_parent_link AFTER INSERT ON async_task_parent
 BEGIN
     SELECT RAISE(ABORT, 'async_task_parent: the parent task does not exist')
      WHERE NOT EXISTS (SELECT 1 FROM async_task WHERE id = NEW.parent_id);
+    -- A child already cancelled (by an earlier parent of the same enqueue that is dead)
+    -- keeps the link and stays cancelled.
     SELECT RAISE(ABORT, 'async_task_parent: the child task does not exist or has started (a parent is added before its child starts)')
      WHERE NOT EXISTS (SELECT 1 FROM async_task
-                        WHERE id = NEW.child_id AND state IN ('pending', 'blocked'));
+                        WHERE id = NEW.child_id AND state IN ('pending', 'blocked', 'cancelled'));
     -- The parent is dead or cancelled: so is the child, with its descendants.
     UPDATE async_task SET state = 'cancelled',
            finished_at = strftime('%Y-%m-%d %H:%M:%f', 'now'),
@@ -39,12 +41,11 @@ BEGIN
     -- The parent is not finished: the child waits for it.
     UPDATE async_task SET state = 'blocked', blocked_by = blocked_by + 1,
            parent_id = COALESCE(parent_id, NEW.parent_id)
-     WHERE id = NEW.child_id
+     WHERE id = NEW.child_id AND state IN ('pending', 'blocked')
        AND (SELECT state FROM async_task WHERE id = NEW.parent_id)
            NOT IN ('done', 'dead', 'cancelled');
-    UPDATE async_task SET has_children = 1
-     WHERE id = NEW.parent_id AND has_children = 0 AND state NOT IN ('done', 'dead', 'cancelled');
-    -- The parent is done: nothing to wait for.
+    UPDATE async_task SET has_children = 1 WHERE id = NEW.parent_id AND has_children = 0;
+    -- The parent is done, or the child was cancelled already: nothing to wait for.
     UPDATE async_task SET parent_id = NEW.parent_id
      WHERE id = NEW.child_id AND parent_id IS NULL;
 END;
@@ -83,8 +84,12 @@ BEGIN
 END;
 
 -- A task's links go with it (prune): every child has `parent_id` set to its first parent.
+-- A done parent's links go with it too; a dead or cancelled parent's stay (as on
+-- PostgreSQL: prune keeps a parent while a child of it is unfinished, and a child whose
+-- dead or cancelled parent was pruned cannot be retried).
 CREATE TRIGGER async_task_parent_forget AFTER DELETE ON async_task
-WHEN OLD.parent_id IS NOT NULL
+WHEN OLD.parent_id IS NOT NULL OR OLD.has_children
 BEGIN
     DELETE FROM async_task_parent WHERE child_id = OLD.id;
+    DELETE FROM async_task_parent WHERE parent_id = OLD.id AND OLD.state = 'done';
 END;

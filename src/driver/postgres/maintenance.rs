@@ -47,6 +47,10 @@ pub(super) fn prune_tasks(
              SELECT id FROM async_task
              WHERE state IN ('done', 'dead', 'cancelled') AND state IN ({})
                AND finished_at < now() - $1 * interval '1 millisecond'
+               AND NOT (has_children AND EXISTS (
+                   SELECT 1 FROM async_task_parent l JOIN async_task c ON c.id = l.child_id
+                    WHERE l.parent_id = async_task.id
+                      AND c.state IN ('pending', 'blocked', 'running')))
              ORDER BY finished_at
              LIMIT $2
              FOR UPDATE SKIP LOCKED),

@@ -69,7 +69,11 @@ pub(super) fn retry(conn: &mut PgConnection, id: i64) -> QueryResult<usize> {
           WHERE id = ",
     )
     .bind::<BigInt, _>(id)
-    .sql(" AND state IN ('dead', 'cancelled')")
+    .sql(
+        " AND state IN ('dead', 'cancelled')
+           AND NOT EXISTS (SELECT 1 FROM async_task_parent l WHERE l.child_id = async_task.id
+                  AND NOT EXISTS (SELECT 1 FROM async_task p WHERE p.id = l.parent_id))",
+    )
     .execute(conn)
 }
 

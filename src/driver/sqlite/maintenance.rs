@@ -115,6 +115,10 @@ pub(super) fn prune_tasks(
          WHERE id > ?2 AND id <= ?3
            AND state IN ('done', 'dead', 'cancelled') AND state IN ({})
            AND finished_at < {CUTOFF}
+           AND NOT (has_children AND EXISTS (
+               SELECT 1 FROM async_task_parent l JOIN async_task c ON c.id = l.child_id
+                WHERE l.parent_id = async_task.id
+                  AND c.state IN ('pending', 'blocked', 'running')))
          RETURNING state",
         state_literals(batch.states)
     ))
