@@ -204,6 +204,17 @@ pub enum Error {
         source: std::io::Error,
     },
 
+    /// `outbox web` could not listen on its address: in use, not an address of this
+    /// machine, or a privileged port.
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        /// The address asked for.
+        addr: std::net::SocketAddr,
+        /// The operating system's error.
+        #[source]
+        source: std::io::Error,
+    },
+
     /// A worker thread panicked outside any handler (handlers' panics are caught and counted
     /// as the task's failure); its tasks are left to rescue.
     #[error("the {thread} thread panicked")]

@@ -44,6 +44,8 @@ pub mod task;
 pub mod tenant;
 #[cfg(feature = "testing")]
 pub mod testing;
+#[cfg(feature = "web")]
+pub mod web;
 pub mod worker;
 
 pub use backoff::Backoff;

@@ -16,6 +16,8 @@ mod prune;
 mod schedules;
 mod stats;
 mod tenant;
+#[cfg(feature = "web")]
+mod web;
 mod work;
 
 // The operator's commands of tasks, nodes and the audit (`crate::ops`).
@@ -39,6 +41,8 @@ pub use prune::PruneArgs;
 pub use schedules::SchedulesArgs;
 pub use stats::StatsArgs;
 pub use tenant::TenantArgs;
+#[cfg(feature = "web")]
+pub use web::WebArgs;
 pub use work::RunArgs;
 
 pub use audit::AuditArgs;
@@ -185,6 +189,10 @@ pub enum Command {
     Nodes(nodes::NodesArgs),
     /// The operators' changes (who, what, which tasks, how many rows), newest first.
     Audit(audit::AuditArgs),
+    /// Serve the dashboard (read-only unless --allow-actions; loopback unless --addr says
+    /// otherwise) until SIGINT or SIGTERM.
+    #[cfg(feature = "web")]
+    Web(web::WebArgs),
 }
 
 /// Runs one of the library's commands on `url` with `registry`'s handlers.
@@ -224,6 +232,8 @@ pub fn run(command: Command, url: &DatabaseUrl, registry: Registry) -> Result<()
         Command::Show(args) => show::run(url, args),
         Command::Nodes(args) => nodes::run(url, args),
         Command::Audit(args) => audit::run(url, args),
+        #[cfg(feature = "web")]
+        Command::Web(args) => web::run(url, args),
     }
 }
 

@@ -18,6 +18,7 @@ mod fair;
 mod fencing;
 mod fleet;
 mod heartbeat;
+mod http;
 mod lock;
 mod logs;
 mod ops;
@@ -29,6 +30,7 @@ mod schema;
 mod signals;
 mod task_tx;
 mod tenant;
+mod web;
 
 use diesel::prelude::*;
 use outbox::{DbConnection, HandlerResult, Registry, TaskContext, TaskTx, Worker, WorkerConfig};
