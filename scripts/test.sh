@@ -9,7 +9,8 @@
 #
 # Runs rustfmt, clippy (the workspace, and the library with each backend feature
 # alone) and the whole test suite (unit tests, doctests, the integration suite,
-# the CLI tests and the fault suite) against a PostgreSQL given by
+# the CLI tests with the dashboard's headless-browser test, and the fault suite;
+# chromium and chromium-driver are installed if missing) against a PostgreSQL given by
 # OUTBOX_TEST_PG_URL, or a throwaway local cluster started by scripts/pg.sh and
 # stopped on exit; then, if that passed, the fault suite's PostgreSQL scenarios
 # once more with lock claims (OUTBOX_FAULT_CLAIM=lock: --claim lock
@@ -31,6 +32,12 @@ fi
 
 # Full backtraces from panicking tests make CI failures diagnosable.
 export RUST_BACKTRACE=1
+
+# The dashboard's end-to-end test drives a real headless Chromium through chromedriver
+# (handlers/tests/cli/web.rs); install Debian's packages first if they are missing, as
+# scripts/pg.sh does PostgreSQL. The test is never skipped: without them it fails.
+step "headless browser for the dashboard test (scripts/browser.sh ensure)"
+"$repo_root/scripts/browser.sh" ensure
 
 if [[ -n ${OUTBOX_TEST_PG_URL:-} ]]; then
     step "using PostgreSQL at OUTBOX_TEST_PG_URL"

@@ -60,7 +60,7 @@ th { background:#eef1f5; font-weight:600; white-space:nowrap; }
 td.n, th.n { text-align:right; font-variant-numeric:tabular-nums; }
 td.zero { color:#b3b9c4; }
 td.err { max-width:560px; font-family:ui-monospace, "DejaVu Sans Mono", monospace; font-size:12px; color:#8a1f1f; word-break:break-word; }
-dl.cols { display:grid; grid-template-columns:max-content 1fr; gap:3px 16px; background:#fff; border:1px solid var(--line); padding:10px 14px; margin:0; }
+dl.cols { display:grid; grid-template-columns:repeat(3, max-content minmax(150px, 1fr)); gap:4px 16px; background:#fff; border:1px solid var(--line); padding:10px 14px; margin:0; }
 dl.cols dt { color:var(--muted); }
 dl.cols dd { margin:0; font-variant-numeric:tabular-nums; }
 pre { background:#fff; border:1px solid var(--line); padding:10px; white-space:pre-wrap; word-break:break-word; font-size:12px; }

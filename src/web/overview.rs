@@ -1,5 +1,5 @@
 //! The overview (`/`): tasks per keyword and state, the oldest due task's age, which
-//! keywords are paused, and how many nodes are live.
+//! keywords are paused, how many nodes are live, and the latest dead tasks.
 
 use std::sync::Arc;
 
@@ -11,14 +11,19 @@ use super::actions::{notice, Notice};
 use super::layout::{age, badge, button, flash, page, word_badge, Nav, STATES};
 use super::problem::Problem;
 use super::server::AppState;
+use super::tasks::listing;
 use crate::domain::admin::paused_keywords;
-use crate::ops::{nodes, NodeQuery, NodeStatus};
+use crate::ops::{list_tasks, nodes, Filter, NodeQuery, NodeStatus, Page, TaskQuery};
 use crate::stats::{keyword_stats, KeywordStats};
 use crate::task::TaskState;
 use crate::Registry;
 
+/// The dead tasks the overview lists, the latest first.
+const LATEST_DEAD: usize = 5;
+
 struct Overview {
     stats: Vec<KeywordStats>,
+    dead: Page,
     paused: Vec<String>,
     live_nodes: usize,
     nodes: usize,
@@ -35,8 +40,12 @@ pub(super) async fn show(
             let stats = keyword_stats(conn, &Registry::new())?;
             let paused = paused_keywords(conn)?;
             let nodes = nodes(conn, &NodeQuery::default())?;
+            let dead = TaskQuery::new(Filter::default().state(TaskState::Dead))
+                .limit(LATEST_DEAD)
+                .newest_first(true);
             Ok(Overview {
                 stats,
+                dead: list_tasks(conn, &dead)?,
                 paused,
                 live_nodes: nodes
                     .iter()
@@ -54,6 +63,11 @@ pub(super) async fn show(
             (overview.stats.len()) " keyword(s) · reloads every " (state.refresh_secs) "s"
         }
         (table(&state, &overview))
+        @if !overview.dead.tasks.is_empty() {
+            h2 { "Latest dead tasks" }
+            (listing(&state, &overview.dead, true))
+            p { a href="/tasks?state=dead" { "All dead tasks →" } }
+        }
     };
     Ok(page(&state, "Overview", Nav::Overview, Some("/"), body))
 }

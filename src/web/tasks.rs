@@ -146,7 +146,8 @@ fn filter_form(params: &ListParams) -> Markup {
     }
 }
 
-fn listing(state: &AppState, page: &Page, dead_only: bool) -> Markup {
+/// A page of tasks as a table, each with its button.
+pub(super) fn listing(state: &AppState, page: &Page, dead_only: bool) -> Markup {
     if page.tasks.is_empty() {
         let what = if dead_only {
             "No dead task."
@@ -212,14 +213,13 @@ pub(super) async fn show(
     let body = html! {
         h1 { (title) " " (badge(detail.task.state)) " " (task_buttons(&state, id, detail.task.state)) }
         (flash(notice(&notice_query)))
-        (columns(&detail))
         @if !detail.error_chain.is_empty() {
-            h2 { "Error" }
             @for (i, link) in detail.error_chain.iter().enumerate() {
                 @if i > 0 { p.muted { "because its parent " (link_to(link)) " ended " (badge(link.state)) ":" } }
-                pre.err #error { (link.last_error.as_deref().unwrap_or("")) }
+                pre.err id=[(i == 0).then_some("error")] { (link.last_error.as_deref().unwrap_or("")) }
             }
         }
+        (columns(&detail))
         h2 { "Parents" }
         (links(&detail.parents, "No parent."))
         h2 { "Children" }
@@ -259,8 +259,10 @@ fn columns(detail: &TaskDetail) -> Markup {
         ("failures", task.failures.to_string()),
         (
             "max attempts",
-            task.max_attempts
-                .map_or_else(|| "the worker's".to_owned(), |n| n.to_string()),
+            task.max_attempts.map_or_else(
+                || "the worker's --max-attempts".to_owned(),
+                |n| n.to_string(),
+            ),
         ),
         ("priority", task.priority.to_string()),
         ("run at", time(&task.run_at)),

@@ -65,9 +65,7 @@ pub fn request(
     if let Some(bytes) = body {
         stream.write_all(bytes).expect("send the body");
     }
-    let mut raw = Vec::new();
-    stream
-        .read_to_end(&mut raw)
+    let raw = read_response(&mut stream)
         .unwrap_or_else(|e| panic!("{method} {path}: cannot read the response: {e}"));
     parse(&raw).unwrap_or_else(|| {
         panic!(
@@ -75,6 +73,36 @@ pub fn request(
             String::from_utf8_lossy(&raw)
         )
     })
+}
+
+/// Reads one response: to its `Content-Length`, to the end of its chunks, or to the end of
+/// the stream (a server may keep the connection open despite `Connection: close`).
+fn read_response(stream: &mut TcpStream) -> std::io::Result<Vec<u8>> {
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        if let Some(split) = raw.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&raw[..split]).to_ascii_lowercase();
+            let body = &raw[split + 4..];
+            let length = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|n| n.trim().parse::<usize>().ok());
+            let complete = match length {
+                Some(n) => body.len() >= n,
+                None if head.contains("transfer-encoding: chunked") => body.ends_with(b"0\r\n\r\n"),
+                None => false,
+            };
+            if complete {
+                return Ok(raw);
+            }
+        }
+        let n = stream.read(&mut buf)?;
+        if n == 0 {
+            return Ok(raw);
+        }
+        raw.extend_from_slice(&buf[..n]);
+    }
 }
 
 fn parse(raw: &[u8]) -> Option<Response> {

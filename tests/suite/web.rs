@@ -12,6 +12,11 @@ use outbox::{enqueue, HandlerError, NewTask, Registry, TaskContext, TaskTx, Tena
 use crate::http::{get, post_form, request, Response};
 use crate::TestDb;
 
+/// A request's extra headers.
+type Headers<'a> = Vec<(&'a str, &'a str)>;
+/// A form's fields.
+type Fields<'a> = Vec<(&'a str, &'a str)>;
+
 /// The error `mail.send` fails with, permanently.
 const SMTP_ERROR: &str = "smtp: 550 mailbox <x@y> unavailable";
 
@@ -157,7 +162,7 @@ both_backends! {
 
         // The child was cancelled by its dead parent: its error chain leads there.
         let child = ok(addr, &format!("/tasks/{}", t.child));
-        assert!(child.contains(&format!(r#"data-column="state">cancelled<"#)), "{child}");
+        assert!(child.contains(r#"data-column="state">cancelled<"#), "{child}");
         assert!(child.contains(&format!("parent task {} is dead", t.dead)), "{child}");
         assert!(child.contains(SMTP_ERROR.replace('<', "&lt;").replace('>', "&gt;").as_str()), "{child}");
 
@@ -290,7 +295,7 @@ both_backends! {
         let token = token(&ok(addr, "/"));
         let path = format!("/tasks/{}/retry", t.dead);
         let own = format!("http://{addr}");
-        let refused: [(&str, Vec<(&str, &str)>, Vec<(&str, &str)>); 6] = [
+        let refused: [(&str, Headers, Fields); 6] = [
             ("no Origin nor Referer", vec![], vec![("token", &token)]),
             ("another site's Origin", vec![("Origin", "http://evil.example")], vec![("token", &token)]),
             ("an opaque Origin", vec![("Origin", "null")], vec![("token", &token)]),
@@ -343,7 +348,7 @@ both_backends! {
             let body = response.body.replace("&quot;", "\"");
             assert!(body.contains(says), "{path} lacks {says:?}: {body}");
         }
-        let posts: [(String, Vec<(&str, &str)>, u16, &str); 5] = [
+        let posts: [(String, Fields, u16, &str); 5] = [
             ("/tasks/999999/retry".into(), vec![], 404, "no task 999999"),
             ("/tasks/-3/cancel".into(), vec![], 400, "is not a task id"),
             (format!("/tasks/{}/retry", t.due), vec![], 409, "is pending"),

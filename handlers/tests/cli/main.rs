@@ -12,10 +12,14 @@
 
 #[path = "../../../tests/suite/support.rs"]
 mod support;
+// The dashboard's tests' HTTP client, shared with the suite's.
+#[path = "../../../tests/suite/http.rs"]
+mod http;
 
-// Support: running the binary, looking into databases.
+// Support: running the binary, looking into databases, driving a browser.
 mod binary;
 mod db;
+mod webdriver;
 
 // The command families.
 mod bench;
@@ -25,4 +29,5 @@ mod enqueue;
 mod prune;
 mod schedules;
 mod usage;
+mod web;
 mod work;
