@@ -23,6 +23,7 @@ mod audit;
 mod filter;
 mod list;
 mod nodes;
+mod out;
 mod retry;
 mod show;
 mod table;
