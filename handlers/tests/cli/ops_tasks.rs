@@ -276,3 +276,36 @@ fn the_task_commands_refuse_bad_usage_before_any_database_is_reached() {
     .expect_code(1)
     .stderr_has("cannot connect");
 }
+
+#[test]
+fn a_listing_piped_into_a_reader_that_stops_early_exits_quietly() {
+    use std::io::{BufRead, BufReader, Read};
+    use std::process::Stdio;
+
+    let db = TestDb::sqlite();
+    let dir = workdir();
+    let batch: Vec<NewTask> = (0..1000)
+        .map(|i| NewTask::new("mail.send", i.to_string()))
+        .collect();
+    enqueue_batch(&mut db.conn(), &batch).unwrap();
+    // Far more than a pipe holds (about 350 KB): the listing writes after `head` is gone.
+    let mut child = outbox_on(&db, dir.path())
+        .args(["list", "--limit", "1000", "--json"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    assert!(first.starts_with(r#"{"id":1,"#), "{first}");
+    let status = child.wait().unwrap();
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert_eq!((status.code(), stderr.as_str()), (Some(0), ""));
+}
