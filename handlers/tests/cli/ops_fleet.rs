@@ -179,3 +179,24 @@ fn the_fleet_commands_refuse_bad_usage_before_any_database_is_reached() {
         .expect_code(2);
     }
 }
+
+#[test]
+fn the_operator_commands_are_listed_and_each_has_help_and_json() {
+    let dir = workdir();
+    let top = run(outbox(dir.path()).arg("--help")).expect_code(0);
+    for sub in ["list", "show", "retry", "cancel", "nodes", "audit"] {
+        assert!(
+            top.stdout.lines().any(|l| l.trim_start().starts_with(sub)),
+            "--help does not list {sub}:\n{}",
+            top.stdout
+        );
+        run(outbox(dir.path()).args([sub, "--help"]))
+            .expect_code(0)
+            .stdout_has(&format!("Usage: outbox {sub}"))
+            .stdout_has("--json");
+    }
+    assert!(
+        crate::binary::entries(dir.path()).is_empty(),
+        "--help touched a database"
+    );
+}
