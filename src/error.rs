@@ -110,6 +110,14 @@ pub enum Error {
         task: String,
     },
 
+    /// An operator answered no when asked to confirm a change (`outbox retry --all` of more
+    /// than 1,000 tasks); nothing was written.
+    #[error("{change} not confirmed; nothing written")]
+    NotConfirmed {
+        /// The change, as the question named it.
+        change: String,
+    },
+
     /// An enqueue would take a tenant past its `max_queued` (`async_tenant`); nothing of the
     /// batch was written. On PostgreSQL the failed statement aborts the caller's transaction,
     /// as any failed statement does (enqueue inside a nested `transaction`, a savepoint, to

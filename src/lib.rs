@@ -33,6 +33,7 @@ pub mod enqueue;
 pub mod error;
 pub mod handler;
 pub mod migrate;
+pub mod ops;
 pub mod prune;
 pub mod registry;
 pub mod retry;

@@ -1,14 +1,13 @@
-//! `outbox cancel` and `outbox retry`: an operator's changes, each audited in its own
-//! transaction.
+//! `outbox cancel`: an operator's cancel, audited in its own transaction
+//! ([`crate::ops::cancel_task`], [`crate::ops::cancel_matching`]).
 
 use clap::Args;
 
-use crate::cancel::{cancel, cancel_by_key, cancel_matching, count_matching, Filter};
-use crate::db::{write_transaction, DatabaseUrl, DbConnection};
-use crate::driver::{driver, AuditEntry};
-use crate::error::{Error, OpContext, Result};
+use crate::cancel::Filter;
+use crate::db::{DatabaseUrl, DbConnection};
+use crate::error::{Error, Result};
 use crate::migrate::ensure_migrated;
-use crate::retry::retry;
+use crate::ops::{cancel_matching, cancel_task, cancel_task_by_key};
 
 /// The flags of `outbox cancel`.
 #[derive(Debug, Args)]
@@ -36,39 +35,8 @@ pub struct CancelArgs {
     json: bool,
 }
 
-/// The flags of `outbox retry`.
-#[derive(Debug, Args)]
-pub struct RetryArgs {
-    /// The id of a dead or cancelled task.
-    id: i64,
-    /// Print the result as one JSON object.
-    #[arg(long)]
-    json: bool,
-}
-
-/// Writes `action` on `target` to the audit as this operator, in `conn`'s transaction.
-fn audit(
-    conn: &mut DbConnection,
-    action: &str,
-    target: &str,
-    detail: &serde_json::Value,
-    affected: u64,
-) -> Result<()> {
-    let actor = super::actor();
-    let detail = detail.to_string();
-    driver(conn)
-        .audit_insert(&AuditEntry {
-            actor: &actor,
-            action,
-            target,
-            detail: &detail,
-            affected: i64::try_from(affected).unwrap_or(i64::MAX),
-        })
-        .op("audit")?;
-    Ok(())
-}
-
-fn connect(url: &DatabaseUrl) -> Result<DbConnection> {
+/// A connection to an existing, migrated database, for a change.
+pub(super) fn connect(url: &DatabaseUrl) -> Result<DbConnection> {
     url.require_existing()?;
     let mut conn = url.connect()?;
     ensure_migrated(&mut conn)?;
@@ -84,22 +52,26 @@ pub(super) fn run(url: &DatabaseUrl, args: CancelArgs) -> Result<()> {
                 .into(),
         });
     }
+    // clap drops `requires = "all"` when the id (which conflicts with --all) is given: a
+    // `--dry-run` next to an id must not cancel for real.
+    if args.dry_run && !args.all {
+        return Err(Error::InvalidConfig {
+            setting: "cancel",
+            reason: "--dry-run goes with --all".into(),
+        });
+    }
     if args.all {
         return run_matching(url, args);
     }
     let mut conn = connect(url)?;
-    let result = write_transaction(&mut conn, |conn| -> Result<_> {
-        let result = match (args.id, &args.keyword, &args.biz_id) {
-            (Some(id), _, _) => cancel(conn, id)?,
-            (None, Some(keyword), Some(biz_id)) => cancel_by_key(conn, keyword, biz_id)?,
-            _ => unreachable!("clap requires an id or both --keyword and --biz-id"),
-        };
-        if result.cancelled {
-            let detail = serde_json::json!({"keyword": args.keyword, "biz_id": args.biz_id});
-            audit(conn, "task.cancel", &result.id.to_string(), &detail, 1)?;
+    let actor = super::actor();
+    let result = match (args.id, &args.keyword, &args.biz_id) {
+        (Some(id), _, _) => cancel_task(&mut conn, id, &actor)?,
+        (None, Some(keyword), Some(biz_id)) => {
+            cancel_task_by_key(&mut conn, keyword, biz_id, &actor)?
         }
-        Ok(result)
-    })?;
+        _ => unreachable!("clap requires an id or both --keyword and --biz-id"),
+    };
     if args.json {
         println!(
             "{}",
@@ -128,65 +100,19 @@ fn run_matching(url: &DatabaseUrl, args: CancelArgs) -> Result<()> {
     // Checked before connecting: bad usage is reported as such.
     filter.validate()?;
     let mut conn = connect(url)?;
-    let n = if args.dry_run {
-        count_matching(&mut conn, &filter)?
-    } else {
-        write_transaction(&mut conn, |conn| -> Result<u64> {
-            let n = cancel_matching(conn, &filter)?;
-            if n > 0 {
-                let detail =
-                    serde_json::json!({"keyword": filter.keyword, "tenant": filter.tenant});
-                let target = [("keyword", &filter.keyword), ("tenant", &filter.tenant)]
-                    .iter()
-                    .filter_map(|(name, value)| value.as_ref().map(|v| format!("{name}={v}")))
-                    .collect::<Vec<_>>()
-                    .join(" ");
-                audit(conn, "task.cancel", &target, &detail, n)?;
-            }
-            Ok(n)
-        })?
-    };
+    let outcome = cancel_matching(&mut conn, &filter, args.dry_run, &super::actor())?;
     if args.json {
         println!(
             "{}",
-            serde_json::json!({"cancelled": if args.dry_run { 0 } else { n }, "matched": n, "dry_run": args.dry_run})
+            serde_json::json!({"cancelled": outcome.changed, "matched": outcome.matched, "dry_run": outcome.dry_run})
         );
     } else if args.dry_run {
-        println!("{n} unfinished task(s) match; nothing written (--dry-run)");
-    } else {
-        println!("cancelled {n} task(s)");
-    }
-    Ok(())
-}
-
-pub(super) fn run_retry(url: &DatabaseUrl, args: RetryArgs) -> Result<()> {
-    let mut conn = connect(url)?;
-    let result = write_transaction(&mut conn, |conn| -> Result<_> {
-        let result = retry(conn, args.id)?;
-        if result.retried {
-            audit(
-                conn,
-                "task.retry",
-                &result.id.to_string(),
-                &serde_json::json!({}),
-                1,
-            )?;
-        }
-        Ok(result)
-    })?;
-    if args.json {
         println!(
-            "{}",
-            serde_json::json!({"id": result.id, "retried": result.retried, "state": result.state.as_str()})
+            "{} unfinished task(s) match; nothing written (--dry-run)",
+            outcome.matched
         );
-    } else if result.retried {
-        println!("task {} is pending again", result.id);
     } else {
-        println!(
-            "task {} is {}, neither dead nor cancelled; nothing written",
-            result.id,
-            result.state.as_str()
-        );
+        println!("cancelled {} task(s)", outcome.changed);
     }
     Ok(())
 }

@@ -18,6 +18,16 @@ mod stats;
 mod tenant;
 mod work;
 
+// The operator's commands of tasks, nodes and the audit (`crate::ops`).
+mod audit;
+mod filter;
+mod list;
+mod nodes;
+mod out;
+mod retry;
+mod show;
+mod table;
+
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -31,6 +41,13 @@ pub use schedules::SchedulesArgs;
 pub use stats::StatsArgs;
 pub use tenant::TenantArgs;
 pub use work::RunArgs;
+
+pub use audit::AuditArgs;
+pub use cancel::CancelArgs;
+pub use list::ListArgs;
+pub use nodes::NodesArgs;
+pub use retry::{RetryArgs, CONFIRM_ABOVE};
+pub use show::ShowArgs;
 
 use crate::db::{DatabaseUrl, DEFAULT_DATABASE_URL};
 use crate::error::{Error, Result};
@@ -146,8 +163,9 @@ pub enum Command {
     /// keyword or tenant with --all: never claimed again, a running handler's completion
     /// fenced out.
     Cancel(cancel::CancelArgs),
-    /// Put a dead or cancelled task back to pending, due now, its failures reset.
-    Retry(cancel::RetryArgs),
+    /// Put a dead or cancelled task back to pending, due now, its failures reset; or, with
+    /// --all, every one the filter flags match (--dry-run counts them).
+    Retry(retry::RetryArgs),
     /// Tenants' quotas: `max_queued` checked at enqueue, `max_running` fleet-wide at claim.
     Tenant(tenant::TenantArgs),
     /// Task domains' run-time control: list them with their slot use, set one's keywords,
@@ -160,6 +178,14 @@ pub enum Command {
     /// Cron schedules: each one the fleet runs, with its expression, last tick, the state
     /// of that tick's task, and next tick.
     Schedules(schedules::SchedulesArgs),
+    /// List tasks, a page at a time: filter by state, keyword, tenant, biz_id and age.
+    List(list::ListArgs),
+    /// Show one task whole: every column, its error chain, its parents and children.
+    Show(show::ShowArgs),
+    /// The worker nodes, live and gone: heartbeat age and running tasks of each.
+    Nodes(nodes::NodesArgs),
+    /// The operators' changes (who, what, which tasks, how many rows), newest first.
+    Audit(audit::AuditArgs),
 }
 
 /// Runs one of the library's commands on `url` with `registry`'s handlers.
@@ -189,21 +215,22 @@ pub fn run(command: Command, url: &DatabaseUrl, registry: Registry) -> Result<()
         Command::Stats(args) => stats::run(url, &registry, args),
         Command::Prune(args) => prune::run(url, args),
         Command::Cancel(args) => cancel::run(url, args),
-        Command::Retry(args) => cancel::run_retry(url, args),
+        Command::Retry(args) => retry::run(url, args),
         Command::Tenant(args) => tenant::run(url, args),
         Command::Domain(args) => domain::run(url, args),
         Command::Pause(args) => domain::run_pause(url, args, true),
         Command::Resume(args) => domain::run_pause(url, args, false),
         Command::Schedules(args) => schedules::run(url, args),
+        Command::List(args) => list::run(url, args),
+        Command::Show(args) => show::run(url, args),
+        Command::Nodes(args) => nodes::run(url, args),
+        Command::Audit(args) => audit::run(url, args),
     }
 }
 
 /// Who runs this command, for the audit: `$USER@host`.
 fn actor() -> String {
-    let user = std::env::var("USER")
-        .or_else(|_| std::env::var("LOGNAME"))
-        .unwrap_or_else(|_| "unknown".to_owned());
-    format!("{user}@{}", gethostname::gethostname().to_string_lossy())
+    crate::ops::local_actor()
 }
 
 /// Parses durations written like `500ms`, `5s`, `10m`, `2h`, `7d`.

@@ -11,6 +11,7 @@
 //! them; the module itself is private.
 
 mod domain_sql;
+pub(crate) mod ops;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod rows;

@@ -20,6 +20,7 @@ mod fleet;
 mod heartbeat;
 mod lock;
 mod logs;
+mod ops;
 mod proxy;
 mod prune;
 mod record;

@@ -7,7 +7,7 @@
 //! command fails its test instead of hanging the suite.
 //!
 //! Layout: one module per command family (`usage`, `demo`, `enqueue`, `work`, `prune`,
-//! `bench`, `domain`), so a test's full name is, e.g., `demo::demo_on_postgres`; the modules
+//! `bench`, `domain`, `ops_tasks`, `ops_fleet`), so a test's full name is, e.g., `demo::demo_on_postgres`; the modules
 //! they share are listed below.
 
 #[path = "../../../tests/suite/support.rs"]
@@ -22,6 +22,8 @@ mod bench;
 mod demo;
 mod domain;
 mod enqueue;
+mod ops_fleet;
+mod ops_tasks;
 mod prune;
 mod schedules;
 mod usage;

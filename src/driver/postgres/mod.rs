@@ -6,6 +6,7 @@ mod fair;
 mod lock;
 mod maintenance;
 mod operate;
+mod ops;
 mod payload;
 mod schedule;
 mod task;

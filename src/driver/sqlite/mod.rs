@@ -14,6 +14,7 @@ mod enqueue;
 mod fair;
 mod maintenance;
 mod operate;
+mod ops;
 mod schedule;
 mod task;
 mod tenant;

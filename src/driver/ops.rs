@@ -1,0 +1,272 @@
+//! The operator's reads and bulk changes (`outbox list`, `show`, `retry` by filter, `nodes`,
+//! `audit`), behind a trait of their own: each backend implements it in its `ops.rs`.
+//!
+//! Times travel as UTC text of the shape `YYYY-MM-DD HH:MM:SS.SSS` on both backends, with
+//! the database clock (`db_now`) in every row, so that ages are the database's.
+
+use diesel::backend::Backend;
+use diesel::sql_types::{BigInt, HasSqlType, Integer, Nullable, Text};
+use diesel::{QueryResult, QueryableByName};
+
+use crate::db::DbConnection;
+use crate::sql::Statement;
+use crate::task::TaskState;
+
+/// Which tasks an operator's listing or bulk change applies to: every condition given must
+/// hold (an empty `states`: any state).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TaskSelect<'a> {
+    pub states: &'a [TaskState],
+    pub keyword: Option<&'a str>,
+    pub tenant: Option<&'a str>,
+    pub biz_id: Option<&'a str>,
+    /// Created more than this long ago (database clock).
+    pub older_than_ms: Option<i64>,
+    /// Created at most this long ago (database clock).
+    pub newer_than_ms: Option<i64>,
+}
+
+/// One page of a listing, by id.
+#[derive(Debug, Clone, Copy)]
+pub struct TaskPageAt {
+    /// Only tasks after this id in the listing's order.
+    pub after_id: Option<i64>,
+    /// Descending ids (newest first) instead of ascending.
+    pub newest_first: bool,
+    pub limit: i64,
+}
+
+/// A task as a listing shows it (no payload).
+#[derive(Debug, Clone, QueryableByName)]
+pub struct TaskListRow {
+    #[diesel(sql_type = Text)]
+    pub db_now: String,
+    #[diesel(sql_type = BigInt)]
+    pub id: i64,
+    #[diesel(sql_type = Text)]
+    pub keyword: String,
+    #[diesel(sql_type = Text)]
+    pub biz_id: String,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub tenant: Option<String>,
+    #[diesel(sql_type = Text)]
+    pub state: String,
+    #[diesel(sql_type = Integer)]
+    pub failures: i32,
+    #[diesel(sql_type = Nullable<Integer>)]
+    pub max_attempts: Option<i32>,
+    #[diesel(sql_type = Integer)]
+    pub priority: i32,
+    #[diesel(sql_type = Text)]
+    pub run_at: String,
+    #[diesel(sql_type = Text)]
+    pub created_at: String,
+    #[diesel(sql_type = Text)]
+    pub updated_at: String,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub finished_at: Option<String>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub owner: Option<i64>,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub last_error: Option<String>,
+}
+
+/// Every column of a task.
+#[derive(Debug, Clone, QueryableByName)]
+pub struct TaskDetailRow {
+    #[diesel(embed)]
+    pub list: TaskListRow,
+    /// The payload as JSON text.
+    #[diesel(sql_type = Text)]
+    pub biz_data: String,
+    #[diesel(sql_type = BigInt)]
+    pub claim_token: i64,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub parent_id: Option<i64>,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub claimed_at: Option<String>,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub deadline_at: Option<String>,
+    #[diesel(sql_type = Integer)]
+    pub blocked_by: i32,
+}
+
+/// A task at the other end of a chain link.
+#[derive(Debug, Clone, QueryableByName)]
+pub struct TaskLinkRow {
+    #[diesel(sql_type = BigInt)]
+    pub id: i64,
+    #[diesel(sql_type = Text)]
+    pub keyword: String,
+    #[diesel(sql_type = Text)]
+    pub biz_id: String,
+    #[diesel(sql_type = Text)]
+    pub state: String,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub last_error: Option<String>,
+}
+
+/// A row of `async_node`, with its running tasks counted.
+#[derive(Debug, Clone, QueryableByName)]
+pub struct NodeRow {
+    #[diesel(sql_type = Text)]
+    pub db_now: String,
+    #[diesel(sql_type = BigInt)]
+    pub id: i64,
+    #[diesel(sql_type = Text)]
+    pub name: String,
+    /// `alive` or `gone`.
+    #[diesel(sql_type = Text)]
+    pub state: String,
+    #[diesel(sql_type = Text)]
+    pub started_at: String,
+    #[diesel(sql_type = Text)]
+    pub heartbeat_at: String,
+    #[diesel(sql_type = BigInt)]
+    pub running: i64,
+}
+
+/// A row of `async_audit`.
+#[derive(Debug, Clone, QueryableByName)]
+pub struct AuditRow {
+    #[diesel(sql_type = BigInt)]
+    pub id: i64,
+    #[diesel(sql_type = Text)]
+    pub at: String,
+    #[diesel(sql_type = Text)]
+    pub actor: String,
+    #[diesel(sql_type = Text)]
+    pub action: String,
+    #[diesel(sql_type = Text)]
+    pub target: String,
+    /// A JSON object.
+    #[diesel(sql_type = Text)]
+    pub detail: String,
+    #[diesel(sql_type = BigInt)]
+    pub affected: i64,
+}
+
+/// The database operations of the operator's commands.
+pub trait OpsDriver {
+    /// Up to `page.limit` tasks that `select` matches, in id order from `page.after_id`.
+    fn task_list(
+        &mut self,
+        select: &TaskSelect<'_>,
+        page: &TaskPageAt,
+    ) -> QueryResult<Vec<TaskListRow>>;
+
+    /// Every column of the task `id` (`None`: no such task).
+    fn task_detail(&mut self, id: i64) -> QueryResult<Option<TaskDetailRow>>;
+
+    /// The parents of the task `id` (`async_task_parent`), by id; a pruned parent is left
+    /// out.
+    fn task_parents(&mut self, id: i64) -> QueryResult<Vec<TaskLinkRow>>;
+
+    /// Up to `limit` children of the task `id`, by id, and how many it has in all.
+    fn task_children(&mut self, id: i64, limit: i64) -> QueryResult<(Vec<TaskLinkRow>, i64)>;
+
+    /// Puts every dead or cancelled task that `select` matches back to pending (blocked
+    /// while a parent is not done), as [`super::Driver::task_retry`] does one, in one
+    /// statement; with `dry_run`, only counts them. Returns how many. `select.states` is a
+    /// subset of dead and cancelled (empty: both).
+    fn task_retry_matching(&mut self, select: &TaskSelect<'_>, dry_run: bool) -> QueryResult<i64>;
+
+    /// Up to `limit` nodes, most recent heartbeat first, with their running tasks counted.
+    fn node_list(&mut self, limit: i64) -> QueryResult<Vec<NodeRow>>;
+
+    /// Up to `limit` rows of `async_audit`, newest first, before `before_id`, of the actions
+    /// equal to `action` or starting with `action` followed by a dot.
+    fn audit_list(
+        &mut self,
+        action: Option<&str>,
+        before_id: Option<i64>,
+        limit: i64,
+    ) -> QueryResult<Vec<AuditRow>>;
+}
+
+/// The operator's driver behind a connection.
+pub(crate) fn ops_driver(conn: &mut DbConnection) -> &mut dyn OpsDriver {
+    match conn {
+        #[cfg(feature = "postgres")]
+        DbConnection::Pg(c) => c,
+        #[cfg(feature = "sqlite")]
+        DbConnection::Sqlite(c) => c,
+    }
+}
+
+/// Appends `select`'s conditions (each ` AND …`) to a statement whose `WHERE` is open;
+/// `ago` appends the time a number of milliseconds before now (database clock), in the
+/// backend's own time arithmetic.
+pub(super) fn where_selected<DB>(
+    mut statement: Statement<DB>,
+    select: &TaskSelect<'_>,
+    ago: fn(Statement<DB>, i64) -> Statement<DB>,
+) -> Statement<DB>
+where
+    DB: Backend + HasSqlType<Text>,
+    String: diesel::serialize::ToSql<Text, DB>,
+{
+    if !select.states.is_empty() {
+        statement = statement.sql(" AND state IN (");
+        for (i, state) in select.states.iter().enumerate() {
+            if i > 0 {
+                statement = statement.sql(", ");
+            }
+            statement = statement.bind::<Text, _>(state.as_str().to_owned());
+        }
+        statement = statement.sql(")");
+    }
+    if let Some(keyword) = select.keyword {
+        statement = statement
+            .sql(" AND keyword = ")
+            .bind::<Text, _>(keyword.to_owned());
+    }
+    if let Some(tenant) = select.tenant {
+        statement = statement
+            .sql(" AND tenant = ")
+            .bind::<Text, _>(tenant.to_owned());
+    }
+    if let Some(biz_id) = select.biz_id {
+        statement = statement
+            .sql(" AND biz_id = ")
+            .bind::<Text, _>(biz_id.to_owned());
+    }
+    if let Some(ms) = select.older_than_ms {
+        statement = ago(statement.sql(" AND created_at < "), ms);
+    }
+    if let Some(ms) = select.newer_than_ms {
+        statement = ago(statement.sql(" AND created_at >= "), ms);
+    }
+    statement
+}
+
+/// Appends the cursor's condition, the order and the limit of a listing page.
+pub(super) fn page_of<DB>(statement: Statement<DB>, page: &TaskPageAt) -> Statement<DB>
+where
+    DB: Backend + HasSqlType<BigInt>,
+    i64: diesel::serialize::ToSql<BigInt, DB>,
+{
+    let statement = match (page.after_id, page.newest_first) {
+        (Some(id), false) => statement.sql(" AND id > ").bind::<BigInt, _>(id),
+        (Some(id), true) => statement.sql(" AND id < ").bind::<BigInt, _>(id),
+        (None, _) => statement,
+    };
+    let order = if page.newest_first {
+        " ORDER BY id DESC LIMIT "
+    } else {
+        " ORDER BY id LIMIT "
+    };
+    statement.sql(order).bind::<BigInt, _>(page.limit)
+}
+
+/// The states a retry by filter takes: those of `select` (a subset of dead and cancelled),
+/// or both.
+pub(super) fn retry_states<'a>(select: &TaskSelect<'a>) -> TaskSelect<'a> {
+    const RETRYABLE: [TaskState; 2] = [TaskState::Dead, TaskState::Cancelled];
+    let mut select = *select;
+    if select.states.is_empty() {
+        select.states = &RETRYABLE;
+    }
+    debug_assert!(select.states.iter().all(|s| RETRYABLE.contains(s)));
+    select
+}
