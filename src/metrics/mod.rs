@@ -43,7 +43,7 @@ use prometheus_client::registry::Registry;
 
 pub(crate) use gauges::{Live, TableSample};
 pub(crate) use histogram::LatencyHistogram;
-pub(crate) use server::MetricsServer;
+pub(crate) use server::{BoundServer, MetricsServer};
 
 use crate::task::ClaimedTask;
 

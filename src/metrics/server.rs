@@ -30,20 +30,21 @@ struct Endpoint {
     gauges: Registry,
 }
 
-impl MetricsServer {
-    /// Binds `addr` and serves on a thread of its own. Fails with [`Error::MetricsServer`]
-    /// naming the address when it cannot be bound (in use, not local, no permission).
-    pub(crate) fn start(
-        addr: SocketAddr,
-        metrics: Arc<Metrics>,
-        live: Live,
-        table: TableSample,
-    ) -> Result<MetricsServer> {
+/// A metrics endpoint bound to its address, not serving yet: bound before the worker
+/// registers its node, so that an address in use leaves nothing behind.
+pub(crate) struct BoundServer {
+    server: Server,
+    addr: SocketAddr,
+}
+
+impl BoundServer {
+    /// Binds `addr`. Fails with [`Error::MetricsServer`] naming the address when it cannot
+    /// be bound (in use, not an address of this machine, a privileged port).
+    pub(crate) fn bind(addr: SocketAddr) -> Result<BoundServer> {
         let server = Server::http(addr).map_err(|e| Error::MetricsServer {
             addr: addr.to_string(),
             reason: e.to_string(),
         })?;
-        let server = Arc::new(server);
         let bound = server
             .server_addr()
             .to_ip()
@@ -51,6 +52,24 @@ impl MetricsServer {
                 addr: addr.to_string(),
                 reason: "not bound to an IP address".into(),
             })?;
+        Ok(BoundServer {
+            server,
+            addr: bound,
+        })
+    }
+
+    /// Serves `metrics` and the gauges of `live` and `table` on a thread of its own.
+    pub(crate) fn serve(
+        self,
+        metrics: Arc<Metrics>,
+        live: Live,
+        table: TableSample,
+    ) -> Result<MetricsServer> {
+        let BoundServer {
+            server,
+            addr: bound,
+        } = self;
+        let server = Arc::new(server);
         let (live, table) = (Arc::new(live), Arc::new(table));
         let mut gauges = Registry::with_prefix("outbox");
         gauges.register_collector(Box::new(Gauges {
@@ -82,7 +101,9 @@ impl MetricsServer {
             thread: Some(thread),
         })
     }
+}
 
+impl MetricsServer {
     /// The address it listens on (the port chosen by the system when asked for port 0).
     pub(crate) fn addr(&self) -> SocketAddr {
         self.addr

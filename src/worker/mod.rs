@@ -145,6 +145,18 @@ impl Worker {
         registry: Registry,
         settings: Settings,
     ) -> Result<Worker> {
+        // What can fail on its own first, so that a failure leaves no node row behind.
+        let metrics_endpoint = settings
+            .metrics_addr
+            .map(crate::metrics::BoundServer::bind)
+            .transpose()?;
+        let on_dead = match &settings.on_dead {
+            Some(command) => Some(Arc::new(on_dead::DeadHook::start(
+                command.clone(),
+                settings.on_dead_timeout,
+            )?)),
+            None => None,
+        };
         let mut conn = pool.get().op("worker start")?;
         ensure_migrated(&mut conn)?;
         let node = Arc::new(Node::register(&mut conn)?);
@@ -178,23 +190,17 @@ impl Worker {
         let timeouts = timeouts::Timeouts::new(dispatcher.shared_lanes());
         let stopping = Arc::new(AtomicBool::new(false));
         let observers = Observers {
-            metrics: settings
-                .metrics_addr
+            metrics: metrics_endpoint
+                .as_ref()
                 .map(|_| Arc::new(crate::metrics::Metrics::new(registry.keywords()))),
-            on_dead: match &settings.on_dead {
-                Some(command) => Some(Arc::new(on_dead::DeadHook::start(
-                    command.clone(),
-                    settings.on_dead_timeout,
-                )?)),
-                None => None,
-            },
+            on_dead,
         };
         let services = Services::start(
             &settings, url, &pool, &node, &stopping, domains, timeouts, &observers,
         )?;
-        let metrics_server = match (settings.metrics_addr, &observers.metrics) {
-            (Some(addr), Some(metrics)) => Some(Self::serve_metrics(
-                addr,
+        let metrics_server = match (metrics_endpoint, &observers.metrics) {
+            (Some(endpoint), Some(metrics)) => Some(Self::serve_metrics(
+                endpoint,
                 url,
                 Arc::clone(metrics),
                 &settings,
@@ -233,7 +239,7 @@ impl Worker {
 
     /// Starts the metrics endpoint of a worker (see [`crate::metrics`]).
     fn serve_metrics(
-        addr: std::net::SocketAddr,
+        endpoint: crate::metrics::BoundServer,
         url: &DatabaseUrl,
         metrics: Arc<crate::metrics::Metrics>,
         settings: &Settings,
@@ -250,7 +256,7 @@ impl Worker {
             domains: Box::new(move || lanes.lock().usage()),
         };
         let table = crate::metrics::TableSample::new(url.clone(), crate::metrics::SAMPLE_INTERVAL);
-        crate::metrics::MetricsServer::start(addr, metrics, live, table)
+        endpoint.serve(metrics, live, table)
     }
 
     /// Where the metrics endpoint listens, when [`WorkerConfig::metrics_addr`] is set (the
