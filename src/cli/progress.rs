@@ -77,9 +77,15 @@ impl Progress {
         let bar = ProgressBar::with_draw_target(Some(self.total), ProgressDrawTarget::stdout());
         bar.set_style(
             BarStyle::with_template(
-                "{spinner} {msg} [{elapsed_precise}] {wide_bar} {pos}/{len} tasks ({per_sec}, ETA {eta})",
+                "{spinner} {msg} [{elapsed_precise}] {wide_bar} {pos}/{len} tasks ({rate}, ETA {eta})",
             )
-            .expect("a valid template"),
+            .expect("a valid template")
+            .with_key(
+                "rate",
+                |state: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
+                    let _ = write!(w, "{:.0} tasks/s", state.per_sec());
+                },
+            ),
         );
         bar.set_message(self.verb);
         while !finished.load(Ordering::Relaxed) {
