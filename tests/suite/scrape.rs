@@ -143,7 +143,7 @@ fn family_of<'a>(name: &str, types: &'a BTreeMap<String, String>) -> Option<&'a 
 
 fn parse_sample(line: &str) -> Sample {
     let name_end = line
-        .find(|c: char| c == '{' || c == ' ')
+        .find(['{', ' '])
         .unwrap_or_else(|| panic!("no value in {line:?}"));
     let name = &line[..name_end];
     assert!(
