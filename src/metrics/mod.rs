@@ -139,7 +139,12 @@ impl Metrics {
 
     /// Counts a task's attempt ended with `outcome`, and its time since the claim.
     pub(crate) fn finished(&self, task: &ClaimedTask, outcome: Finished) {
-        let Some(metrics) = self.keywords.get(task.context.keyword.as_str()) else {
+        self.finished_at(&task.context.keyword, task.claimed_at, outcome);
+    }
+
+    /// Counts an attempt of a task of `keyword` claimed at `claimed_at` ended with `outcome`.
+    pub(crate) fn finished_at(&self, keyword: &str, claimed_at: Instant, outcome: Finished) {
+        let Some(metrics) = self.keywords.get(keyword) else {
             return;
         };
         match outcome {
@@ -147,7 +152,7 @@ impl Metrics {
             Finished::Retried => metrics.retried.inc(),
             Finished::Dead => metrics.dead.inc(),
         };
-        metrics.completion.observe(task.claimed_at.elapsed());
+        metrics.completion.observe(claimed_at.elapsed());
     }
 
     /// Counts one claim statement that took from `started` until now.

@@ -54,6 +54,17 @@ impl Observers {
         }
     }
 
+    /// A task was made dead by its domain's timeout while its handler still ran (the
+    /// handler's own outcome is then fenced out, so it is counted here).
+    pub(crate) fn dead_at_timeout(&self, task: DeadTask, claimed_at: Instant) {
+        if let Some(metrics) = &self.metrics {
+            metrics.finished_at(&task.keyword, claimed_at, Finished::Dead);
+        }
+        if let Some(hook) = &self.on_dead {
+            hook.dead(task);
+        }
+    }
+
     /// A claim statement, asked at `started`, returned.
     pub(crate) fn claimed(&self, started: Instant) {
         if let Some(metrics) = &self.metrics {

@@ -116,17 +116,18 @@ impl Services {
             },
         )?;
         // The domains' timeouts, checked ten times a second.
-        let (timeouts, pool_, settings_) = (
+        let (timeouts, pool_, settings_, observers_) = (
             Arc::clone(&services.timeouts),
             pool.clone(),
             settings.clone(),
+            observers.clone(),
         );
         services.spawn(
             "timeouts",
             id,
             || Duration::from_millis(100),
             move || {
-                timeouts.run_once(&pool_, &settings_);
+                timeouts.run_once(&pool_, &settings_, &observers_);
             },
         )?;
         // Apart from the heartbeat: on SQLite a beat can wait the whole busy timeout on the

@@ -120,6 +120,38 @@ both_backends! {
         assert!(logs::containing(&needle)[0].starts_with("WARN "), "{:?}", logs::containing(&needle));
     }
 
+    fn a_task_its_domains_timeout_makes_dead_runs_the_hook_and_counts_dead(db: &TestDb) {
+        let dir = tempfile::tempdir().unwrap();
+        let task = NewTask::new("stuck", "slow-1").max_attempts(1);
+        let id = outbox::enqueue(&mut db.conn(), &task).unwrap().id;
+        let mut registry = Registry::new();
+        registry.register("stuck", |_: &TaskContext, _: &mut TaskTx| {
+            // Busy in Rust past the domain's timeout, before touching the database.
+            std::thread::sleep(Duration::from_millis(1500));
+            Ok(())
+        });
+        let command = format!(
+            "printf '%s' \"$OUTBOX_ERROR\" > {dir}/tmp && mv {dir}/tmp {dir}/$OUTBOX_TASK_ID.error",
+            dir = quoted(dir.path())
+        );
+        let domain = outbox::domain::Domain::max("stuck", ["stuck"], 1).timeout(Duration::from_millis(200));
+        let config = small_config()
+            .domain(domain)
+            .on_dead(command)
+            .metrics_addr("127.0.0.1:0".parse().unwrap());
+        let worker = Worker::new(&db.url, registry, config).unwrap();
+        let tally = worker.run_once().unwrap();
+        assert_eq!((tally.done, tally.dead), (0, 0), "its own late outcome is fenced out");
+        assert_eq!(db.task(id).state, "dead");
+        let out = dir.path().join(format!("{id}.error"));
+        wait_for_file(&out);
+        let error = std::fs::read_to_string(&out).unwrap();
+        assert!(error.starts_with("timed out: its handler ran for"), "{error}");
+        let e = crate::scrape::scrape(worker.metrics_addr().unwrap());
+        let dead = e.value("outbox_tasks_finished_total", &[("keyword", "stuck"), ("outcome", "dead")]);
+        assert_eq!(dead, Some(1.0));
+    }
+
     fn a_task_rescued_to_dead_runs_the_hook(db: &TestDb) {
         let dir = tempfile::tempdir().unwrap();
         crate::rescue::enqueue_n(db, 1);
