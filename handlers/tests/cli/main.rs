@@ -12,6 +12,9 @@
 
 #[path = "../../../tests/suite/support.rs"]
 mod support;
+// Scraping a metrics endpoint and parsing the exposition, as the suite does.
+#[path = "../../../tests/suite/scrape.rs"]
+mod scrape;
 
 // Support: running the binary, looking into databases.
 mod binary;
@@ -22,6 +25,7 @@ mod bench;
 mod demo;
 mod domain;
 mod enqueue;
+mod metrics;
 mod ops_fleet;
 mod ops_tasks;
 mod prune;
