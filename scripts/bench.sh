@@ -3,6 +3,7 @@
 #
 #   scripts/bench.sh [--quick] [--out FILE]
 #   scripts/bench.sh --peers [--rounds N] [--out FILE]
+#   scripts/bench.sh --metrics [--rounds N] [--out FILE]
 #
 # Builds the release binary, starts a throwaway PostgreSQL cluster with default
 # durability (fsync on; its own state dir, apart from the test cluster) unless
@@ -12,10 +13,15 @@
 #      transaction (--open-tx), as one writing to the database does;
 #   2. the scale test: the first 10,000 tasks of a 1,000,000-task backlog, against
 #      a 10,000-task backlog, with the claim's plan (PostgreSQL; 3 runs);
-#   3. commit-to-start latency with LISTEN/NOTIFY and with polling (PostgreSQL).
+#   3. commit-to-start latency with LISTEN/NOTIFY and with polling (PostgreSQL);
+#   4. what the metrics cost: N rounds (default 7) of a drain of 20,000 no-op tasks with
+#      --metrics-addr (scraped every second) against one without, interleaved (which goes
+#      first alternates), strict and batched; the figure is the median of the rounds' ratios.
 # Every configuration prints one JSON line (also appended to --out, default
 # target/bench/results.jsonl); human-readable progress goes to stderr.
 # --quick: 1 run each and a 100,000-task backlog, to check that it all works.
+#
+# --metrics: only the metrics' cost (4. above), on both backends.
 #
 # --peers: instead of the set above, outbox head to head with graphile-worker 0.17.3 (installed
 # from the npm registry into target/peers/; Node is a benchmark dependency only), interleaved
@@ -29,13 +35,15 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 repo_root=$PWD
 
 runs=5 scale_runs=3 backlog=1000000 out=target/bench/results.jsonl peers=false rounds=5
+metrics_only=false metrics_rounds=7
 while (($#)); do
     case $1 in
-    --quick) runs=1 scale_runs=1 backlog=100000 ;;
+    --quick) runs=1 scale_runs=1 backlog=100000 metrics_rounds=1 ;;
     --out) out=$2; shift ;;
     --peers) peers=true ;;
-    --rounds) rounds=$2; shift ;;
-    *) echo "usage: $0 [--quick] [--out FILE] | --peers [--rounds N] [--out FILE]" >&2; exit 2 ;;
+    --rounds) rounds=$2 metrics_rounds=$2; shift ;;
+    --metrics) metrics_only=true ;;
+    *) echo "usage: $0 [--quick] [--out FILE] | --peers [--rounds N] [--out FILE] | --metrics [--rounds N] [--out FILE]" >&2; exit 2 ;;
     esac
     shift
 done
@@ -45,7 +53,7 @@ step() { printf '\n==> %s\n' "$*" >&2; }
 
 step "cargo build --release"
 cargo build --release --locked -p outbox-handlers >&2
-outbox=$repo_root/target/release/outbox
+outbox=${CARGO_TARGET_DIR:-$repo_root/target}/release/outbox
 
 if [[ -n ${OUTBOX_BENCH_PG_URL:-} ]]; then
     pg_url=$OUTBOX_BENCH_PG_URL
@@ -69,6 +77,21 @@ bench() {
     "$outbox" bench --json "$@" | tee -a "$out"
 }
 
+metrics_cost() {
+    local url name
+    for url in "$pg_url" "$sqlite_url"; do
+        name=postgres
+        [[ $url == postgres* ]] || name=sqlite
+        bench "$name metrics cost" --database-url "$url" --runs "$metrics_rounds" --mode both --metrics-cost
+    done
+}
+
+if $metrics_only; then
+    metrics_cost
+    step "results appended to $out"
+    exit 0
+fi
+
 if $peers; then
     . "$repo_root/scripts/peers/peers.sh"
     run_peers
@@ -87,4 +110,5 @@ done
 step "postgres claim plan at a backlog of $backlog"
 "$outbox" bench --database-url "$pg_url" --runs 1 --mode strict --tasks 1000 --backlog "$backlog" --explain | grep -A30 '^claim plan' | sed -n '1,/^  strict/p' | sed '$d' >&2
 bench "postgres latency" --database-url "$pg_url" --latency
+metrics_cost
 step "results appended to $out"

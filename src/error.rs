@@ -196,6 +196,16 @@ pub enum Error {
         source: std::io::Error,
     },
 
+    /// The metrics endpoint could not listen on its address (in use, not an address of this
+    /// machine, a privileged port).
+    #[error("cannot serve metrics on {addr}: {reason}")]
+    MetricsServer {
+        /// The address asked for (`--metrics-addr`).
+        addr: String,
+        /// The operating system's reason.
+        reason: String,
+    },
+
     /// The SIGINT/SIGTERM handlers could not be installed.
     #[error("cannot install the signal handlers: {source}")]
     Signal {

@@ -19,6 +19,8 @@ pub struct KeywordStats {
     pub blocked: i64,
     /// Tasks waiting to run (due or not).
     pub pending: i64,
+    /// Of the pending tasks, those due now: the queue a worker would claim from.
+    pub due: i64,
     /// Tasks claimed by a node.
     pub running: i64,
     /// Finished tasks.
@@ -57,6 +59,7 @@ pub fn keyword_stats(conn: &mut DbConnection, registry: &Registry) -> Result<Vec
             "cancelled" => entry.cancelled = row.count,
             other => log::warn!("unknown task state {other:?} in async_task"),
         }
+        entry.due += row.due;
         if row.oldest_due_secs.is_some() {
             entry.oldest_due_secs = row.oldest_due_secs;
         }

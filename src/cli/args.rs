@@ -72,6 +72,9 @@ pub struct WorkerArgs {
     /// schedules").
     #[arg(long, value_name = "FILE")]
     crontab: Option<std::path::PathBuf>,
+    /// Metrics, health and the dead-task hook.
+    #[command(flatten)]
+    observe: super::observe::ObserveArgs,
 }
 
 impl WorkerArgs {
@@ -96,6 +99,7 @@ impl WorkerArgs {
         for flag in &self.domain {
             config = config.domain(crate::domain::parse_domain_flag(flag)?);
         }
+        let config = self.observe.apply(config);
         config.resolve(backend)?;
         Ok(config)
     }

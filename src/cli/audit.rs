@@ -3,6 +3,7 @@
 use chrono::SecondsFormat;
 use clap::Args;
 
+use super::out;
 use super::table::{self, Align};
 use crate::db::DatabaseUrl;
 use crate::migrate::ensure_migrated;
@@ -40,20 +41,16 @@ pub(super) fn run(url: &DatabaseUrl, args: AuditArgs) -> crate::Result<()> {
     ensure_migrated(&mut conn)?;
     let page = audit_list(&mut conn, &query)?;
     if args.json {
-        for record in &page.records {
-            println!(
-                "{}",
-                serde_json::to_string(record).expect("a record serialises")
-            );
-        }
-        println!(
-            "{}",
-            serde_json::json!({"next_before_id": page.next_before_id})
-        );
+        let records = page
+            .records
+            .iter()
+            .map(|record| serde_json::to_string(record).expect("a record serialises"));
+        let cursor = serde_json::json!({"next_before_id": page.next_before_id}).to_string();
+        out::lines(records.chain([cursor]));
         return Ok(());
     }
     if page.records.is_empty() {
-        println!("no audited changes match");
+        out::lines(["no audited changes match"]);
         return Ok(());
     }
     let rows: Vec<Vec<String>> = page
@@ -70,7 +67,7 @@ pub(super) fn run(url: &DatabaseUrl, args: AuditArgs) -> crate::Result<()> {
             ]
         })
         .collect();
-    table::print(
+    let mut lines = table::render(
         &[
             ("id", Align::Right),
             ("at", Align::Left),
@@ -82,7 +79,10 @@ pub(super) fn run(url: &DatabaseUrl, args: AuditArgs) -> crate::Result<()> {
         &rows,
     );
     if let Some(id) = page.next_before_id {
-        println!("older changes: add --before-id {id} for the next page");
+        lines.push(format!(
+            "older changes: add --before-id {id} for the next page"
+        ));
     }
+    out::lines(lines);
     Ok(())
 }

@@ -52,6 +52,14 @@ pub(super) fn run(url: &DatabaseUrl, args: CancelArgs) -> Result<()> {
                 .into(),
         });
     }
+    // clap drops `requires = "all"` when the id (which conflicts with --all) is given: a
+    // `--dry-run` next to an id must not cancel for real.
+    if args.dry_run && !args.all {
+        return Err(Error::InvalidConfig {
+            setting: "cancel",
+            reason: "--dry-run goes with --all".into(),
+        });
+    }
     if args.all {
         return run_matching(url, args);
     }

@@ -3,6 +3,7 @@
 use clap::Args;
 
 use super::filter::FilterArgs;
+use super::out;
 use super::table::{self, Align};
 use crate::db::DatabaseUrl;
 use crate::migrate::ensure_migrated;
@@ -41,30 +42,26 @@ pub(super) fn run(url: &DatabaseUrl, args: ListArgs) -> crate::Result<()> {
     ensure_migrated(&mut conn)?;
     let page = list_tasks(&mut conn, &query)?;
     if args.json {
-        for task in &page.tasks {
-            println!(
-                "{}",
-                serde_json::to_string(task).expect("a task serialises")
-            );
-        }
-        println!(
-            "{}",
-            serde_json::json!({"next_after_id": page.next_after_id})
-        );
+        let tasks = page
+            .tasks
+            .iter()
+            .map(|task| serde_json::to_string(task).expect("a task serialises"));
+        let cursor = serde_json::json!({"next_after_id": page.next_after_id}).to_string();
+        out::lines(tasks.chain([cursor]));
     } else {
-        print_page(&page, args.after_id.is_some());
+        out::lines(page_lines(&page, args.after_id.is_some()));
     }
     Ok(())
 }
 
-fn print_page(page: &Page, continued: bool) {
+fn page_lines(page: &Page, continued: bool) -> Vec<String> {
     if page.tasks.is_empty() {
-        if continued {
-            println!("no more tasks match");
+        let none = if continued {
+            "no more tasks match"
         } else {
-            println!("no tasks match");
-        }
-        return;
+            "no tasks match"
+        };
+        return vec![none.to_owned()];
     }
     let rows: Vec<Vec<String>> = page
         .tasks
@@ -86,7 +83,7 @@ fn print_page(page: &Page, continued: bool) {
             ]
         })
         .collect();
-    table::print(
+    let mut lines = table::render(
         &[
             ("id", Align::Right),
             ("state", Align::Left),
@@ -99,8 +96,9 @@ fn print_page(page: &Page, continued: bool) {
         ],
         &rows,
     );
-    match page.next_after_id {
-        Some(id) => println!("more tasks match: add --after-id {id} for the next page"),
-        None => println!("({} task(s), the last page)", page.tasks.len()),
-    }
+    lines.push(match page.next_after_id {
+        Some(id) => format!("more tasks match: add --after-id {id} for the next page"),
+        None => format!("({} task(s), the last page)", page.tasks.len()),
+    });
+    lines
 }

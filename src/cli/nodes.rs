@@ -5,6 +5,7 @@ use std::time::Duration;
 use chrono::SecondsFormat;
 use clap::Args;
 
+use super::out;
 use super::parse_duration;
 use super::table::{self, Align};
 use crate::db::DatabaseUrl;
@@ -36,16 +37,15 @@ pub(super) fn run(url: &DatabaseUrl, args: NodesArgs) -> crate::Result<()> {
     ensure_migrated(&mut conn)?;
     let nodes = nodes(&mut conn, &query)?;
     if args.json {
-        for node in &nodes {
-            println!(
-                "{}",
-                serde_json::to_string(node).expect("a node serialises")
-            );
-        }
+        out::lines(
+            nodes
+                .iter()
+                .map(|node| serde_json::to_string(node).expect("a node serialises")),
+        );
         return Ok(());
     }
     if nodes.is_empty() {
-        println!("no nodes: no worker has run on this database (or prune removed them)");
+        out::lines(["no nodes: no worker has run on this database (or prune removed them)"]);
         return Ok(());
     }
     let rows: Vec<Vec<String>> = nodes
@@ -61,7 +61,7 @@ pub(super) fn run(url: &DatabaseUrl, args: NodesArgs) -> crate::Result<()> {
             ]
         })
         .collect();
-    table::print(
+    let mut lines = table::render(
         &[
             ("id", Align::Right),
             ("name", Align::Left),
@@ -76,6 +76,7 @@ pub(super) fn run(url: &DatabaseUrl, args: NodesArgs) -> crate::Result<()> {
         .iter()
         .filter(|n| n.status == NodeStatus::Live)
         .count();
-    println!("({live} live of {} listed)", nodes.len());
+    lines.push(format!("({live} live of {} listed)", nodes.len()));
+    out::lines(lines);
     Ok(())
 }

@@ -39,6 +39,14 @@ pub struct RetryArgs {
 }
 
 pub(super) fn run(url: &DatabaseUrl, args: RetryArgs) -> Result<()> {
+    // clap drops `requires = "all"` when the id (which conflicts with --all) is given: a
+    // `--dry-run` next to an id must not retry for real.
+    if !args.all && (args.dry_run || args.yes) {
+        return Err(Error::InvalidConfig {
+            setting: "retry",
+            reason: "--dry-run and --yes go with --all".into(),
+        });
+    }
     match args.id {
         Some(id) => {
             if !args.filter.is_empty() {

@@ -3,7 +3,7 @@
 use chrono::{DateTime, SecondsFormat, Utc};
 use clap::Args;
 
-use super::table;
+use super::{out, table};
 use crate::db::DatabaseUrl;
 use crate::migrate::ensure_migrated;
 use crate::ops::{show_task, TaskDetail, TaskLink};
@@ -24,12 +24,9 @@ pub(super) fn run(url: &DatabaseUrl, args: ShowArgs) -> crate::Result<()> {
     ensure_migrated(&mut conn)?;
     let detail = show_task(&mut conn, args.id)?;
     if args.json {
-        println!(
-            "{}",
-            serde_json::to_string(&detail).expect("a task serialises")
-        );
+        out::lines([serde_json::to_string(&detail).expect("a task serialises")]);
     } else {
-        print_detail(&detail);
+        out::lines(detail_lines(&detail));
     }
     Ok(())
 }
@@ -45,7 +42,7 @@ fn link(l: &TaskLink) -> String {
     format!("{} {} {} ({})", l.id, l.keyword, l.biz_id, l.state)
 }
 
-fn print_detail(d: &TaskDetail) {
+fn detail_lines(d: &TaskDetail) -> Vec<String> {
     let t = &d.task;
     let max = t
         .max_attempts
@@ -84,30 +81,33 @@ fn print_detail(d: &TaskDetail) {
         ),
         ("biz_data", d.biz_data.to_string()),
     ];
-    for (name, value) in fields {
-        println!("{name:<12} {value}");
-    }
-    print_links("parents", &d.parents, d.parents.len() as i64);
-    print_links("children", &d.children, d.children_total);
+    let mut lines: Vec<String> = fields
+        .into_iter()
+        .map(|(name, value)| format!("{name:<12} {value}"))
+        .collect();
+    link_lines(&mut lines, "parents", &d.parents, d.parents.len() as i64);
+    link_lines(&mut lines, "children", &d.children, d.children_total);
     if !d.error_chain.is_empty() {
-        println!("error chain");
+        lines.push("error chain".to_owned());
         for l in &d.error_chain {
-            println!("  {}: {}", link(l), l.last_error.as_deref().unwrap_or("-"));
+            let error = l.last_error.as_deref().unwrap_or("-");
+            lines.push(format!("  {}: {error}", link(l)));
         }
     }
+    lines
 }
 
-fn print_links(name: &str, links: &[TaskLink], total: i64) {
+fn link_lines(lines: &mut Vec<String>, name: &str, links: &[TaskLink], total: i64) {
     if links.is_empty() {
-        println!("{name:<12} -");
+        lines.push(format!("{name:<12} -"));
         return;
     }
     for (i, l) in links.iter().enumerate() {
         let label = if i == 0 { name } else { "" };
-        println!("{label:<12} {}", link(l));
+        lines.push(format!("{label:<12} {}", link(l)));
     }
     let more = total - links.len() as i64;
     if more > 0 {
-        println!("{:<12} … and {more} more", "");
+        lines.push(format!("{:<12} … and {more} more", ""));
     }
 }

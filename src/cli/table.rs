@@ -7,15 +7,9 @@ pub(super) enum Align {
     Right,
 }
 
-/// Prints `header` and `rows` as aligned columns separated by two spaces; the last column
-/// is never padded (it may hold long text).
-pub(super) fn print(header: &[(&str, Align)], rows: &[Vec<String>]) {
-    for line in render(header, rows) {
-        println!("{line}");
-    }
-}
-
-fn render(header: &[(&str, Align)], rows: &[Vec<String>]) -> Vec<String> {
+/// `header` and `rows` as aligned columns separated by two spaces; the last column is never
+/// padded (it may hold long text).
+pub(super) fn render(header: &[(&str, Align)], rows: &[Vec<String>]) -> Vec<String> {
     let mut widths: Vec<usize> = header.iter().map(|(h, _)| h.chars().count()).collect();
     for row in rows {
         for (width, cell) in widths.iter_mut().zip(row) {

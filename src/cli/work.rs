@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use clap::Args;
 
+use super::progress::{Progress, ProgressStyle};
 use super::WorkerArgs;
 use crate::db::DatabaseUrl;
 use crate::registry::Registry;
@@ -31,7 +32,17 @@ pub(super) fn drain(
     args.add_crontab(&mut registry)?;
     url.require_existing()?;
     let worker = Worker::new(url, registry, config)?;
-    let report = worker.drain_until_stopped(args.shutdown_timeout())?;
+    // A bar on a terminal, plain lines otherwise (nothing with --json).
+    let style = ProgressStyle::detect(args.json);
+    let total = match style {
+        ProgressStyle::Quiet => 0,
+        _ => worker.due_count()?,
+    };
+    let totals = worker.totals_reader();
+    let report = Progress::new(style, "draining", total).run_while(
+        || totals().finished(),
+        || worker.drain_until_stopped(args.shutdown_timeout()),
+    )?;
     print_report("drained", &report, args.json);
     Ok(())
 }

@@ -314,6 +314,10 @@ pub trait Driver {
     /// Deletes `keyword`'s row of `async_pause` and writes `audit`, in one transaction;
     /// returns the rows deleted: 0, and no audit, when it was not paused.
     fn keyword_resume(&mut self, keyword: &str, audit: &AuditEntry<'_>) -> QueryResult<usize>;
+
+    // Progress (`drain`'s bar).
+    /// Pending tasks of `keywords` due now, of every tenant.
+    fn task_count_due(&mut self, keywords: &[String]) -> QueryResult<i64>;
 }
 
 /// Appends the fence of a claimed task to an `UPDATE async_task SET …` statement.

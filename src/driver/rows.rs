@@ -125,6 +125,13 @@ pub struct RescuedRow {
     pub state: String,
     #[diesel(sql_type = Text)]
     pub reason: String,
+    /// Its keyword, biz_id and tenant (for the metrics and the dead-task hook).
+    #[diesel(sql_type = Text)]
+    pub keyword: String,
+    #[diesel(sql_type = Text)]
+    pub biz_id: String,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub tenant: Option<String>,
 }
 
 /// One line of the task statistics.
@@ -139,6 +146,9 @@ pub struct KeywordStateCount {
     /// Seconds since the oldest due pending task became due.
     #[diesel(sql_type = Nullable<Double>)]
     pub oldest_due_secs: Option<f64>,
+    /// Of the tasks counted, those pending and due now.
+    #[diesel(sql_type = BigInt)]
+    pub due: i64,
 }
 
 /// One batch of a prune.

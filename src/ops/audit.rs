@@ -28,7 +28,7 @@ pub fn local_actor() -> String {
 pub struct AuditRecord {
     /// The row's id (ascending with time).
     pub id: i64,
-    /// When the change committed's transaction wrote it (database clock).
+    /// When the change's transaction wrote it (database clock).
     pub at: DateTime<Utc>,
     /// Who: `$USER@host`, or the name a program gave (a web user).
     pub actor: String,

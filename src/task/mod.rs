@@ -126,6 +126,9 @@ pub struct ClaimedTask {
     /// When the task's deadline passes, by this process's clock (its claim plus the claim
     /// timeout, measured from just before the claim): outcomes are recorded until then.
     pub(crate) deadline: std::time::Instant,
+    /// When the claim statement returned, by this process's clock (for the completion
+    /// latency of [`crate::metrics`]).
+    pub(crate) claimed_at: std::time::Instant,
 }
 
 impl ClaimedTask {

@@ -202,7 +202,8 @@ impl Worker {
         let owner = self.node.id();
         // The local deadline starts before the statement, so it never ends after the
         // database's.
-        let deadline = Instant::now() + timeout;
+        let asked = Instant::now();
+        let deadline = asked + timeout;
         let rows = {
             let _turn = self.writer_turn.take();
             claim(
@@ -216,6 +217,7 @@ impl Worker {
             .discard_broken(&mut conn)
             .op("task claim")?
         };
+        self.observers.claimed(asked);
         Ok(claimed_tasks(rows, owner, deadline))
     }
 
@@ -254,6 +256,7 @@ pub(super) fn claimed_tasks(
     deadline: Instant,
 ) -> Vec<ClaimedTask> {
     rows.sort_by_key(|row| (row.priority, row.id));
+    let claimed_at = Instant::now();
     rows.into_iter()
         .map(|row| ClaimedTask {
             context: TaskContext {
@@ -270,6 +273,7 @@ pub(super) fn claimed_tasks(
             claim_token: row.claim_token,
             owner,
             deadline,
+            claimed_at,
         })
         .collect()
 }

@@ -127,6 +127,20 @@ pub struct WorkerConfig {
     /// thread). See [`crate::domain`]. Under lock claims a domain queues nothing: each
     /// chunk is locked for a domain's free thread and starts at once.
     pub domains: Vec<Domain>,
+
+    // Watching the worker from outside (README, "Metrics and health").
+    /// Where to serve Prometheus metrics (`/metrics`) and the health check (`/healthz`),
+    /// on a thread of the worker's own (none by default; port 0 picks a free port, see
+    /// [`crate::Worker::metrics_addr`]). The worker fails to start when it cannot listen
+    /// there ([`Error::MetricsServer`]). See [`crate::metrics`].
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    /// A command run by `sh -c` when a task becomes dead, with the task in its environment
+    /// (`OUTBOX_TASK_ID`, `OUTBOX_KEYWORD`, `OUTBOX_BIZ_ID`, `OUTBOX_TENANT`,
+    /// `OUTBOX_ERROR`; never the payload), off the worker's threads (none by default).
+    pub on_dead: Option<String>,
+    /// How long the `on_dead` command may run before it is killed (default
+    /// [`super::on_dead::DEFAULT_ON_DEAD_TIMEOUT`], 30 s).
+    pub on_dead_timeout: Duration,
 }
 
 impl Default for WorkerConfig {
@@ -146,6 +160,9 @@ impl Default for WorkerConfig {
             commit_batch: 1,
             claim_style: ClaimStyle::Auto,
             domains: Vec::new(),
+            metrics_addr: None,
+            on_dead: None,
+            on_dead_timeout: super::on_dead::DEFAULT_ON_DEAD_TIMEOUT,
         }
     }
 }
@@ -188,6 +205,12 @@ impl WorkerConfig {
         commit_batch: usize => commit_batch;
         /// Sets how tasks are claimed.
         claim_style: ClaimStyle => claim_style;
+        /// Serves metrics and the health check on this address.
+        metrics_addr: std::net::SocketAddr => Some(metrics_addr);
+        /// Runs this command (`sh -c`) when a task becomes dead.
+        on_dead: impl Into<String> => Some(on_dead.into());
+        /// Sets how long the dead-task command may run.
+        on_dead_timeout: Duration => on_dead_timeout;
     }
 
     /// Adds a task domain (checked with the others when the worker starts).
@@ -241,6 +264,9 @@ impl WorkerConfig {
             commit_batch: self.commit_batch,
             lock,
             domains: self.domains.clone(),
+            metrics_addr: self.metrics_addr,
+            on_dead: self.on_dead.clone(),
+            on_dead_timeout: self.on_dead_timeout,
         };
         settings.validate()?;
         Ok(settings)
@@ -265,6 +291,9 @@ pub(crate) struct Settings {
     /// Whether chunks are claimed by locking their rows ([`ClaimStyle::Lock`]).
     pub(crate) lock: bool,
     pub(crate) domains: Vec<Domain>,
+    pub(crate) metrics_addr: Option<std::net::SocketAddr>,
+    pub(crate) on_dead: Option<String>,
+    pub(crate) on_dead_timeout: Duration,
 }
 
 impl Settings {
@@ -333,6 +362,12 @@ impl Settings {
                     self.task_timeout * self.commit_batch as u32
                 ),
             );
+        }
+        if self.on_dead.as_deref().is_some_and(|c| c.trim().is_empty()) {
+            return bad("on-dead", "must be a command, not empty".into());
+        }
+        if self.on_dead_timeout < Duration::from_millis(100) {
+            return bad("on-dead-timeout", "must be at least 100ms".into());
         }
         self.backoff
             .validate()

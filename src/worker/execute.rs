@@ -38,8 +38,15 @@ impl From<diesel::result::Error> for ChunkRollback {
 }
 
 impl Worker {
-    /// Runs one claimed task to its outcome.
+    /// Runs one claimed task to its outcome, counted in the metrics.
     pub(crate) fn execute_task(&self, task: &ClaimedTask) -> Outcome {
+        let outcome = self.run_task(task);
+        self.observers.finished(task, outcome);
+        outcome
+    }
+
+    /// Runs one claimed task to its outcome.
+    fn run_task(&self, task: &ClaimedTask) -> Outcome {
         let claim = task.claim();
         if self.is_stopping() {
             // Its handler never ran: nothing to note.
@@ -177,7 +184,10 @@ impl Worker {
         });
         drop(conn);
         match result {
-            Ok(()) => vec![Outcome::Done; chunk.len()],
+            Ok(()) => {
+                self.observers.all_done(&chunk);
+                vec![Outcome::Done; chunk.len()]
+            }
             // The connection failed at or after the chunk's completion: the commit may have
             // happened with its reply lost. The chunk is all or nothing, so one task tells.
             Err(ChunkRollback::Database(_)) if self.is_done_under_claim(&chunk[0]) => {
@@ -186,6 +196,7 @@ impl Worker {
                      its commit happened and the reply was lost",
                     chunk.len()
                 );
+                self.observers.all_done(&chunk);
                 vec![Outcome::Done; chunk.len()]
             }
             Err(_) => {

@@ -94,7 +94,9 @@ impl Worker {
         let limits = &self.services.limits;
         let limited = limits.tenants();
         let pick = limits.fair.next_pick(keywords, &limited);
+        let asked = Instant::now();
         let locked = driver(&mut conn).task_lock_page(keywords, &limited, &pick.as_pick(), limit);
+        self.observers.claimed(asked);
         match locked {
             Ok((holder, picked)) if !picked.rows.is_empty() => {
                 let tasks = claimed_tasks(picked.rows, self.node.id(), deadline);
@@ -160,7 +162,10 @@ impl Worker {
         });
         drop(conn);
         match result {
-            Ok(()) => vec![Outcome::Done; tasks.len()],
+            Ok(()) => {
+                self.observers.all_done(&tasks);
+                vec![Outcome::Done; tasks.len()]
+            }
             // The connection failed at or after the completion: the commit may have happened
             // with its reply lost. The database knows whether the chunk's transaction did.
             Err(ChunkRollback::Database(_)) if self.xact_committed(holder.xact) => {
@@ -169,6 +174,7 @@ impl Worker {
                      commit happened and the reply was lost",
                     tasks.len()
                 );
+                self.observers.all_done(&tasks);
                 vec![Outcome::Done; tasks.len()]
             }
             Err(_) => self.rerun_stamped(&ids),

@@ -12,6 +12,8 @@ mod fairness;
 mod heartbeat;
 mod listen;
 mod locked;
+mod observers;
+mod on_dead;
 mod record;
 mod rescue;
 mod run;
@@ -36,6 +38,7 @@ pub use config::{
     SQLITE_DEFAULT_QUEUE,
 };
 pub use cron::{CronPass, ScheduledTick};
+pub use on_dead::{DEFAULT_ON_DEAD_TIMEOUT, ON_DEAD_QUEUE};
 pub use rescue::RescueReport;
 pub use style::ClaimStyle;
 pub use tally::{Report, Tally};
@@ -44,6 +47,7 @@ use config::Settings;
 use dispatch::Dispatcher;
 use domains::DomainControl;
 use heartbeat::Node;
+use observers::Observers;
 use services::Services;
 
 use crate::db::transaction::{DiscardBroken, WriterTurn};
@@ -83,12 +87,16 @@ pub struct Worker {
     node: Arc<Node>,
     dispatcher: Dispatcher,
     stopping: Arc<AtomicBool>,
-    totals: Mutex<Tally>,
+    totals: Arc<Mutex<Tally>>,
     /// On SQLite, this process's writers take turns here.
     writer_turn: WriterTurn,
     /// Claimed tasks not finished yet (for the shutdown report).
     in_flight: AtomicU64,
     services: Services,
+    /// The metrics and the dead-task hook, when configured.
+    observers: Observers,
+    /// Serves the metrics, when `metrics_addr` is set; stopped when the worker drops.
+    metrics_server: Option<crate::metrics::MetricsServer>,
 }
 
 impl Worker {
@@ -137,6 +145,18 @@ impl Worker {
         registry: Registry,
         settings: Settings,
     ) -> Result<Worker> {
+        // What can fail on its own first, so that a failure leaves no node row behind.
+        let metrics_endpoint = settings
+            .metrics_addr
+            .map(crate::metrics::BoundServer::bind)
+            .transpose()?;
+        let on_dead = match &settings.on_dead {
+            Some(command) => Some(Arc::new(on_dead::DeadHook::start(
+                command.clone(),
+                settings.on_dead_timeout,
+            )?)),
+            None => None,
+        };
         let mut conn = pool.get().op("worker start")?;
         ensure_migrated(&mut conn)?;
         let node = Arc::new(Node::register(&mut conn)?);
@@ -169,7 +189,27 @@ impl Worker {
         )?;
         let timeouts = timeouts::Timeouts::new(dispatcher.shared_lanes());
         let stopping = Arc::new(AtomicBool::new(false));
-        let services = Services::start(&settings, url, &pool, &node, &stopping, domains, timeouts)?;
+        let observers = Observers {
+            metrics: metrics_endpoint
+                .as_ref()
+                .map(|_| Arc::new(crate::metrics::Metrics::new(registry.keywords()))),
+            on_dead,
+        };
+        let services = Services::start(
+            &settings, url, &pool, &node, &stopping, domains, timeouts, &observers,
+        )?;
+        let metrics_server = match (metrics_endpoint, &observers.metrics) {
+            (Some(endpoint), Some(metrics)) => Some(Self::serve_metrics(
+                endpoint,
+                url,
+                Arc::clone(metrics),
+                &settings,
+                &node,
+                &services,
+                &dispatcher,
+            )?),
+            _ => None,
+        };
         log::info!(
             "node {} ({}) started on {}: keywords {:?}, {} threads, {} claims",
             node.id(),
@@ -189,10 +229,40 @@ impl Worker {
             node,
             dispatcher,
             stopping,
-            totals: Mutex::new(Tally::default()),
+            totals: Arc::default(),
             in_flight: AtomicU64::new(0),
             services,
+            observers,
+            metrics_server,
         })
+    }
+
+    /// Starts the metrics endpoint of a worker (see [`crate::metrics`]).
+    fn serve_metrics(
+        endpoint: crate::metrics::BoundServer,
+        url: &DatabaseUrl,
+        metrics: Arc<crate::metrics::Metrics>,
+        settings: &Settings,
+        node: &Arc<Node>,
+        services: &Services,
+        dispatcher: &Dispatcher,
+    ) -> Result<crate::metrics::MetricsServer> {
+        let (node, heartbeat) = (Arc::clone(node), Arc::clone(&services.heartbeat));
+        let lanes = dispatcher.shared_lanes();
+        let live = crate::metrics::Live {
+            node_id: Box::new(move || node.id()),
+            heartbeat_age: Box::new(move || heartbeat.since_last_ok()),
+            dead_after: settings.dead_after,
+            domains: Box::new(move || lanes.lock().usage()),
+        };
+        let table = crate::metrics::TableSample::new(url.clone(), crate::metrics::SAMPLE_INTERVAL);
+        endpoint.serve(metrics, live, table)
+    }
+
+    /// Where the metrics endpoint listens, when [`WorkerConfig::metrics_addr`] is set (the
+    /// port the system chose, when asked for port 0).
+    pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
+        self.metrics_server.as_ref().map(|s| s.addr())
     }
 
     /// Records one heartbeat now (the heartbeat thread does this every `heartbeat`). If the
@@ -284,6 +354,24 @@ impl Worker {
         *self.totals.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Reads [`Worker::totals`] without holding the worker: for a progress display while
+    /// [`Worker::drain_until_stopped`], which takes the worker, runs.
+    pub fn totals_reader(&self) -> impl Fn() -> Tally + Send + Sync + 'static {
+        let totals = Arc::clone(&self.totals);
+        move || *totals.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Pending tasks of this worker's keywords due now, of every tenant: about what a drain
+    /// started now runs (not counting the tasks it makes due as it goes). For progress.
+    pub fn due_count(&self) -> Result<u64> {
+        let mut conn = self.pool.get().op("task count due")?;
+        let n = driver(&mut conn)
+            .task_count_due(&self.keywords)
+            .discard_broken(&mut conn)
+            .op("task count due")?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
     /// The claim statement's plan (`EXPLAIN`) for this worker's keywords and page (with lock
     /// claims, the lock statement's for a chunk), one line per row: for operators checking
     /// that the claim stays an index range scan at their backlog.
@@ -308,6 +396,10 @@ impl Drop for Worker {
         self.services.stop();
         if let Err(e) = self.mark_gone() {
             log::warn!("node {}: could not mark it gone: {e}", self.node.id());
+        }
+        // The hooks of the tasks that died last still run, for at most one more timeout.
+        if let Some(hook) = &self.observers.on_dead {
+            hook.finish();
         }
     }
 }

@@ -51,12 +51,16 @@ impl Worker {
                 task.context.keyword,
                 task.context.biz_id
             );
-            self.record(
+            let outcome = self.record(
                 task,
                 "task fail",
                 |c| driver(c).task_fail_dead(&claim, &message),
                 Outcome::Dead,
-            )
+            );
+            if outcome == Outcome::Dead {
+                self.observers.dead(task, &message);
+            }
+            outcome
         } else {
             let delay = self
                 .settings

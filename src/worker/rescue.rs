@@ -10,6 +10,7 @@
 //! jitter as a handler's failure, so that a dead node's tasks do not all come due in the same
 //! instant. A rescued task's late completion by its old owner is fenced out.
 
+use super::observers::Observers;
 use crate::db::transaction::DiscardBroken;
 use crate::db::DbPool;
 use crate::driver::{driver, RescueParams};
@@ -29,11 +30,16 @@ pub struct RescueReport {
 pub(crate) struct Rescuer {
     pool: DbPool,
     params: RescueParams,
+    observers: Observers,
 }
 
 impl Rescuer {
-    pub(crate) fn new(pool: DbPool, params: RescueParams) -> Self {
-        Rescuer { pool, params }
+    pub(crate) fn new(pool: DbPool, params: RescueParams, observers: Observers) -> Self {
+        Rescuer {
+            pool,
+            params,
+            observers,
+        }
     }
 
     /// Runs one rescue pass on a pooled connection.
@@ -43,6 +49,7 @@ impl Rescuer {
             .task_rescue_many(&self.params)
             .discard_broken(&mut conn)
             .op("task rescue")?;
+        self.observers.rescued(&rows);
         let mut report = RescueReport::default();
         for row in rows {
             log::warn!("task {}: {} → {}", row.id, row.reason, row.state);

@@ -10,6 +10,7 @@ use super::cancels::CancelWatch;
 use super::config::Settings;
 use super::domains::DomainControl;
 use super::heartbeat::{Heartbeat, Node};
+use super::observers::Observers;
 use super::rescue::Rescuer;
 use super::tenants::RunLimits;
 use super::timeouts::Timeouts;
@@ -33,6 +34,9 @@ pub(super) struct Services {
 }
 
 impl Services {
+    // Each argument is a part of the worker the services share; a struct of them would only
+    // be built here.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn start(
         settings: &Settings,
         url: &DatabaseUrl,
@@ -41,6 +45,7 @@ impl Services {
         stopping: &Arc<AtomicBool>,
         domains: DomainControl,
         timeouts: Timeouts,
+        observers: &Observers,
     ) -> Result<Self> {
         let cancels = Arc::new(CancelWatch::default());
         let limits = Arc::new(RunLimits::default());
@@ -71,6 +76,7 @@ impl Services {
                     backoff_max_ms: millis(settings.backoff.max),
                     backoff_jitter: settings.backoff.jitter,
                 },
+                observers.clone(),
             )),
             watchdog: Arc::new(Watchdog::new(
                 settings
@@ -110,17 +116,18 @@ impl Services {
             },
         )?;
         // The domains' timeouts, checked ten times a second.
-        let (timeouts, pool_, settings_) = (
+        let (timeouts, pool_, settings_, observers_) = (
             Arc::clone(&services.timeouts),
             pool.clone(),
             settings.clone(),
+            observers.clone(),
         );
         services.spawn(
             "timeouts",
             id,
             || Duration::from_millis(100),
             move || {
-                timeouts.run_once(&pool_, &settings_);
+                timeouts.run_once(&pool_, &settings_, &observers_);
             },
         )?;
         // Apart from the heartbeat: on SQLite a beat can wait the whole busy timeout on the

@@ -11,6 +11,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::config::Settings;
+use super::observers::Observers;
+use super::on_dead::DeadTask;
 use super::slots::Lanes;
 use crate::db::{DbConnection, DbPool};
 use crate::driver::{driver, Claim};
@@ -29,6 +31,11 @@ struct Watched {
     failures: i32,
     max_attempts: Option<i32>,
     stuck: bool,
+    /// What the metrics and the dead-task hook are told if the timeout makes it dead.
+    keyword: String,
+    biz_id: String,
+    tenant: Option<String>,
+    claimed_at: Instant,
 }
 
 /// The handlers of domains with a timeout, while they run.
@@ -92,6 +99,10 @@ impl Timeouts {
                 failures: task.failures,
                 max_attempts: task.max_attempts,
                 stuck: false,
+                keyword: task.context.keyword.clone(),
+                biz_id: task.context.biz_id.clone(),
+                tenant: task.context.tenant.clone(),
+                claimed_at: task.claimed_at,
             },
         );
         TimeoutWatch {
@@ -102,7 +113,12 @@ impl Timeouts {
 
     /// Ends each handler past its timeout not ended yet: marks its slot stuck, cancels its
     /// backend's statement and charges its task a failure. Returns how many it ended.
-    pub(crate) fn run_once(&self, pool: &DbPool, settings: &Settings) -> usize {
+    pub(crate) fn run_once(
+        &self,
+        pool: &DbPool,
+        settings: &Settings,
+        observers: &Observers,
+    ) -> usize {
         let now = Instant::now();
         let late: Vec<Watched> = {
             let mut running = self.lock();
@@ -117,24 +133,42 @@ impl Timeouts {
         };
         for watched in &late {
             self.lanes.lock().mark_stuck(watched.lane);
-            if let Err(e) = pool
+            match pool
                 .get()
                 .op("task timeout")
                 .and_then(|mut conn| charge(&mut conn, settings, watched))
             {
-                log::error!(
-                    "task {}: past its domain's timeout, and its failure could not be \
+                Ok(Some(error)) => observers.dead_at_timeout(
+                    DeadTask {
+                        id: watched.claim.id,
+                        keyword: watched.keyword.clone(),
+                        biz_id: watched.biz_id.clone(),
+                        tenant: watched.tenant.clone(),
+                        error,
+                    },
+                    watched.claimed_at,
+                ),
+                Ok(None) => {}
+                Err(e) => {
+                    log::error!(
+                        "task {}: past its domain's timeout, and its failure could not be \
                      counted ({e}); its deadline in the database still rescues it",
-                    watched.claim.id
-                );
+                        watched.claim.id
+                    );
+                }
             }
         }
         late.len()
     }
 }
 
-/// Cancels the backend's statement and charges the task a failure under its claim.
-fn charge(conn: &mut DbConnection, settings: &Settings, watched: &Watched) -> Result<()> {
+/// Cancels the backend's statement and charges the task a failure under its claim; returns
+/// the error stored when that made the task dead.
+fn charge(
+    conn: &mut DbConnection,
+    settings: &Settings,
+    watched: &Watched,
+) -> Result<Option<String>> {
     let ran = watched.started.elapsed();
     if let Some(backend) = watched.backend {
         driver(conn).backend_cancel(backend).op("task timeout")?;
@@ -166,5 +200,5 @@ fn charge(conn: &mut DbConnection, settings: &Settings, watched: &Watched) -> Re
             "a failure counted; its slot is stuck until the handler returns"
         }
     );
-    Ok(())
+    Ok((charged > 0 && failures >= max).then_some(error))
 }

@@ -403,3 +403,46 @@ both_backends! {
         assert_eq!(json["status"], "live");
     }
 }
+
+both_backends! {
+    fn retries_by_filter_and_by_id_of_overlapping_chains_at_once_never_deadlock(db: &TestDb) {
+        let mut conn = db.conn();
+        let chains: Vec<(i64, i64)> = (0..40)
+            .map(|i| {
+                let parent = enqueue(&mut conn, &NewTask::new("chain.parent", i.to_string())).unwrap().id;
+                let child = enqueue(&mut conn, &NewTask::new("chain.child", i.to_string()).after(parent)).unwrap().id;
+                (parent, child)
+            })
+            .collect();
+        for round in 0..5 {
+            // Every parent dead, every child cancelled with it (by the schema's triggers).
+            db.exec("UPDATE async_task SET state = 'dead' WHERE keyword = 'chain.parent'");
+            db.exec("UPDATE async_task SET state = 'cancelled' WHERE keyword = 'chain.child'");
+            let barrier = std::sync::Barrier::new(2);
+            let (by_filter, by_id) = std::thread::scope(|s| {
+                let filter = s.spawn(|| {
+                    let mut conn = db.conn();
+                    barrier.wait();
+                    ops::retry_matching(&mut conn, &Filter::default().keyword("chain.child"), false, ACTOR)
+                        .map(|m| m.changed)
+                });
+                let one_by_one = s.spawn(|| {
+                    let mut conn = db.conn();
+                    barrier.wait();
+                    let mut n = 0;
+                    // The other way round: parents (and so children) from the highest id.
+                    for (_, child) in chains.iter().rev() {
+                        if ops::retry_task(&mut conn, *child, ACTOR)?.retried {
+                            n += 1;
+                        }
+                    }
+                    Ok::<u64, Error>(n)
+                });
+                (filter.join().unwrap(), one_by_one.join().unwrap())
+            });
+            let (by_filter, by_id) = (by_filter.unwrap(), by_id.unwrap());
+            assert_eq!(by_filter + by_id, 40, "round {round}: each child retried once");
+            assert_eq!(db.count("SELECT count(*) FROM async_task WHERE keyword = 'chain.child' AND state = 'blocked' AND blocked_by = 1"), 40);
+        }
+    }
+}

@@ -9,6 +9,7 @@ use outbox::{ClaimStyle, DatabaseUrl};
 
 use crate::bench::fair::{fair_bench, FairFigures};
 use crate::bench::latency::latency_bench;
+use crate::bench::metrics_cost::metrics_cost;
 use crate::bench::{drain_bench, median, DrainBench, DrainFigures, Mode};
 
 /// Which modes to measure.
@@ -94,6 +95,14 @@ pub(super) struct BenchArgs {
     /// With --fair: the small tenant's tasks.
     #[arg(long, default_value_t = 100, requires = "fair")]
     fair_small: usize,
+    /// Drain with a metrics endpoint (a port of the system's choice), scraped every second.
+    #[arg(long, conflicts_with_all = ["latency", "fair"])]
+    metrics: bool,
+    /// Measure what the metrics cost: --runs interleaved rounds of a drain without metrics
+    /// and one with them (scraped every second), on fresh scratch databases; the figure is
+    /// the median of the rounds' ratios (no reference is measured).
+    #[arg(long, conflicts_with_all = ["latency", "fair", "metrics", "explain"])]
+    metrics_cost: bool,
     /// One JSON object per line per measured configuration.
     #[arg(long)]
     json: bool,
@@ -162,7 +171,13 @@ pub(super) fn run(url: &DatabaseUrl, args: BenchArgs) -> anyhow::Result<()> {
             max_queued: args.max_queued,
             keywords: args.keywords,
             domains: args.domains,
+            metrics: args.metrics,
+            reference: true,
         };
+        if args.metrics_cost {
+            metrics_cost_report(url, &bench, &args)?;
+            continue;
+        }
         let mut runs: Vec<DrainFigures> = Vec::new();
         for run in 1..=args.runs {
             let figures = drain_bench(
@@ -194,6 +209,56 @@ pub(super) fn run(url: &DatabaseUrl, args: BenchArgs) -> anyhow::Result<()> {
             runs.push(figures);
         }
         report(backend, &bench, &runs, args.json);
+    }
+    Ok(())
+}
+
+/// Measures and prints what the metrics cost a drain of `bench` (see
+/// [`crate::bench::metrics_cost`]).
+fn metrics_cost_report(
+    url: &DatabaseUrl,
+    bench: &DrainBench,
+    args: &BenchArgs,
+) -> anyhow::Result<()> {
+    let backend = url.backend().name();
+    let mode = bench.mode.name();
+    let cost = metrics_cost(url, bench, args.runs, |round, r| {
+        if args.json {
+            println!(
+                "{}",
+                serde_json::json!({
+                    "backend": backend, "mode": mode, "metrics_cost_round": round,
+                    "without_per_s": r.without_per_s.round(), "with_per_s": r.with_per_s.round(),
+                    "ratio": (r.ratio * 1000.0).round() / 1000.0, "scrapes": r.scrapes,
+                    "without_cpu_us": (r.without_cpu_us * 10.0).round() / 10.0,
+                    "with_cpu_us": (r.with_cpu_us * 10.0).round() / 10.0,
+                })
+            );
+        } else {
+            println!(
+                "  {mode:<7} round {round}/{}: without metrics {:>7.0} tasks/s ({:.1} CPU µs/task), with {:>7.0} tasks/s ({:.1} CPU µs/task, {} scrapes), ratio {:.3}",
+                args.runs, r.without_per_s, r.without_cpu_us, r.with_per_s, r.with_cpu_us, r.scrapes, r.ratio
+            );
+        }
+    })?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "backend": backend, "mode": mode, "metrics_cost": true, "tasks": bench.tasks,
+                "rounds": cost.rounds.len(),
+                "without_per_s": cost.without_per_s.round(), "with_per_s": cost.with_per_s.round(),
+                "ratio": (cost.ratio * 1000.0).round() / 1000.0,
+                "without_cpu_us": (cost.without_cpu_us * 10.0).round() / 10.0,
+                "with_cpu_us": (cost.with_cpu_us * 10.0).round() / 10.0,
+                "ratio_runs": cost.rounds.iter().map(|r| (r.ratio * 1000.0).round() / 1000.0).collect::<Vec<_>>(),
+            })
+        );
+    } else {
+        println!(
+            "{backend} {mode}: metrics cost, median of {} interleaved rounds: {:.0} tasks/s with metrics (scraped every second) against {:.0} without; ratio {:.3}; CPU {:.1} µs per task against {:.1}\n",
+            cost.rounds.len(), cost.with_per_s, cost.without_per_s, cost.ratio, cost.with_cpu_us, cost.without_cpu_us
+        );
     }
     Ok(())
 }

@@ -4,7 +4,7 @@ use std::time::Instant;
 
 use clap::Args;
 
-use outbox::cli::WorkerArgs;
+use outbox::cli::{Progress, ProgressStyle, WorkerArgs};
 use outbox::migrate::ensure_migrated;
 use outbox::{run_migrations, Backend, DatabaseUrl, Registry, Worker};
 
@@ -76,7 +76,10 @@ pub(super) fn run(url: &DatabaseUrl, registry: Registry, args: DemoArgs) -> anyh
     };
     let worker = Worker::new(url, registry, config)?;
     let threads = counted(worker.threads() as u64, "thread");
-    let report = worker.drain()?;
+    // A bar on a terminal, plain lines otherwise.
+    let style = ProgressStyle::detect(false);
+    let report = Progress::new(style, "draining", worker.due_count()?)
+        .run_while(|| worker.totals().finished(), || worker.drain())?;
     let t = report.tally;
     println!(
         "drained {} tasks with {threads} in {:.2}s ({:.0} tasks/s): {} done, {} retried, {} dead",

@@ -8,6 +8,7 @@
 
 pub mod fair;
 pub mod latency;
+pub mod metrics_cost;
 mod reference;
 mod scratch;
 
@@ -81,6 +82,11 @@ pub struct DrainBench {
     /// Domains configured, one per keyword after the first: odd ones RESERVED 1, even ones
     /// MAX half the threads.
     pub domains: usize,
+    /// Serve metrics (on a port of the system's choice) and scrape them every
+    /// [`metrics_cost::SCRAPE_EVERY`] during the drain.
+    pub metrics: bool,
+    /// Measure the reference (otherwise its rate and the ratio are NaN).
+    pub reference: bool,
 }
 
 /// The benchmark's `i`-th keyword: [`NOOP_KEYWORD`], then `bench.noop.1`, ….
@@ -130,6 +136,8 @@ pub struct DrainFigures {
     pub rss_mib: f64,
     /// The claim's plan at the backlog, when asked for.
     pub plan: Vec<String>,
+    /// Scrapes of the metrics endpoint answered during the drain.
+    pub scrapes: u64,
 }
 
 /// Measures one drain and its reference on a fresh scratch database.
@@ -145,7 +153,10 @@ pub fn drain_bench(url: &DatabaseUrl, bench: &DrainBench) -> anyhow::Result<Drai
     run_migrations(&mut conn)?;
 
     // The insert reference first, on the empty table the enqueue then starts from too.
-    let insert_reference_per_s = reference::insert(&mut conn, bench.backlog.min(100_000))?;
+    let insert_reference_per_s = match bench.reference {
+        true => reference::insert(&mut conn, bench.backlog.min(100_000))?,
+        false => f64::NAN,
+    };
     let empty = match scratch.url.backend() {
         Backend::Postgres => "TRUNCATE async_task",
         Backend::Sqlite => "DELETE FROM async_task",
@@ -190,6 +201,9 @@ pub fn drain_bench(url: &DatabaseUrl, bench: &DrainBench) -> anyhow::Result<Drai
         .listen(false);
     config.threads = bench.threads;
     config.queue = bench.queue;
+    if bench.metrics {
+        config = config.metrics_addr(std::net::SocketAddr::from(([127, 0, 0, 1], 0)));
+    }
     let threads = bench.threads.unwrap_or(match scratch.url.backend() {
         Backend::Postgres => outbox::worker::default_threads(),
         Backend::Sqlite => 1,
@@ -229,16 +243,21 @@ pub fn drain_bench(url: &DatabaseUrl, bench: &DrainBench) -> anyhow::Result<Drai
     let connections = threads + 1;
     let cpu_before = cpu_seconds();
     let started = Instant::now();
+    let scraper = worker.metrics_addr().map(metrics_cost::Scraper::start);
     // `drain`'s own loop (claims overlapping execution), stopped after `tasks` claims.
     let tally = worker.drain_at_most(bench.tasks as u64)?.tally;
     let drained = tally.finished();
     let elapsed = started.elapsed().as_secs_f64();
     let cpu_s = cpu_seconds() - cpu_before;
+    let scrapes = scraper.map_or(0, metrics_cost::Scraper::stop);
     drop(worker);
     let tasks_per_s = drained as f64 / elapsed;
 
     let rows_per_txn = commit_batch;
-    let reference_per_s = reference::updates(&scratch.url, connections, rows_per_txn, bench.tasks)?;
+    let reference_per_s = match bench.reference {
+        true => reference::updates(&scratch.url, connections, rows_per_txn, bench.tasks)?,
+        false => f64::NAN,
+    };
     Ok(DrainFigures {
         threads,
         claim,
@@ -252,6 +271,7 @@ pub fn drain_bench(url: &DatabaseUrl, bench: &DrainBench) -> anyhow::Result<Drai
         cpu_s,
         rss_mib: peak_rss_mib(),
         plan,
+        scrapes,
     })
 }
 

@@ -7,11 +7,14 @@
 //! command fails its test instead of hanging the suite.
 //!
 //! Layout: one module per command family (`usage`, `demo`, `enqueue`, `work`, `prune`,
-//! `bench`, `domain`), so a test's full name is, e.g., `demo::demo_on_postgres`; the modules
+//! `bench`, `domain`, `ops_tasks`, `ops_fleet`), so a test's full name is, e.g., `demo::demo_on_postgres`; the modules
 //! they share are listed below.
 
 #[path = "../../../tests/suite/support.rs"]
 mod support;
+// Scraping a metrics endpoint and parsing the exposition, as the suite does.
+#[path = "../../../tests/suite/scrape.rs"]
+mod scrape;
 // The dashboard's tests' HTTP client, shared with the suite's.
 #[path = "../../../tests/suite/http.rs"]
 mod http;
@@ -26,6 +29,9 @@ mod bench;
 mod demo;
 mod domain;
 mod enqueue;
+mod metrics;
+mod ops_fleet;
+mod ops_tasks;
 mod prune;
 mod schedules;
 mod usage;

@@ -68,7 +68,12 @@ fn overlapping_drains() {
     let left = db.unfinished();
     let summaries: Vec<String> = drains
         .iter()
-        .map(|d| d.stdout_text().lines().next().unwrap_or("").to_owned())
+        .map(|d| {
+            let out = d.stdout_text();
+            // After the drain's progress lines.
+            let summary = out.lines().find(|l| l.starts_with("drained "));
+            summary.unwrap_or("").to_owned()
+        })
         .collect();
 
     let mut report = Report::new();

@@ -51,14 +51,15 @@ pub fn log_lines(procs: &[&Proc], needles: &[&str]) -> usize {
         .sum()
 }
 
-/// The first line of each process's stdout (a worker's summary).
+/// Each process's summary line (`drained …` or `ran …`; a drain's progress lines come
+/// before it).
 pub fn summaries(procs: &[Proc]) -> String {
     procs
         .iter()
         .map(|p| {
             p.stdout_text()
                 .lines()
-                .next()
+                .find(|l| l.starts_with("drained ") || l.starts_with("ran "))
                 .unwrap_or("(nothing)")
                 .to_owned()
         })

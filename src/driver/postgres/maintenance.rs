@@ -15,10 +15,28 @@ pub(super) fn count_by_keyword_state(
     Statement::<Pg>::new(
         "SELECT keyword, state, count(*) AS count,
                 EXTRACT(EPOCH FROM now() - min(run_at) FILTER (
-                    WHERE state = 'pending' AND run_at <= now()))::float8 AS oldest_due_secs
+                    WHERE state = 'pending' AND run_at <= now()))::float8 AS oldest_due_secs,
+                count(*) FILTER (WHERE state = 'pending' AND run_at <= now()) AS due
          FROM async_task GROUP BY keyword, state ORDER BY keyword, state",
     )
     .load(conn)
+}
+
+/// Pending tasks of `keywords` due now, read through the claim's index.
+pub(super) fn count_due(conn: &mut PgConnection, keywords: &[String]) -> QueryResult<i64> {
+    #[derive(diesel::QueryableByName)]
+    struct N {
+        #[diesel(sql_type = BigInt)]
+        n: i64,
+    }
+    let row: N = Statement::<Pg>::new(
+        "SELECT count(*) AS n FROM async_task
+         WHERE state = 'pending' AND run_at <= now() AND keyword = ANY(",
+    )
+    .bind::<diesel::sql_types::Array<Text>, _>(keywords.to_vec())
+    .sql(")")
+    .get_result(conn)?;
+    Ok(row.n)
 }
 
 #[derive(diesel::QueryableByName)]

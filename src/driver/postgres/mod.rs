@@ -205,6 +205,10 @@ impl Driver for PgConnection {
         maintenance::count_by_keyword_state(self)
     }
 
+    fn task_count_due(&mut self, keywords: &[String]) -> QueryResult<i64> {
+        maintenance::count_due(self, keywords)
+    }
+
     fn task_prune_batch(&mut self, batch: &PruneBatch<'_>) -> QueryResult<PrunedBatch> {
         maintenance::prune_tasks(self, batch)
     }

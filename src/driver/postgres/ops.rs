@@ -122,24 +122,32 @@ impl OpsDriver for PgConnection {
             .get_result(self)?;
             return Ok(count.n);
         }
-        // As the retry of one task: the tasks, then their parents, are locked in id order
-        // (FOR NO KEY UPDATE returns a parent's latest state, after waiting for a completion
-        // in flight), so that no parent becomes done between the count and the update. A
-        // parent retried by the same statement is not done: its child waits for it.
+        // The matching tasks and their parents are locked together in ascending id order,
+        // the order every other path locks tasks in (a retry of one task locks its parents,
+        // whose ids are smaller, then the task; a completion locks its task, then its
+        // children): two operators' retries, or a retry and a completion, wait for each other
+        // instead of deadlocking. FOR NO KEY UPDATE returns each row's latest state, after
+        // waiting for a change in flight, so no parent becomes done unseen between the count
+        // and the update, and a task retried meanwhile by someone else is left out. A parent
+        // retried by the same statement is not done: its child waits for it.
         let statement = selected(
-            Statement::new("WITH targets AS (SELECT id FROM async_task"),
+            Statement::new("WITH candidates AS (SELECT id FROM async_task"),
             &select,
         )
         .sql(
-            " ORDER BY id FOR NO KEY UPDATE),
-             parents AS (
-                SELECT p.id, p.state FROM async_task p
-                 WHERE p.id IN (SELECT l.parent_id FROM async_task_parent l
-                                 WHERE l.child_id IN (SELECT id FROM targets))
-                 ORDER BY p.id FOR NO KEY UPDATE),
+            "),
+             locked AS (
+                SELECT id, state FROM async_task
+                 WHERE id IN (SELECT id FROM candidates
+                              UNION SELECT l.parent_id FROM async_task_parent l
+                                     WHERE l.child_id IN (SELECT id FROM candidates))
+                 ORDER BY id FOR NO KEY UPDATE),
+             targets AS (
+                SELECT k.id FROM locked k JOIN candidates c ON c.id = k.id
+                 WHERE k.state IN ('dead', 'cancelled')),
              waiting AS (
                 SELECT t.id, (SELECT count(*) FROM async_task_parent l
-                                JOIN parents p ON p.id = l.parent_id
+                                JOIN locked p ON p.id = l.parent_id
                                WHERE l.child_id = t.id AND p.state <> 'done')::int AS n
                   FROM targets t),
              retried AS (

@@ -316,7 +316,7 @@ pub(super) fn rescue_many(
                OR NOT EXISTS (SELECT 1 FROM async_node n
                               WHERE n.id = t.owner AND n.state = 'alive'
                                 AND n.heartbeat_at >= now() - p.dead_ms * interval '1 millisecond'))
-        RETURNING t.id, t.state, t.last_error AS reason",
+        RETURNING t.id, t.state, t.last_error AS reason, t.keyword, t.biz_id, t.tenant",
     )
     .load(conn)
 }

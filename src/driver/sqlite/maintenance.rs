@@ -16,10 +16,32 @@ pub(super) fn count_by_keyword_state(
         "SELECT keyword, state, count(*) AS count,
                 (julianday('now') - julianday(min(CASE WHEN state = 'pending' AND run_at <= ",
         now!(),
-        " THEN run_at END))) * 86400.0 AS oldest_due_secs
+        " THEN run_at END))) * 86400.0 AS oldest_due_secs,
+                sum(CASE WHEN state = 'pending' AND run_at <= ",
+        now!(),
+        " THEN 1 ELSE 0 END) AS due
          FROM async_task GROUP BY keyword, state ORDER BY keyword, state"
     ))
     .load(conn)
+}
+
+/// Pending tasks of `keywords` due now.
+pub(super) fn count_due(conn: &mut SqliteConnection, keywords: &[String]) -> QueryResult<i64> {
+    #[derive(diesel::QueryableByName)]
+    struct N {
+        #[diesel(sql_type = BigInt)]
+        n: i64,
+    }
+    let keywords = serde_json::to_string(keywords).expect("strings serialize");
+    let row: N = Statement::<Sqlite>::new(concat!(
+        "SELECT count(*) AS n FROM async_task WHERE state = 'pending' AND run_at <= ",
+        now!(),
+        " AND keyword IN (SELECT value FROM json_each("
+    ))
+    .bind::<Text, _>(keywords)
+    .sql("))")
+    .get_result(conn)?;
+    Ok(row.n)
 }
 
 pub(super) fn node_register(conn: &mut SqliteConnection, name: &str) -> QueryResult<i64> {

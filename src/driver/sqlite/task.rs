@@ -300,7 +300,7 @@ fn rescue_statement(rescue: &RescueParams) -> Statement<Sqlite> {
                                   WHERE n.id = async_task.owner AND n.state = 'alive'
                                     AND n.heartbeat_at >= strftime('%Y-%m-%d %H:%M:%f', 'now',
                                         printf('-%.3f seconds', (SELECT dead_ms FROM params) / 1000.0))))
-                RETURNING id, state, last_error AS reason"
+                RETURNING id, state, last_error AS reason, keyword, biz_id, tenant"
             ))
 }
 
