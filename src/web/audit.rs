@@ -81,9 +81,6 @@ pub(super) async fn show(
             p.pager { a #next href=(next) { "older →" } }
         }
     };
-    let here = format!(
-        "/audit{}",
-        query_string(&action.map(|a| vec![("action", a)]).unwrap_or_default())
-    );
-    Ok(page(&state, "Audit", Nav::Audit, Some(&here), body))
+    // Not reloaded: a reload would wipe a filter being typed into the form.
+    Ok(page(&state, "Audit", Nav::Audit, None, body))
 }

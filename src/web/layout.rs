@@ -84,8 +84,9 @@ form.filter input, form.filter select { font:inherit; padding:3px 6px; }
 .pager { margin-top:8px; }
 "#;
 
-/// A whole page: `body` in the shared frame, reloaded every `refresh` seconds (the reload
-/// goes to `refresh_to`, so that a one-off notice in the query is not shown again).
+/// A whole page: `body` in the shared frame, reloaded every [`AppState::refresh_secs`] when
+/// `refresh_to` is given (the reload goes there, so that a one-off notice in the query is not
+/// shown again); pages with a form to type into are not reloaded.
 pub(super) fn page(
     state: &AppState,
     title: &str,

@@ -1,6 +1,7 @@
 //! The overview (`/`): tasks per keyword and state, the oldest due task's age, which
 //! keywords are paused, how many nodes are live, and the latest dead tasks.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use axum::extract::{Query, State};
@@ -12,7 +13,7 @@ use super::layout::{age, badge, button, flash, page, word_badge, Nav, STATES};
 use super::problem::Problem;
 use super::server::AppState;
 use super::tasks::listing;
-use crate::domain::admin::paused_keywords;
+use crate::domain::admin::{self, paused_keywords};
 use crate::ops::{list_tasks, nodes, Filter, NodeQuery, NodeStatus, Page, TaskQuery};
 use crate::stats::{keyword_stats, KeywordStats};
 use crate::task::TaskState;
@@ -25,6 +26,8 @@ struct Overview {
     stats: Vec<KeywordStats>,
     dead: Page,
     paused: Vec<String>,
+    /// The keywords a live node serves or a domain row lists: those a pause applies to.
+    served: BTreeSet<String>,
     live_nodes: usize,
     nodes: usize,
 }
@@ -39,6 +42,10 @@ pub(super) async fn show(
             // `served` (a handler in this binary) says nothing of the fleet: not shown.
             let stats = keyword_stats(conn, &Registry::new())?;
             let paused = paused_keywords(conn)?;
+            let served = admin::list(conn)?
+                .into_iter()
+                .flat_map(|domain| domain.keywords)
+                .collect();
             let nodes = nodes(conn, &NodeQuery::default())?;
             let dead = TaskQuery::new(Filter::default().state(TaskState::Dead))
                 .limit(LATEST_DEAD)
@@ -47,6 +54,7 @@ pub(super) async fn show(
                 stats,
                 dead: list_tasks(conn, &dead)?,
                 paused,
+                served,
                 live_nodes: nodes
                     .iter()
                     .filter(|n| n.status == NodeStatus::Live)
@@ -114,9 +122,11 @@ fn table(state: &AppState, overview: &Overview) -> Markup {
                             @if paused {
                                 (word_badge("paused")) " "
                                 (button(state, "/resume", "resume", "go", &[("name", &stats.keyword), ("back", "/")]))
-                            } @else {
+                            } @else if overview.served.contains(&stats.keyword) {
                                 span.muted { "active" } " "
                                 (button(state, "/pause", "pause", "stop", &[("name", &stats.keyword), ("back", "/")]))
+                            } @else {
+                                span.muted title="No live node serves it and no domain row lists it: nothing claims it, and there is nothing to pause" { "no live node" }
                             }
                         }
                     }

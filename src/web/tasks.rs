@@ -102,11 +102,6 @@ pub(super) async fn list(
         ("Tasks", Nav::Tasks)
     };
     let fields = params.fields();
-    let mut here = fields.clone();
-    if let Some(after) = params.after.as_deref().filter(|a| !a.is_empty()) {
-        here.push(("after", after));
-    }
-    let refresh_to = format!("/tasks{}", query_string(&here));
     let next_link = tasks.next_after_id.map(|next| {
         let next = next.to_string();
         let mut more = fields.clone();
@@ -122,7 +117,8 @@ pub(super) async fn list(
             p.pager { a #next href=(next) { "next page →" } }
         }
     };
-    Ok(page(&state, title, nav, Some(&refresh_to), body))
+    // Not reloaded: a reload would wipe a filter being typed into the form.
+    Ok(page(&state, title, nav, None, body))
 }
 
 fn filter_form(params: &ListParams) -> Markup {

@@ -141,9 +141,13 @@ both_backends! {
         let credit = &credit[..credit.find("</tr>").expect("row end")];
         assert!(credit.contains(r#"<td class="n">"#) && credit.contains("s</td>"), "{credit}");
         assert!(overview.contains("1 live node(s)"), "{overview}");
+        // No live node serves mail.log: nothing claims it, and there is nothing to pause.
+        let log = &overview[overview.find(r#"data-keyword="mail.log""#).expect("row")..];
+        assert!(log[..log.find("</tr>").expect("row end")].contains("no live node"), "{log}");
 
         let dead = ok(addr, "/tasks?state=dead");
         assert!(dead.contains("<h1>Dead tasks</h1>"), "{dead}");
+        assert!(!dead.contains("http-equiv"), "a page with a form is not reloaded: {dead}");
         assert!(dead.contains(&format!(r#"data-id="{}""#, t.dead)), "{dead}");
         assert!(!dead.contains(&format!(r#"data-id="{}""#, t.due)), "{dead}");
         assert!(dead.contains("smtp: 550 mailbox &lt;x@y&gt; unavailable"), "{dead}");
@@ -153,6 +157,7 @@ both_backends! {
         assert!(!filtered.contains(&format!(r#"data-id="{}""#, t.later)), "{filtered}");
 
         let task = ok(addr, &format!("/tasks/{}", t.dead));
+        assert!(task.contains(&format!(r#"content="5; url=/tasks/{}""#, t.dead)), "{task}");
         for (column, value) in [("keyword", "mail.send"), ("biz_id", "m-1"), ("tenant", "acme"), ("state", "dead"), ("failures", "1"), ("children", "1")] {
             assert!(task.contains(&format!(r#"data-column="{column}">{value}<"#)), "{column}: {task}");
         }
