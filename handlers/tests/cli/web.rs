@@ -12,7 +12,7 @@ use std::process::{Child, ExitStatus};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use crate::binary::{outbox_on, run, workdir, STOP_LIMIT};
+use crate::binary::{entries, outbox, outbox_on, run, workdir, DOWN_PG_URL, STOP_LIMIT};
 use crate::both_backends;
 use crate::db::count_at;
 use crate::support::TestDb;
@@ -127,6 +127,50 @@ fn bad_flags_are_bad_usage() {
             .expect_code(2)
             .stderr_has(says);
     }
+}
+
+#[test]
+fn help_names_the_command_and_its_flags() {
+    let dir = workdir();
+    let top = run(outbox(dir.path()).arg("--help")).expect_code(0);
+    assert!(
+        top.stdout
+            .lines()
+            .any(|l| l.trim_start().starts_with("web ")),
+        "--help does not list web:\n{}",
+        top.stdout
+    );
+    let help = run(outbox(dir.path()).args(["web", "--help"])).expect_code(0);
+    for flag in [
+        "--addr",
+        "--allow-actions",
+        "--user",
+        "--allow-host",
+        "--refresh",
+        "127.0.0.1:8080",
+    ] {
+        help.stdout_has(flag);
+    }
+    assert!(entries(dir.path()).is_empty(), "--help touched a database");
+}
+
+#[test]
+fn a_missing_or_unreachable_database_fails_before_listening() {
+    let dir = workdir();
+    run(outbox(dir.path()).args(["web", "--addr", "127.0.0.1:0"]))
+        .expect_code(1)
+        .stderr_has("the SQLite file does not exist");
+    assert!(entries(dir.path()).is_empty(), "web created a database");
+    run(outbox(dir.path()).args([
+        "--database-url",
+        DOWN_PG_URL,
+        "web",
+        "--addr",
+        "127.0.0.1:0",
+    ]))
+    .expect_code(1)
+    .stderr_has("cannot connect")
+    .stderr_has(DOWN_PG_URL);
 }
 
 /// Where a run's screenshots go; also `docs/screenshots/` when asked to update them.
