@@ -38,6 +38,7 @@ pub mod registry;
 pub mod retry;
 mod sql;
 pub mod stats;
+pub mod strategy;
 pub mod task;
 pub mod tenant;
 #[cfg(feature = "testing")]
@@ -55,6 +56,7 @@ pub use handler::{Handler, HandlerError, HandlerResult, TaskContext, TaskTx};
 pub use migrate::run_migrations;
 pub use registry::Registry;
 pub use retry::{retry, Retried};
+pub use strategy::Strategy;
 pub use task::{validate_keyword, ClaimedTask, NewTask, TaskState};
 pub use tenant::{remove_tenant, set_tenant, tenants, Tenant, TenantLimits};
 pub use worker::{ClaimStyle, Report, RescueReport, Tally, Worker, WorkerConfig};

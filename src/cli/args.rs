@@ -65,6 +65,8 @@ pub struct WorkerArgs {
     /// Print the summary as one JSON object.
     #[arg(long)]
     pub(super) json: bool,
+    #[command(flatten)]
+    strategy: super::StrategyArgs,
 }
 
 impl WorkerArgs {
@@ -89,6 +91,7 @@ impl WorkerArgs {
         for flag in &self.domain {
             config = config.domain(crate::domain::parse_domain_flag(flag)?);
         }
+        let config = self.strategy.apply(config);
         config.resolve(backend)?;
         Ok(config)
     }

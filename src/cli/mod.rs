@@ -14,6 +14,7 @@ mod domain;
 mod enqueue;
 mod prune;
 mod stats;
+mod strategy;
 mod tenant;
 mod work;
 
@@ -27,6 +28,7 @@ pub use domain::{DomainArgs, PauseArgs};
 pub use enqueue::EnqueueArgs;
 pub use prune::PruneArgs;
 pub use stats::StatsArgs;
+pub use strategy::StrategyArgs;
 pub use tenant::TenantArgs;
 pub use work::RunArgs;
 

@@ -2,11 +2,13 @@
 
 use std::time::Duration;
 
+use super::strategy::StrategySettings;
 use super::style::ClaimStyle;
 use crate::backoff::Backoff;
 use crate::db::Backend;
 use crate::domain::{validate_domains, Domain};
 use crate::error::{Error, Result};
+use crate::strategy::{Strategy, DEFAULT_WEIGHT};
 
 /// Tasks claimed per claim statement by default in strict mode.
 pub const DEFAULT_PAGE_SIZE: usize = 100;
@@ -127,6 +129,21 @@ pub struct WorkerConfig {
     /// thread). See [`crate::domain`]. Under lock claims a domain queues nothing: each
     /// chunk is locked for a domain's free thread and starts at once.
     pub domains: Vec<Domain>,
+
+    // Claim strategies (see [`crate::strategy`]).
+    /// Which of the due tasks this node claims (default [`Strategy::Default`]: any).
+    pub strategy: Strategy,
+    /// This node's weight among the nodes that share the ids, with [`Strategy::Weight`]
+    /// (default [`DEFAULT_WEIGHT`]; at most [`crate::strategy::MAX_WEIGHT`]): it owns that
+    /// many remainders of the ids modulo the sum of their weights.
+    pub weight: u32,
+    /// With [`Strategy::IdHash`] or [`Strategy::Weight`]: how long a task another node owns
+    /// must have been due before this node claims it anyway (default: `dead_after`, the
+    /// time it takes to call a silent node dead).
+    pub strategy_grace: Option<Duration>,
+    /// With [`Strategy::LeastCount`]: how many tasks more than the least-loaded other live
+    /// node this node may hold (default: its threads; at least 1).
+    pub slack: Option<usize>,
 }
 
 impl Default for WorkerConfig {
@@ -146,6 +163,10 @@ impl Default for WorkerConfig {
             commit_batch: 1,
             claim_style: ClaimStyle::Auto,
             domains: Vec::new(),
+            strategy: Strategy::Default,
+            weight: DEFAULT_WEIGHT,
+            strategy_grace: None,
+            slack: None,
         }
     }
 }
@@ -188,6 +209,16 @@ impl WorkerConfig {
         commit_batch: usize => commit_batch;
         /// Sets how tasks are claimed.
         claim_style: ClaimStyle => claim_style;
+        /// Sets the claim strategy.
+        strategy: Strategy => strategy;
+        /// Sets the node's weight ([`Strategy::Weight`]).
+        weight: u32 => weight;
+        /// Sets how long another node's task waits before this one takes it anyway
+        /// ([`Strategy::IdHash`], [`Strategy::Weight`]).
+        strategy_grace: Duration => Some(strategy_grace);
+        /// Sets how far ahead of the least-loaded node this one may get
+        /// ([`Strategy::LeastCount`]).
+        slack: usize => Some(slack);
     }
 
     /// Adds a task domain (checked with the others when the worker starts).
@@ -224,7 +255,11 @@ impl WorkerConfig {
         } else {
             DEFAULT_PAGE_SIZE
         });
+        let dead_after = self
+            .dead_after
+            .unwrap_or(self.heartbeat * DEFAULT_DEAD_AFTER_BEATS);
         let settings = Settings {
+            strategy: StrategySettings::resolve(self, threads, dead_after)?,
             threads,
             queue,
             page_size,
@@ -233,9 +268,7 @@ impl WorkerConfig {
             poll_interval: self.poll_interval,
             listen: self.listen,
             heartbeat: self.heartbeat,
-            dead_after: self
-                .dead_after
-                .unwrap_or(self.heartbeat * DEFAULT_DEAD_AFTER_BEATS),
+            dead_after,
             task_timeout: self.task_timeout,
             exit_on_hang: self.exit_on_hang,
             commit_batch: self.commit_batch,
@@ -265,6 +298,7 @@ pub(crate) struct Settings {
     /// Whether chunks are claimed by locking their rows ([`ClaimStyle::Lock`]).
     pub(crate) lock: bool,
     pub(crate) domains: Vec<Domain>,
+    pub(crate) strategy: StrategySettings,
 }
 
 impl Settings {

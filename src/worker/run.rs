@@ -198,6 +198,11 @@ impl Worker {
         lane: &PlanLane,
         limit: usize,
     ) -> Result<usize> {
+        // The claim strategy's page (`least_count`), for the chunks and stamps together.
+        let limit = self.services.strategy.cap(limit);
+        if limit == 0 {
+            return Ok(0);
+        }
         if self.services.limits.tenants().is_empty() {
             return self.refill_locked(feed, tally, lane, limit);
         }

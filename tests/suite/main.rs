@@ -24,6 +24,7 @@ mod record;
 mod rescue;
 mod schema;
 mod signals;
+mod strategy;
 mod task_tx;
 mod tenant;
 
