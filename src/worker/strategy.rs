@@ -205,6 +205,21 @@ impl StrategyControl {
             .partition
     }
 
+    /// Under `least_count` with another live node to compare with: the most tasks this node
+    /// may hold (the least-loaded other node's plus the slack) and how many it holds.
+    pub(crate) fn least_count_bound(&self) -> Option<(u64, u64)> {
+        if self.settings.strategy != Strategy::LeastCount {
+            return None;
+        }
+        let least = self
+            .view
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .least_other?;
+        let most = least.saturating_add(self.settings.slack as u64);
+        Some((most, self.held.load(Ordering::Relaxed)))
+    }
+
     /// At most how many tasks `limit` lets this node claim now: `limit`, or under
     /// `least_count` no more than takes it to the least-loaded other live node plus the
     /// slack.

@@ -305,6 +305,19 @@ both_backends! {
         assert_eq!(w.claim().unwrap().len(), 15);
     }
 
+    fn a_least_count_drain_claims_small_pages_until_nothing_is_due(db: &TestDb) {
+        // Held to 2 at a time by an idle peer: the drain claims as its tasks finish, and
+        // ends when nothing is due.
+        let w = Worker::new(&db.url, ledger_registry("ledger"), config(Strategy::LeastCount).slack(2))
+            .unwrap();
+        peer(db, "default", 1, 0);
+        w.heartbeat_once().unwrap();
+        enqueue(db, "l", 50, None);
+        let tally = w.drain().unwrap().tally;
+        assert_eq!(tally.done, 50, "{tally:?}");
+        assert_eq!(db.count("SELECT count(DISTINCT task_id) FROM test_ledger"), 50);
+    }
+
     fn a_default_node_publishes_what_it_holds_and_claims_anything(db: &TestDb) {
         peer(db, "id_hash", 1, 0);
         let w = Worker::new(&db.url, ledger_registry("ledger"), config(Strategy::Default)).unwrap();
