@@ -18,7 +18,8 @@
 //! `connections_terminated_in_a_loop`, `postgres_restarted_mid_run_{fast,immediate}` (on a
 //! cluster of their own), `sigterm_mid_batch_*`, `poison_tasks_*` (fail, panic, abort),
 //! `poison_hang_*`, `sigterm_past_the_shutdown_timeout`, `overlapping_drains`,
-//! `concurrent_migrations_*`.
+//! `concurrent_migrations_*`, and the claim strategies' fleets `strategy_{id_hash,weight,
+//! least_count}` (three real nodes each: the distribution, then a kill and a join).
 //!
 //! Scenarios run one at a time (they are heavy). `OUTBOX_FAULT_PROFILE=long` runs the long
 //! profile (more kills, terminations, restarts, drains, repetitions); unset or `short` is the
@@ -56,6 +57,7 @@ mod migrations;
 mod poison;
 mod restart;
 mod sigterm;
+mod strategy;
 
 use std::time::Duration;
 
