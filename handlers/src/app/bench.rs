@@ -100,9 +100,8 @@ pub(super) struct BenchArgs {
 
     // Claim strategies.
     /// Measure a claim strategy's drain throughput against default's instead: a fleet of
-    /// --nodes nodes (workers of this process, each a node of its own) drains --tasks tasks
-    /// together with the strategy and then with default, in turn for --runs rounds
-    /// (PostgreSQL).
+    /// --nodes nodes (processes of this binary) drains --tasks tasks together with the
+    /// strategy and then with default, in turn for --runs rounds (PostgreSQL).
     #[arg(long, conflicts_with_all = ["latency", "explain", "fair"])]
     strategy: Option<Strategy>,
     /// With --strategy weight: the first node's weight (the others weigh 1), and its
@@ -115,6 +114,9 @@ pub(super) struct BenchArgs {
     /// With --strategy least_count: the nodes' slack [default: their threads].
     #[arg(long, requires = "strategy")]
     slack: Option<usize>,
+    /// Run as one node of a --strategy fleet (started by the benchmark itself).
+    #[arg(long, hide = true, requires = "strategy")]
+    node: bool,
 }
 
 pub(super) fn run(url: &DatabaseUrl, args: BenchArgs) -> anyhow::Result<()> {
@@ -145,6 +147,18 @@ pub(super) fn run(url: &DatabaseUrl, args: BenchArgs) -> anyhow::Result<()> {
             ),
         }
         .into());
+    }
+    if let (Some(strategy), true) = (args.strategy, args.node) {
+        let node = crate::bench::strategy::FleetNode {
+            strategy,
+            weight: args.weight,
+            threads: args
+                .threads
+                .unwrap_or(crate::bench::strategy::DEFAULT_NODE_THREADS),
+            slack: args.slack,
+            nodes: args.nodes,
+        };
+        return crate::bench::strategy::fleet_node(url, &node);
     }
     if let Some(strategy) = args.strategy {
         let bench = crate::bench::strategy::FleetDrain {

@@ -22,7 +22,7 @@ pub(super) fn run(
         .collect();
     if !json {
         println!(
-            "outbox bench --strategy {strategy}: {} nodes in this process (threads {}{}) drain {} no-op tasks together, {strategy} and default in turn, {rounds} round(s); scratch databases",
+            "outbox bench --strategy {strategy}: {} node processes (threads {}{}) drain {} no-op tasks together, {strategy} and default in turn, {rounds} round(s); scratch databases",
             bench.nodes,
             threads.join("/"),
             match (strategy, bench.slack) {

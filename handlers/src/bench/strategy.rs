@@ -1,12 +1,19 @@
-//! A claim strategy's drain throughput against `default`'s (`outbox bench --strategy S`):
-//! a fleet of nodes — workers of this process, each its own node with its own pool —
-//! drains one backlog of no-op tasks together, on a fresh scratch database per drain; the
-//! strategy and `default` alternate round by round, so that both see the same machine.
+//! A claim strategy's drain throughput against `default`'s (`outbox bench --strategy S`): a
+//! fleet of real nodes — `outbox bench --node` processes, this binary started again — drains
+//! one backlog of no-op tasks together, on a fresh scratch database per drain; the strategy
+//! and `default` alternate round by round, so that both see the same machine.
+//!
+//! Nodes are processes, not workers of one process: in one process the first worker created
+//! took nearly half of a `default` drain (its threads scheduled ahead of the others'), which
+//! a strategy with fixed shares then pays for; separate processes share evenly.
 
-use std::time::Instant;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use diesel::connection::SimpleConnection;
-use diesel::sql_types::BigInt;
+use diesel::sql_types::{BigInt, Text};
 use diesel::{QueryableByName, RunQueryDsl};
 use outbox::{run_migrations, Backend, DatabaseUrl, Strategy, Worker, WorkerConfig};
 
@@ -38,7 +45,7 @@ pub struct FleetDrain {
 /// What one fleet drain found.
 #[derive(Debug, Clone)]
 pub struct FleetFigures {
-    /// Tasks done per second, from the start of the drains to the end of the last.
+    /// Tasks done per second, from the nodes' start signal to the last one's report.
     pub tasks_per_s: f64,
     /// Tasks each node ran, in node order.
     pub per_node: Vec<u64>,
@@ -47,34 +54,98 @@ pub struct FleetFigures {
     pub owned: Option<f64>,
 }
 
-impl FleetDrain {
-    /// Each node's weight: the first `weight` under [`Strategy::Weight`], the others 1.
-    fn weights(&self) -> Vec<u32> {
-        (0..self.nodes)
-            .map(|i| match i {
-                0 => self.weight,
-                _ => 1,
-            })
-            .collect()
-    }
+/// One node of a fleet drain, as `outbox bench --node` runs it.
+#[derive(Debug, Clone, Copy)]
+pub struct FleetNode {
+    /// Its strategy.
+    pub strategy: Strategy,
+    /// Its weight (with [`Strategy::Weight`]).
+    pub weight: u32,
+    /// Its threads.
+    pub threads: usize,
+    /// Its slack (with [`Strategy::LeastCount`]).
+    pub slack: Option<usize>,
+    /// The nodes of the fleet, itself included: it waits for all of them.
+    pub nodes: usize,
+}
 
-    /// The fleet's own configuration of node `i` under `strategy`.
-    fn config(&self, strategy: Strategy, i: usize) -> WorkerConfig {
-        let weight = self.weights()[i];
-        let config = WorkerConfig::default()
-            .threads(self.threads * weight as usize)
-            .listen(false)
-            .strategy(strategy);
-        match (strategy, self.slack) {
-            (Strategy::Weight, _) => config.weight(weight),
-            (Strategy::LeastCount, Some(slack)) => config.slack(slack),
-            _ => config,
+impl FleetDrain {
+    /// Node `i` of the fleet under `strategy`: the first weighs `weight` under
+    /// [`Strategy::Weight`] and has that many times the threads (whatever the strategy).
+    fn node(&self, strategy: Strategy, i: usize) -> FleetNode {
+        let weight = match (self.strategy, i) {
+            (Strategy::Weight, 0) => self.weight,
+            _ => 1,
+        };
+        FleetNode {
+            strategy,
+            weight: if strategy == Strategy::Weight {
+                weight
+            } else {
+                1
+            },
+            threads: self.threads * weight as usize,
+            slack: self.slack.filter(|_| strategy == Strategy::LeastCount),
+            nodes: self.nodes,
         }
     }
 }
 
-/// Drains `bench.tasks` no-op tasks with `bench.nodes` nodes of `strategy` (the fleet of
-/// `bench`, whatever its own strategy: `default` is measured on the same threads).
+/// A node process of a fleet drain.
+struct NodeProc {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl NodeProc {
+    fn spawn(url: &DatabaseUrl, node: &FleetNode) -> anyhow::Result<NodeProc> {
+        let mut args = vec![
+            "--database-url".to_owned(),
+            url.as_str().to_owned(),
+            "bench".to_owned(),
+            "--node".to_owned(),
+            "--strategy".to_owned(),
+            node.strategy.to_string(),
+            "--weight".to_owned(),
+            node.weight.to_string(),
+            "--threads".to_owned(),
+            node.threads.to_string(),
+            "--nodes".to_owned(),
+            node.nodes.to_string(),
+        ];
+        if let Some(slack) = node.slack {
+            args.extend(["--slack".to_owned(), slack.to_string()]);
+        }
+        let mut child = Command::new(std::env::current_exe().context("this binary's path")?)
+            .args(&args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("starting a bench node")?;
+        let stdin = child.stdin.take().context("the node's stdin")?;
+        let stdout = BufReader::new(child.stdout.take().context("the node's stdout")?);
+        Ok(NodeProc {
+            child,
+            stdin,
+            stdout,
+        })
+    }
+
+    /// The node's next line of output.
+    fn line(&mut self) -> anyhow::Result<String> {
+        let mut line = String::new();
+        self.stdout.read_line(&mut line)?;
+        anyhow::ensure!(
+            !line.is_empty(),
+            "a bench node exited early (its errors are above)"
+        );
+        Ok(line.trim().to_owned())
+    }
+}
+
+/// Drains `bench.tasks` no-op tasks with `bench.nodes` node processes of `strategy` (the
+/// fleet of `bench`, whatever its own strategy: `default` is measured on the same threads).
 pub fn fleet_drain(
     url: &DatabaseUrl,
     bench: &FleetDrain,
@@ -94,36 +165,34 @@ pub fn fleet_drain(
     enqueue_noop(&mut conn, bench.tasks, 0, 1)?;
     conn.batch_execute("ANALYZE async_task")?;
     let _ = conn.batch_execute("CHECKPOINT");
-    let workers: Vec<Worker> = (0..bench.nodes)
-        .map(|i| {
-            Worker::new(
-                &scratch.url,
-                noop_registry(1, false),
-                bench.config(strategy, i),
-            )
-        })
-        .collect::<outbox::Result<_>>()?;
-    // Each node has published itself when it started; a beat each now, and every node has
-    // read the whole fleet.
-    for worker in &workers {
-        worker.heartbeat_once()?;
+    let mut nodes: Vec<NodeProc> = (0..bench.nodes)
+        .map(|i| NodeProc::spawn(&scratch.url, &bench.node(strategy, i)))
+        .collect::<anyhow::Result<_>>()?;
+    // Each says `ready` once it has seen the whole fleet; then all start at once.
+    for node in &mut nodes {
+        anyhow::ensure!(node.line()? == "ready", "a bench node did not get ready");
     }
     let started = Instant::now();
-    let tallies = std::thread::scope(|s| {
-        let drains: Vec<_> = workers.iter().map(|w| s.spawn(|| w.drain())).collect();
-        drains
-            .into_iter()
-            .map(|d| d.join().expect("a drain panicked"))
-            .collect::<outbox::Result<Vec<_>>>()
-    })?;
+    for node in &mut nodes {
+        node.stdin.write_all(b"go\n")?;
+        node.stdin.flush()?;
+    }
+    let mut per_node = Vec::new();
+    let mut ids = Vec::new();
+    for node in &mut nodes {
+        let report: serde_json::Value = serde_json::from_str(&node.line()?)?;
+        per_node.push(report["done"].as_u64().unwrap_or(0));
+        ids.push(report["node"].as_i64().unwrap_or(0));
+    }
     let elapsed = started.elapsed().as_secs_f64();
-    let per_node: Vec<u64> = tallies.iter().map(|r| r.tally.done).collect();
+    for node in &mut nodes {
+        node.child.wait()?;
+    }
     let done: u64 = per_node.iter().sum();
     let owned = match strategy.partitions() {
-        true => Some(owned_fraction(&mut conn, bench, &workers, strategy)?),
+        true => Some(owned_fraction(&mut conn)?),
         false => None,
     };
-    drop(workers);
     Ok(FleetFigures {
         tasks_per_s: done as f64 / elapsed,
         per_node,
@@ -131,49 +200,82 @@ pub fn fleet_drain(
     })
 }
 
-/// The fraction of the done tasks run by the node owning their id: the nodes ordered by id,
-/// each owning its weight's remainders modulo the sum of the weights.
-fn owned_fraction(
-    conn: &mut outbox::DbConnection,
-    bench: &FleetDrain,
-    workers: &[Worker],
-    strategy: Strategy,
-) -> anyhow::Result<f64> {
-    #[derive(QueryableByName)]
-    struct Ran {
-        #[diesel(sql_type = BigInt)]
-        id: i64,
-        #[diesel(sql_type = BigInt)]
-        owner: i64,
+/// One node of a fleet drain (`outbox bench --node`): registers, waits until the whole fleet
+/// has published its strategy and has read it, says `ready`, waits for `go` on stdin,
+/// drains, and prints `{"node": id, "done": n}`.
+pub fn fleet_node(url: &DatabaseUrl, node: &FleetNode) -> anyhow::Result<()> {
+    let mut config = WorkerConfig::default()
+        .threads(node.threads)
+        .listen(false)
+        .strategy(node.strategy);
+    if node.strategy == Strategy::Weight {
+        config = config.weight(node.weight);
     }
-    let weights = bench.weights();
-    let mut ring: Vec<(i64, i64)> = workers
-        .iter()
-        .zip(&weights)
-        .map(|(w, &weight)| match strategy {
-            Strategy::Weight => (w.node_id(), i64::from(weight)),
-            _ => (w.node_id(), 1),
-        })
-        .collect();
-    ring.sort_unstable();
-    let modulus: i64 = ring.iter().map(|&(_, w)| w).sum();
-    let owner_of = |id: i64| {
-        let mut r = id % modulus;
-        ring.iter()
-            .find(|&&(_, w)| {
-                let here = r < w;
-                r -= w;
-                here
-            })
-            .map(|&(node, _)| node)
-    };
-    let ran: Vec<Ran> = diesel::sql_query(
-        "SELECT id, owner FROM async_task WHERE state = 'done' AND owner IS NOT NULL",
+    if let Some(slack) = node.slack {
+        config = config.slack(slack);
+    }
+    let worker = Worker::new(url, noop_registry(1, false), config)?;
+    let mut conn = url.connect()?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while published(&mut conn, node.strategy)? < node.nodes as i64 {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the fleet did not gather in 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    worker.heartbeat_once()?;
+    println!("ready");
+    std::io::stdout().flush()?;
+    let mut go = String::new();
+    std::io::stdin().read_line(&mut go)?;
+    let tally = worker.drain()?.tally;
+    println!(
+        "{}",
+        serde_json::json!({"node": worker.node_id(), "done": tally.done})
+    );
+    std::io::stdout().flush()?;
+    Ok(())
+}
+
+/// The live nodes that have published `strategy`.
+fn published(conn: &mut outbox::DbConnection, strategy: Strategy) -> anyhow::Result<i64> {
+    #[derive(QueryableByName)]
+    struct N {
+        #[diesel(sql_type = BigInt)]
+        n: i64,
+    }
+    let row: N = diesel::sql_query(
+        "SELECT count(*) AS n FROM async_node WHERE state = 'alive' AND strategy = $1",
     )
-    .load(conn)?;
-    let owned = ran
-        .iter()
-        .filter(|r| owner_of(r.id) == Some(r.owner))
-        .count();
-    Ok(owned as f64 / ran.len().max(1) as f64)
+    .bind::<Text, _>(strategy.as_str())
+    .get_result(conn)?;
+    Ok(row.n)
+}
+
+/// The fraction of the done tasks run by the node owning their id: the nodes ordered by id,
+/// each owning its weight's remainders modulo the sum of the weights (an id_hash node
+/// weighs 1), as they published them.
+fn owned_fraction(conn: &mut outbox::DbConnection) -> anyhow::Result<f64> {
+    #[derive(QueryableByName)]
+    struct Owned {
+        #[diesel(sql_type = BigInt)]
+        owned: i64,
+        #[diesel(sql_type = BigInt)]
+        done: i64,
+    }
+    let row: Owned = diesel::sql_query(
+        "WITH ring AS (
+             SELECT id, CASE strategy WHEN 'weight' THEN weight ELSE 1 END AS w FROM async_node
+              WHERE strategy IN ('id_hash', 'weight')
+         ), range AS (
+             SELECT id, sum(w) OVER (ORDER BY id) - w AS lo, sum(w) OVER (ORDER BY id) AS hi,
+                    sum(w) OVER () AS m FROM ring
+         )
+         SELECT (SELECT count(*) FROM async_task t JOIN range r ON r.id = t.owner
+                  WHERE t.state = 'done' AND t.id % r.m >= r.lo AND t.id % r.m < r.hi) AS owned,
+                (SELECT count(*) FROM async_task WHERE state = 'done') AS done",
+    )
+    .get_result(conn)?;
+    Ok(row.owned as f64 / row.done.max(1) as f64)
 }
