@@ -7,7 +7,7 @@
 //! command fails its test instead of hanging the suite.
 //!
 //! Layout: one module per command family (`usage`, `demo`, `enqueue`, `work`, `prune`,
-//! `bench`, `domain`), so a test's full name is, e.g., `demo::demo_on_postgres`; the modules
+//! `bench`, `domain`, `strategy`), so a test's full name is, e.g., `demo::demo_on_postgres`; the modules
 //! they share are listed below.
 
 #[path = "../../../tests/suite/support.rs"]
@@ -23,5 +23,6 @@ mod demo;
 mod domain;
 mod enqueue;
 mod prune;
+mod strategy;
 mod usage;
 mod work;
