@@ -239,3 +239,52 @@ impl StrategyControl {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(config: WorkerConfig) -> StrategySettings {
+        StrategySettings::resolve(&config, 6, Duration::from_secs(15)).unwrap()
+    }
+
+    #[test]
+    fn the_grace_defaults_to_dead_after_and_the_slack_to_the_threads() {
+        let least = settings(WorkerConfig::default().strategy(Strategy::LeastCount));
+        assert_eq!((least.slack, least.weight), (6, DEFAULT_WEIGHT));
+        let id_hash = settings(WorkerConfig::default().strategy(Strategy::IdHash));
+        assert_eq!(id_hash.grace, Duration::from_secs(15));
+        let weight = WorkerConfig::default()
+            .strategy(Strategy::Weight)
+            .weight(5)
+            .strategy_grace(Duration::from_secs(2));
+        let weight = settings(weight);
+        assert_eq!((weight.weight, weight.grace), (5, Duration::from_secs(2)));
+    }
+
+    #[test]
+    fn least_count_caps_a_claim_at_the_least_other_plus_the_slack_less_what_it_holds() {
+        let config = WorkerConfig::default()
+            .strategy(Strategy::LeastCount)
+            .slack(4);
+        let control = StrategyControl::new(settings(config), Duration::from_secs(15));
+        // No other node read yet: no limit.
+        assert_eq!(control.cap(100), 100);
+        assert_eq!(control.least_count_bound(), None);
+        control.held().store(3, Ordering::Relaxed);
+        control.view.write().unwrap().least_other = Some(2);
+        assert_eq!(control.cap(100), 3);
+        assert_eq!(control.cap(2), 2);
+        assert_eq!(control.least_count_bound(), Some((6, 3)));
+        control.held().store(6, Ordering::Relaxed);
+        assert_eq!(control.cap(100), 0);
+        // Another strategy is never capped.
+        let id_hash = StrategyControl::new(
+            settings(WorkerConfig::default().strategy(Strategy::IdHash)),
+            Duration::from_secs(15),
+        );
+        id_hash.held().store(1000, Ordering::Relaxed);
+        assert_eq!(id_hash.cap(100), 100);
+        assert_eq!(id_hash.least_count_bound(), None);
+    }
+}

@@ -7,8 +7,8 @@
 //! command fails its test instead of hanging the suite.
 //!
 //! Layout: one module per command family (`usage`, `demo`, `enqueue`, `work`, `prune`,
-//! `bench`, `domain`, `strategy`), so a test's full name is, e.g., `demo::demo_on_postgres`; the modules
-//! they share are listed below.
+//! `bench`, `domain`, `strategy`), so a test's full name is, e.g.,
+//! `demo::demo_on_postgres`; the modules they share are listed below.
 
 #[path = "../../../tests/suite/support.rs"]
 mod support;
