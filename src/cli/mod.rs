@@ -17,6 +17,7 @@ mod progress;
 mod prune;
 mod schedules;
 mod stats;
+mod strategy;
 mod tenant;
 mod work;
 
@@ -43,6 +44,7 @@ pub use progress::{Progress, ProgressStyle};
 pub use prune::PruneArgs;
 pub use schedules::SchedulesArgs;
 pub use stats::StatsArgs;
+pub use strategy::StrategyArgs;
 pub use tenant::TenantArgs;
 pub use work::RunArgs;
 

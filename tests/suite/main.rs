@@ -30,6 +30,7 @@ mod rescue;
 mod schema;
 mod scrape;
 mod signals;
+mod strategy;
 mod task_tx;
 mod tenant;
 
