@@ -41,6 +41,7 @@ pub mod retry;
 pub mod schedule;
 mod sql;
 pub mod stats;
+pub mod strategy;
 pub mod task;
 pub mod tenant;
 #[cfg(feature = "testing")]
@@ -60,6 +61,7 @@ pub use handler::{Handler, HandlerError, HandlerResult, TaskContext, TaskTx};
 pub use migrate::run_migrations;
 pub use registry::Registry;
 pub use retry::{retry, Retried};
+pub use strategy::Strategy;
 pub use task::{validate_keyword, ClaimedTask, NewTask, TaskState};
 pub use tenant::{remove_tenant, set_tenant, tenants, Tenant, TenantLimits};
 pub use worker::{

@@ -37,6 +37,11 @@ impl<DB: Backend> Statement<DB> {
         self
     }
 
+    /// Passes the statement through `f`: a piece built by a function, inside a chain.
+    pub(crate) fn with(self, f: impl FnOnce(Self) -> Self) -> Self {
+        f(self)
+    }
+
     /// Appends a bind parameter of SQL type `ST`.
     pub(crate) fn bind<ST, V>(mut self, value: V) -> Self
     where

@@ -75,6 +75,8 @@ pub struct WorkerArgs {
     /// Metrics, health and the dead-task hook.
     #[command(flatten)]
     observe: super::observe::ObserveArgs,
+    #[command(flatten)]
+    strategy: super::StrategyArgs,
 }
 
 impl WorkerArgs {
@@ -100,6 +102,7 @@ impl WorkerArgs {
             config = config.domain(crate::domain::parse_domain_flag(flag)?);
         }
         let config = self.observe.apply(config);
+        let config = self.strategy.apply(config);
         config.resolve(backend)?;
         Ok(config)
     }

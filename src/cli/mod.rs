@@ -17,6 +17,7 @@ mod progress;
 mod prune;
 mod schedules;
 mod stats;
+mod strategy;
 mod tenant;
 #[cfg(feature = "web")]
 mod web;
@@ -45,6 +46,7 @@ pub use progress::{Progress, ProgressStyle};
 pub use prune::PruneArgs;
 pub use schedules::SchedulesArgs;
 pub use stats::StatsArgs;
+pub use strategy::StrategyArgs;
 pub use tenant::TenantArgs;
 #[cfg(feature = "web")]
 pub use web::WebArgs;

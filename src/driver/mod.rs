@@ -18,6 +18,7 @@ mod rows;
 pub(crate) mod schedule;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+mod strategy_sql;
 
 use diesel::backend::Backend;
 use diesel::sql_types::{BigInt, Double, HasSqlType, Integer, Text};
@@ -28,6 +29,8 @@ pub use rows::{
     LockHolder, NodeDomainsRow, Passes, Pick, Picked, PruneBatch, PrunedBatch, RescueParams,
     RescuedRow, TaskFilter, TaskKey, TaskRecord, TenantRow, TenantSet,
 };
+
+pub use strategy_sql::{Due, NodeStrategyRow};
 
 use domain_sql::{domain_upsert, keyword_pause_delete, keyword_pause_insert, KEYWORD_PAUSED};
 #[cfg(feature = "postgres")]
@@ -80,7 +83,7 @@ pub trait Driver {
     /// The ids of the existing tasks among `keys` (a JSON array of `{"k":…, "b":…}`).
     fn task_find_many(&mut self, keys_json: &str) -> QueryResult<Vec<TaskKey>>;
 
-    /// Claims up to `limit` due pending tasks of `keywords` for `owner`, in one statement:
+    /// Claims up to `limit` due pending tasks of `due` for `owner`, in one statement:
     /// state running, owner set, claim token bumped, deadline `timeout_ms` from now. The page
     /// is shared fairly between the tasks without a tenant and the tenants, by weight, the
     /// tenants visited in tenant order after [`Pick::Fair`]'s `after` (README, "Fair
@@ -91,10 +94,15 @@ pub trait Driver {
     /// With [`Pick::Solo`] (PostgreSQL), the claim takes one participant's tasks only, in a
     /// statement much cheaper to plan, and says whether another participant has pending
     /// tasks (`crowded`: the next claim should be fair again).
+    ///
+    /// A task is due for the claim when it is pending, its `run_at` has come, its keyword is
+    /// one of `due.keywords` and, with a partition (claim strategies `id_hash` and
+    /// `weight`), when this node owns it or it has been due for longer than the partition's
+    /// grace period; so in every claim below.
     fn task_claim_page(
         &mut self,
         owner: i64,
-        keywords: &[String],
+        due: &Due<'_>,
         except: &[String],
         pick: &Pick<'_>,
         limit: i64,
@@ -109,7 +117,7 @@ pub trait Driver {
     fn task_claim_limited(
         &mut self,
         owner: i64,
-        keywords: &[String],
+        due: &Due<'_>,
         tenants: &[String],
         limit: i64,
         timeout_ms: i64,
@@ -117,21 +125,21 @@ pub trait Driver {
 
     /// The plan of the claim statement (`EXPLAIN`), one line per row: to show that the
     /// claim stays an index range scan however long the backlog.
-    fn task_claim_plan(&mut self, keywords: &[String], limit: i64) -> QueryResult<Vec<String>>;
+    fn task_claim_plan(&mut self, due: &Due<'_>, limit: i64) -> QueryResult<Vec<String>>;
 
-    /// Locks up to `limit` due pending tasks of `keywords` in the open transaction (a lock
+    /// Locks up to `limit` due pending tasks of `due` in the open transaction (a lock
     /// claim: nothing is written; PostgreSQL only); returns the backend holding the locks
     /// and the rows.
     fn task_lock_page(
         &mut self,
-        keywords: &[String],
+        due: &Due<'_>,
         except: &[String],
         pick: &Pick<'_>,
         limit: i64,
     ) -> QueryResult<(LockHolder, Picked)>;
 
     /// The plan of the lock statement (`EXPLAIN`), one line per row (PostgreSQL only).
-    fn task_lock_plan(&mut self, keywords: &[String], limit: i64) -> QueryResult<Vec<String>>;
+    fn task_lock_plan(&mut self, due: &Due<'_>, limit: i64) -> QueryResult<Vec<String>>;
 
     /// Whether the transaction `xact` (a [`LockHolder`]'s) committed: `None` while it is in
     /// progress or when it is too old to tell.
@@ -318,6 +326,23 @@ pub trait Driver {
     // Progress (`drain`'s bar).
     /// Pending tasks of `keywords` due now, of every tenant.
     fn task_count_due(&mut self, keywords: &[String]) -> QueryResult<i64>;
+
+    // Claim strategies (see `crate::strategy`).
+
+    /// Publishes a live node's claim strategy, weight and the tasks it holds now (claimed,
+    /// not finished); returns the rows touched: 0 when the node is marked gone or its row
+    /// was deleted.
+    fn node_strategy_publish(
+        &mut self,
+        node_id: i64,
+        strategy: &str,
+        weight: i32,
+        running: i64,
+    ) -> QueryResult<usize>;
+
+    /// The nodes marked alive whose last heartbeat is at most `within_ms` old, with the
+    /// strategy, weight and tasks held they last published, by id.
+    fn node_strategies(&mut self, within_ms: i64) -> QueryResult<Vec<NodeStrategyRow>>;
 }
 
 /// Appends the fence of a claimed task to an `UPDATE async_task SET …` statement.

@@ -6,7 +6,7 @@ use super::fairness::{participants, Took};
 use super::heartbeat::may_claim;
 use super::{millis, Worker};
 use crate::db::transaction::DiscardBroken;
-use crate::driver::{driver, ClaimRow, Driver};
+use crate::driver::{driver, ClaimRow, Driver, Due};
 use crate::error::{Error, OpContext, Result};
 use crate::handler::TaskContext;
 use crate::task::ClaimedTask;
@@ -28,13 +28,18 @@ impl Worker {
     /// Claims at most `limit` due tasks of `keywords` (see [`Worker::claim`]), each with
     /// `timeout` to run: those of the tenants with a `max_running`, within it, and the
     /// others. Neither kind may starve the other while it has a backlog: which is claimed
-    /// first alternates from claim to claim.
+    /// first alternates from claim to claim. The claim strategy may lower `limit`
+    /// (`least_count`) and narrows what is due (`id_hash`, `weight`).
     pub(super) fn claim_up_to(
         &self,
         keywords: &[String],
         limit: usize,
         timeout: Duration,
     ) -> Result<Vec<ClaimedTask>> {
+        let limit = self.services.strategy.cap(limit);
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
         if self.services.limits.tenants().is_empty() {
             return self.claim_plain(keywords, limit, timeout);
         }
@@ -119,11 +124,11 @@ impl Worker {
             keywords,
             limit,
             timeout,
-            |driver, owner, keywords, except, n, timeout| {
+            |driver, owner, due, except, n, timeout| {
                 // The pick and the claim see one list of the tenants claimed apart.
                 let pick = picked_by.insert(fair.next_pick(keywords, except));
                 let picked =
-                    driver.task_claim_page(owner, keywords, except, &pick.as_pick(), n, timeout)?;
+                    driver.task_claim_page(owner, due, except, &pick.as_pick(), n, timeout)?;
                 took = (
                     picked.weights,
                     picked.crowded,
@@ -169,16 +174,17 @@ impl Worker {
             keywords,
             limit,
             timeout,
-            |driver, owner, keywords, _, n, timeout| {
-                driver.task_claim_limited(owner, keywords, &rotated, n, timeout)
+            |driver, owner, due, _, n, timeout| {
+                driver.task_claim_limited(owner, due, &rotated, n, timeout)
             },
         )
     }
 
     /// Runs one claim statement of `limit` tasks of `keywords` for this node, with the
     /// heartbeat check, the writer's turn and the deadline every claim has (`timeout` from
-    /// now); `claim` is given the driver, the owner, the keywords, the tenants with a
-    /// `max_running`, the limit and the timeout. Claims nothing for no keyword.
+    /// now); `claim` is given the driver, the owner, what is due (the keywords and the claim
+    /// strategy's partition), the tenants with a `max_running`, the limit and the timeout.
+    /// Claims nothing for no keyword.
     fn claim_statement(
         &self,
         keywords: &[String],
@@ -187,7 +193,7 @@ impl Worker {
         claim: impl FnOnce(
             &mut dyn Driver,
             i64,
-            &[String],
+            &Due<'_>,
             &[String],
             i64,
             i64,
@@ -206,10 +212,14 @@ impl Worker {
         let deadline = asked + timeout;
         let rows = {
             let _turn = self.writer_turn.take();
+            let due = Due {
+                keywords,
+                partition: self.services.strategy.partition(),
+            };
             claim(
                 driver(&mut conn),
                 owner,
-                keywords,
+                &due,
                 &limited,
                 i64::try_from(limit).unwrap_or(i64::MAX),
                 millis(timeout),

@@ -2,11 +2,13 @@
 
 use std::time::Duration;
 
+use super::strategy::StrategySettings;
 use super::style::ClaimStyle;
 use crate::backoff::Backoff;
 use crate::db::Backend;
 use crate::domain::{validate_domains, Domain};
 use crate::error::{Error, Result};
+use crate::strategy::{Strategy, DEFAULT_WEIGHT};
 
 /// Tasks claimed per claim statement by default in strict mode.
 pub const DEFAULT_PAGE_SIZE: usize = 100;
@@ -141,6 +143,21 @@ pub struct WorkerConfig {
     /// How long the `on_dead` command may run before it is killed (default
     /// [`super::on_dead::DEFAULT_ON_DEAD_TIMEOUT`], 30 s).
     pub on_dead_timeout: Duration,
+
+    // Claim strategies (see [`crate::strategy`]).
+    /// Which of the due tasks this node claims (default [`Strategy::Default`]: any).
+    pub strategy: Strategy,
+    /// This node's weight among the nodes that share the ids, with [`Strategy::Weight`]
+    /// (default [`DEFAULT_WEIGHT`]; at most [`crate::strategy::MAX_WEIGHT`]): it owns that
+    /// many remainders of the ids modulo the sum of their weights.
+    pub weight: u32,
+    /// With [`Strategy::IdHash`] or [`Strategy::Weight`]: how long a task another node owns
+    /// must have been due before this node claims it anyway (default: `dead_after`, the
+    /// time it takes to call a silent node dead).
+    pub strategy_grace: Option<Duration>,
+    /// With [`Strategy::LeastCount`]: how many tasks more than the least-loaded other live
+    /// node this node may hold (default: its threads; at least 1).
+    pub slack: Option<usize>,
 }
 
 impl Default for WorkerConfig {
@@ -163,6 +180,10 @@ impl Default for WorkerConfig {
             metrics_addr: None,
             on_dead: None,
             on_dead_timeout: super::on_dead::DEFAULT_ON_DEAD_TIMEOUT,
+            strategy: Strategy::Default,
+            weight: DEFAULT_WEIGHT,
+            strategy_grace: None,
+            slack: None,
         }
     }
 }
@@ -211,6 +232,16 @@ impl WorkerConfig {
         on_dead: impl Into<String> => Some(on_dead.into());
         /// Sets how long the dead-task command may run.
         on_dead_timeout: Duration => on_dead_timeout;
+        /// Sets the claim strategy.
+        strategy: Strategy => strategy;
+        /// Sets the node's weight ([`Strategy::Weight`]).
+        weight: u32 => weight;
+        /// Sets how long another node's task waits before this one takes it anyway
+        /// ([`Strategy::IdHash`], [`Strategy::Weight`]).
+        strategy_grace: Duration => Some(strategy_grace);
+        /// Sets how far ahead of the least-loaded node this one may get
+        /// ([`Strategy::LeastCount`]).
+        slack: usize => Some(slack);
     }
 
     /// Adds a task domain (checked with the others when the worker starts).
@@ -247,7 +278,11 @@ impl WorkerConfig {
         } else {
             DEFAULT_PAGE_SIZE
         });
+        let dead_after = self
+            .dead_after
+            .unwrap_or(self.heartbeat * DEFAULT_DEAD_AFTER_BEATS);
         let settings = Settings {
+            strategy: StrategySettings::resolve(self, threads, dead_after)?,
             threads,
             queue,
             page_size,
@@ -256,9 +291,7 @@ impl WorkerConfig {
             poll_interval: self.poll_interval,
             listen: self.listen,
             heartbeat: self.heartbeat,
-            dead_after: self
-                .dead_after
-                .unwrap_or(self.heartbeat * DEFAULT_DEAD_AFTER_BEATS),
+            dead_after,
             task_timeout: self.task_timeout,
             exit_on_hang: self.exit_on_hang,
             commit_batch: self.commit_batch,
@@ -294,6 +327,7 @@ pub(crate) struct Settings {
     pub(crate) metrics_addr: Option<std::net::SocketAddr>,
     pub(crate) on_dead: Option<String>,
     pub(crate) on_dead_timeout: Duration,
+    pub(crate) strategy: StrategySettings,
 }
 
 impl Settings {

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use super::cancels::CancelWatch;
 use super::domains::DomainControl;
+use super::strategy::StrategyControl;
 use super::tenants::RunLimits;
 use crate::db::{DatabaseUrl, DbConnection};
 use crate::driver::driver;
@@ -78,6 +79,8 @@ pub(crate) struct Heartbeat {
     limits: std::sync::Arc<RunLimits>,
     /// The domains, read again at each beat and their use published.
     domains: std::sync::Arc<DomainControl>,
+    /// The claim strategy, published and the fleet's read again at each beat.
+    strategy: std::sync::Arc<StrategyControl>,
 }
 
 impl Heartbeat {
@@ -87,6 +90,7 @@ impl Heartbeat {
         cancels: std::sync::Arc<CancelWatch>,
         limits: std::sync::Arc<RunLimits>,
         domains: std::sync::Arc<DomainControl>,
+        strategy: std::sync::Arc<StrategyControl>,
     ) -> Self {
         Heartbeat {
             url,
@@ -94,6 +98,7 @@ impl Heartbeat {
             cancels,
             limits,
             domains,
+            strategy,
             conn: Mutex::new(Beat::default()),
             last_ok: Mutex::new(Instant::now()),
         }
@@ -152,6 +157,13 @@ impl Heartbeat {
             if let Err(e) = self.limits.refresh(conn) {
                 log::warn!(
                     "node {}: could not read the tenants' max_running: {e}",
+                    self.node.id()
+                );
+            }
+            // The claim strategy's view of the fleet; the last one stays if this fails.
+            if let Err(e) = self.strategy.refresh(conn, self.node.id()) {
+                log::warn!(
+                    "node {}: could not publish or read the claim strategies: {e}",
                     self.node.id()
                 );
             }

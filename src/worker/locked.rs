@@ -24,7 +24,7 @@ use super::watchdog::Hung;
 use super::{millis, Worker};
 use crate::db::transaction::{is_connection_error, mark_broken, roll_back_all, DiscardBroken};
 use crate::db::{DbConnection, DbPool, PooledConnection};
-use crate::driver::{driver, Claim, LockHolder};
+use crate::driver::{driver, Claim, Due, LockHolder};
 use crate::error::{OpContext, Result};
 use crate::task::ClaimedTask;
 
@@ -94,8 +94,12 @@ impl Worker {
         let limits = &self.services.limits;
         let limited = limits.tenants();
         let pick = limits.fair.next_pick(keywords, &limited);
+        let due = Due {
+            keywords,
+            partition: self.services.strategy.partition(),
+        };
         let asked = Instant::now();
-        let locked = driver(&mut conn).task_lock_page(keywords, &limited, &pick.as_pick(), limit);
+        let locked = driver(&mut conn).task_lock_page(&due, &limited, &pick.as_pick(), limit);
         self.observers.claimed(asked);
         match locked {
             Ok((holder, picked)) if !picked.rows.is_empty() => {

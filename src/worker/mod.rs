@@ -20,6 +20,7 @@ mod run;
 mod services;
 mod shutdown;
 mod slots;
+mod strategy;
 mod style;
 mod tally;
 mod tenants;
@@ -52,7 +53,7 @@ use services::Services;
 
 use crate::db::transaction::{DiscardBroken, WriterTurn};
 use crate::db::{DatabaseUrl, DbPool};
-use crate::driver::driver;
+use crate::driver::{driver, Due};
 use crate::error::{Error, OpContext, Result};
 use crate::migrate::ensure_migrated;
 use crate::registry::Registry;
@@ -90,8 +91,9 @@ pub struct Worker {
     totals: Arc<Mutex<Tally>>,
     /// On SQLite, this process's writers take turns here.
     writer_turn: WriterTurn,
-    /// Claimed tasks not finished yet (for the shutdown report).
-    in_flight: AtomicU64,
+    /// Claimed tasks not finished yet (for the shutdown report, and published for the claim
+    /// strategies).
+    in_flight: Arc<AtomicU64>,
     services: Services,
     /// The metrics and the dead-task hook, when configured.
     observers: Observers,
@@ -230,7 +232,7 @@ impl Worker {
             dispatcher,
             stopping,
             totals: Arc::default(),
-            in_flight: AtomicU64::new(0),
+            in_flight: services.strategy.held(),
             services,
             observers,
             metrics_server,
@@ -377,15 +379,19 @@ impl Worker {
     /// that the claim stays an index range scan at their backlog.
     pub fn claim_plan(&self) -> Result<Vec<String>> {
         let mut conn = self.pool.get().op("task claim plan")?;
+        let due = Due {
+            keywords: &self.keywords,
+            partition: self.services.strategy.partition(),
+        };
         if self.settings.lock {
             let limit = i64::try_from(self.settings.commit_batch).unwrap_or(i64::MAX);
             return driver(&mut conn)
-                .task_lock_plan(&self.keywords, limit)
+                .task_lock_plan(&due, limit)
                 .op("task claim plan");
         }
         let limit = i64::try_from(self.claim_limit()).unwrap_or(i64::MAX);
         driver(&mut conn)
-            .task_claim_plan(&self.keywords, limit)
+            .task_claim_plan(&due, limit)
             .op("task claim plan")
     }
 }

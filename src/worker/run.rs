@@ -86,6 +86,7 @@ impl Worker {
     /// without waiting for them: the next claim overlaps the end of this page. Returns how
     /// many it claimed and the most it could have claimed; claims nothing once stopping.
     fn refill<'s>(&'s self, feed: &Feed<'s>, tally: &'s Mutex<Tally>) -> Result<(usize, usize)> {
+        self.wait_while_capped(feed);
         let plan = self.services.domains.plan();
         if plan.has_domains() {
             self.dispatcher.wait_for_lane_room(&self.stopping);
@@ -101,10 +102,16 @@ impl Worker {
             return Ok((0, 0));
         }
         let room = self.dispatcher.room().max(1);
-        let limit = self
-            .settings
-            .page_size
-            .min(room * self.settings.commit_batch);
+        // The claim strategy's cap (`least_count`): a claim that reaches it is full, and the
+        // next waits for a task to finish (`wait_while_capped`), not for the poll interval.
+        let limit = self.services.strategy.cap(
+            self.settings
+                .page_size
+                .min(room * self.settings.commit_batch),
+        );
+        if limit == 0 {
+            return Ok((0, 1));
+        }
         let default = &plan.lanes[0];
         if self.settings.lock {
             return Ok((self.refill_lock_style(feed, tally, default, limit)?, limit));
@@ -148,10 +155,14 @@ impl Worker {
             if room == 0 || lane.keywords.is_empty() {
                 continue;
             }
-            let n = self
-                .settings
-                .page_size
-                .min(room * self.settings.commit_batch);
+            let n = self.services.strategy.cap(
+                self.settings
+                    .page_size
+                    .min(room * self.settings.commit_batch),
+            );
+            if n == 0 {
+                continue;
+            }
             limit += n;
             let took = if self.settings.lock {
                 self.refill_lock_style(feed, tally, lane, n)
@@ -198,6 +209,11 @@ impl Worker {
         lane: &PlanLane,
         limit: usize,
     ) -> Result<usize> {
+        // The claim strategy's page (`least_count`), for the chunks and stamps together.
+        let limit = self.services.strategy.cap(limit);
+        if limit == 0 {
+            return Ok(0);
+        }
         if self.services.limits.tenants().is_empty() {
             return self.refill_locked(feed, tally, lane, limit);
         }
@@ -211,6 +227,24 @@ impl Worker {
                 self.refill_locked(feed, tally, lane, n)
             }
         })
+    }
+
+    /// Under `least_count`, while this node holds more than half of what it may hold (the
+    /// least-loaded other node's tasks plus its slack), waits until enough of them finish
+    /// (or none is running here): claims of half that at least, rather than one at a time.
+    fn wait_while_capped(&self, feed: &Feed<'_>) {
+        let Some((most, held)) = self.services.strategy.least_count_bound() else {
+            return;
+        };
+        let want_free = most.div_ceil(2);
+        let free = most.saturating_sub(held);
+        if free >= want_free {
+            return;
+        }
+        let room = self.dispatcher.room();
+        let finish = usize::try_from(want_free - free).unwrap_or(usize::MAX);
+        self.dispatcher
+            .wait_for_room(feed, room.saturating_add(finish), &self.stopping);
     }
 
     /// Claims one page and runs it; returns what happened to it. An empty tally means

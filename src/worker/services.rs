@@ -12,6 +12,7 @@ use super::domains::DomainControl;
 use super::heartbeat::{Heartbeat, Node};
 use super::observers::Observers;
 use super::rescue::Rescuer;
+use super::strategy::StrategyControl;
 use super::tenants::RunLimits;
 use super::timeouts::Timeouts;
 use super::watchdog::Watchdog;
@@ -26,6 +27,7 @@ pub(super) struct Services {
     pub(super) cancels: Arc<CancelWatch>,
     pub(super) limits: Arc<RunLimits>,
     pub(super) domains: Arc<DomainControl>,
+    pub(super) strategy: Arc<StrategyControl>,
     pub(super) timeouts: Arc<Timeouts>,
     pub(super) rescuer: Arc<Rescuer>,
     pub(super) watchdog: Arc<Watchdog>,
@@ -50,10 +52,14 @@ impl Services {
         let cancels = Arc::new(CancelWatch::default());
         let limits = Arc::new(RunLimits::default());
         let domains = Arc::new(domains);
+        let strategy = Arc::new(StrategyControl::new(settings.strategy, settings.dead_after));
         {
             let mut conn = pool.get().op("tenant limits read")?;
             limits.refresh(&mut conn)?;
             domains.refresh(&mut conn)?;
+            // Published before the first claim, so that the first claims already take
+            // this node's share only, and the others see it at their next beat.
+            strategy.refresh(&mut conn, node.id())?;
         }
         let services = Services {
             heartbeat: Arc::new(Heartbeat::new(
@@ -62,10 +68,12 @@ impl Services {
                 Arc::clone(&cancels),
                 Arc::clone(&limits),
                 Arc::clone(&domains),
+                Arc::clone(&strategy),
             )),
             cancels,
             limits,
             domains,
+            strategy,
             timeouts: Arc::new(timeouts),
             rescuer: Arc::new(Rescuer::new(
                 pool.clone(),

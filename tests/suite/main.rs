@@ -31,6 +31,7 @@ mod rescue;
 mod schema;
 mod scrape;
 mod signals;
+mod strategy;
 mod task_tx;
 mod tenant;
 mod web;

@@ -5,7 +5,7 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 
 use outbox::cli::parse_duration;
-use outbox::{ClaimStyle, DatabaseUrl};
+use outbox::{ClaimStyle, DatabaseUrl, Strategy};
 
 use crate::bench::fair::{fair_bench, FairFigures};
 use crate::bench::latency::latency_bench;
@@ -106,6 +106,26 @@ pub(super) struct BenchArgs {
     /// One JSON object per line per measured configuration.
     #[arg(long)]
     json: bool,
+
+    // Claim strategies.
+    /// Measure a claim strategy's drain throughput against default's instead: a fleet of
+    /// --nodes nodes (processes of this binary) drains --tasks tasks together with the
+    /// strategy and then with default, in turn for --runs rounds (PostgreSQL).
+    #[arg(long, conflicts_with_all = ["latency", "explain", "fair"])]
+    strategy: Option<Strategy>,
+    /// With --strategy weight: the first node's weight (the others weigh 1), and its
+    /// threads' multiple: a node of weight N stands for a machine N times as large.
+    #[arg(long, default_value_t = 2, requires = "strategy")]
+    weight: u32,
+    /// With --strategy: nodes in the fleet (each with --threads threads, default 4).
+    #[arg(long, default_value_t = 3, requires = "strategy")]
+    nodes: usize,
+    /// With --strategy least_count: the nodes' slack [default: their threads].
+    #[arg(long, requires = "strategy")]
+    slack: Option<usize>,
+    /// Run as one node of a --strategy fleet (started by the benchmark itself).
+    #[arg(long, hide = true, requires = "strategy")]
+    node: bool,
 }
 
 pub(super) fn run(url: &DatabaseUrl, args: BenchArgs) -> anyhow::Result<()> {
@@ -136,6 +156,31 @@ pub(super) fn run(url: &DatabaseUrl, args: BenchArgs) -> anyhow::Result<()> {
             ),
         }
         .into());
+    }
+    if let (Some(strategy), true) = (args.strategy, args.node) {
+        let node = crate::bench::strategy::FleetNode {
+            strategy,
+            weight: args.weight,
+            threads: args
+                .threads
+                .unwrap_or(crate::bench::strategy::DEFAULT_NODE_THREADS),
+            slack: args.slack,
+            nodes: args.nodes,
+        };
+        return crate::bench::strategy::fleet_node(url, &node);
+    }
+    if let Some(strategy) = args.strategy {
+        let bench = crate::bench::strategy::FleetDrain {
+            strategy,
+            weight: args.weight,
+            nodes: args.nodes,
+            tasks: args.tasks,
+            threads: args
+                .threads
+                .unwrap_or(crate::bench::strategy::DEFAULT_NODE_THREADS),
+            slack: args.slack,
+        };
+        return super::bench_strategy::run(url, &bench, args.runs, args.json);
     }
     if args.latency {
         return latency(url, &args);

@@ -11,6 +11,7 @@ pub mod latency;
 pub mod metrics_cost;
 mod reference;
 mod scratch;
+pub mod strategy;
 
 use std::time::Instant;
 
@@ -217,17 +218,7 @@ pub fn drain_bench(url: &DatabaseUrl, bench: &DrainBench) -> anyhow::Result<Drai
         });
     }
 
-    let mut registry = Registry::new();
-    for k in 0..bench.keywords.max(1) {
-        if bench.open_tx {
-            registry.register(&keyword(k), |_: &TaskContext, tx: &mut TaskTx| {
-                tx.conn()?;
-                Ok(())
-            });
-        } else {
-            registry.register(&keyword(k), |_: &TaskContext, _: &mut TaskTx| Ok(()));
-        }
-    }
+    let registry = noop_registry(bench.keywords, bench.open_tx);
     let worker = Worker::new(&scratch.url, registry, config)?;
     let plan = if bench.explain {
         worker.claim_plan()?
@@ -273,6 +264,23 @@ pub fn drain_bench(url: &DatabaseUrl, bench: &DrainBench) -> anyhow::Result<Drai
         plan,
         scrapes,
     })
+}
+
+/// The no-op handler under the first `keywords` keywords (at least one); with `open_tx` it
+/// opens its transaction, as a handler that writes to the database does.
+fn noop_registry(keywords: usize, open_tx: bool) -> Registry {
+    let mut registry = Registry::new();
+    for k in 0..keywords.max(1) {
+        if open_tx {
+            registry.register(&keyword(k), |_: &TaskContext, tx: &mut TaskTx| {
+                tx.conn()?;
+                Ok(())
+            });
+        } else {
+            registry.register(&keyword(k), |_: &TaskContext, _: &mut TaskTx| Ok(()));
+        }
+    }
+    registry
 }
 
 /// Enqueues `n` no-op tasks, [`ENQUEUE_BATCH`] per statement and transaction, spread over

@@ -7,8 +7,8 @@
 //! command fails its test instead of hanging the suite.
 //!
 //! Layout: one module per command family (`usage`, `demo`, `enqueue`, `work`, `prune`,
-//! `bench`, `domain`, `ops_tasks`, `ops_fleet`), so a test's full name is, e.g., `demo::demo_on_postgres`; the modules
-//! they share are listed below.
+//! `bench`, `domain`, `ops_tasks`, `ops_fleet`, `strategy`), so a test's full name is, e.g.,
+//! `demo::demo_on_postgres`; the modules they share are listed below.
 
 #[path = "../../../tests/suite/support.rs"]
 mod support;
@@ -34,6 +34,7 @@ mod ops_fleet;
 mod ops_tasks;
 mod prune;
 mod schedules;
+mod strategy;
 mod usage;
 mod web;
 mod work;

@@ -19,7 +19,9 @@
 //! cluster of their own), `sigterm_mid_batch_*`, `poison_tasks_*` (fail, panic, abort),
 //! `poison_hang_*`, `sigterm_past_the_shutdown_timeout`, `overlapping_drains`,
 //! `concurrent_migrations_*`, `chains_of_three_with_kills`,
-//! `cron_fleet_runs_every_tick_exactly_once`.
+//! `cron_fleet_runs_every_tick_exactly_once`, and the claim strategies' fleets
+//! `strategy_{id_hash,weight,least_count}` (three real nodes each: the distribution, then a
+//! kill and a join).
 //!
 //! Scenarios run one at a time (they are heavy). `OUTBOX_FAULT_PROFILE=long` runs the long
 //! profile (more kills, terminations, restarts, drains, repetitions); unset or `short` is the
@@ -59,6 +61,7 @@ mod migrations;
 mod poison;
 mod restart;
 mod sigterm;
+mod strategy;
 
 use std::time::Duration;
 

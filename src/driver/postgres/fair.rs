@@ -15,7 +15,8 @@
 use diesel::pg::Pg;
 use diesel::sql_types::{Array, BigInt, Double, Text};
 
-use crate::driver::{Passes, Pick};
+use crate::driver::strategy_sql::partition_pg;
+use crate::driver::{Due, Passes, Pick};
 
 use crate::sql::Statement;
 
@@ -34,6 +35,16 @@ pub(super) fn window(limit: i64) -> i64 {
 
 /// A task of `t` is due for the claim: pending, its time come, one of the keywords bound next.
 const DUE: &str = "t.state = 'pending' AND t.run_at <= now() AND t.keyword = ANY(";
+
+/// Appends that a task of `t` is due for a claim of `due`: [`DUE`], its keywords, and the
+/// node's partition if it has one (a claim strategy's filter, `partition_pg`).
+pub(super) fn due_for(statement: Statement<Pg>, due: &Due<'_>) -> Statement<Pg> {
+    let statement = statement
+        .sql(DUE)
+        .bind::<Array<Text>, _>(due.keywords.to_vec())
+        .sql(")");
+    partition_pg(statement, due.partition)
+}
 
 /// The first tenant with a pending task, for the ring to wrap around to.
 const FIRST_TENANT: &str = "(SELECT tenant FROM async_task WHERE tenant IS NOT NULL
@@ -91,13 +102,13 @@ pub(super) fn ring_end(
 }
 
 /// `WITH RECURSIVE …, picked AS (SELECT id, weight …` (left open) choosing at most `limit`
-/// due pending tasks of `keywords`, locked, fairly across tenants as the module says; the
+/// pending tasks due for `due`, locked, fairly across tenants as the module says; the
 /// ring starts after `after` (`""`: at the first tenant). Tenants in `except` (those with a
 /// `max_running`, claimed apart) are left out. Each participant's rank starts from its pass
 /// in `passes` (what this node's claims have served it, over its weight).
 pub(super) fn picked(
     prefix: &'static str,
-    keywords: &[String],
+    due: &Due<'_>,
     except: &[String],
     after: &str,
     passes: &Passes,
@@ -115,10 +126,9 @@ pub(super) fn picked(
                    FROM ring r CROSS JOIN LATERAL (
                        SELECT 1 FROM async_task t WHERE t.tenant = r.tenant AND ",
         )
-        .sql(DUE)
-        .bind::<Array<Text>, _>(keywords.to_vec())
+        .with(|s| due_for(s, due))
         .sql(
-            ")
+            "
                         ORDER BY t.priority, t.run_at, t.id LIMIT 1) due
                    LEFT JOIN async_tenant a ON a.tenant = r.tenant
                    LEFT JOIN unnest(",
@@ -145,10 +155,9 @@ pub(super) fn picked(
         )
         .bind::<Double, _>(passes.none)
         .sql(" FROM (SELECT 1 FROM async_task t WHERE t.tenant IS NULL AND ")
-        .sql(DUE)
-        .bind::<Array<Text>, _>(keywords.to_vec())
+        .with(|s| due_for(s, due))
         .sql(
-            ")
+            "
                      ORDER BY t.priority, t.run_at, t.id LIMIT 1) due
             ), quota AS (
                 SELECT tenant, weight, pos, pass, ceil(",
@@ -161,10 +170,9 @@ pub(super) fn picked(
                     SELECT t.id, t.priority, t.run_at FROM async_task t
                      WHERE t.tenant = q.tenant AND ",
         )
-        .sql(DUE)
-        .bind::<Array<Text>, _>(keywords.to_vec())
+        .with(|s| due_for(s, due))
         .sql(
-            ")
+            "
                      ORDER BY t.priority, t.run_at, t.id LIMIT q.k FOR UPDATE SKIP LOCKED) c
                  WHERE q.tenant IS NOT NULL
                 UNION ALL
@@ -172,10 +180,9 @@ pub(super) fn picked(
                     SELECT t.id, t.priority, t.run_at FROM async_task t
                      WHERE t.tenant IS NULL AND ",
         )
-        .sql(DUE)
-        .bind::<Array<Text>, _>(keywords.to_vec())
+        .with(|s| due_for(s, due))
         .sql(
-            ")
+            "
                      ORDER BY t.priority, t.run_at, t.id LIMIT q.k FOR UPDATE SKIP LOCKED) c
                  WHERE q.tenant IS NULL
             ), picked AS (
@@ -192,28 +199,23 @@ pub(super) fn picked(
 /// What a claim takes (see [`Pick`]): `WITH …, picked AS (SELECT id …` left open.
 pub(super) fn pick(
     prefix: &'static str,
-    keywords: &[String],
+    due: &Due<'_>,
     except: &[String],
     pick: &Pick<'_>,
     limit: i64,
 ) -> Statement<Pg> {
     match pick {
-        Pick::Fair { after, passes } => picked(prefix, keywords, except, after, passes, limit),
-        Pick::Solo { tenant, .. } => solo(prefix, keywords, *tenant, limit),
+        Pick::Fair { after, passes } => picked(prefix, due, except, after, passes, limit),
+        Pick::Solo { tenant, .. } => solo(prefix, due, *tenant, limit),
     }
 }
 
 /// One participant's first due tasks, locked: the statement of a claim before it, when that
 /// claim found no other participant (`WITH picked AS (SELECT id …`, left open).
-fn solo(
-    prefix: &'static str,
-    keywords: &[String],
-    tenant: Option<&str>,
-    limit: i64,
-) -> Statement<Pg> {
+fn solo(prefix: &'static str, due: &Due<'_>, tenant: Option<&str>, limit: i64) -> Statement<Pg> {
     let statement =
         Statement::<Pg>::new(prefix).sql("WITH picked AS (SELECT t.id FROM async_task t WHERE ");
-    solo_scan(statement, keywords, tenant, limit)
+    solo_scan(statement, due, tenant, limit)
 }
 
 /// `<tenant's> AND <due> ORDER BY … LIMIT n FOR UPDATE SKIP LOCKED` after `WHERE`, for the
@@ -222,7 +224,7 @@ fn solo(
 /// integer cast, which no index provides, and the plan would sort every pending row.
 pub(super) fn solo_scan(
     statement: Statement<Pg>,
-    keywords: &[String],
+    due: &Due<'_>,
     tenant: Option<&str>,
     limit: i64,
 ) -> Statement<Pg> {
@@ -234,9 +236,8 @@ pub(super) fn solo_scan(
         None => statement.sql("t.tenant IS NULL AND "),
     };
     statement
-        .sql(DUE)
-        .bind::<Array<Text>, _>(keywords.to_vec())
-        .sql(") ORDER BY t.priority, t.run_at, t.id LIMIT ")
+        .with(|s| due_for(s, due))
+        .sql(" ORDER BY t.priority, t.run_at, t.id LIMIT ")
         .bind::<BigInt, _>(limit)
         .sql(" FOR UPDATE SKIP LOCKED")
 }

@@ -6,7 +6,7 @@ use diesel::sql_types::{Array, BigInt, Integer, Text};
 use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 
 use super::task::{picked, plan_lines, stamp_picked, PickedRow};
-use crate::driver::{Claim, ClaimRow, LockHolder, Passes, Pick, Picked};
+use crate::driver::{Claim, ClaimRow, Due, LockHolder, Passes, Pick, Picked};
 use crate::sql::Statement;
 
 /// A locked row and the transaction that holds its lock.
@@ -23,12 +23,12 @@ struct LockedRow {
 /// See [`crate::driver::Driver::task_lock_page`].
 pub(super) fn lock_page(
     conn: &mut PgConnection,
-    keywords: &[String],
+    due: &Due<'_>,
     except: &[String],
     pick: &Pick<'_>,
     limit: i64,
 ) -> QueryResult<(LockHolder, Picked)> {
-    let rows: Vec<LockedRow> = lock_statement("", keywords, except, pick, limit).load(conn)?;
+    let rows: Vec<LockedRow> = lock_statement("", due, except, pick, limit).load(conn)?;
     let holder = rows.first().map_or(
         LockHolder {
             backend: 0,
@@ -46,7 +46,7 @@ pub(super) fn lock_page(
 /// See [`crate::driver::Driver::task_lock_plan`].
 pub(super) fn lock_plan(
     conn: &mut PgConnection,
-    keywords: &[String],
+    due: &Due<'_>,
     limit: i64,
 ) -> QueryResult<Vec<String>> {
     let fair = Pick::Fair {
@@ -55,14 +55,14 @@ pub(super) fn lock_plan(
     };
     plan_lines(
         conn,
-        lock_statement("EXPLAIN (COSTS OFF) ", keywords, &[], &fair, limit),
+        lock_statement("EXPLAIN (COSTS OFF) ", due, &[], &fair, limit),
     )
 }
 
 /// The lock statement, after `prefix` (empty, or `EXPLAIN …` to show its plan).
 fn lock_statement(
     prefix: &'static str,
-    keywords: &[String],
+    due: &Due<'_>,
     except: &[String],
     pick: &Pick<'_>,
     limit: i64,
@@ -80,13 +80,13 @@ fn lock_statement(
             let statement =
                 super::fair::crowded(Statement::<Pg>::new(prefix).sql(COLUMNS), except, pick)
                     .sql(" FROM async_task t WHERE ");
-            super::fair::solo_scan(statement, keywords, *tenant, limit)
+            super::fair::solo_scan(statement, due, *tenant, limit)
         }
         // The fair choice (`fair::picked`), its rows locked as they are read; a
         // participant's rows read past the page (at most one per participant) stay locked
         // with the chunk's, and are claimed later.
         Pick::Fair { .. } => {
-            let statement = super::fair::pick(prefix, keywords, except, pick, limit)
+            let statement = super::fair::pick(prefix, due, except, pick, limit)
                 .sql("\n            ) ")
                 .sql(COLUMNS);
             super::fair::crowded(statement, except, pick)

@@ -9,6 +9,7 @@ mod operate;
 mod ops;
 mod payload;
 mod schedule;
+mod strategy;
 mod task;
 mod tenant;
 
@@ -18,9 +19,10 @@ use diesel::{QueryResult, RunQueryDsl};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
 use super::{
-    AuditEntry, Claim, ClaimRow, ClaimState, DomainRow, DomainWrite, Driver, InsertRow,
-    KeywordStateCount, LockHolder, MigrationError, NodeDomainsRow, Pick, Picked, PruneBatch,
-    PrunedBatch, RescueParams, RescuedRow, TaskFilter, TaskKey, TaskRecord, TenantRow, TenantSet,
+    AuditEntry, Claim, ClaimRow, ClaimState, DomainRow, DomainWrite, Driver, Due, InsertRow,
+    KeywordStateCount, LockHolder, MigrationError, NodeDomainsRow, NodeStrategyRow, Pick, Picked,
+    PruneBatch, PrunedBatch, RescueParams, RescuedRow, TaskFilter, TaskKey, TaskRecord, TenantRow,
+    TenantSet,
 };
 
 /// The channel on which enqueues of due tasks notify idle workers (the enqueue statement
@@ -83,28 +85,28 @@ impl Driver for PgConnection {
     fn task_claim_page(
         &mut self,
         owner: i64,
-        keywords: &[String],
+        due: &Due<'_>,
         except: &[String],
         pick: &Pick<'_>,
         limit: i64,
         timeout_ms: i64,
     ) -> QueryResult<Picked> {
-        task::claim_page(self, owner, keywords, except, pick, limit, timeout_ms)
+        task::claim_page(self, owner, due, except, pick, limit, timeout_ms)
     }
 
     fn task_claim_limited(
         &mut self,
         owner: i64,
-        keywords: &[String],
+        due: &Due<'_>,
         tenants: &[String],
         limit: i64,
         timeout_ms: i64,
     ) -> QueryResult<Vec<ClaimRow>> {
-        tenant::claim_limited(self, owner, keywords, tenants, limit, timeout_ms)
+        tenant::claim_limited(self, owner, due, tenants, limit, timeout_ms)
     }
 
-    fn task_claim_plan(&mut self, keywords: &[String], limit: i64) -> QueryResult<Vec<String>> {
-        task::claim_plan(self, keywords, limit)
+    fn task_claim_plan(&mut self, due: &Due<'_>, limit: i64) -> QueryResult<Vec<String>> {
+        task::claim_plan(self, due, limit)
     }
 
     fn task_complete(&mut self, claim: &Claim) -> QueryResult<usize> {
@@ -117,12 +119,12 @@ impl Driver for PgConnection {
 
     fn task_lock_page(
         &mut self,
-        keywords: &[String],
+        due: &Due<'_>,
         except: &[String],
         pick: &Pick<'_>,
         limit: i64,
     ) -> QueryResult<(LockHolder, Picked)> {
-        lock::lock_page(self, keywords, except, pick, limit)
+        lock::lock_page(self, due, except, pick, limit)
     }
 
     fn task_cancel(&mut self, id: i64) -> QueryResult<usize> {
@@ -145,8 +147,8 @@ impl Driver for PgConnection {
         task::cancelled_among(self, ids)
     }
 
-    fn task_lock_plan(&mut self, keywords: &[String], limit: i64) -> QueryResult<Vec<String>> {
-        lock::lock_plan(self, keywords, limit)
+    fn task_lock_plan(&mut self, due: &Due<'_>, limit: i64) -> QueryResult<Vec<String>> {
+        lock::lock_plan(self, due, limit)
     }
 
     fn xact_committed(&mut self, xact: i64) -> QueryResult<Option<bool>> {
@@ -318,5 +320,19 @@ impl Driver for PgConnection {
 
     fn keyword_resume(&mut self, keyword: &str, audit: &AuditEntry<'_>) -> QueryResult<usize> {
         domain::resume(self, keyword, audit)
+    }
+
+    fn node_strategy_publish(
+        &mut self,
+        node_id: i64,
+        strategy: &str,
+        weight: i32,
+        running: i64,
+    ) -> QueryResult<usize> {
+        strategy::publish(self, node_id, strategy, weight, running)
+    }
+
+    fn node_strategies(&mut self, within_ms: i64) -> QueryResult<Vec<NodeStrategyRow>> {
+        strategy::live(self, within_ms)
     }
 }

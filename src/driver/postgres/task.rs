@@ -6,7 +6,7 @@ use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
 
 use crate::driver::Passes;
 use crate::driver::{
-    fence, rescue_params, Claim, ClaimRow, ClaimState, InsertRow, Pick, Picked, RescueParams,
+    fence, rescue_params, Claim, ClaimRow, ClaimState, Due, InsertRow, Pick, Picked, RescueParams,
     RescuedRow, TaskKey, TaskRecord,
 };
 use crate::sql::Statement;
@@ -68,14 +68,14 @@ pub(super) fn find_many(conn: &mut PgConnection, keys_json: &str) -> QueryResult
 pub(super) fn claim_page(
     conn: &mut PgConnection,
     owner: i64,
-    keywords: &[String],
+    due: &Due<'_>,
     except: &[String],
     pick: &Pick<'_>,
     limit: i64,
     timeout_ms: i64,
 ) -> QueryResult<Picked> {
     let rows: Vec<PickedRow> =
-        claim_statement("", owner, keywords, except, pick, limit, timeout_ms).load(conn)?;
+        claim_statement("", owner, due, except, pick, limit, timeout_ms).load(conn)?;
     picked(conn, rows, except, pick, limit)
 }
 
@@ -137,7 +137,7 @@ pub(super) fn picked(
 
 pub(super) fn claim_plan(
     conn: &mut PgConnection,
-    keywords: &[String],
+    due: &Due<'_>,
     limit: i64,
 ) -> QueryResult<Vec<String>> {
     let fair = Pick::Fair {
@@ -146,7 +146,7 @@ pub(super) fn claim_plan(
     };
     plan_lines(
         conn,
-        claim_statement("EXPLAIN (COSTS OFF) ", 0, keywords, &[], &fair, limit, 0),
+        claim_statement("EXPLAIN (COSTS OFF) ", 0, due, &[], &fair, limit, 0),
     )
 }
 
@@ -325,7 +325,7 @@ pub(super) fn rescue_many(
 fn claim_statement(
     prefix: &'static str,
     owner: i64,
-    keywords: &[String],
+    due: &Due<'_>,
     except: &[String],
     pick: &Pick<'_>,
     limit: i64,
@@ -340,7 +340,7 @@ fn claim_statement(
     // The rows are locked as they are chosen (`SKIP LOCKED`), so two nodes never wait on
     // each other nor claim the same row.
     let claim = stamp_picked(
-        super::fair::pick(prefix, keywords, except, pick, limit),
+        super::fair::pick(prefix, due, except, pick, limit),
         owner,
         timeout_ms,
     );

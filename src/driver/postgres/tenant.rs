@@ -7,7 +7,7 @@ use diesel::sql_types::{Array, BigInt, Bool, Integer, Nullable, Text};
 use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
 
 use super::task::stamp_picked;
-use crate::driver::{audit_insert, AuditEntry, ClaimRow, TenantRow, TenantSet};
+use crate::driver::{audit_insert, AuditEntry, ClaimRow, Due, TenantRow, TenantSet};
 use crate::sql::Statement;
 
 /// The columns of a [`TenantRow`], from `async_tenant a`.
@@ -156,7 +156,7 @@ pub(super) fn run_limited(conn: &mut PgConnection) -> QueryResult<Vec<String>> {
 pub(super) fn claim_limited(
     conn: &mut PgConnection,
     owner: i64,
-    keywords: &[String],
+    due: &Due<'_>,
     tenants: &[String],
     limit: i64,
     timeout_ms: i64,
@@ -204,12 +204,11 @@ pub(super) fn claim_limited(
             ), candidate AS (
                 SELECT c.id FROM lim CROSS JOIN LATERAL (
                     SELECT t.id, t.priority, t.run_at FROM async_task t
-                     WHERE t.tenant = lim.tenant AND t.state = 'pending' AND t.run_at <= now()
-                       AND t.keyword = ANY(",
+                     WHERE t.tenant = lim.tenant AND ",
         )
-        .bind::<Array<Text>, _>(keywords.to_vec())
+        .with(|s| super::fair::due_for(s, due))
         .sql(
-            ")
+            "
                      ORDER BY t.priority, t.run_at, t.id
                      LIMIT LEAST(lim.room, ",
         )

@@ -8,8 +8,10 @@ use diesel::sql_types::{BigInt, Double, Nullable, Text};
 use diesel::sqlite::{Sqlite, SqliteConnection};
 use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 
-use crate::driver::Passes;
+use crate::driver::strategy_sql::partition_sqlite;
+use crate::driver::{Due, Passes};
 use crate::sql::Statement;
+use crate::strategy::Partition;
 
 /// How many tenants a claim visits at most, for each tenant its window may hold (as on
 /// PostgreSQL).
@@ -130,6 +132,32 @@ const DUE: &str = concat!(
     " AND keyword IN (SELECT value FROM json_each("
 );
 
+/// What a claim may take ([`Due`]), its keywords as one JSON array: the form SQLite binds a
+/// list in.
+pub(super) struct DueJson {
+    pub(super) keywords: String,
+    pub(super) partition: Option<Partition>,
+}
+
+impl DueJson {
+    pub(super) fn of(due: &Due<'_>) -> DueJson {
+        DueJson {
+            keywords: serde_json::to_string(due.keywords).expect("a list of strings serialises"),
+            partition: due.partition,
+        }
+    }
+}
+
+/// Appends that a task is due for a claim of `due`: [`DUE`], its keywords, and the node's
+/// partition if it has one (a claim strategy's filter, `partition_sqlite`).
+pub(super) fn due_for(statement: Statement<Sqlite>, due: &DueJson) -> Statement<Sqlite> {
+    let statement = statement
+        .sql(DUE)
+        .bind::<Text, _>(due.keywords.clone())
+        .sql("))");
+    partition_sqlite(statement, due.partition)
+}
+
 /// The participants of a claim of `limit` tasks of `keywords` (a JSON array): at most
 /// `limit` tenants with a task due, in ring order after `after`, none of `except` (a JSON
 /// array, or `None`), then the tasks without a tenant if one is due.
@@ -137,13 +165,13 @@ const DUE: &str = concat!(
 /// ring walked to.
 pub(super) fn shares(
     conn: &mut SqliteConnection,
-    keywords: &str,
+    due: &DueJson,
     except: Option<&str>,
     after: &str,
     passes: &Passes,
     limit: i64,
 ) -> QueryResult<(Vec<Share>, Option<String>)> {
-    let rows: Vec<ShareRow> = shares_statement("", keywords, except, after, limit).load(conn)?;
+    let rows: Vec<ShareRow> = shares_statement("", due, except, after, limit).load(conn)?;
     let ring_end = rows.first().and_then(|r| r.ring_end.clone());
     let mut shares: Vec<Share> = rows
         .into_iter()
@@ -171,7 +199,7 @@ pub(super) fn shares(
 /// The statement of [`shares`], after `prefix` (empty, or `EXPLAIN QUERY PLAN`).
 pub(super) fn shares_statement(
     prefix: &'static str,
-    keywords: &str,
+    due: &DueJson,
     except: Option<&str>,
     after: &str,
     limit: i64,
@@ -203,9 +231,8 @@ pub(super) fn shares_statement(
                                 WHERE tenant = r.tenant AND state = 'pending'
                                   AND state IN ('pending', 'blocked', 'running')",
         )
-        .sql(DUE)
-        .bind::<Text, _>(keywords.to_owned())
-        .sql(")))");
+        .with(|s| due_for(s, due))
+        .sql(")");
     let statement = match except {
         None => statement,
         Some(except) => statement
@@ -222,9 +249,8 @@ pub(super) fn shares_statement(
             SELECT NULL, 1, 0 WHERE EXISTS (SELECT 1 FROM async_task INDEXED BY async_task_claim_idx
                                           WHERE tenant IS NULL AND state = 'pending'",
         )
-        .sql(DUE)
-        .bind::<Text, _>(keywords.to_owned())
-        .sql(")))) s ON 1")
+        .with(|s| due_for(s, due))
+        .sql(")) s ON 1")
 }
 
 /// Appends to `statement` (an `UPDATE … WHERE id IN (`, left open) the ids of the page: each
@@ -233,7 +259,7 @@ pub(super) fn shares_statement(
 pub(super) fn page_ids(
     statement: Statement<Sqlite>,
     shares: &[Share],
-    keywords: &str,
+    due: &DueJson,
     limit: i64,
 ) -> Statement<Sqlite> {
     let total: i64 = shares.iter().map(|s| s.weight).sum::<i64>().max(1);
@@ -260,10 +286,8 @@ pub(super) fn page_ids(
             None => statement
                 .sql("async_task INDEXED BY async_task_claim_idx WHERE tenant IS NULL AND state = 'pending'"),
         };
-        statement = statement
-            .sql(DUE)
-            .bind::<Text, _>(keywords.to_owned())
-            .sql(")) ORDER BY priority, run_at, id LIMIT ")
+        statement = due_for(statement, due)
+            .sql(" ORDER BY priority, run_at, id LIMIT ")
             .bind::<BigInt, _>(k)
             .sql("))");
     }

@@ -16,6 +16,7 @@ mod maintenance;
 mod operate;
 mod ops;
 mod schedule;
+mod strategy;
 mod task;
 mod tenant;
 
@@ -27,9 +28,10 @@ use diesel::{QueryResult, RunQueryDsl};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
 use super::{
-    AuditEntry, Claim, ClaimRow, ClaimState, DomainRow, DomainWrite, Driver, InsertRow,
-    KeywordStateCount, LockHolder, MigrationError, NodeDomainsRow, Pick, Picked, PruneBatch,
-    PrunedBatch, RescueParams, RescuedRow, TaskFilter, TaskKey, TaskRecord, TenantRow, TenantSet,
+    AuditEntry, Claim, ClaimRow, ClaimState, DomainRow, DomainWrite, Driver, Due, InsertRow,
+    KeywordStateCount, LockHolder, MigrationError, NodeDomainsRow, NodeStrategyRow, Pick, Picked,
+    PruneBatch, PrunedBatch, RescueParams, RescuedRow, TaskFilter, TaskKey, TaskRecord, TenantRow,
+    TenantSet,
 };
 use crate::db::SQLITE_BUSY_TIMEOUT;
 
@@ -120,28 +122,28 @@ impl Driver for SqliteConnection {
     fn task_claim_page(
         &mut self,
         owner: i64,
-        keywords: &[String],
+        due: &Due<'_>,
         except: &[String],
         pick: &Pick<'_>,
         limit: i64,
         timeout_ms: i64,
     ) -> QueryResult<Picked> {
-        task::claim_page(self, owner, keywords, except, pick, limit, timeout_ms)
+        task::claim_page(self, owner, due, except, pick, limit, timeout_ms)
     }
 
     fn task_claim_limited(
         &mut self,
         owner: i64,
-        keywords: &[String],
+        due: &Due<'_>,
         tenants: &[String],
         limit: i64,
         timeout_ms: i64,
     ) -> QueryResult<Vec<ClaimRow>> {
-        task::claim_limited(self, owner, keywords, tenants, limit, timeout_ms)
+        task::claim_limited(self, owner, due, tenants, limit, timeout_ms)
     }
 
-    fn task_claim_plan(&mut self, keywords: &[String], limit: i64) -> QueryResult<Vec<String>> {
-        task::claim_plan(self, keywords, limit)
+    fn task_claim_plan(&mut self, due: &Due<'_>, limit: i64) -> QueryResult<Vec<String>> {
+        task::claim_plan(self, due, limit)
     }
 
     fn task_complete(&mut self, claim: &Claim) -> QueryResult<usize> {
@@ -156,7 +158,7 @@ impl Driver for SqliteConnection {
     // setting on SQLite before any of these could run).
     fn task_lock_page(
         &mut self,
-        _: &[String],
+        _: &Due<'_>,
         _: &[String],
         _: &Pick<'_>,
         _: i64,
@@ -184,7 +186,7 @@ impl Driver for SqliteConnection {
         task::cancelled_among(self, ids)
     }
 
-    fn task_lock_plan(&mut self, _: &[String], _: i64) -> QueryResult<Vec<String>> {
+    fn task_lock_plan(&mut self, _: &Due<'_>, _: i64) -> QueryResult<Vec<String>> {
         Err(lock_claims_unsupported())
     }
 
@@ -346,6 +348,20 @@ impl Driver for SqliteConnection {
 
     fn keyword_resume(&mut self, keyword: &str, audit: &AuditEntry<'_>) -> QueryResult<usize> {
         domain::resume(self, keyword, audit)
+    }
+
+    fn node_strategy_publish(
+        &mut self,
+        node_id: i64,
+        strategy: &str,
+        weight: i32,
+        running: i64,
+    ) -> QueryResult<usize> {
+        strategy::publish(self, node_id, strategy, weight, running)
+    }
+
+    fn node_strategies(&mut self, within_ms: i64) -> QueryResult<Vec<NodeStrategyRow>> {
+        strategy::live(self, within_ms)
     }
 }
 

@@ -4,9 +4,9 @@ use diesel::sql_types::{BigInt, Nullable, Text};
 use diesel::sqlite::{Sqlite, SqliteConnection};
 use diesel::{OptionalExtension, QueryResult, RunQueryDsl};
 
-use super::fair;
+use super::fair::{self, due_for, DueJson};
 use crate::driver::{
-    fence, rescue_params, Claim, ClaimRow, ClaimState, Pick, Picked, RescueParams, RescuedRow,
+    fence, rescue_params, Claim, ClaimRow, ClaimState, Due, Pick, Picked, RescueParams, RescuedRow,
     TaskRecord,
 };
 use crate::sql::Statement;
@@ -14,13 +14,13 @@ use crate::sql::Statement;
 pub(super) fn claim_page(
     conn: &mut SqliteConnection,
     owner: i64,
-    keywords: &[String],
+    due: &Due<'_>,
     except: &[String],
     pick: &Pick<'_>,
     limit: i64,
     timeout_ms: i64,
 ) -> QueryResult<Picked> {
-    let keywords = serde_json::to_string(keywords).expect("a list of strings serialises");
+    let due = DueJson::of(due);
     let except =
         (!except.is_empty()).then(|| serde_json::to_string(except).expect("strings serialise"));
     // The node's tasks that finished since its last claim leave the lease index first
@@ -38,11 +38,11 @@ pub(super) fn claim_page(
             Pick::Fair { after, passes } => (after, passes),
             Pick::Solo { tenant, probe } => {
                 let rows: Vec<ClaimRow> = match tenant {
-                    None => claim_statement("", owner, &keywords, limit, timeout_ms).load(conn)?,
+                    None => claim_statement("", owner, &due, limit, timeout_ms).load(conn)?,
                     Some(tenant) => fair::page_ids(
                         claim_set("", owner, timeout_ms),
                         &[fair::Share::of(tenant)],
-                        &keywords,
+                        &due,
                         limit,
                     )
                     .sql(CLAIM_RETURNING)
@@ -59,14 +59,13 @@ pub(super) fn claim_page(
                 });
             }
         };
-        let (shares, ring_end) =
-            fair::shares(conn, &keywords, except.as_deref(), after, passes, limit)?;
+        let (shares, ring_end) = fair::shares(conn, &due, except.as_deref(), after, passes, limit)?;
         let rows: Vec<ClaimRow> = match shares.as_slice() {
             [] => Vec::new(),
             [only] if only.tenant.is_none() => {
-                claim_statement("", owner, &keywords, limit, timeout_ms).load(conn)?
+                claim_statement("", owner, &due, limit, timeout_ms).load(conn)?
             }
-            _ => fair::page_ids(claim_set("", owner, timeout_ms), &shares, &keywords, limit)
+            _ => fair::page_ids(claim_set("", owner, timeout_ms), &shares, &due, limit)
                 .sql(CLAIM_RETURNING)
                 .load(conn)?,
         };
@@ -91,7 +90,7 @@ pub(super) fn claim_page(
 
 pub(super) fn claim_plan(
     conn: &mut SqliteConnection,
-    keywords: &[String],
+    due: &Due<'_>,
     limit: i64,
 ) -> QueryResult<Vec<String>> {
     #[derive(diesel::QueryableByName)]
@@ -99,11 +98,10 @@ pub(super) fn claim_plan(
         #[diesel(sql_type = Text)]
         detail: String,
     }
-    let keywords = serde_json::to_string(keywords).expect("a list of strings serialises");
+    let due = DueJson::of(due);
     let mut lines: Vec<Line> =
-        fair::shares_statement("EXPLAIN QUERY PLAN ", &keywords, None, "", limit).load(conn)?;
-    lines
-        .extend(claim_statement("EXPLAIN QUERY PLAN ", 0, &keywords, limit, 0).load::<Line>(conn)?);
+        fair::shares_statement("EXPLAIN QUERY PLAN ", &due, None, "", limit).load(conn)?;
+    lines.extend(claim_statement("EXPLAIN QUERY PLAN ", 0, &due, limit, 0).load::<Line>(conn)?);
     Ok(lines.into_iter().map(|l| l.detail).collect())
 }
 
@@ -304,12 +302,12 @@ fn rescue_statement(rescue: &RescueParams) -> Statement<Sqlite> {
             ))
 }
 
-/// The claim of tasks without a tenant (`keywords` a JSON array), after `prefix` (empty, or
-/// `EXPLAIN QUERY PLAN` to show its plan).
+/// The claim of tasks without a tenant due for `due`, after `prefix` (empty, or `EXPLAIN
+/// QUERY PLAN` to show its plan).
 fn claim_statement(
     prefix: &'static str,
     owner: i64,
-    keywords: &str,
+    due: &DueJson,
     limit: i64,
     timeout_ms: i64,
 ) -> Statement<Sqlite> {
@@ -319,16 +317,14 @@ fn claim_statement(
     // serves `keyword IN (…)` from the unique (keyword, biz_id) index and sorts every task
     // of those keywords, done ones included, on every claim.
     claim_set(prefix, owner, timeout_ms)
-        .sql(concat!(
+        .sql(
             "
                 SELECT id FROM async_task INDEXED BY async_task_claim_idx
-                WHERE tenant IS NULL AND state = 'pending' AND run_at <= ",
-            now!(),
-            " AND keyword IN (SELECT value FROM json_each("
-        ))
-        .bind::<Text, _>(keywords.to_owned())
+                WHERE tenant IS NULL AND state = 'pending'",
+        )
+        .with(|s| due_for(s, due))
         .sql(
-            "))
+            "
                 ORDER BY priority, run_at, id
                 LIMIT ",
         )
@@ -368,7 +364,7 @@ const CLAIM_RETURNING: &str = ")
 pub(super) fn claim_limited(
     conn: &mut SqliteConnection,
     owner: i64,
-    keywords: &[String],
+    due: &Due<'_>,
     tenants: &[String],
     limit: i64,
     timeout_ms: i64,
@@ -378,7 +374,7 @@ pub(super) fn claim_limited(
         #[diesel(sql_type = BigInt)]
         room: i64,
     }
-    let keywords = serde_json::to_string(keywords).expect("a list of strings serialises");
+    let due = DueJson::of(due);
     conn.immediate_transaction(|conn| {
         let mut page = Vec::new();
         for tenant in tenants {
@@ -406,14 +402,10 @@ pub(super) fn claim_limited(
                  WHERE tenant = ",
                 )
                 .bind::<Text, _>(tenant.clone())
-                .sql(concat!(
-                    " AND state = 'pending' AND state IN ('pending', 'blocked', 'running') AND run_at <= ",
-                    now!(),
-                    " AND keyword IN (SELECT value FROM json_each("
-                ))
-                .bind::<Text, _>(keywords.clone())
+                .sql(" AND state = 'pending' AND state IN ('pending', 'blocked', 'running')")
+                .with(|s| due_for(s, &due))
                 .sql(
-                    "))
+                    "
                  ORDER BY priority, run_at, id
                  LIMIT ",
                 )

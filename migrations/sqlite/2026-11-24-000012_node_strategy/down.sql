@@ -1,0 +1,3 @@
+ALTER TABLE async_node DROP COLUMN running;
+ALTER TABLE async_node DROP COLUMN weight;
+ALTER TABLE async_node DROP COLUMN strategy;

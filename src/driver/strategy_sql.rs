@@ -1,0 +1,88 @@
+//! The claim strategies' SQL (see [`crate::strategy`]): the filter a partitioned node's
+//! claim adds to its due-task predicate on each backend, and the nodes' published strategies.
+
+use diesel::sql_types::{BigInt, Integer, Text};
+
+#[cfg(feature = "postgres")]
+use diesel::pg::Pg;
+#[cfg(feature = "sqlite")]
+use diesel::sqlite::Sqlite;
+
+use crate::sql::Statement;
+use crate::strategy::Partition;
+
+/// What a claim may take: the pending tasks whose time has come of the keywords it has
+/// handlers for and, for a node that partitions the ids (claim strategies `id_hash` and
+/// `weight`), those it owns or that have been due for longer than the grace period.
+#[derive(Debug, Clone, Copy)]
+pub struct Due<'a> {
+    /// The keywords claimed.
+    pub keywords: &'a [String],
+    /// This node's share of the ids (`None`: every id).
+    pub partition: Option<Partition>,
+}
+
+impl<'a> Due<'a> {
+    /// Any due task of `keywords`.
+    pub fn any(keywords: &'a [String]) -> Self {
+        Due {
+            keywords,
+            partition: None,
+        }
+    }
+}
+
+/// A live node's strategy, weight and tasks held, as it published them at its last beat.
+#[derive(Debug, Clone, PartialEq, Eq, diesel::QueryableByName)]
+pub struct NodeStrategyRow {
+    #[diesel(sql_type = BigInt)]
+    pub id: i64,
+    #[diesel(sql_type = Text)]
+    pub strategy: String,
+    #[diesel(sql_type = Integer)]
+    pub weight: i32,
+    #[diesel(sql_type = BigInt)]
+    pub running: i64,
+}
+
+/// Appends to a PostgreSQL claim's due-task predicate on `t` the tasks `partition` lets this
+/// node take: those it owns (`t.id % modulus` in its range) and any other due for longer than
+/// the grace period. Nothing without a partition. The claim still reads the claim index in
+/// claim order; the filter only passes over other nodes' tasks.
+#[cfg(feature = "postgres")]
+pub(crate) fn partition_pg(
+    statement: Statement<Pg>,
+    partition: Option<Partition>,
+) -> Statement<Pg> {
+    let Some(p) = partition else { return statement };
+    statement
+        .sql(" AND (t.id % ")
+        .bind::<BigInt, _>(p.modulus)
+        .sql(" BETWEEN ")
+        .bind::<BigInt, _>(p.lo)
+        .sql(" AND ")
+        .bind::<BigInt, _>(p.last())
+        .sql(" OR t.run_at <= now() - ")
+        .bind::<BigInt, _>(p.grace_ms)
+        .sql(" * interval '1 millisecond')")
+}
+
+/// [`partition_pg`] on SQLite, where the claims name `async_task`'s columns bare. The grace's
+/// cutoff is a scalar subquery: computed once per statement, not per row.
+#[cfg(feature = "sqlite")]
+pub(crate) fn partition_sqlite(
+    statement: Statement<Sqlite>,
+    partition: Option<Partition>,
+) -> Statement<Sqlite> {
+    let Some(p) = partition else { return statement };
+    statement
+        .sql(" AND (id % ")
+        .bind::<BigInt, _>(p.modulus)
+        .sql(" BETWEEN ")
+        .bind::<BigInt, _>(p.lo)
+        .sql(" AND ")
+        .bind::<BigInt, _>(p.last())
+        .sql(" OR run_at <= (SELECT strftime('%Y-%m-%d %H:%M:%f', 'now', printf('-%.3f seconds', ")
+        .bind::<BigInt, _>(p.grace_ms)
+        .sql(" / 1000.0))))")
+}
