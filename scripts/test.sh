@@ -12,8 +12,8 @@
 # the CLI tests with the dashboard's headless-browser test, and the fault suite;
 # chromium and chromium-driver are installed if missing) against a PostgreSQL given by
 # OUTBOX_TEST_PG_URL, or a throwaway local cluster started by scripts/pg.sh and
-# stopped on exit; then, if that passed, the fault suite's PostgreSQL scenarios
-# once more with lock claims (OUTBOX_FAULT_CLAIM=lock: --claim lock
+# stopped on exit (the SQL producer tests' Python venv is built by scripts/producers.sh);
+# then, if that passed, the fault suite's PostgreSQL scenarios once more with lock claims (OUTBOX_FAULT_CLAIM=lock: --claim lock
 # --commit-batch 20; about 75 s in the short profile).
 set -euo pipefail
 
@@ -58,6 +58,12 @@ else
     export OUTBOX_TEST_PG_URL=$url
     printf '    %s\n' "$url" >&2
 fi
+
+# The SQL producer tests (handlers/tests/cli/producers.rs) run a Python producer from a
+# virtual environment; build it here (python3 -m venv, pip install psycopg[binary]) so that
+# pip's output and any failure come before cargo's. The test would build it too: never skipped.
+step "Python venv for the SQL producer tests (scripts/producers.sh ensure)"
+"$repo_root/scripts/producers.sh" ensure >/dev/null
 
 step "cargo fmt"
 cargo fmt --all -- --check

@@ -7,7 +7,8 @@
 //! command fails its test instead of hanging the suite.
 //!
 //! Layout: one module per command family (`usage`, `demo`, `enqueue`, `work`, `prune`,
-//! `bench`, `domain`, `ops_tasks`, `ops_fleet`, `strategy`), so a test's full name is, e.g.,
+//! `bench`, `domain`, `ops_tasks`, `ops_fleet`, `strategy`; `producers`: the SQL contract
+//! held by a Python producer), so a test's full name is, e.g.,
 //! `demo::demo_on_postgres`; the modules they share are listed below.
 
 #[path = "../../../tests/suite/support.rs"]
@@ -32,6 +33,7 @@ mod enqueue;
 mod metrics;
 mod ops_fleet;
 mod ops_tasks;
+mod producers;
 mod prune;
 mod schedules;
 mod strategy;
