@@ -13,8 +13,9 @@
 # chromium and chromium-driver are installed if missing) against a PostgreSQL given by
 # OUTBOX_TEST_PG_URL, or a throwaway local cluster started by scripts/pg.sh and
 # stopped on exit (the SQL producer tests' Python venv is built by scripts/producers.sh);
-# then, if that passed, the fault suite's PostgreSQL scenarios once more with lock claims (OUTBOX_FAULT_CLAIM=lock: --claim lock
-# --commit-batch 20; about 75 s in the short profile).
+# then, if that passed, the fault suite's PostgreSQL scenarios once more with lock
+# claims (OUTBOX_FAULT_CLAIM=lock: --claim lock --commit-batch 20; about 75 s in the
+# short profile).
 set -euo pipefail
 
 # Work from the repo root whatever the caller's cwd, so cargo finds the
