@@ -89,6 +89,21 @@ def place(db, order_id, biz_id=None, keyword=KEYWORD, biz_data=None, extra=None)
     return (row[0] if row else None), row is not None
 
 
+def missing_id(db):
+    """A task id below the newest that no task has (a parent must be older than its child, so
+    a larger one would break that rule first). Ids leave gaps: PostgreSQL's sequence does not
+    roll back (orders 11-15), SQLite's AUTOINCREMENT counts the repeated inserts."""
+    db.begin()
+    row = db.run(
+        "SELECT min(t.id) + 1 FROM async_task t WHERE t.id < (SELECT max(id) FROM async_task) "
+        "AND NOT EXISTS (SELECT 1 FROM async_task u WHERE u.id = t.id + 1)"
+    ).fetchone()
+    db.commit()
+    if row[0] is None:
+        raise SystemExit("no gap in async_task ids for the missing-parent case")
+    return row[0]
+
+
 def main():
     backend, target = sys.argv[1], sys.argv[2]
     db = Db(backend, target)
@@ -159,6 +174,9 @@ def main():
         ("too_large", {"biz_data": json.dumps({"pad": "x" * 70000})}),
         ("nul_escape", {"biz_data": '{"note": "a\\u0000b"}'}),
         ("too_far_ahead", {"extra": {"run_at": (db.later("4000 days"), None)}}),
+        ("long_tenant", {"extra": {"tenant": ("?", "t" * 129)}}),
+        ("zero_max_attempts", {"extra": {"max_attempts": ("?", 0)}}),
+        ("missing_parent", {"extra": {"parent_id": ("?", missing_id(db))}}),
     ]
     if backend == "sqlite":
         invalid += [

@@ -107,7 +107,7 @@ fn expected_refusal(case: &str, backend: Backend) -> (Option<NewTask>, &'static 
     let order = r#"{"order_id": 1}"#;
     match case {
         "bad_keyword" => (
-            Some(task("Points Credit!", "1", order)),
+            Some(task("Points Credit!", "api-refused", order)),
             "async_task_keyword_check",
         ),
         "empty_biz_id" => (
@@ -119,7 +119,7 @@ fn expected_refusal(case: &str, backend: Backend) -> (Option<NewTask>, &'static 
             "async_task_biz_id_check",
         ),
         "not_json" => (
-            Some(task("fault.ledger", "1", r#"{"user_id": 7"#)),
+            Some(task("fault.ledger", "api-refused", r#"{"user_id": 7"#)),
             if pg {
                 "invalid input syntax for type json"
             } else {
@@ -129,7 +129,7 @@ fn expected_refusal(case: &str, backend: Backend) -> (Option<NewTask>, &'static 
         "too_large" => (
             Some(task(
                 "fault.ledger",
-                "1",
+                "api-refused",
                 &serde_json::json!({"pad": "x".repeat(70_000)}).to_string(),
             )),
             if pg {
@@ -139,7 +139,11 @@ fn expected_refusal(case: &str, backend: Backend) -> (Option<NewTask>, &'static 
             },
         ),
         "nul_escape" => (
-            Some(task("fault.ledger", "1", r#"{"note": "a\u0000b"}"#)),
+            Some(task(
+                "fault.ledger",
+                "api-refused",
+                r#"{"note": "a\u0000b"}"#,
+            )),
             if pg {
                 "unsupported Unicode escape sequence"
             } else {
@@ -147,11 +151,31 @@ fn expected_refusal(case: &str, backend: Backend) -> (Option<NewTask>, &'static 
             },
         ),
         "too_far_ahead" => (
-            Some(task("fault.ledger", "1", order).delay(Duration::from_secs(4000 * 86_400))),
+            Some(
+                task("fault.ledger", "api-refused", order)
+                    .delay(Duration::from_secs(4000 * 86_400)),
+            ),
             if pg {
                 "async_task: run_at is more than 3650 days ahead"
             } else {
                 "async_task_run_at_ahead_check"
+            },
+        ),
+        "long_tenant" => (
+            Some(task("fault.ledger", "api-refused", order).tenant("t".repeat(129))),
+            "async_task_tenant_check",
+        ),
+        "zero_max_attempts" => (
+            Some(task("fault.ledger", "api-refused", order).max_attempts(0)),
+            "async_task_max_attempts_check",
+        ),
+        // The producer's parent id is a gap in the ids; the API's, one far past them.
+        "missing_parent" => (
+            Some(task("fault.ledger", "api-refused", order).after(999_999)),
+            if pg {
+                "does not exist"
+            } else {
+                "async_task_parent: the parent task does not exist"
             },
         ),
         // The API writes run_at itself (a delay, by the database clock): no input of its own
@@ -163,13 +187,16 @@ fn expected_refusal(case: &str, backend: Backend) -> (Option<NewTask>, &'static 
 
 /// The API refuses `task` with the error of the same rule as the database's `message`.
 fn assert_api_refuses(db: &TestDb, case: &str, task: &NewTask) {
+    // A key no task has (a duplicate is not an error: it returns the existing task).
     let err = outbox::enqueue(&mut db.conn(), task).expect_err(case);
     let same_rule = match case {
         "bad_keyword" => matches!(err, Error::InvalidKeyword { .. }),
         "empty_biz_id" | "long_biz_id" => matches!(err, Error::InvalidBizId { .. }),
         "not_json" | "nul_escape" => matches!(err, Error::InvalidPayload { .. }),
         "too_large" => matches!(err, Error::PayloadTooLarge { .. }),
-        "too_far_ahead" => matches!(err, Error::InvalidTask { .. }),
+        "too_far_ahead" | "long_tenant" | "zero_max_attempts" | "missing_parent" => {
+            matches!(err, Error::InvalidTask { .. })
+        }
         _ => false,
     };
     assert!(
@@ -249,7 +276,7 @@ both_backends! {
         // Invalid rows: each refused by the database with the rule the API applies, and
         // nothing of its transaction written.
         let refused = report["refused"].as_array().expect("refused");
-        let expected_cases = if backend == Backend::Sqlite { 9 } else { 7 };
+        let expected_cases = if backend == Backend::Sqlite { 12 } else { 10 };
         assert_eq!(refused.len(), expected_cases, "{refused:?}");
         for r in refused {
             let case = r["case"].as_str().expect("case");
