@@ -105,21 +105,37 @@ impl Worker {
             now: Some(now),
             ..CronPass::default()
         };
+        // A schedule that fails (its enqueue refused, say) is logged and the others still
+        // run: the pass returns the first failure after trying them all.
+        let mut first_error = None;
         for &(keyword, schedule) in schedules {
-            match rows.iter().find(|r| r.keyword.as_deref() == Some(keyword)) {
+            let done = match rows.iter().find(|r| r.keyword.as_deref() == Some(keyword)) {
                 None => {
                     let _turn = self.writer_turn.take();
-                    schedule_driver(conn)
+                    let inserted = schedule_driver(conn)
                         .schedule_insert(keyword, schedule.expression(), self.node.name())
-                        .op("schedule insert")?;
-                    log::info!(
-                        "schedule {keyword} ({}) first seen: its ticks run from now on",
-                        schedule.expression()
-                    );
-                    pass.first_seen.push(keyword.to_owned());
+                        .op("schedule insert");
+                    if inserted.is_ok() {
+                        log::info!(
+                            "schedule {keyword} ({}) first seen: its ticks run from now on",
+                            schedule.expression()
+                        );
+                        pass.first_seen.push(keyword.to_owned());
+                    }
+                    inserted.map(drop)
                 }
-                Some(row) => self.enqueue_due(conn, keyword, schedule, row, now, &mut pass)?,
+                Some(row) => self.enqueue_due(conn, keyword, schedule, row, now, &mut pass),
+            };
+            if let Err(e) = done {
+                if e.is_connection_lost() {
+                    return Err(e);
+                }
+                log::warn!("schedule {keyword}: {e}");
+                first_error.get_or_insert(e);
             }
+        }
+        if let Some(e) = first_error {
+            return Err(e);
         }
         pass.next = schedules
             .iter()

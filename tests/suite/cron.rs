@@ -145,6 +145,37 @@ both_backends! {
         assert!(pass.skipped.is_empty(), "{pass:?}");
     }
 
+    fn a_schedule_whose_enqueue_fails_does_not_hold_up_the_others(db: &TestDb) {
+        let schedule = Schedule::parse(EVERY_SECOND).unwrap();
+        let mut registry = Registry::new();
+        for keyword in ["a.first", "b.second"] {
+            registry.register(keyword, write_ledger);
+            registry.add_schedule(keyword, schedule.clone()).unwrap();
+        }
+        let w = Worker::new(&db.url, registry, small_config()).unwrap();
+        let now = w.schedule_once().unwrap().now.unwrap();
+        for keyword in ["a.first", "b.second"] {
+            rewind(db, keyword, schedule.latest_until(now).unwrap() - TimeDelta::seconds(3));
+        }
+        // The database refuses every task of the first schedule (in registry order).
+        db.exec(match db.backend() {
+            Backend::Postgres => {
+                "CREATE FUNCTION refuse_a() RETURNS trigger LANGUAGE plpgsql AS $$
+                 BEGIN RAISE EXCEPTION 'refused for the test'; END $$;
+                 CREATE TRIGGER refuse_a BEFORE INSERT ON async_task FOR EACH ROW
+                     WHEN (NEW.keyword = 'a.first') EXECUTE FUNCTION refuse_a();"
+            }
+            Backend::Sqlite => {
+                "CREATE TRIGGER refuse_a BEFORE INSERT ON async_task WHEN NEW.keyword = 'a.first'
+                 BEGIN SELECT RAISE(ABORT, 'refused for the test'); END;"
+            }
+        });
+        let error = w.schedule_once().unwrap_err();
+        assert!(error.to_string().contains("refused for the test"), "{error}");
+        assert!(tick_tasks(db, "a.first").is_empty());
+        assert!(tick_tasks(db, "b.second").len() >= 3, "the second schedule's ticks were enqueued");
+    }
+
     fn only_the_latest_missed_tick_runs_after_an_outage(db: &TestDb) {
         let schedule = Schedule::parse(EVERY_SECOND).unwrap();
         let w = scheduled_worker(db, "tick", schedule.clone());
