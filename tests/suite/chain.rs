@@ -461,3 +461,30 @@ fn a_repeatable_read_completion_that_predates_a_new_child_fails_to_serialise() {
     ));
     assert_eq!(state(db, late), "pending");
 }
+
+#[test]
+fn a_released_child_wakes_idle_workers_at_the_parents_commit() {
+    let db = &TestDb::postgres();
+    let parent = enqueue(&mut db.conn(), &NewTask::new("step", "p"))
+        .unwrap()
+        .id;
+    enqueue(&mut db.conn(), &NewTask::new("child.kw", "c").after(parent)).unwrap();
+    let DbConnection::Pg(mut listener) = db.conn() else {
+        unreachable!("a PostgreSQL test database")
+    };
+    diesel::sql_query("LISTEN outbox_task")
+        .execute(&mut listener)
+        .unwrap();
+    db.exec(&format!(
+        "UPDATE async_task SET state = 'done' WHERE id = {parent}"
+    ));
+    // Notifications are read on the listener's next round trip.
+    diesel::sql_query("SELECT 1")
+        .execute(&mut listener)
+        .unwrap();
+    let payloads: Vec<String> = listener
+        .notifications_iter()
+        .map(|n| n.unwrap().payload)
+        .collect();
+    assert_eq!(payloads, ["child.kw"], "the released child's keyword, once");
+}

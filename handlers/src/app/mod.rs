@@ -2,6 +2,7 @@
 //! its own, `demo` (the quick start) and `bench` (the benchmarks).
 
 mod bench;
+mod bench_metrics;
 mod bench_strategy;
 mod demo;
 
