@@ -81,6 +81,18 @@ CREATE TABLE IF NOT EXISTS demo_coupon (
 CREATE INDEX IF NOT EXISTS demo_coupon_order_idx ON demo_coupon (order_id);
 ";
 
+#[cfg(feature = "mysql")]
+const MYSQL_TABLES: &str = "
+CREATE TABLE IF NOT EXISTS demo_order (
+    id BIGINT AUTO_INCREMENT PRIMARY KEY, user_id BIGINT NOT NULL, amount_cents BIGINT NOT NULL);
+CREATE TABLE IF NOT EXISTS demo_points_ledger (
+    id BIGINT AUTO_INCREMENT PRIMARY KEY, order_id BIGINT NOT NULL, user_id BIGINT NOT NULL,
+    points BIGINT NOT NULL, INDEX demo_points_ledger_order_idx (order_id));
+CREATE TABLE IF NOT EXISTS demo_coupon (
+    id BIGINT AUTO_INCREMENT PRIMARY KEY, order_id BIGINT NOT NULL, user_id BIGINT NOT NULL,
+    code TEXT NOT NULL, INDEX demo_coupon_order_idx (order_id));
+";
+
 const SQLITE_TABLES: &str = "
 CREATE TABLE IF NOT EXISTS demo_order (
     id INTEGER PRIMARY KEY AUTOINCREMENT, user_id INTEGER NOT NULL, amount_cents INTEGER NOT NULL);
@@ -99,24 +111,45 @@ pub fn setup(conn: &mut DbConnection) -> anyhow::Result<()> {
     let sql = match conn {
         DbConnection::Pg(_) => POSTGRES_TABLES,
         DbConnection::Sqlite(_) => SQLITE_TABLES,
+        #[cfg(feature = "mysql")]
+        DbConnection::Mysql(_) => MYSQL_TABLES,
     };
     conn.batch_execute(sql).context("creating the demo tables")
+}
+
+/// Inserts one `demo_order` row; returns its id (`RETURNING`, or MySQL's `LAST_INSERT_ID()`).
+fn insert_order(conn: &mut DbConnection, customer: i64, amount: i64) -> QueryResult<i64> {
+    use schema::demo_order::dsl::*;
+    let row = (user_id.eq(customer), amount_cents.eq(amount));
+    match conn {
+        #[cfg(feature = "mysql")]
+        DbConnection::Mysql(c) => {
+            diesel::insert_into(demo_order).values(row).execute(c)?;
+            diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>(
+                "CAST(LAST_INSERT_ID() AS SIGNED)",
+            ))
+            .get_result(c)
+        }
+        DbConnection::Pg(c) => diesel::insert_into(demo_order)
+            .values(row)
+            .returning(id)
+            .get_result(c),
+        DbConnection::Sqlite(c) => diesel::insert_into(demo_order)
+            .values(row)
+            .returning(id)
+            .get_result(c),
+    }
 }
 
 /// Places `count` orders, each in its own business transaction that inserts the order and
 /// enqueues `points.credit` and `coupon.grant` for it. Returns the new order ids.
 pub fn place_orders(conn: &mut DbConnection, count: u64) -> anyhow::Result<Vec<i64>> {
-    use schema::demo_order::dsl::*;
     let mut ids = Vec::with_capacity(count as usize);
     for n in 0..count {
         let customer = (n % 97 + 1) as i64;
         let amount = 1_000 + (n as i64 * 37) % 9_000;
         let order_id = write_transaction(conn, |conn| -> anyhow::Result<i64> {
-            let order: i64 = diesel::insert_into(demo_order)
-                .values((user_id.eq(customer), amount_cents.eq(amount)))
-                .returning(id)
-                .get_result(conn)
-                .context("inserting the demo order")?;
+            let order = insert_order(conn, customer, amount).context("inserting the demo order")?;
             let payload = OrderPayload {
                 user_id: customer,
                 amount_cents: amount,

@@ -13,8 +13,10 @@ pub use pool::{ConnectionManager, DbPool, PooledConnection, SQLITE_BUSY_TIMEOUT}
 pub use transaction::write_transaction;
 pub use url::{DatabaseUrl, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DATABASE_URL};
 
-#[cfg(not(any(feature = "postgres", feature = "sqlite")))]
-compile_error!("outbox needs at least one backend: enable the `postgres` or `sqlite` feature");
+#[cfg(not(any(feature = "postgres", feature = "sqlite", feature = "mysql")))]
+compile_error!(
+    "outbox needs at least one backend: enable the `postgres`, `sqlite` or `mysql` feature"
+);
 
 // The derive generates public helper types without docs; they live in their own module.
 #[allow(missing_docs)]
@@ -24,7 +26,7 @@ mod multi {
     ///
     /// Code written with diesel's DSL runs on every variant; where a handler needs SQL that
     /// only one backend has, it matches on the variant. A variant exists when its backend's
-    /// cargo feature (`postgres`, `sqlite`; both by default) is enabled.
+    /// cargo feature (`postgres`, `sqlite`, both by default; `mysql`) is enabled.
     ///
     /// ```no_run
     /// use outbox::DbConnection;
@@ -33,6 +35,8 @@ mod multi {
     ///     match conn {
     ///         DbConnection::Pg(_) => "postgres",
     ///         DbConnection::Sqlite(_) => "sqlite",
+    ///         # #[cfg(feature = "mysql")]
+    ///         # DbConnection::Mysql(_) => "mysql",
     ///     }
     /// }
     /// ```
@@ -44,6 +48,9 @@ mod multi {
         /// An SQLite connection (the embedded backend).
         #[cfg(feature = "sqlite")]
         Sqlite(diesel::sqlite::SqliteConnection),
+        /// A MySQL or MariaDB connection (feature `mysql`).
+        #[cfg(feature = "mysql")]
+        Mysql(diesel::mysql::MysqlConnection),
     }
 }
 
@@ -55,14 +62,17 @@ pub enum Backend {
     Postgres,
     /// `sqlite://PATH`, `sqlite:PATH`, or a plain file path.
     Sqlite,
+    /// `mysql://` (MySQL 8 or MariaDB 10.6 and later).
+    Mysql,
 }
 
 impl Backend {
-    /// The backend's name as printed in reports: `postgres` or `sqlite`.
+    /// The backend's name as printed in reports: `postgres`, `sqlite` or `mysql`.
     pub fn name(self) -> &'static str {
         match self {
             Backend::Postgres => "postgres",
             Backend::Sqlite => "sqlite",
+            Backend::Mysql => "mysql",
         }
     }
 
@@ -71,6 +81,7 @@ impl Backend {
         match self {
             Backend::Postgres => cfg!(feature = "postgres"),
             Backend::Sqlite => cfg!(feature = "sqlite"),
+            Backend::Mysql => cfg!(feature = "mysql"),
         }
     }
 }
@@ -89,6 +100,8 @@ impl DbConnection {
             DbConnection::Pg(_) => Backend::Postgres,
             #[cfg(feature = "sqlite")]
             DbConnection::Sqlite(_) => Backend::Sqlite,
+            #[cfg(feature = "mysql")]
+            DbConnection::Mysql(_) => Backend::Mysql,
         }
     }
 }

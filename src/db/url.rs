@@ -18,8 +18,8 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// A validated database URL: the backend and the string to hand to its driver.
 ///
 /// The backend follows from the text alone, and never falls back to the other one:
-/// `postgres://…` and `postgresql://…` name PostgreSQL; `sqlite://PATH`, `sqlite:PATH` or a
-/// plain file path name an SQLite file.
+/// `postgres://…` and `postgresql://…` name PostgreSQL; `mysql://…` names MySQL or MariaDB;
+/// `sqlite://PATH`, `sqlite:PATH` or a plain file path name an SQLite file.
 #[derive(Clone, PartialEq, Eq)]
 pub struct DatabaseUrl {
     backend: Backend,
@@ -42,7 +42,8 @@ impl DatabaseUrl {
     /// use outbox::db::{Backend, DatabaseUrl};
     /// assert_eq!(DatabaseUrl::parse("postgres://u@h/db").unwrap().backend(), Backend::Postgres);
     /// assert_eq!(DatabaseUrl::parse("outbox.db").unwrap().backend(), Backend::Sqlite);
-    /// assert!(DatabaseUrl::parse("mysql://u@h/db").is_err());
+    /// assert_eq!(DatabaseUrl::parse("mysql://u@h/db").unwrap().backend(), Backend::Mysql);
+    /// assert!(DatabaseUrl::parse("mariadb://u@h/db").is_err());
     /// assert!(DatabaseUrl::parse("dbname=app").is_err());
     /// ```
     pub fn parse(url: &str) -> Result<DatabaseUrl> {
@@ -61,6 +62,8 @@ impl DatabaseUrl {
             || text.starts_with("postgresql://")
         {
             (Backend::Postgres, with_connect_timeout(text))
+        } else if text.starts_with("mysql://") {
+            (Backend::Mysql, text.to_owned())
         } else if let Some(path) = text
             .strip_prefix("sqlite://")
             .or_else(|| text.strip_prefix("sqlite:"))
@@ -68,7 +71,7 @@ impl DatabaseUrl {
             (Backend::Sqlite, path.to_owned())
         } else if let Some(scheme) = scheme_of(text) {
             return Err(invalid(format!(
-                "unsupported scheme {scheme:?}; use postgres://, postgresql://, sqlite:// or a file path"
+                "unsupported scheme {scheme:?}; use postgres://, postgresql://, mysql://, sqlite:// or a file path"
             )));
         } else if looks_like_keyword_value(text) {
             return Err(invalid(
@@ -161,6 +164,10 @@ impl DatabaseUrl {
             #[cfg(feature = "sqlite")]
             Backend::Sqlite => {
                 diesel::sqlite::SqliteConnection::establish(&self.target).map(DbConnection::Sqlite)
+            }
+            #[cfg(feature = "mysql")]
+            Backend::Mysql => {
+                diesel::mysql::MysqlConnection::establish(&self.target).map(DbConnection::Mysql)
             }
             #[allow(unreachable_patterns)]
             backend => Err(diesel::ConnectionError::BadConnection(format!(
@@ -273,7 +280,7 @@ mod tests {
         for bad in [
             "",
             "  ",
-            "mysql://h/db",
+            "mariadb://h/db",
             "sqlite://",
             ":memory:",
             "sqlite::memory:",

@@ -29,6 +29,10 @@ pub(super) const DOMAIN_COLUMNS_PG: &str =
 #[cfg(feature = "sqlite")]
 pub(super) const DOMAIN_COLUMNS_SQLITE: &str = domain_columns!("updated_at");
 
+/// A [`DomainRow`]'s columns on MySQL: `updated_at` (a UTC `DATETIME(3)`) as text.
+#[cfg(feature = "mysql")]
+pub(super) const DOMAIN_COLUMNS_MYSQL: &str = domain_columns!("CAST(updated_at AS CHAR)");
+
 /// Every row of `async_domain`, by name, on PostgreSQL.
 #[cfg(feature = "postgres")]
 pub(super) const DOMAIN_ROWS_PG: &str = concat!(
@@ -42,6 +46,14 @@ pub(super) const DOMAIN_ROWS_PG: &str = concat!(
 pub(super) const DOMAIN_ROWS_SQLITE: &str = concat!(
     "SELECT ",
     domain_columns!("updated_at"),
+    " FROM async_domain ORDER BY name"
+);
+
+/// Every row of `async_domain`, by name, on MySQL.
+#[cfg(feature = "mysql")]
+pub(super) const DOMAIN_ROWS_MYSQL: &str = concat!(
+    "SELECT ",
+    domain_columns!("CAST(updated_at AS CHAR)"),
     " FROM async_domain ORDER BY name"
 );
 

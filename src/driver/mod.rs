@@ -11,6 +11,8 @@
 //! them; the module itself is private.
 
 mod domain_sql;
+#[cfg(feature = "mysql")]
+mod mysql;
 pub(crate) mod ops;
 #[cfg(feature = "postgres")]
 mod postgres;
@@ -33,6 +35,8 @@ pub use rows::{
 pub use strategy_sql::{Due, NodeStrategyRow};
 
 use domain_sql::{domain_upsert, keyword_pause_delete, keyword_pause_insert, KEYWORD_PAUSED};
+#[cfg(feature = "mysql")]
+use domain_sql::{DOMAIN_COLUMNS_MYSQL, DOMAIN_ROWS_MYSQL};
 #[cfg(feature = "postgres")]
 use domain_sql::{DOMAIN_COLUMNS_PG, DOMAIN_ROWS_PG};
 #[cfg(feature = "sqlite")]
@@ -415,6 +419,8 @@ pub(crate) fn driver(conn: &mut DbConnection) -> &mut dyn Driver {
         DbConnection::Pg(c) => c,
         #[cfg(feature = "sqlite")]
         DbConnection::Sqlite(c) => c,
+        #[cfg(feature = "mysql")]
+        DbConnection::Mysql(c) => c,
     }
 }
 

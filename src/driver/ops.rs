@@ -191,6 +191,8 @@ pub(crate) fn ops_driver(conn: &mut DbConnection) -> &mut dyn OpsDriver {
         DbConnection::Pg(c) => c,
         #[cfg(feature = "sqlite")]
         DbConnection::Sqlite(c) => c,
+        #[cfg(feature = "mysql")]
+        DbConnection::Mysql(c) => c,
     }
 }
 

@@ -101,6 +101,8 @@ pub(crate) fn schedule_driver(conn: &mut DbConnection) -> &mut dyn ScheduleDrive
         DbConnection::Pg(c) => c,
         #[cfg(feature = "sqlite")]
         DbConnection::Sqlite(c) => c,
+        #[cfg(feature = "mysql")]
+        DbConnection::Mysql(c) => c,
     }
 }
 

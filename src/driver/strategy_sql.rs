@@ -3,6 +3,8 @@
 
 use diesel::sql_types::{BigInt, Integer, Text};
 
+#[cfg(feature = "mysql")]
+use diesel::mysql::Mysql;
 #[cfg(feature = "postgres")]
 use diesel::pg::Pg;
 #[cfg(feature = "sqlite")]
@@ -85,4 +87,24 @@ pub(crate) fn partition_sqlite(
         .sql(" OR run_at <= (SELECT strftime('%Y-%m-%d %H:%M:%f', 'now', printf('-%.3f seconds', ")
         .bind::<BigInt, _>(p.grace_ms)
         .sql(" / 1000.0))))")
+}
+
+/// [`partition_pg`] on MySQL, where the claims name `async_task`'s columns bare (times are
+/// UTC `DATETIME(3)`, the session's time zone UTC).
+#[cfg(feature = "mysql")]
+pub(crate) fn partition_mysql(
+    statement: Statement<Mysql>,
+    partition: Option<Partition>,
+) -> Statement<Mysql> {
+    let Some(p) = partition else { return statement };
+    statement
+        .sql(" AND (id % ")
+        .bind::<BigInt, _>(p.modulus)
+        .sql(" BETWEEN ")
+        .bind::<BigInt, _>(p.lo)
+        .sql(" AND ")
+        .bind::<BigInt, _>(p.last())
+        .sql(" OR run_at <= UTC_TIMESTAMP(3) - INTERVAL ")
+        .bind::<BigInt, _>(p.grace_ms)
+        .sql(" * 1000 MICROSECOND)")
 }

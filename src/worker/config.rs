@@ -255,7 +255,7 @@ impl WorkerConfig {
     /// Fails with [`Error::InvalidConfig`] naming the setting out of range.
     pub(crate) fn resolve(&self, backend: Backend) -> Result<Settings> {
         let threads = self.threads.unwrap_or(match backend {
-            Backend::Postgres => default_threads(),
+            Backend::Postgres | Backend::Mysql => default_threads(),
             Backend::Sqlite => 1,
         });
         let lock = self
@@ -270,7 +270,7 @@ impl WorkerConfig {
                 _ if lock => 0,
                 (true, _, _) => threads,
                 (false, Some(threads), _) => threads * QUEUE_PER_THREAD,
-                (false, None, Backend::Postgres) => threads * QUEUE_PER_THREAD,
+                (false, None, Backend::Postgres | Backend::Mysql) => threads * QUEUE_PER_THREAD,
                 (false, None, Backend::Sqlite) => SQLITE_DEFAULT_QUEUE,
             });
         let page_size = self.page_size.unwrap_or(if self.commit_batch > 1 {

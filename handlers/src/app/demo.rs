@@ -54,6 +54,7 @@ pub(super) fn run(url: &DatabaseUrl, registry: Registry, args: DemoArgs) -> anyh
     let backend = match url.backend() {
         Backend::Postgres => "PostgreSQL",
         Backend::Sqlite => "SQLite",
+        Backend::Mysql => "MySQL",
     };
     println!("outbox demo on {backend} ({})", url.masked());
 

@@ -163,6 +163,7 @@ fn epoch(url: &DatabaseUrl, column: &str) -> String {
     match url.backend() {
         Backend::Postgres => format!("CAST(extract(epoch FROM {column}) AS double precision)"),
         Backend::Sqlite => format!("(julianday({column}) - 2440587.5) * 86400.0"),
+        Backend::Mysql => format!("CAST(UNIX_TIMESTAMP({column}) AS DOUBLE)"),
     }
 }
 

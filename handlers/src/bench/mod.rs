@@ -161,6 +161,7 @@ pub fn drain_bench(url: &DatabaseUrl, bench: &DrainBench) -> anyhow::Result<Drai
     let empty = match scratch.url.backend() {
         Backend::Postgres => "TRUNCATE async_task",
         Backend::Sqlite => "DELETE FROM async_task",
+        Backend::Mysql => "DELETE FROM async_task",
     };
     conn.batch_execute(empty)?;
     conn.batch_execute("DELETE FROM async_tenant")?;
@@ -206,7 +207,7 @@ pub fn drain_bench(url: &DatabaseUrl, bench: &DrainBench) -> anyhow::Result<Drai
         config = config.metrics_addr(std::net::SocketAddr::from(([127, 0, 0, 1], 0)));
     }
     let threads = bench.threads.unwrap_or(match scratch.url.backend() {
-        Backend::Postgres => outbox::worker::default_threads(),
+        Backend::Postgres | Backend::Mysql => outbox::worker::default_threads(),
         Backend::Sqlite => 1,
     });
     for d in 1..=bench.domains {

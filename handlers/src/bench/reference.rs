@@ -114,6 +114,8 @@ fn update_row(conn: &mut DbConnection, id: i64) -> QueryResult<usize> {
     match conn {
         DbConnection::Pg(c) => RowUpdate { id }.execute(c),
         DbConnection::Sqlite(c) => RowUpdate { id }.execute(c),
+        #[cfg(feature = "mysql")]
+        DbConnection::Mysql(c) => RowUpdate { id }.execute(c),
     }
 }
 

@@ -23,13 +23,15 @@ impl Scratch {
         let n = SEQ.fetch_add(1, Ordering::Relaxed);
         let name = format!("outbox_bench_{}_{n}", std::process::id());
         match url.backend() {
-            Backend::Postgres => {
+            Backend::Postgres | Backend::Mysql => {
                 let scratch = DatabaseUrl::parse(&with_database(url.as_str(), &name))?;
                 let mut admin = url.connect()?;
                 admin
                     .batch_execute(&format!("DROP DATABASE IF EXISTS {name}"))
                     .and_then(|_| admin.batch_execute(&format!("CREATE DATABASE {name}")))
-                    .context("creating the scratch database (the role needs CREATEDB)")?;
+                    .context(
+                        "creating the scratch database (the role needs CREATEDB, on MySQL CREATE)",
+                    )?;
                 Ok(Scratch {
                     url: scratch,
                     pg: Some((url.clone(), name)),
@@ -56,8 +58,11 @@ impl Drop for Scratch {
     fn drop(&mut self) {
         if let Some((server, name)) = &self.pg {
             if let Ok(mut admin) = server.connect() {
-                let _ =
-                    admin.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"));
+                let force = match server.backend() {
+                    Backend::Postgres => " WITH (FORCE)",
+                    _ => "",
+                };
+                let _ = admin.batch_execute(&format!("DROP DATABASE IF EXISTS {name}{force}"));
             }
         }
         if let Some(file) = &self.file {

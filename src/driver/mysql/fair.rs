@@ -1,0 +1,297 @@
+//! The fair claim on SQLite: the same choice as on PostgreSQL (see `driver/postgres/fair.rs`),
+//! made in the claim's write transaction by two statements: one walks the ring of tenants
+//! and reads each participant's weight, the other takes the page in one UPDATE. With no
+//! tenant due, the UPDATE is the claim of tasks without a tenant alone. A solo claim (one
+//! participant alone) is the UPDATE alone, and [`others_pending`] when it probes.
+
+use diesel::mysql::{Mysql, MysqlConnection};
+use diesel::sql_types::{BigInt, Double, Nullable, Text};
+use diesel::{QueryResult, QueryableByName, RunQueryDsl};
+
+use crate::driver::strategy_sql::partition_mysql;
+use crate::driver::{Due, Passes};
+use crate::sql::Statement;
+use crate::strategy::Partition;
+
+/// How many tenants a claim visits at most, for each tenant its window may hold (as on
+/// PostgreSQL).
+const WALK_PER_TASK: i64 = 2;
+
+/// The tenants a claim of `limit` tasks shares its page between, at most (as on PostgreSQL:
+/// at least 16, so that weights are compared even within small pages).
+fn window(limit: i64) -> i64 {
+    limit.max(16)
+}
+
+/// A participant of a claim: a tenant with a task due, or (`None`) the tasks without one;
+/// its weight, its place in the ring (0 for the tasks without a tenant) and its pass.
+#[derive(Debug)]
+pub(super) struct Share {
+    pub(super) tenant: Option<String>,
+    pub(super) weight: i64,
+    pub(super) pos: i64,
+    pub(super) pass: f64,
+}
+
+impl Share {
+    /// A tenant alone (its weight and pass do not matter then).
+    pub(super) fn of(tenant: &str) -> Share {
+        Share {
+            tenant: Some(tenant.to_owned()),
+            weight: 1,
+            pos: 0,
+            pass: 0.0,
+        }
+    }
+}
+
+/// A row of the shares' statement: a participant, or (weight NULL) none, with the ring's
+/// end either way.
+#[derive(Debug, QueryableByName)]
+struct ShareRow {
+    #[diesel(sql_type = Nullable<Text>)]
+    tenant: Option<String>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    weight: Option<i64>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pos: Option<i64>,
+    #[diesel(sql_type = Nullable<Text>)]
+    ring_end: Option<String>,
+}
+
+/// Whether a participant other than `tenant` (`None`: the tasks without one) has pending
+/// tasks, tenants in `except` (a JSON array) left out: asked by a solo claim, so that the
+/// next claim is fair again when another comes.
+pub(super) fn others_pending(
+    conn: &mut MysqlConnection,
+    tenant: Option<&str>,
+    except: Option<&str>,
+) -> QueryResult<bool> {
+    #[derive(QueryableByName)]
+    struct Found {
+        #[diesel(sql_type = diesel::sql_types::Bool)]
+        found: bool,
+    }
+    let except = except.unwrap_or("[]").to_owned();
+    let statement = match tenant {
+        None => Statement::<Mysql>::new("SELECT EXISTS (SELECT 1 FROM ")
+            .sql(TENANT_IDX)
+            .sql(" WHERE ")
+            .sql(PENDING_OF_TENANT)
+            .sql(" AND tenant NOT IN (SELECT value FROM json_each(")
+            .bind::<Text, _>(except)
+            .sql("))) AS found"),
+        Some(tenant) => Statement::<Mysql>::new(
+            "SELECT EXISTS (SELECT 1 FROM async_task INDEXED BY async_task_claim_idx
+                             WHERE tenant IS NULL AND state = 'pending'",
+        )
+        .sql(concat!(
+            " AND run_at <= ",
+            now!(),
+            ") OR EXISTS (SELECT 1 FROM "
+        ))
+        .sql(TENANT_IDX)
+        .sql(" WHERE tenant < ")
+        .bind::<Text, _>(tenant.to_owned())
+        .sql(" AND ")
+        .sql(PENDING_OF_TENANT)
+        .sql(" AND tenant NOT IN (SELECT value FROM json_each(")
+        .bind::<Text, _>(except.clone())
+        .sql("))) OR EXISTS (SELECT 1 FROM ")
+        .sql(TENANT_IDX)
+        .sql(" WHERE tenant > ")
+        .bind::<Text, _>(tenant.to_owned())
+        .sql(" AND ")
+        .sql(PENDING_OF_TENANT)
+        .sql(" AND tenant NOT IN (SELECT value FROM json_each(")
+        .bind::<Text, _>(except)
+        .sql("))) AS found"),
+    };
+    Ok(statement.get_result::<Found>(conn)?.found)
+}
+
+/// The tenant index, its predicate's terms repeated (SQLite uses a partial index only then).
+const TENANT_IDX: &str = "async_task INDEXED BY async_task_tenant_idx";
+const PENDING_OF_TENANT: &str = "tenant IS NOT NULL AND state = 'pending'
+    AND state IN ('pending', 'blocked', 'running')";
+/// The first tenant with a pending task, for the ring to wrap around to.
+const FIRST_TENANT: &str = "(SELECT tenant FROM async_task INDEXED BY async_task_tenant_idx
+    WHERE tenant IS NOT NULL AND state = 'pending' AND state IN ('pending', 'blocked', 'running')
+    ORDER BY tenant LIMIT 1)";
+/// The next tenant after the ring's last, wrapping around.
+const NEXT_TENANT: &str = "COALESCE((SELECT tenant FROM async_task INDEXED BY async_task_tenant_idx
+    WHERE tenant > r.tenant AND tenant IS NOT NULL AND state = 'pending'
+      AND state IN ('pending', 'blocked', 'running') ORDER BY tenant LIMIT 1),
+    (SELECT tenant FROM async_task INDEXED BY async_task_tenant_idx
+    WHERE tenant IS NOT NULL AND state = 'pending' AND state IN ('pending', 'blocked', 'running')
+    ORDER BY tenant LIMIT 1))";
+/// Due for the claim: the time come, one of the keywords (a JSON array bound next).
+const DUE: &str = concat!(
+    " AND run_at <= ",
+    now!(),
+    " AND keyword IN (SELECT value FROM json_each("
+);
+
+/// What a claim may take ([`Due`]), its keywords as one JSON array: the form SQLite binds a
+/// list in.
+pub(super) struct DueJson {
+    pub(super) keywords: String,
+    pub(super) partition: Option<Partition>,
+}
+
+impl DueJson {
+    pub(super) fn of(due: &Due<'_>) -> DueJson {
+        DueJson {
+            keywords: serde_json::to_string(due.keywords).expect("a list of strings serialises"),
+            partition: due.partition,
+        }
+    }
+}
+
+/// Appends that a task is due for a claim of `due`: [`DUE`], its keywords, and the node's
+/// partition if it has one (a claim strategy's filter, `partition_mysql`).
+pub(super) fn due_for(statement: Statement<Mysql>, due: &DueJson) -> Statement<Mysql> {
+    let statement = statement
+        .sql(DUE)
+        .bind::<Text, _>(due.keywords.clone())
+        .sql("))");
+    partition_mysql(statement, due.partition)
+}
+
+/// The participants of a claim of `limit` tasks of `keywords` (a JSON array): at most
+/// `limit` tenants with a task due, in ring order after `after`, none of `except` (a JSON
+/// array, or `None`), then the tasks without a tenant if one is due.
+/// Returns them in ring order, each with its pass from `passes`, and the last tenant the
+/// ring walked to.
+pub(super) fn shares(
+    conn: &mut MysqlConnection,
+    due: &DueJson,
+    except: Option<&str>,
+    after: &str,
+    passes: &Passes,
+    limit: i64,
+) -> QueryResult<(Vec<Share>, Option<String>)> {
+    let rows: Vec<ShareRow> = shares_statement("", due, except, after, limit).load(conn)?;
+    let ring_end = rows.first().and_then(|r| r.ring_end.clone());
+    let mut shares: Vec<Share> = rows
+        .into_iter()
+        .filter_map(|r| {
+            let pass = match &r.tenant {
+                None => passes.none,
+                Some(t) => passes
+                    .tenants
+                    .iter()
+                    .position(|p| p == t)
+                    .map_or(passes.base, |i| passes.values[i]),
+            };
+            Some(Share {
+                weight: r.weight?,
+                pos: r.pos.unwrap_or(0),
+                tenant: r.tenant,
+                pass,
+            })
+        })
+        .collect();
+    shares.sort_by_key(|s| s.pos);
+    Ok((shares, ring_end))
+}
+
+/// The statement of [`shares`], after `prefix` (empty, or `EXPLAIN QUERY PLAN`).
+pub(super) fn shares_statement(
+    prefix: &'static str,
+    due: &DueJson,
+    except: Option<&str>,
+    after: &str,
+    limit: i64,
+) -> Statement<Mysql> {
+    let statement = Statement::<Mysql>::new(prefix)
+        .sql("WITH RECURSIVE ring(tenant, n, first) AS (SELECT t0, 1, t0 FROM (SELECT COALESCE((SELECT tenant FROM ")
+        .sql(TENANT_IDX)
+        .sql(" WHERE tenant > ")
+        .bind::<Text, _>(after.to_owned())
+        .sql(" AND ")
+        .sql(PENDING_OF_TENANT)
+        .sql(" ORDER BY tenant LIMIT 1), ")
+        .sql(FIRST_TENANT)
+        .sql(") AS t0) WHERE t0 IS NOT NULL UNION ALL SELECT ")
+        .sql(NEXT_TENANT)
+        .sql(", r.n + 1, r.first FROM ring r WHERE r.n < ")
+        .bind::<BigInt, _>(window(limit).saturating_mul(WALK_PER_TASK))
+        .sql(" AND ")
+        .sql(NEXT_TENANT)
+        .sql(
+            " <> r.first)
+            SELECT s.tenant, s.weight, s.pos,
+                   (SELECT tenant FROM ring ORDER BY n DESC LIMIT 1) AS ring_end
+              FROM (SELECT 1) one LEFT JOIN (
+            SELECT tenant, weight, pos FROM (
+                SELECT r.tenant, COALESCE(a.weight, 1) AS weight, r.n AS pos
+                  FROM ring r LEFT JOIN async_tenant a ON a.tenant = r.tenant
+                 WHERE EXISTS (SELECT 1 FROM async_task INDEXED BY async_task_tenant_idx
+                                WHERE tenant = r.tenant AND state = 'pending'
+                                  AND state IN ('pending', 'blocked', 'running')",
+        )
+        .with(|s| due_for(s, due))
+        .sql(")");
+    let statement = match except {
+        None => statement,
+        Some(except) => statement
+            .sql(" AND r.tenant NOT IN (SELECT value FROM json_each(")
+            .bind::<Text, _>(except.to_owned())
+            .sql("))"),
+    };
+    statement
+        .sql(" ORDER BY r.n LIMIT ")
+        .bind::<BigInt, _>(window(limit))
+        .sql(
+            ")
+            UNION ALL
+            SELECT NULL, 1, 0 WHERE EXISTS (SELECT 1 FROM async_task INDEXED BY async_task_claim_idx
+                                          WHERE tenant IS NULL AND state = 'pending'",
+        )
+        .with(|s| due_for(s, due))
+        .sql(")) s ON 1")
+}
+
+/// Appends to `statement` (an `UPDATE … WHERE id IN (`, left open) the ids of the page: each
+/// participant's first `ceil(limit × weight / total)` due tasks, ranked as on PostgreSQL (by
+/// priority, then turn: pass plus rank over weight, then age, then ring position).
+pub(super) fn page_ids(
+    statement: Statement<Mysql>,
+    shares: &[Share],
+    due: &DueJson,
+    limit: i64,
+) -> Statement<Mysql> {
+    let total: i64 = shares.iter().map(|s| s.weight).sum::<i64>().max(1);
+    let mut statement = statement.sql("SELECT id FROM (");
+    for (i, share) in shares.iter().enumerate() {
+        let k = (limit.saturating_mul(share.weight) + total - 1) / total;
+        if i > 0 {
+            statement = statement.sql(" UNION ALL ");
+        }
+        statement = statement
+            .sql("SELECT * FROM (SELECT id, priority, run_at, ")
+            .bind::<BigInt, _>(share.pos)
+            .sql(" AS pos, ")
+            .bind::<Double, _>(share.pass)
+            .sql(" + row_number() OVER (ORDER BY priority, run_at, id) * 1.0 / ")
+            .bind::<Double, _>(share.weight as f64)
+            .sql(" AS turn FROM (SELECT id, priority, run_at FROM ");
+        statement = match &share.tenant {
+            Some(tenant) => statement
+                .sql(TENANT_IDX)
+                .sql(" WHERE tenant = ")
+                .bind::<Text, _>(tenant.clone())
+                .sql(" AND state = 'pending' AND state IN ('pending', 'blocked', 'running')"),
+            None => statement
+                .sql("async_task INDEXED BY async_task_claim_idx WHERE tenant IS NULL AND state = 'pending'"),
+        };
+        statement = due_for(statement, due)
+            .sql(" ORDER BY priority, run_at, id LIMIT ")
+            .bind::<BigInt, _>(k)
+            .sql("))");
+    }
+    statement
+        .sql(") ORDER BY priority, turn, run_at, pos, id LIMIT ")
+        .bind::<BigInt, _>(limit)
+}

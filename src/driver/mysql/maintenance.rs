@@ -1,0 +1,235 @@
+//! Nodes, statistics and pruning on SQLite.
+
+use diesel::connection::SimpleConnection;
+use diesel::mysql::{Mysql, MysqlConnection};
+use diesel::sql_types::{BigInt, Text};
+use diesel::{QueryResult, RunQueryDsl};
+
+use crate::driver::{
+    counts_by_state, state_literals, KeywordStateCount, NodeDomainsRow, PruneBatch, PrunedBatch,
+};
+use crate::sql::Statement;
+
+pub(super) fn count_by_keyword_state(
+    conn: &mut MysqlConnection,
+) -> QueryResult<Vec<KeywordStateCount>> {
+    Statement::<Mysql>::new(concat!(
+        "SELECT keyword, state, count(*) AS count,
+                (julianday('now') - julianday(min(CASE WHEN state = 'pending' AND run_at <= ",
+        now!(),
+        " THEN run_at END))) * 86400.0 AS oldest_due_secs,
+                sum(CASE WHEN state = 'pending' AND run_at <= ",
+        now!(),
+        " THEN 1 ELSE 0 END) AS due
+         FROM async_task GROUP BY keyword, state ORDER BY keyword, state"
+    ))
+    .load(conn)
+}
+
+/// Pending tasks of `keywords` due now.
+pub(super) fn count_due(conn: &mut MysqlConnection, keywords: &[String]) -> QueryResult<i64> {
+    #[derive(diesel::QueryableByName)]
+    struct N {
+        #[diesel(sql_type = BigInt)]
+        n: i64,
+    }
+    let keywords = serde_json::to_string(keywords).expect("strings serialize");
+    let row: N = Statement::<Mysql>::new(concat!(
+        "SELECT count(*) AS n FROM async_task WHERE state = 'pending' AND run_at <= ",
+        now!(),
+        " AND keyword IN (SELECT value FROM json_each("
+    ))
+    .bind::<Text, _>(keywords)
+    .sql("))")
+    .get_result(conn)?;
+    Ok(row.n)
+}
+
+pub(super) fn node_register(conn: &mut MysqlConnection, name: &str) -> QueryResult<i64> {
+    #[derive(diesel::QueryableByName)]
+    struct Id {
+        #[diesel(sql_type = BigInt)]
+        id: i64,
+    }
+    let row: Id = Statement::<Mysql>::new("INSERT INTO async_node (name) VALUES (")
+        .bind::<Text, _>(name.to_owned())
+        .sql(") RETURNING id")
+        .get_result(conn)?;
+    Ok(row.id)
+}
+
+pub(super) fn node_heartbeat(
+    conn: &mut MysqlConnection,
+    node_id: i64,
+    domains: &str,
+) -> QueryResult<usize> {
+    Statement::<Mysql>::new(concat!(
+        "UPDATE async_node SET heartbeat_at = ",
+        now!(),
+        ", domains = "
+    ))
+    .bind::<Text, _>(domains.to_owned())
+    .sql(" WHERE id = ")
+    .bind::<BigInt, _>(node_id)
+    .sql(" AND state = 'alive'")
+    .execute(conn)
+}
+
+pub(super) fn node_mark_gone(conn: &mut MysqlConnection, node_id: i64) -> QueryResult<usize> {
+    Statement::<Mysql>::new(concat!(
+        "UPDATE async_node SET state = 'gone', heartbeat_at = ",
+        now!(),
+        " WHERE id = "
+    ))
+    .bind::<BigInt, _>(node_id)
+    .execute(conn)
+}
+
+/// The next window of the prune's walk: the first `limit` tasks after `after_id`.
+#[derive(diesel::QueryableByName)]
+struct Window {
+    /// The window's last id (`None`: the walk reached the end of the table).
+    #[diesel(sql_type = diesel::sql_types::Nullable<BigInt>)]
+    last_id: Option<i64>,
+    /// Whether a task of the window was created before the cutoff.
+    #[diesel(sql_type = diesel::sql_types::Bool)]
+    has_old: bool,
+    /// How many tasks the window holds (fewer than asked: the end of the table).
+    #[diesel(sql_type = BigInt)]
+    rows: i64,
+}
+
+/// Deletes the finished tasks older than the cutoff among the next `limit` tasks by id.
+///
+/// SQLite has no index on `finished_at` (every completion would have to update it; see
+/// `docs/performance.md`), so prune walks the rowid from the oldest task, where old finished
+/// tasks are: each batch reads one window of `limit` rows by rowid range, in the caller's
+/// `IMMEDIATE` transaction, so that no batch holds the write lock for longer than it takes
+/// to read `limit` rows, and the next batch resumes after it. The walk ends at the end of the
+/// table, or at the first window with no task created before the cutoff: ids follow
+/// `created_at` (both are set at insert, by the database clock), and a task cannot have
+/// finished before it was created.
+/// The cutoff is UTC text in the one format of every time column, compared as text.
+pub(super) fn prune_tasks(
+    conn: &mut MysqlConnection,
+    batch: &PruneBatch<'_>,
+) -> QueryResult<PrunedBatch> {
+    const CUTOFF: &str =
+        "strftime('%Y-%m-%d %H:%M:%f', 'now', printf('-%.3f seconds', ?1 / 1000.0))";
+    let window: Window = diesel::sql_query(format!(
+        "SELECT max(id) AS last_id, coalesce(min(created_at) < {CUTOFF}, 0) AS has_old,
+                count(*) AS rows
+         FROM (SELECT id, created_at FROM async_task WHERE id > ?2 ORDER BY id LIMIT ?3)"
+    ))
+    .bind::<BigInt, _>(batch.older_than_ms)
+    .bind::<BigInt, _>(batch.after_id)
+    .bind::<BigInt, _>(batch.limit)
+    .get_result(conn)?;
+    let Some(last_id) = window.last_id else {
+        return Ok(PrunedBatch::default());
+    };
+    #[derive(diesel::QueryableByName)]
+    struct Deleted {
+        #[diesel(sql_type = Text)]
+        state: String,
+    }
+    let deleted: Vec<Deleted> = diesel::sql_query(format!(
+        "DELETE FROM async_task
+         WHERE id > ?2 AND id <= ?3
+           AND state IN ('done', 'dead', 'cancelled') AND state IN ({})
+           AND finished_at < {CUTOFF}
+           AND NOT (has_children AND EXISTS (
+               SELECT 1 FROM async_task_parent l JOIN async_task c ON c.id = l.child_id
+                WHERE l.parent_id = async_task.id
+                  AND c.state IN ('pending', 'blocked', 'running')))
+         RETURNING state",
+        state_literals(batch.states)
+    ))
+    .bind::<BigInt, _>(batch.older_than_ms)
+    .bind::<BigInt, _>(batch.after_id)
+    .bind::<BigInt, _>(last_id)
+    .load(conn)?;
+    Ok(PrunedBatch {
+        deleted: counts_by_state(deleted.into_iter().map(|d| (d.state, 1))),
+        more: window.has_old && window.rows >= batch.limit,
+        resume_after: last_id,
+    })
+}
+
+/// Deletes up to `limit` rows of stopped nodes (under the write lock, so nothing changes
+/// between the SELECT and the DELETE).
+pub(super) fn prune_nodes(
+    conn: &mut MysqlConnection,
+    older_than_ms: i64,
+    silent_ms: i64,
+    limit: i64,
+) -> QueryResult<usize> {
+    diesel::sql_query(
+        "DELETE FROM async_node WHERE id IN (
+             SELECT n.id FROM async_node n
+             WHERE n.heartbeat_at < strftime('%Y-%m-%d %H:%M:%f', 'now',
+                                             printf('-%.3f seconds', ?1 / 1000.0))
+               AND (n.state = 'gone'
+                    OR n.heartbeat_at < strftime('%Y-%m-%d %H:%M:%f', 'now',
+                                                 printf('-%.3f seconds', ?2 / 1000.0)))
+               AND NOT EXISTS (SELECT 1 FROM async_task t
+                               WHERE t.owner = n.id AND t.deadline_at IS NOT NULL
+                                 AND t.state = 'running')
+             ORDER BY n.id
+             LIMIT ?3)",
+    )
+    .bind::<BigInt, _>(older_than_ms)
+    .bind::<BigInt, _>(silent_ms)
+    .bind::<BigInt, _>(limit)
+    .execute(conn)
+}
+
+/// A keyword, as a query returns it.
+#[derive(diesel::QueryableByName)]
+pub(super) struct Keyword {
+    #[diesel(sql_type = Text)]
+    pub(super) keyword: String,
+}
+
+pub(super) fn node_domains(
+    conn: &mut MysqlConnection,
+    within_ms: i64,
+) -> QueryResult<Vec<NodeDomainsRow>> {
+    Statement::<Mysql>::new(
+        "SELECT id, name, domains FROM async_node WHERE state = 'alive' \
+         AND heartbeat_at >= strftime('%Y-%m-%d %H:%M:%f', 'now', ",
+    )
+    .bind::<Text, _>(format!("-{:.3} seconds", within_ms as f64 / 1000.0))
+    .sql(") ORDER BY id")
+    .load(conn)
+}
+
+/// This connection's id (`CONNECTION_ID()`), what `KILL QUERY` names.
+pub(super) fn connection_id(conn: &mut MysqlConnection) -> QueryResult<i32> {
+    #[derive(diesel::QueryableByName)]
+    struct Id {
+        #[diesel(sql_type = BigInt)]
+        id: i64,
+    }
+    let row: Id =
+        diesel::sql_query("SELECT CAST(CONNECTION_ID() AS SIGNED) AS id").get_result(conn)?;
+    i32::try_from(row.id).map_err(|_| {
+        diesel::result::Error::DeserializationError(
+            format!("connection id {} does not fit an i32", row.id).into(),
+        )
+    })
+}
+
+/// Cancels the statement connection `id` runs now (`KILL QUERY`); whether it was sent.
+pub(super) fn kill_query(conn: &mut MysqlConnection, id: i32) -> QueryResult<bool> {
+    match conn.batch_execute(&format!("KILL QUERY {id}")) {
+        Ok(()) => Ok(true),
+        // ER_NO_SUCH_THREAD: the connection has gone.
+        Err(diesel::result::Error::DatabaseError(_, info))
+            if info.message().contains("Unknown thread") =>
+        {
+            Ok(false)
+        }
+        Err(e) => Err(e),
+    }
+}

@@ -1,0 +1,173 @@
+//! The operator's reads and bulk changes on SQLite, whose times are stored as UTC text.
+
+use diesel::mysql::{Mysql, MysqlConnection};
+use diesel::sql_types::{BigInt, Integer, Text};
+use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
+
+use crate::driver::ops::{
+    page_of, retry_states, where_selected, AuditRow, NodeRow, OpsDriver, TaskDetailRow,
+    TaskLinkRow, TaskListRow, TaskPageAt, TaskSelect,
+};
+use crate::sql::Statement;
+
+/// The columns of [`TaskListRow`].
+macro_rules! list_columns {
+    () => {
+        concat!(
+            now!(),
+            " AS db_now, id, keyword, biz_id, tenant, state, failures, max_attempts, priority, \
+             run_at, created_at, updated_at, finished_at, owner, last_error"
+        )
+    };
+}
+
+#[derive(QueryableByName)]
+struct Count {
+    #[diesel(sql_type = BigInt)]
+    n: i64,
+}
+
+/// The time `ms` milliseconds before now, as SQLite's times are written.
+fn ago(statement: Statement<Mysql>, ms: i64) -> Statement<Mysql> {
+    statement
+        .sql("strftime('%Y-%m-%d %H:%M:%f', 'now', ")
+        .bind::<Text, _>(format!("-{:.3} seconds", ms as f64 / 1000.0))
+        .sql(")")
+}
+
+fn selected(statement: Statement<Mysql>, select: &TaskSelect<'_>) -> Statement<Mysql> {
+    where_selected(statement.sql(" WHERE 1"), select, ago)
+}
+
+/// The parents of the task `async_task.id` that are not done.
+macro_rules! waiting_for {
+    () => {
+        "(SELECT count(*) FROM async_task_parent l JOIN async_task p ON p.id = l.parent_id
+           WHERE l.child_id = async_task.id AND p.state <> 'done')"
+    };
+}
+
+impl OpsDriver for MysqlConnection {
+    fn task_list(
+        &mut self,
+        select: &TaskSelect<'_>,
+        page: &TaskPageAt,
+    ) -> QueryResult<Vec<TaskListRow>> {
+        let statement =
+            Statement::<Mysql>::new(concat!("SELECT ", list_columns!(), " FROM async_task"));
+        page_of(selected(statement, select), page).load(self)
+    }
+
+    fn task_detail(&mut self, id: i64) -> QueryResult<Option<TaskDetailRow>> {
+        Statement::<Mysql>::new(concat!(
+            "SELECT ",
+            list_columns!(),
+            ", biz_data, claim_token, parent_id, claimed_at, deadline_at, blocked_by \
+             FROM async_task WHERE id = "
+        ))
+        .bind::<BigInt, _>(id)
+        .get_result(self)
+        .optional()
+    }
+
+    fn task_parents(&mut self, id: i64) -> QueryResult<Vec<TaskLinkRow>> {
+        Statement::<Mysql>::new(
+            "SELECT t.id, t.keyword, t.biz_id, t.state, t.last_error
+               FROM async_task_parent l JOIN async_task t ON t.id = l.parent_id
+              WHERE l.child_id = ",
+        )
+        .bind::<BigInt, _>(id)
+        .sql(" ORDER BY t.id")
+        .load(self)
+    }
+
+    fn task_children(&mut self, id: i64, limit: i64) -> QueryResult<(Vec<TaskLinkRow>, i64)> {
+        let children = Statement::<Mysql>::new(
+            "SELECT t.id, t.keyword, t.biz_id, t.state, t.last_error
+               FROM async_task_parent l JOIN async_task t ON t.id = l.child_id
+              WHERE l.parent_id = ",
+        )
+        .bind::<BigInt, _>(id)
+        .sql(" ORDER BY t.id LIMIT ")
+        .bind::<BigInt, _>(limit)
+        .load(self)?;
+        let total: Count = Statement::<Mysql>::new(
+            "SELECT count(*) AS n FROM async_task_parent WHERE parent_id = ",
+        )
+        .bind::<BigInt, _>(id)
+        .get_result(self)?;
+        Ok((children, total.n))
+    }
+
+    fn task_retry_matching(&mut self, select: &TaskSelect<'_>, dry_run: bool) -> QueryResult<i64> {
+        let select = retry_states(select);
+        if dry_run {
+            let count: Count = selected(
+                Statement::new("SELECT count(*) AS n FROM async_task"),
+                &select,
+            )
+            .get_result(self)?;
+            return Ok(count.n);
+        }
+        // The write lock is held: no parent completes meanwhile. A parent retried by the same
+        // statement is not done, before or after its own update: its child waits for it.
+        let n = selected(
+            Statement::new(concat!(
+                "UPDATE async_task SET state = CASE WHEN ",
+                waiting_for!(),
+                " > 0 THEN 'blocked' ELSE 'pending' END, blocked_by = ",
+                waiting_for!(),
+                ", failures = 0, owner = NULL, run_at = ",
+                now!(),
+                ", finished_at = NULL, deadline_at = NULL, updated_at = ",
+                now!()
+            )),
+            &select,
+        )
+        .execute(self)?;
+        Ok(i64::try_from(n).unwrap_or(i64::MAX))
+    }
+
+    fn node_list(&mut self, limit: i64) -> QueryResult<Vec<NodeRow>> {
+        // The running tasks through the lease index (every running task has a deadline).
+        Statement::<Mysql>::new(concat!(
+            "SELECT ",
+            now!(),
+            " AS db_now, n.id, n.name, n.state, n.started_at, n.heartbeat_at,
+                (SELECT count(*) FROM async_task t WHERE t.owner = n.id
+                    AND t.deadline_at IS NOT NULL AND t.state = 'running') AS running
+               FROM async_node n
+              ORDER BY n.heartbeat_at DESC, n.id DESC LIMIT "
+        ))
+        .bind::<BigInt, _>(limit)
+        .load(self)
+    }
+
+    fn audit_list(
+        &mut self,
+        action: Option<&str>,
+        before_id: Option<i64>,
+        limit: i64,
+    ) -> QueryResult<Vec<AuditRow>> {
+        let mut statement = Statement::<Mysql>::new(
+            "SELECT id, at, actor, action, target, detail, affected FROM async_audit WHERE 1",
+        );
+        if let Some(action) = action {
+            statement = statement
+                .sql(" AND (action = ")
+                .bind::<Text, _>(action.to_owned())
+                .sql(" OR substr(action, 1, ")
+                .bind::<Integer, _>(i32::try_from(action.len() + 1).unwrap_or(i32::MAX))
+                .sql(") = ")
+                .bind::<Text, _>(format!("{action}."))
+                .sql(")");
+        }
+        if let Some(id) = before_id {
+            statement = statement.sql(" AND id < ").bind::<BigInt, _>(id);
+        }
+        statement
+            .sql(" ORDER BY id DESC LIMIT ")
+            .bind::<BigInt, _>(limit)
+            .load(self)
+    }
+}
