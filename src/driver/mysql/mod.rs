@@ -50,8 +50,8 @@ impl Driver for MysqlConnection {
     fn connection_configure(&mut self) -> QueryResult<()> {
         self.batch_execute(
             "SET time_zone = '+00:00', NAMES utf8mb4 COLLATE utf8mb4_bin, \
-             sql_mode = 'STRICT_ALL_TABLES,NO_ZERO_DATE,NO_ZERO_IN_DATE,ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION,PIPES_AS_CONCAT,ANSI_QUOTES', \
-             SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
+             sql_mode = 'STRICT_ALL_TABLES,NO_ZERO_DATE,NO_ZERO_IN_DATE,ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION,PIPES_AS_CONCAT,ANSI_QUOTES'; \
+             SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
         )
     }
 

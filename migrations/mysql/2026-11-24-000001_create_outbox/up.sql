@@ -1,0 +1,219 @@
+-- The whole schema on MySQL 8 / MariaDB 10.6+, equal in what it stores and refuses to the
+-- PostgreSQL and SQLite trees' twelve migrations (this tree starts where they end).
+--
+-- Times are DATETIME(3) in UTC: every column default and every statement of the engine uses
+-- UTC_TIMESTAMP(3), the server's clock, whatever a session's time_zone. Text is utf8mb4 with
+-- the binary collation, so that keys compare byte for byte as on the other backends. Lengths
+-- in bytes are checked with OCTET_LENGTH (a VARCHAR's length counts characters).
+--
+-- MySQL has no partial indexes: the claim index covers every state, with the tenant and state
+-- first, so that `tenant IS NULL AND state = 'pending'` (and one tenant's tasks) is one range
+-- read in claim order.
+CREATE TABLE IF NOT EXISTS async_node (
+    id           BIGINT       NOT NULL AUTO_INCREMENT PRIMARY KEY,
+    name         VARCHAR(255) NOT NULL,                   -- host:pid
+    started_at   DATETIME(3)  NOT NULL DEFAULT (UTC_TIMESTAMP(3)),
+    heartbeat_at DATETIME(3)  NOT NULL DEFAULT (UTC_TIMESTAMP(3)),
+    state        VARCHAR(8)   NOT NULL DEFAULT 'alive',
+    -- What the node publishes at each heartbeat: its threads, and its domains'
+    -- configuration and slot use (JSON).
+    domains      LONGTEXT,
+    -- Claim strategies: the node's strategy, weight, and tasks held at its last beat.
+    strategy     VARCHAR(16)  NOT NULL DEFAULT 'default',
+    weight       INT          NOT NULL DEFAULT 1,
+    running      BIGINT       NOT NULL DEFAULT 0,
+    CONSTRAINT async_node_state_check CHECK (state IN ('alive', 'gone')),
+    CONSTRAINT async_node_strategy_check
+        CHECK (strategy IN ('default', 'id_hash', 'least_count', 'weight')),
+    CONSTRAINT async_node_weight_check CHECK (weight BETWEEN 1 AND 1000),
+    CONSTRAINT async_node_running_check CHECK (running >= 0)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+
+CREATE TABLE IF NOT EXISTS async_task (
+    id           BIGINT       NOT NULL AUTO_INCREMENT PRIMARY KEY,
+    keyword      VARCHAR(64)  NOT NULL,
+    biz_id       VARCHAR(128) NOT NULL,
+    biz_data     LONGTEXT     NOT NULL DEFAULT '{}',
+    tenant       VARCHAR(128),
+    state        VARCHAR(16)  NOT NULL DEFAULT 'pending',
+    failures     INT          NOT NULL DEFAULT 0,
+    max_attempts INT,
+    priority     INT          NOT NULL DEFAULT 0,
+    run_at       DATETIME(3)  NOT NULL DEFAULT (UTC_TIMESTAMP(3)),
+    owner        BIGINT,
+    claim_token  BIGINT       NOT NULL DEFAULT 0,
+    -- The first parent (a producer's shorthand for one: the trigger below links it).
+    parent_id    BIGINT,
+    last_error   LONGTEXT,
+    created_at   DATETIME(3)  NOT NULL DEFAULT (UTC_TIMESTAMP(3)),
+    updated_at   DATETIME(3)  NOT NULL DEFAULT (UTC_TIMESTAMP(3)),
+    claimed_at   DATETIME(3),
+    deadline_at  DATETIME(3),
+    finished_at  DATETIME(3),
+    -- Parents not yet done (README, "Chains"), and whether the task is anyone's parent.
+    blocked_by   INT          NOT NULL DEFAULT 0,
+    has_children BOOLEAN      NOT NULL DEFAULT FALSE,
+    UNIQUE KEY async_task_key (keyword, biz_id),
+    -- The claim, per tenant (tenant IS NULL for tasks without one) and state, in claim order;
+    -- also what the tenant quotas count.
+    KEY async_task_claim_idx (tenant, state, priority, run_at, id),
+    -- The page of a claim read back by owner and token; rescue's running tasks per owner.
+    KEY async_task_owner_idx (owner, claim_token),
+    -- Rescue of expired leases, and prune of finished tasks by age.
+    KEY async_task_deadline_idx (state, deadline_at),
+    KEY async_task_finished_idx (finished_at),
+    -- The rules of the Rust API, so that a producer's plain INSERT is held to them (README,
+    -- "Enqueue from another language").
+    CONSTRAINT async_task_keyword_check CHECK (
+        keyword REGEXP BINARY '^[a-z0-9._:-]{1,64}$'),
+    CONSTRAINT async_task_biz_id_check CHECK (
+        OCTET_LENGTH(biz_id) BETWEEN 1 AND 128 AND LOCATE(CHAR(0), biz_id) = 0),
+    CONSTRAINT async_task_biz_data_check CHECK (
+        OCTET_LENGTH(biz_data) <= 65536 AND JSON_VALID(biz_data)
+        AND LOCATE(CHAR(0), biz_data) = 0
+        -- \u0000 as an escape: preceded by an odd run of backslashes, so one is left once
+        -- every escaped backslash pair is removed (PostgreSQL's jsonb refuses it; the same
+        -- payload must work on every backend).
+        AND (LOCATE('\\u0000', biz_data) = 0
+             OR LOCATE('\\u0000', REPLACE(biz_data, '\\\\', '')) = 0)),
+    CONSTRAINT async_task_tenant_check CHECK (tenant IS NULL OR (
+        OCTET_LENGTH(tenant) BETWEEN 1 AND 128 AND LOCATE(CHAR(0), tenant) = 0)),
+    CONSTRAINT async_task_state_check
+        CHECK (state IN ('pending', 'running', 'done', 'dead', 'cancelled', 'blocked')),
+    CONSTRAINT async_task_failures_check CHECK (failures >= 0),
+    CONSTRAINT async_task_max_attempts_check CHECK (max_attempts IS NULL OR max_attempts >= 1),
+    CONSTRAINT async_task_priority_check CHECK (priority BETWEEN -32768 AND 32767),
+    -- What a producer may delay a task by; retries and rescues (which count a failure) set
+    -- their own run_at.
+    CONSTRAINT async_task_run_at_ahead_check CHECK (
+        run_at <= created_at OR failures > 0
+        OR run_at <= created_at + INTERVAL 3650 DAY)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+
+-- Parent → child links (README, "Chains"). A parent is older than its child, so no chain
+-- loops back.
+CREATE TABLE IF NOT EXISTS async_task_parent (
+    child_id  BIGINT NOT NULL,
+    parent_id BIGINT NOT NULL,
+    PRIMARY KEY (child_id, parent_id),
+    KEY async_task_parent_parent_idx (parent_id),
+    CONSTRAINT async_task_parent_order_check CHECK (parent_id < child_id)
+) ENGINE = InnoDB;
+
+-- Tenant quotas (README, "Tenants"). A tenant without a row is unlimited and weighs 1.
+CREATE TABLE IF NOT EXISTS async_tenant (
+    tenant      VARCHAR(128) NOT NULL PRIMARY KEY,
+    max_queued  INT,
+    max_running INT,
+    weight      INT          NOT NULL DEFAULT 1,
+    updated_at  DATETIME(3)  NOT NULL DEFAULT (UTC_TIMESTAMP(3)),
+    updated_by  VARCHAR(255) NOT NULL DEFAULT '',
+    CONSTRAINT async_tenant_tenant_check CHECK (
+        OCTET_LENGTH(tenant) BETWEEN 1 AND 128 AND LOCATE(CHAR(0), tenant) = 0),
+    CONSTRAINT async_tenant_max_queued_check CHECK (max_queued IS NULL OR max_queued >= 0),
+    CONSTRAINT async_tenant_max_running_check CHECK (max_running IS NULL OR max_running >= 0),
+    CONSTRAINT async_tenant_weight_check CHECK (weight >= 1)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+
+-- What operators changed, in the transaction of the change.
+CREATE TABLE IF NOT EXISTS async_audit (
+    id       BIGINT       NOT NULL AUTO_INCREMENT PRIMARY KEY,
+    at       DATETIME(3)  NOT NULL DEFAULT (UTC_TIMESTAMP(3)),
+    actor    VARCHAR(255) NOT NULL,
+    action   VARCHAR(64)  NOT NULL,
+    target   LONGTEXT     NOT NULL,
+    detail   LONGTEXT     NOT NULL DEFAULT '{}',
+    affected BIGINT       NOT NULL DEFAULT 0,
+    CONSTRAINT async_audit_detail_check CHECK (JSON_VALID(detail))
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+
+-- Task domains' run-time control (README, "Domains").
+CREATE TABLE IF NOT EXISTS async_domain (
+    name       VARCHAR(64)  NOT NULL PRIMARY KEY,
+    keywords   LONGTEXT,                               -- a JSON array of keywords
+    mode       VARCHAR(8),
+    threads    INT,
+    queue      INT,
+    timeout_ms BIGINT,
+    paused     BOOLEAN      NOT NULL DEFAULT FALSE,
+    released   BOOLEAN      NOT NULL DEFAULT FALSE,
+    version    BIGINT       NOT NULL DEFAULT 1,
+    updated_at DATETIME(3)  NOT NULL DEFAULT (UTC_TIMESTAMP(3)),
+    updated_by VARCHAR(255) NOT NULL DEFAULT '',
+    CONSTRAINT async_domain_name_check CHECK (name REGEXP BINARY '^[a-z0-9._:-]{1,64}$'),
+    CONSTRAINT async_domain_mode_check CHECK (mode IS NULL OR mode IN ('max', 'reserved')),
+    CONSTRAINT async_domain_threads_check CHECK (threads IS NULL OR threads >= 0),
+    CONSTRAINT async_domain_queue_check CHECK (queue IS NULL OR queue >= 0),
+    CONSTRAINT async_domain_timeout_check CHECK (timeout_ms IS NULL OR timeout_ms > 0)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+
+-- Keywords paused on their own (`outbox pause KEYWORD`).
+CREATE TABLE IF NOT EXISTS async_pause (
+    keyword   VARCHAR(64)  NOT NULL PRIMARY KEY,
+    paused_at DATETIME(3)  NOT NULL DEFAULT (UTC_TIMESTAMP(3)),
+    paused_by VARCHAR(255) NOT NULL DEFAULT ''
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+
+-- Cron schedules (README, "Cron schedules"): one row per scheduled keyword.
+CREATE TABLE IF NOT EXISTS async_schedule (
+    keyword    VARCHAR(64)  NOT NULL PRIMARY KEY,
+    expression VARCHAR(256) NOT NULL,
+    since      DATETIME(3)  NOT NULL DEFAULT (UTC_TIMESTAMP(3)),
+    last_tick  DATETIME(3),
+    updated_at DATETIME(3)  NOT NULL DEFAULT (UTC_TIMESTAMP(3)),
+    updated_by VARCHAR(255) NOT NULL DEFAULT '',
+    CONSTRAINT async_schedule_keyword_check CHECK (keyword REGEXP BINARY '^[a-z0-9._:-]{1,64}$'),
+    CONSTRAINT async_schedule_expression_check CHECK (OCTET_LENGTH(expression) BETWEEN 1 AND 256)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+
+-- A producer's INSERT, checked as the API checks an enqueue:
+--  * max_queued: the tenant's row is locked (FOR UPDATE) until the producer's transaction
+--    ends, so producers of one tenant take turns and the count (READ COMMITTED: it sees what
+--    committed before) includes every task of those before. The count stops at the limit. A
+--    row that repeats an existing (keyword, biz_id) is let through, to be skipped as a
+--    duplicate by the insert.
+--  * parent_id, a producer's shorthand for one parent: the parent must exist; the child is
+--    blocked while it is not finished, cancelled with it when it is dead or cancelled. (The
+--    link row is written by the AFTER INSERT trigger. MySQL forbids a trigger to change the
+--    table its statement changes, so the parent's `has_children` is not set here: the
+--    engine's release on MySQL reads async_task_parent instead.)
+CREATE TRIGGER async_task_before_insert BEFORE INSERT ON async_task FOR EACH ROW
+BEGIN
+    DECLARE lim INT DEFAULT NULL;
+    DECLARE queued INT DEFAULT 0;
+    DECLARE parent_state VARCHAR(16) DEFAULT NULL;
+    IF NEW.tenant IS NOT NULL AND NEW.state IN ('pending', 'blocked') THEN
+        SELECT max_queued INTO lim FROM async_tenant
+         WHERE tenant = NEW.tenant AND max_queued IS NOT NULL FOR UPDATE;
+        IF lim IS NOT NULL THEN
+            SELECT count(*) INTO queued FROM (
+                SELECT 1 FROM async_task
+                 WHERE tenant = NEW.tenant AND state IN ('pending', 'blocked') LIMIT lim) q;
+            IF queued >= lim AND NOT EXISTS (
+                SELECT 1 FROM async_task WHERE keyword = NEW.keyword AND biz_id = NEW.biz_id)
+            THEN
+                SIGNAL SQLSTATE '23000'
+                    SET MESSAGE_TEXT = 'async_task: tenant over its max_queued';
+            END IF;
+        END IF;
+    END IF;
+    IF NEW.parent_id IS NOT NULL THEN
+        SELECT state INTO parent_state FROM async_task WHERE id = NEW.parent_id;
+        IF parent_state IS NULL THEN
+            SIGNAL SQLSTATE '23000'
+                SET MESSAGE_TEXT = 'async_task_parent: the parent task does not exist';
+        ELSEIF parent_state IN ('dead', 'cancelled') THEN
+            SET NEW.state = 'cancelled', NEW.finished_at = UTC_TIMESTAMP(3),
+                NEW.last_error = CONCAT('parent task ', NEW.parent_id, ' is ', parent_state);
+        ELSEIF parent_state <> 'done' THEN
+            SET NEW.state = 'blocked', NEW.blocked_by = 1;
+        END IF;
+    END IF;
+END;
+
+CREATE TRIGGER async_task_after_insert AFTER INSERT ON async_task FOR EACH ROW
+BEGIN
+    IF NEW.parent_id IS NOT NULL THEN
+        INSERT INTO async_task_parent (child_id, parent_id) VALUES (NEW.id, NEW.parent_id);
+    END IF;
+END;
