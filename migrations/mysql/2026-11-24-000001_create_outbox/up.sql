@@ -57,6 +57,9 @@ CREATE TABLE IF NOT EXISTS async_task (
     -- The claim, per tenant (tenant IS NULL for tasks without one) and state, in claim order;
     -- also what the tenant quotas count.
     KEY async_task_claim_idx (tenant, state, priority, run_at, id),
+    -- The tenants with pending tasks, in tenant order: the fair claim's ring walks them
+    -- (one index read per step, done tasks never read).
+    KEY async_task_pending_tenant_idx (state, tenant),
     -- The page of a claim read back by owner and token; rescue's running tasks per owner.
     KEY async_task_owner_idx (owner, claim_token),
     -- Rescue of expired leases, and prune of finished tasks by age.
@@ -198,7 +201,10 @@ BEGIN
         END IF;
     END IF;
     IF NEW.parent_id IS NOT NULL THEN
-        SELECT state INTO parent_state FROM async_task WHERE id = NEW.parent_id;
+        -- Locked until the producer's transaction ends: a completion of the parent waits
+        -- for it, and then finds the link (the driver releases children on MySQL).
+        SELECT state INTO parent_state FROM async_task WHERE id = NEW.parent_id
+            LOCK IN SHARE MODE;
         IF parent_state IS NULL THEN
             SIGNAL SQLSTATE '23000'
                 SET MESSAGE_TEXT = 'async_task_parent: the parent task does not exist';
