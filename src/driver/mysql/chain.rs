@@ -53,7 +53,11 @@ pub(crate) fn release_children(conn: &mut MysqlConnection, parents: &[i64]) -> Q
         .with(done_parents)
         .sql(" THEN 'pending' ELSE 'blocked' END, blocked_by = blocked_by - ")
         .with(done_parents)
-        .sql(concat!(", updated_at = ", now!(), " WHERE state = 'blocked' AND id IN "))
+        .sql(concat!(
+            ", updated_at = ",
+            now!(),
+            " WHERE state = 'blocked' AND id IN "
+        ))
         .with(|s| list::ids(s, &children))
         .execute(conn)?;
     Ok(())
@@ -124,9 +128,11 @@ pub(crate) fn link_parents(conn: &mut MysqlConnection, links: &[(i64, i64)]) -> 
             format!("async_task_parent: parent task {missing} does not exist"),
         ));
     }
-    Statement::<Mysql>::new("UPDATE async_task SET has_children = TRUE WHERE has_children = FALSE AND id IN ")
-        .with(|s| list::ids(s, &parents))
-        .execute(conn)?;
+    Statement::<Mysql>::new(
+        "UPDATE async_task SET has_children = TRUE WHERE has_children = FALSE AND id IN ",
+    )
+    .with(|s| list::ids(s, &parents))
+    .execute(conn)?;
     let mut inserted = 0;
     for &(child, parent) in links {
         // Both as they are now: an earlier link of this call may have changed either.
@@ -153,14 +159,13 @@ pub(crate) fn link_parents(conn: &mut MysqlConnection, links: &[(i64, i64)]) -> 
                 ))
             }
         };
-        let linked = Statement::<Mysql>::new(
-            "INSERT INTO async_task_parent (child_id, parent_id) VALUES (",
-        )
-        .bind::<BigInt, _>(child)
-        .sql(", ")
-        .bind::<BigInt, _>(parent)
-        .sql(")")
-        .execute(conn);
+        let linked =
+            Statement::<Mysql>::new("INSERT INTO async_task_parent (child_id, parent_id) VALUES (")
+                .bind::<BigInt, _>(child)
+                .sql(", ")
+                .bind::<BigInt, _>(parent)
+                .sql(")")
+                .execute(conn);
         match linked {
             Ok(_) => inserted += 1,
             Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => continue,
@@ -223,7 +228,11 @@ pub(crate) fn cancel_descendants_of(
     .sql(" ORDER BY parent_id")
     .load(conn)?;
     for parent in parents {
-        cancel_descendants(conn, parent.id, &format!("parent task {} is {state}", parent.id))?;
+        cancel_descendants(
+            conn,
+            parent.id,
+            &format!("parent task {} is {state}", parent.id),
+        )?;
     }
     Ok(())
 }
