@@ -5,14 +5,17 @@
 #   scripts/bench.sh --peers [--rounds N] [--out FILE]
 #   scripts/bench.sh --metrics [--rounds N] [--out FILE]
 #
-# Builds the release binary, starts a throwaway PostgreSQL cluster with default
-# durability (fsync on; its own state dir, apart from the test cluster) unless
-# OUTBOX_BENCH_PG_URL is set, and runs on both backends:
+# Builds the release binary (with the `mysql` feature), starts a throwaway PostgreSQL
+# cluster with default durability (fsync on; its own state dir, apart from the test cluster)
+# unless OUTBOX_BENCH_PG_URL is set, and a durable throwaway MariaDB (InnoDB's log flushed at
+# each commit, as PostgreSQL's WAL) unless OUTBOX_BENCH_MYSQL_URL is set, and runs on the three
+# backends:
 #   1. strict and batched drains of 20,000 no-op tasks against their references
 #      (5 runs each, medians), and strict once more with a handler that opens its
 #      transaction (--open-tx), as one writing to the database does;
 #   2. the scale test: the first 10,000 tasks of a 1,000,000-task backlog, against
-#      a 10,000-task backlog, with the claim's plan (PostgreSQL; 3 runs);
+#      a 10,000-task backlog, with the claim's plan (PostgreSQL; 3 runs; PostgreSQL and
+#      SQLite);
 #   3. commit-to-start latency with LISTEN/NOTIFY and with polling (PostgreSQL);
 #   4. what the metrics cost: N rounds (default 7) of a drain of 20,000 no-op tasks with
 #      --metrics-addr (scraped every second) against one without, interleaved (which goes
@@ -52,7 +55,7 @@ mkdir -p "$(dirname "$out")"
 step() { printf '\n==> %s\n' "$*" >&2; }
 
 step "cargo build --release"
-cargo build --release --locked -p outbox-handlers >&2
+cargo build --release --locked -p outbox-handlers --features mysql >&2
 outbox=${CARGO_TARGET_DIR:-$repo_root/target}/release/outbox
 
 if [[ -n ${OUTBOX_BENCH_PG_URL:-} ]]; then
@@ -64,11 +67,27 @@ else
     step "starting a durable PostgreSQL cluster (fsync on)"
     pg_url=$("$repo_root/scripts/pg.sh" start --durable)
 fi
+if [[ -n ${OUTBOX_BENCH_MYSQL_URL:-} ]]; then
+    mysql_url=$OUTBOX_BENCH_MYSQL_URL
+else
+    export OUTBOX_MYSQL_DIR=${TMPDIR:-/tmp}/outbox-bench-my-$(id -u)
+    trap '"$repo_root/scripts/pg.sh" stop || true; "$repo_root/scripts/mysql.sh" stop || true' EXIT
+    step "starting a durable MariaDB server"
+    mysql_url=$("$repo_root/scripts/mysql.sh" start --durable)
+fi
 sqlite_url=${TMPDIR:-/tmp}/outbox-bench-unused.db # bench works on scratch files next to it
 
 {
     echo "# $(date -u +%FT%TZ) $(uname -srm), $(nproc) cores, $(git rev-parse --short HEAD)"
 } >>"$out"
+
+backend_name() {
+    case $1 in
+    postgres*) echo postgres ;;
+    mysql*) echo mysql ;;
+    *) echo sqlite ;;
+    esac
+}
 
 bench() {
     local label=$1
@@ -79,9 +98,8 @@ bench() {
 
 metrics_cost() {
     local url name
-    for url in "$pg_url" "$sqlite_url"; do
-        name=postgres
-        [[ $url == postgres* ]] || name=sqlite
+    for url in "$pg_url" "$mysql_url" "$sqlite_url"; do
+        name=$(backend_name "$url")
         bench "$name metrics cost" --database-url "$url" --runs "$metrics_rounds" --mode both --metrics-cost
     done
 }
@@ -99,11 +117,11 @@ if $peers; then
     exit 0
 fi
 
-for url in "$pg_url" "$sqlite_url"; do
-    name=postgres
-    [[ $url == postgres* ]] || name=sqlite
+for url in "$pg_url" "$mysql_url" "$sqlite_url"; do
+    name=$(backend_name "$url")
     bench "$name throughput" --database-url "$url" --runs "$runs" --mode both
     bench "$name strict, handler in its transaction" --database-url "$url" --runs "$runs" --mode strict --open-tx
+    [[ $name != mysql ]] || continue
     bench "$name scale: backlog 10000" --database-url "$url" --runs "$scale_runs" --mode strict --tasks 10000
     bench "$name scale: backlog $backlog" --database-url "$url" --runs "$scale_runs" --mode strict --tasks 10000 --backlog "$backlog"
 done

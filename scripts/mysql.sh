@@ -78,9 +78,11 @@ apt_install() {
 # The Rust build with the `mysql` feature (diesel -> mysqlclient-sys) links libmariadb;
 # libmariadb-dev-compat adds the libmysqlclient names and mysqlclient.pc it looks for.
 ensure_client() {
-    [[ -e $CLIENT_HEADER && -e /usr/lib/x86_64-linux-gnu/pkgconfig/mysqlclient.pc ]] ||
-        [[ -e $CLIENT_HEADER ]] && pkg-config --exists mysqlclient 2>/dev/null ||
-        apt_install libmariadb-dev libmariadb-dev-compat pkg-config
+    if [[ -e $CLIENT_HEADER ]] && command -v pkg-config >/dev/null 2>&1 &&
+        pkg-config --exists mysqlclient 2>/dev/null; then
+        return 0
+    fi
+    apt_install libmariadb-dev libmariadb-dev-compat pkg-config
 }
 
 ensure_server() {

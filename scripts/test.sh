@@ -10,9 +10,11 @@
 # Runs rustfmt, clippy (the workspace, and the library with each backend feature
 # alone) and the whole test suite (unit tests, doctests, the integration suite,
 # the CLI tests with the dashboard's headless-browser test, and the fault suite;
-# chromium and chromium-driver are installed if missing) against a PostgreSQL given by
-# OUTBOX_TEST_PG_URL, or a throwaway local cluster started by scripts/pg.sh and
-# stopped on exit (the SQL producer tests' Python venv is built by scripts/producers.sh);
+# chromium and chromium-driver are installed if missing), with the `mysql` feature, against
+# a PostgreSQL given by OUTBOX_TEST_PG_URL, or a throwaway local cluster started by
+# scripts/pg.sh and stopped on exit, and a MySQL/MariaDB given by OUTBOX_TEST_MYSQL_URL, or a
+# throwaway MariaDB started by scripts/mysql.sh and stopped on exit (the SQL producer tests'
+# Python venv is built by scripts/producers.sh);
 # then, if that passed, the fault suite's PostgreSQL scenarios once more with lock
 # claims (OUTBOX_FAULT_CLAIM=lock: --claim lock --commit-batch 20; about 75 s in the
 # short profile).
@@ -40,6 +42,7 @@ export RUST_BACKTRACE=1
 step "headless browser for the dashboard test (scripts/browser.sh ensure)"
 "$repo_root/scripts/browser.sh" ensure
 
+pg_started=
 if [[ -n ${OUTBOX_TEST_PG_URL:-} ]]; then
     step "using PostgreSQL at OUTBOX_TEST_PG_URL"
     # pg.sh start would have made sure libpq-dev is there; with an external
@@ -54,12 +57,39 @@ else
     step "starting throwaway PostgreSQL (scripts/pg.sh start)"
     # Install the trap before starting so a half-started cluster is cleaned up
     # too.  `|| true`: a failing cleanup must not mask the test result.
+    pg_started=1
     trap '"$repo_root/scripts/pg.sh" stop || true' EXIT
     url=$("$repo_root/scripts/pg.sh" start)
     export OUTBOX_TEST_PG_URL=$url
     printf '    %s\n' "$url" >&2
 fi
 
+# The MySQL backend's tests (every suite test has a `mysql` variant; the fault suite's
+# kill/restart scenarios too) run on MariaDB from Debian's packages, installed and started by
+# scripts/mysql.sh as pg.sh does PostgreSQL. They are never skipped: the build below enables
+# the `mysql` feature, which links the MySQL client library (libmariadb-dev-compat).
+mysql_started=
+# One trap for both servers from here on (installed before the start, so that a half-started
+# server is cleaned up too).
+stop_servers() {
+    [[ -z $mysql_started ]] || "$repo_root/scripts/mysql.sh" stop || true
+    [[ -z $pg_started ]] || "$repo_root/scripts/pg.sh" stop || true
+}
+trap stop_servers EXIT
+
+if [[ -n ${OUTBOX_TEST_MYSQL_URL:-} ]]; then
+    step "using MySQL at OUTBOX_TEST_MYSQL_URL"
+    "$repo_root/scripts/mysql.sh" ensure-client
+elif url=$("$repo_root/scripts/mysql.sh" url 2>/dev/null); then
+    step "reusing running local MariaDB $url"
+    export OUTBOX_TEST_MYSQL_URL=$url
+else
+    step "starting throwaway MariaDB (scripts/mysql.sh start)"
+    mysql_started=1
+    url=$("$repo_root/scripts/mysql.sh" start)
+    export OUTBOX_TEST_MYSQL_URL=$url
+    printf '    %s\n' "$url" >&2
+fi
 # The SQL producer tests (handlers/tests/cli/producers.rs) run a Python producer from a
 # virtual environment; build it here (python3 -m venv, pip install psycopg[binary]) so that
 # pip's output and any failure come before cargo's. The test would build it too: never skipped.
@@ -70,11 +100,14 @@ step "cargo fmt"
 cargo fmt --all -- --check
 
 step "cargo clippy"
-cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo clippy --workspace --all-targets --locked --features outbox-handlers/mysql -- -D warnings
 
-# An SQLite-only user builds without libpq, a PostgreSQL-only one without SQLite: each backend
-# feature alone must build (and lint) cleanly.
-for backend in sqlite postgres; do
+# A user without the MySQL client library builds the default features; an SQLite-only user
+# builds without libpq, and so on: the defaults, and each backend feature alone, must build
+# (and lint) cleanly.
+step "cargo clippy -p outbox (default features)"
+cargo clippy -p outbox --lib --locked -- -D warnings
+for backend in sqlite postgres mysql; do
     step "cargo clippy -p outbox --no-default-features --features $backend"
     cargo clippy -p outbox --lib --locked --no-default-features --features "$backend" -- -D warnings
 done
@@ -87,7 +120,7 @@ rm -f target/tmp/fault-report.txt target/tmp/fault-report-lock.txt
 # with one plain total.
 test_log=$(mktemp)
 set +e
-cargo test --workspace --locked "$@" 2>&1 | tee "$test_log"
+cargo test --workspace --locked --features outbox-handlers/mysql "$@" 2>&1 | tee "$test_log"
 status=${PIPESTATUS[0]}
 set -e
 if [[ $status -eq 0 ]]; then
@@ -99,8 +132,8 @@ if [[ $status -eq 0 ]]; then
     # there is reused (`-p outbox-handlers` would build another).
     step "fault suite with lock claims (OUTBOX_FAULT_CLAIM=lock, PostgreSQL scenarios)"
     set +e
-    OUTBOX_FAULT_CLAIM=lock cargo test --workspace --locked --test fault -- \
-        --skip migrations:: _postgres kill:: connections:: restart:: drains:: sigterm_past \
+    OUTBOX_FAULT_CLAIM=lock cargo test --workspace --locked --features outbox-handlers/mysql --test fault -- \
+        --skip migrations:: _postgres --skip _mysql kill:: connections:: restart:: drains:: sigterm_past \
         2>&1 | tee -a "$test_log"
     status=${PIPESTATUS[0]}
     set -e

@@ -4,9 +4,10 @@ business transaction together with a row of its own `orders` table.
 
     producer.py postgres URL
     producer.py sqlite PATH
+    producer.py mysql URL      (mysql://user[:password]@host:port/database)
 
 It commits some orders with their tasks, rolls some back, repeats some (the task INSERT's
-ON CONFLICT DO NOTHING), enqueues tasks with tenant, priority, max_attempts and a delay,
+ON CONFLICT DO NOTHING; on MySQL ON DUPLICATE KEY UPDATE id = id), enqueues tasks with tenant, priority, max_attempts and a delay,
 children of one and of two parents, and tries invalid rows, each of which the database must
 refuse. It prints one JSON report on stdout, read by handlers/tests/cli/producers.rs, which
 then drains the tasks with `outbox-fault drain` (keyword `fault.ledger`) and checks the
@@ -16,6 +17,7 @@ effects. Exit 0 unless something unexpected happened (an invalid row accepted, s
 import json
 import sqlite3
 import sys
+import urllib.parse
 
 KEYWORD = "fault.ledger"
 
@@ -33,8 +35,18 @@ class Db:
         elif backend == "sqlite":
             self.errors = (sqlite3.Error,)
             self.conn = sqlite3.connect(target, isolation_level=None, timeout=30)
+        elif backend == "mysql":
+            import pymysql
+
+            url = urllib.parse.urlparse(target)
+            self.errors = (pymysql.Error,)
+            # Not autocommit: a transaction per block, as a business service runs them.
+            self.conn = pymysql.connect(
+                host=url.hostname, port=url.port or 3306, user=url.username,
+                password=urllib.parse.unquote(url.password or ""),
+                database=url.path.lstrip("/"), charset="utf8mb4", autocommit=False)
         else:
-            raise SystemExit(f"unknown backend {backend!r} (postgres or sqlite)")
+            raise SystemExit(f"unknown backend {backend!r} (postgres, sqlite or mysql)")
 
     def begin(self):
         if self.backend == "sqlite":
@@ -54,7 +66,7 @@ class Db:
 
     def run(self, sql, params=()):
         """Runs one statement (`?` placeholders); returns the cursor."""
-        if self.backend == "postgres":
+        if self.backend in ("postgres", "mysql"):
             sql = sql.replace("?", "%s")
         cur = self.conn.cursor()
         cur.execute(sql, params)
@@ -64,13 +76,20 @@ class Db:
         """The SQL expression of the database clock plus `what` (e.g. '10 minutes')."""
         if self.backend == "postgres":
             return f"now() + interval '{what}'"
+        if self.backend == "mysql":
+            n, unit = what.split()
+            return f"UTC_TIMESTAMP(3) + INTERVAL {int(n)} {unit.rstrip('s').upper()}"
         return f"strftime('%Y-%m-%d %H:%M:%f', 'now', '+{what}')"
 
 
 def place(db, order_id, biz_id=None, keyword=KEYWORD, biz_data=None, extra=None):
     """The order row and its task, in the open transaction. Returns (task id or None, created)."""
-    db.run("INSERT INTO orders (id, note) VALUES (?, ?) ON CONFLICT (id) DO NOTHING",
-           (order_id, f"order {order_id}"))
+    if db.backend == "mysql":
+        db.run("INSERT INTO orders (id, note) VALUES (?, ?) ON DUPLICATE KEY UPDATE id = id",
+               (order_id, f"order {order_id}"))
+    else:
+        db.run("INSERT INTO orders (id, note) VALUES (?, ?) ON CONFLICT (id) DO NOTHING",
+               (order_id, f"order {order_id}"))
     cols = ["keyword", "biz_id", "biz_data"]
     vals = ["?", "?", "?"]
     params = [keyword, str(order_id) if biz_id is None else biz_id,
@@ -80,6 +99,16 @@ def place(db, order_id, biz_id=None, keyword=KEYWORD, biz_data=None, extra=None)
         vals.append(sql)
         if param is not None:
             params.append(param)
+    if db.backend == "mysql":
+        # No RETURNING: the affected-row count says whether the row was created (1) or was
+        # there already (0: the update sets nothing), and lastrowid is its id.
+        cur = db.run(
+            f"INSERT INTO async_task ({', '.join(cols)}) VALUES ({', '.join(vals)}) "
+            "ON DUPLICATE KEY UPDATE id = id",
+            params,
+        )
+        created = cur.rowcount == 1
+        return (cur.lastrowid if created else None), created
     cur = db.run(
         f"INSERT INTO async_task ({', '.join(cols)}) VALUES ({', '.join(vals)}) "
         "ON CONFLICT (keyword, biz_id) DO NOTHING RETURNING id",
@@ -110,6 +139,10 @@ def main():
     report = {"committed": [], "rolled_back": [], "repeated": [], "refused": []}
 
     db.begin()
+    if backend == "mysql":
+        # UTC for this session too: the task columns' defaults are UTC_TIMESTAMP(3) whatever
+        # the session's zone, but a producer's own times should be UTC as well.
+        db.run("SET time_zone = '+00:00'")
     db.run("CREATE TABLE IF NOT EXISTS orders (id BIGINT PRIMARY KEY, note TEXT NOT NULL)")
     db.commit()
 

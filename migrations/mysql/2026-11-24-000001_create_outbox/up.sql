@@ -217,9 +217,59 @@ BEGIN
     END IF;
 END;
 
+-- The shorthand's link row. The BEFORE INSERT trigger has done what the link means, so the
+-- link trigger below is told (a session variable) to only record it: it could not change
+-- async_task from inside this INSERT anyway.
 CREATE TRIGGER async_task_after_insert AFTER INSERT ON async_task FOR EACH ROW
 BEGIN
     IF NEW.parent_id IS NOT NULL THEN
+        SET @outbox_link_recorded = 1;
         INSERT INTO async_task_parent (child_id, parent_id) VALUES (NEW.id, NEW.parent_id);
+        SET @outbox_link_recorded = NULL;
+    END IF;
+END;
+
+-- A link row inserted on its own (a child of several parents; the Rust API links this way
+-- too), as the other backends' trigger of the same name: the parent must exist, the child
+-- must not have started; the child is blocked while the parent is not done, and cancelled
+-- with its descendants when the parent is dead or cancelled; the parent is marked as having
+-- children. (A trigger on async_task_parent may change async_task: the statement that fired
+-- it changes async_task_parent only.)
+CREATE TRIGGER async_task_parent_link AFTER INSERT ON async_task_parent FOR EACH ROW
+BEGIN
+    DECLARE parent_state VARCHAR(16) DEFAULT NULL;
+    DECLARE child_state VARCHAR(16) DEFAULT NULL;
+    IF @outbox_link_recorded IS NULL THEN
+        -- Locked in the order producers link (ascending parent ids), so that a parent
+        -- completing now waits for this transaction and then sees the link.
+        SELECT state INTO parent_state FROM async_task WHERE id = NEW.parent_id FOR UPDATE;
+        IF parent_state IS NULL THEN
+            SIGNAL SQLSTATE '23000'
+                SET MESSAGE_TEXT = 'async_task_parent: the parent task does not exist';
+        END IF;
+        SELECT state INTO child_state FROM async_task WHERE id = NEW.child_id FOR UPDATE;
+        IF child_state IS NULL OR child_state NOT IN ('pending', 'blocked', 'cancelled') THEN
+            SIGNAL SQLSTATE '23000'
+                SET MESSAGE_TEXT = 'async_task_parent: the child task does not exist or has started (a parent is added before its child starts)';
+        END IF;
+        UPDATE async_task SET has_children = TRUE WHERE id = NEW.parent_id AND NOT has_children;
+        IF parent_state IN ('dead', 'cancelled') THEN
+            UPDATE async_task SET state = 'cancelled', finished_at = UTC_TIMESTAMP(3),
+                   updated_at = UTC_TIMESTAMP(3),
+                   parent_id = COALESCE(parent_id, NEW.parent_id),
+                   last_error = CONCAT('parent task ', NEW.parent_id, ' is ', parent_state)
+             WHERE state IN ('pending', 'blocked') AND id IN (
+                WITH RECURSIVE d (id) AS (
+                    SELECT NEW.child_id
+                    UNION
+                    SELECT l.child_id FROM async_task_parent l JOIN d ON l.parent_id = d.id)
+                SELECT id FROM d);
+        ELSEIF parent_state <> 'done' THEN
+            UPDATE async_task SET state = 'blocked', blocked_by = blocked_by + 1,
+                   parent_id = COALESCE(parent_id, NEW.parent_id)
+             WHERE id = NEW.child_id AND state IN ('pending', 'blocked');
+        END IF;
+        UPDATE async_task SET parent_id = NEW.parent_id
+         WHERE id = NEW.child_id AND parent_id IS NULL;
     END IF;
 END;
