@@ -53,7 +53,11 @@ pub(crate) fn release_children(conn: &mut MysqlConnection, parents: &[i64]) -> Q
         .with(done_parents)
         .sql(" THEN 'pending' ELSE 'blocked' END, blocked_by = blocked_by - ")
         .with(done_parents)
-        .sql(concat!(", updated_at = ", now!(), " WHERE state = 'blocked' AND id IN "))
+        .sql(concat!(
+            ", updated_at = ",
+            now!(),
+            " WHERE state = 'blocked' AND id IN "
+        ))
         .with(|s| list::ids(s, &children))
         .execute(conn)?;
     Ok(())
@@ -96,7 +100,6 @@ pub(crate) fn cancel_descendants(
     .execute(conn)
 }
 
-
 /// Cancels the descendants of each of `roots`, tasks that have just ended dead or cancelled
 /// (`state`), as [`cancel_descendants`] does.
 pub(crate) fn cancel_descendants_of(
@@ -115,7 +118,11 @@ pub(crate) fn cancel_descendants_of(
     .sql(" ORDER BY parent_id")
     .load(conn)?;
     for parent in parents {
-        cancel_descendants(conn, parent.id, &format!("parent task {} is {state}", parent.id))?;
+        cancel_descendants(
+            conn,
+            parent.id,
+            &format!("parent task {} is {state}", parent.id),
+        )?;
     }
     Ok(())
 }

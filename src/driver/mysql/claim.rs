@@ -138,7 +138,8 @@ pub(super) fn claim_plan(
         extra: Option<String>,
     }
     let due = DueList::of(due);
-    let mut lines: Vec<Line> = fair::shares_statement("EXPLAIN ", &due, &[], "", limit).load(conn)?;
+    let mut lines: Vec<Line> =
+        fair::shares_statement("EXPLAIN ", &due, &[], "", limit).load(conn)?;
     lines.extend(fair::pick_statement("EXPLAIN ", None, &due, limit).load::<Line>(conn)?);
     let text = |v: Option<String>| v.unwrap_or_else(|| "-".to_owned());
     Ok(lines

@@ -75,7 +75,8 @@ pub(super) fn others_pending(
         let s = if except.is_empty() {
             s
         } else {
-            s.sql(" AND tenant NOT IN ").with(|s| list::texts(s, except))
+            s.sql(" AND tenant NOT IN ")
+                .with(|s| list::texts(s, except))
         };
         s.sql(")")
     };
@@ -96,10 +97,12 @@ pub(super) fn others_pending(
 const PENDING_OF_TENANT: &str = "FROM async_task FORCE INDEX (async_task_claim_idx)
     WHERE state = 'pending' AND tenant = ";
 /// The first tenant with a pending task, for the ring to wrap around to.
-const FIRST_TENANT: &str = "(SELECT tenant FROM async_task FORCE INDEX (async_task_pending_tenant_idx)
+const FIRST_TENANT: &str =
+    "(SELECT tenant FROM async_task FORCE INDEX (async_task_pending_tenant_idx)
     WHERE state = 'pending' AND tenant IS NOT NULL ORDER BY tenant LIMIT 1)";
 /// The next tenant after the ring's last, wrapping around.
-const NEXT_TENANT: &str = "COALESCE((SELECT tenant FROM async_task FORCE INDEX (async_task_pending_tenant_idx)
+const NEXT_TENANT: &str =
+    "COALESCE((SELECT tenant FROM async_task FORCE INDEX (async_task_pending_tenant_idx)
     WHERE state = 'pending' AND tenant > r.tenant ORDER BY tenant LIMIT 1),
     (SELECT tenant FROM async_task FORCE INDEX (async_task_pending_tenant_idx)
     WHERE state = 'pending' AND tenant IS NOT NULL ORDER BY tenant LIMIT 1))";
@@ -268,8 +271,7 @@ pub(super) fn page_ids(
     let mut ranked: Vec<(i32, f64, String, i64, i64)> = Vec::new();
     for share in shares {
         let k = (limit.saturating_mul(share.weight) + total - 1) / total;
-        let picked: Vec<Picked> =
-            pick_statement("", share.tenant.as_deref(), due, k).load(conn)?;
+        let picked: Vec<Picked> = pick_statement("", share.tenant.as_deref(), due, k).load(conn)?;
         for (rank, p) in picked.into_iter().enumerate() {
             let turn = share.pass + (rank as f64 + 1.0) / share.weight.max(1) as f64;
             ranked.push((p.priority, turn, p.due_at, share.pos, p.id));

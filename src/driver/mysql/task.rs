@@ -224,7 +224,11 @@ pub(super) fn rescue_many(
                 run_at = CASE WHEN "
         ))
         .with(at_max)
-        .sql(concat!(" THEN run_at ELSE ", now!(), " + INTERVAL ROUND(LEAST(LEAST("))
+        .sql(concat!(
+            " THEN run_at ELSE ",
+            now!(),
+            " + INTERVAL ROUND(LEAST(LEAST("
+        ))
         .bind::<BigInt, _>(rescue.backoff_base_ms)
         .sql(" * POW(2, LEAST(failures, 40)), ")
         .bind::<BigInt, _>(rescue.backoff_max_ms)
