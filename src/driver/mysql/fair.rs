@@ -196,12 +196,14 @@ pub(super) fn shares_statement(
                 SELECT r.tenant, CAST(COALESCE(a.weight, 1) AS SIGNED) AS weight,
                        CAST(r.n AS SIGNED) AS pos
                   FROM ring r LEFT JOIN async_tenant a ON a.tenant = r.tenant
-                 WHERE EXISTS (SELECT 1 ",
+                 WHERE (SELECT 1 ",
         )
         .sql(PENDING_OF_TENANT)
         .sql("r.tenant")
         .with(|s| due_for(s, due))
-        .sql(")");
+        // A scalar subquery, not EXISTS: MariaDB turns EXISTS into a semi-join that
+        // materialises every pending task instead of probing the claim index per tenant.
+        .sql(" LIMIT 1) IS NOT NULL");
     let statement = if except.is_empty() {
         statement
     } else {
@@ -231,7 +233,7 @@ pub(super) fn pick_statement(
     limit: i64,
 ) -> Statement<Mysql> {
     let statement = Statement::<Mysql>::new(prefix).sql(
-        "SELECT id, priority, CAST(run_at AS CHAR) AS run_at
+        "SELECT id, priority, CAST(run_at AS CHAR) AS due_at
            FROM async_task FORCE INDEX (async_task_claim_idx) WHERE ",
     );
     let statement = match tenant {
@@ -252,7 +254,7 @@ pub(super) struct Picked {
     #[diesel(sql_type = Integer)]
     priority: i32,
     #[diesel(sql_type = Text)]
-    run_at: String,
+    due_at: String,
 }
 
 /// The ids of the page, locked: each participant's first `ceil(limit × weight / total)` due
@@ -272,7 +274,7 @@ pub(super) fn page_ids(
         let picked: Vec<Picked> = pick_statement("", share.tenant.as_deref(), due, k).load(conn)?;
         for (rank, p) in picked.into_iter().enumerate() {
             let turn = share.pass + (rank as f64 + 1.0) / share.weight.max(1) as f64;
-            ranked.push((p.priority, turn, p.run_at, share.pos, p.id));
+            ranked.push((p.priority, turn, p.due_at, share.pos, p.id));
         }
     }
     ranked.sort_by(|a, b| {
