@@ -2,8 +2,11 @@
 //! `async_domain` row, its upsert with the audit entry, and `async_pause`'s writes.
 
 use diesel::backend::Backend;
-use diesel::sql_types::{BigInt, Bool, HasSqlType, Integer, Nullable, Text};
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+use diesel::sql_types::{BigInt, Bool, Integer, Nullable};
+use diesel::sql_types::{HasSqlType, Text};
 
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 use super::DomainWrite;
 use crate::sql::Statement;
 
@@ -57,6 +60,7 @@ pub(super) const DOMAIN_ROWS_MYSQL: &str = concat!(
     " FROM async_domain ORDER BY name"
 );
 
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 /// The upsert of a whole `async_domain` row, returning its `columns` (the same SQL on both
 /// backends but for the clock, `now`, the columns, and the bind placeholders diesel writes).
 pub(super) fn domain_upsert<DB>(
@@ -105,6 +109,7 @@ where
     .sql(columns)
 }
 
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 /// Pauses a keyword on its own, by `actor`; inserts nothing when it is paused already (the
 /// same on both backends).
 pub(super) fn keyword_pause_insert<DB>(keyword: &str, actor: &str) -> Statement<DB>

@@ -34,7 +34,10 @@ pub use rows::{
 
 pub use strategy_sql::{Due, NodeStrategyRow};
 
-use domain_sql::{domain_upsert, keyword_pause_delete, keyword_pause_insert, KEYWORD_PAUSED};
+use domain_sql::{keyword_pause_delete, KEYWORD_PAUSED};
+// MySQL has no `ON CONFLICT … RETURNING`: its upsert and pause are its own.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+use domain_sql::{domain_upsert, keyword_pause_insert};
 #[cfg(feature = "mysql")]
 use domain_sql::{DOMAIN_COLUMNS_MYSQL, DOMAIN_ROWS_MYSQL};
 #[cfg(feature = "postgres")]
