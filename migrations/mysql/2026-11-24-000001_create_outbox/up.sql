@@ -275,3 +275,11 @@ BEGIN
          WHERE id = NEW.child_id AND parent_id IS NULL;
     END IF;
 END;
+
+-- Operators' changes of domains and paused keywords take turns on the row 'domain' (locked
+-- FOR UPDATE first in their transaction): MySQL has no lock of a transaction's length on a
+-- name, and LOCK TABLES would commit the open transaction.
+CREATE TABLE IF NOT EXISTS async_lock (
+    name VARCHAR(64) NOT NULL PRIMARY KEY
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+INSERT IGNORE INTO async_lock (name) VALUES ('domain');
