@@ -4,7 +4,9 @@
 -- Times are DATETIME(3) in UTC: every column default and every statement of the engine uses
 -- UTC_TIMESTAMP(3), the server's clock, whatever a session's time_zone. Text is utf8mb4 with
 -- the binary collation, so that keys compare byte for byte as on the other backends. Lengths
--- in bytes are checked with OCTET_LENGTH (a VARCHAR's length counts characters).
+-- in bytes are checked with OCTET_LENGTH (a VARCHAR's length counts characters; the columns
+-- are wider than the rule, so that a value too long is refused by the rule's constraint,
+-- named, rather than by the column).
 --
 -- MySQL has no partial indexes: the claim index covers every state, with the tenant and state
 -- first, so that `tenant IS NULL AND state = 'pending'` (and one tenant's tasks) is one range
@@ -32,9 +34,9 @@ CREATE TABLE IF NOT EXISTS async_node (
 CREATE TABLE IF NOT EXISTS async_task (
     id           BIGINT       NOT NULL AUTO_INCREMENT PRIMARY KEY,
     keyword      VARCHAR(64)  NOT NULL,
-    biz_id       VARCHAR(128) NOT NULL,
+    biz_id       VARCHAR(255) NOT NULL,                   -- 1-128 bytes (the CHECK)
     biz_data     LONGTEXT     NOT NULL DEFAULT '{}',
-    tenant       VARCHAR(128),
+    tenant       VARCHAR(255),                            -- 1-128 bytes (the CHECK)
     state        VARCHAR(16)  NOT NULL DEFAULT 'pending',
     failures     INT          NOT NULL DEFAULT 0,
     max_attempts INT,
@@ -105,7 +107,7 @@ CREATE TABLE IF NOT EXISTS async_task_parent (
 
 -- Tenant quotas (README, "Tenants"). A tenant without a row is unlimited and weighs 1.
 CREATE TABLE IF NOT EXISTS async_tenant (
-    tenant      VARCHAR(128) NOT NULL PRIMARY KEY,
+    tenant      VARCHAR(255) NOT NULL PRIMARY KEY,
     max_queued  INT,
     max_running INT,
     weight      INT          NOT NULL DEFAULT 1,
