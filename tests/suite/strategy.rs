@@ -6,6 +6,7 @@
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
+use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use outbox::{
     enqueue_batch, set_tenant, Backend, ClaimStyle, Error, HandlerResult, NewTask, Registry,
@@ -33,13 +34,23 @@ fn peer(db: &TestDb, strategy: &str, weight: i32, running: i64) -> i64 {
         #[diesel(sql_type = diesel::sql_types::BigInt)]
         id: i64,
     }
-    diesel::sql_query(format!(
+    let insert = format!(
         "INSERT INTO async_node (name, strategy, weight, running)
-         VALUES ('peer', '{strategy}', {weight}, {running}) RETURNING id"
-    ))
-    .get_result::<Id>(&mut db.conn())
-    .unwrap()
-    .id
+         VALUES ('peer', '{strategy}', {weight}, {running})"
+    );
+    let mut conn = db.conn();
+    if db.backend() == outbox::Backend::Mysql {
+        // No RETURNING on MySQL: the id of this connection's last insert.
+        conn.batch_execute(&insert).unwrap();
+        return diesel::sql_query("SELECT CAST(LAST_INSERT_ID() AS SIGNED) AS id")
+            .get_result::<Id>(&mut conn)
+            .unwrap()
+            .id;
+    }
+    diesel::sql_query(format!("{insert} RETURNING id"))
+        .get_result::<Id>(&mut conn)
+        .unwrap()
+        .id
 }
 
 /// `n` ledger tasks (`tag-i`), of `tenant` if given.
