@@ -17,8 +17,12 @@ fn heartbeat_at(db: &TestDb, node: i64) -> Option<String> {
         #[diesel(sql_type = diesel::sql_types::Text)]
         at: String,
     }
+    let text = match db.backend() {
+        outbox::Backend::Mysql => "CHAR",
+        _ => "TEXT",
+    };
     diesel::sql_query(format!(
-        "SELECT CAST(heartbeat_at AS TEXT) AS at FROM async_node WHERE id = {node}"
+        "SELECT CAST(heartbeat_at AS {text}) AS at FROM async_node WHERE id = {node}"
     ))
     .get_result::<Beat>(&mut db.conn())
     .optional()

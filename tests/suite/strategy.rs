@@ -33,13 +33,23 @@ fn peer(db: &TestDb, strategy: &str, weight: i32, running: i64) -> i64 {
         #[diesel(sql_type = diesel::sql_types::BigInt)]
         id: i64,
     }
-    diesel::sql_query(format!(
+    let insert = format!(
         "INSERT INTO async_node (name, strategy, weight, running)
-         VALUES ('peer', '{strategy}', {weight}, {running}) RETURNING id"
-    ))
-    .get_result::<Id>(&mut db.conn())
-    .unwrap()
-    .id
+         VALUES ('peer', '{strategy}', {weight}, {running})"
+    );
+    let mut conn = db.conn();
+    if db.backend() == Backend::Mysql {
+        // No RETURNING: the id the connection's insert was given.
+        diesel::sql_query(insert).execute(&mut conn).unwrap();
+        return diesel::sql_query("SELECT CAST(LAST_INSERT_ID() AS SIGNED) AS id")
+            .get_result::<Id>(&mut conn)
+            .unwrap()
+            .id;
+    }
+    diesel::sql_query(format!("{insert} RETURNING id"))
+        .get_result::<Id>(&mut conn)
+        .unwrap()
+        .id
 }
 
 /// `n` ledger tasks (`tag-i`), of `tenant` if given.
