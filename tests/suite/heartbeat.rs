@@ -17,7 +17,6 @@ fn heartbeat_at(db: &TestDb, node: i64) -> Option<String> {
         #[diesel(sql_type = diesel::sql_types::Text)]
         at: String,
     }
-    // MySQL casts to CHAR, not to a type named TEXT.
     let text = match db.backend() {
         outbox::Backend::Mysql => "CHAR",
         _ => "TEXT",

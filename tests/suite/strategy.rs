@@ -6,7 +6,6 @@
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use diesel::connection::SimpleConnection;
 use diesel::prelude::*;
 use outbox::{
     enqueue_batch, set_tenant, Backend, ClaimStyle, Error, HandlerResult, NewTask, Registry,
@@ -39,9 +38,9 @@ fn peer(db: &TestDb, strategy: &str, weight: i32, running: i64) -> i64 {
          VALUES ('peer', '{strategy}', {weight}, {running})"
     );
     let mut conn = db.conn();
-    if db.backend() == outbox::Backend::Mysql {
-        // No RETURNING on MySQL: the id of this connection's last insert.
-        conn.batch_execute(&insert).unwrap();
+    if db.backend() == Backend::Mysql {
+        // No RETURNING: the id the connection's insert was given.
+        diesel::sql_query(insert).execute(&mut conn).unwrap();
         return diesel::sql_query("SELECT CAST(LAST_INSERT_ID() AS SIGNED) AS id")
             .get_result::<Id>(&mut conn)
             .unwrap()

@@ -95,11 +95,15 @@ fn server_url(variable: &str, script: &str) -> String {
                 return url.trim().to_owned();
             }
         }
-        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts").join(script);
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("scripts")
+            .join(script);
         let script = if path.exists() {
             path
         } else {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts").join(script)
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../scripts")
+                .join(script)
         };
         let out = Command::new("bash")
             .arg(&script)
@@ -225,7 +229,13 @@ impl TestDb {
             #[diesel(sql_type = BigInt)]
             n: i64,
         }
-        let row: N = diesel::sql_query(format!("SELECT ({sql}) AS n"))
+        // As a 64-bit integer on every backend, whatever the column's type (MySQL's CAST
+        // names it SIGNED).
+        let select = match self.backend() {
+            Backend::Mysql => format!("SELECT CAST(({sql}) AS SIGNED) AS n"),
+            _ => format!("SELECT CAST(({sql}) AS BIGINT) AS n"),
+        };
+        let row: N = diesel::sql_query(select)
             .get_result(&mut self.conn())
             .unwrap_or_else(|e| panic!("{sql}: {e}"));
         row.n
