@@ -126,7 +126,7 @@ both_backends! {
             other => panic!("{:?}", other.map(|_| "a worker")),
         }
         let applied = db.count("SELECT count(*) FROM __diesel_schema_migrations");
-        assert!(applied >= 3, "{applied} migrations applied");
+        assert!(applied >= 1, "{applied} migrations applied");
         db.exec("DELETE FROM __diesel_schema_migrations");
         assert!(matches!(
             Worker::new(&db.url, registry, small_config()),

@@ -304,7 +304,9 @@ fn terminated_pool_connections_are_replaced() {
     assert_eq!(db.ledger_rows(id), 1);
 }
 
-both_backends! {
+// Not on MySQL: InnoDB checks every constraint at the statement (no deferred constraints),
+// so nothing a handler can write makes its COMMIT fail there.
+sqlite_and_postgres! {
     fn a_transaction_that_fails_at_commit_is_the_tasks_failure(db: &TestDb) {
         // A deferred foreign key is checked at COMMIT, after the handler returned Ok.
         db.exec("CREATE TABLE test_parent (id BIGINT PRIMARY KEY)");

@@ -18,7 +18,8 @@ fn heartbeat_at(db: &TestDb, node: i64) -> Option<String> {
         at: String,
     }
     diesel::sql_query(format!(
-        "SELECT CAST(heartbeat_at AS TEXT) AS at FROM async_node WHERE id = {node}"
+        "SELECT {} AS at FROM async_node WHERE id = {node}",
+        db.text_sql("heartbeat_at")
     ))
     .get_result::<Beat>(&mut db.conn())
     .optional()

@@ -28,18 +28,10 @@ fn config(strategy: Strategy) -> WorkerConfig {
 
 /// Another live node: a row of `async_node` as its heartbeat leaves it. Returns its id.
 fn peer(db: &TestDb, strategy: &str, weight: i32, running: i64) -> i64 {
-    #[derive(QueryableByName)]
-    struct Id {
-        #[diesel(sql_type = diesel::sql_types::BigInt)]
-        id: i64,
-    }
-    diesel::sql_query(format!(
+    db.insert_id(&format!(
         "INSERT INTO async_node (name, strategy, weight, running)
-         VALUES ('peer', '{strategy}', {weight}, {running}) RETURNING id"
+         VALUES ('peer', '{strategy}', {weight}, {running})"
     ))
-    .get_result::<Id>(&mut db.conn())
-    .unwrap()
-    .id
 }
 
 /// `n` ledger tasks (`tag-i`), of `tenant` if given.

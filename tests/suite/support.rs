@@ -95,11 +95,15 @@ fn server_url(variable: &str, script: &str) -> String {
                 return url.trim().to_owned();
             }
         }
-        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts").join(script);
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("scripts")
+            .join(script);
         let script = if path.exists() {
             path
         } else {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts").join(script)
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../scripts")
+                .join(script)
         };
         let out = Command::new("bash")
             .arg(&script)
@@ -276,6 +280,46 @@ impl TestDb {
             ),
             Backend::Mysql => format!("(UTC_TIMESTAMP(3) - INTERVAL {} MICROSECOND)", ms * 1000),
         }
+    }
+
+    /// `expr` as a 64-bit integer (`CAST(… AS BIGINT)`; MySQL has no BIGINT cast: `SIGNED`).
+    pub fn bigint_sql(&self, expr: &str) -> String {
+        match self.backend() {
+            Backend::Postgres | Backend::Sqlite => format!("CAST({expr} AS BIGINT)"),
+            Backend::Mysql => format!("CAST({expr} AS SIGNED)"),
+        }
+    }
+
+    /// `expr` as text (`CAST(… AS TEXT)`; MySQL: `CHAR`).
+    pub fn text_sql(&self, expr: &str) -> String {
+        match self.backend() {
+            Backend::Postgres | Backend::Sqlite => format!("CAST({expr} AS TEXT)"),
+            Backend::Mysql => format!("CAST({expr} AS CHAR)"),
+        }
+    }
+
+    /// Runs `insert` (one row into a table with an `id` key) and returns the new row's id:
+    /// `RETURNING id` where the backend has it for any statement, MySQL's `LAST_INSERT_ID()`
+    /// on the same connection otherwise (MariaDB's `RETURNING` is not readable through a
+    /// prepared statement).
+    pub fn insert_id(&self, insert: &str) -> i64 {
+        #[derive(QueryableByName)]
+        struct Id {
+            #[diesel(sql_type = BigInt)]
+            id: i64,
+        }
+        let mut conn = self.conn();
+        let row: Id = match self.backend() {
+            Backend::Postgres | Backend::Sqlite => {
+                diesel::sql_query(format!("{insert} RETURNING id")).get_result(&mut conn)
+            }
+            Backend::Mysql => conn.batch_execute(insert).and_then(|()| {
+                diesel::sql_query("SELECT CAST(LAST_INSERT_ID() AS SIGNED) AS id")
+                    .get_result(&mut conn)
+            }),
+        }
+        .unwrap_or_else(|e| panic!("{insert}: {e}"));
+        row.id
     }
 
     /// Ledger rows written for a task.
