@@ -298,6 +298,14 @@ impl TestDb {
         }
     }
 
+    /// The text at `key` of the JSON in `column` (`column ->> 'key'`; MariaDB has no `->>`).
+    pub fn json_text_sql(&self, column: &str, key: &str) -> String {
+        match self.backend() {
+            Backend::Postgres | Backend::Sqlite => format!("{column} ->> '{key}'"),
+            Backend::Mysql => format!("JSON_UNQUOTE(JSON_EXTRACT({column}, '$.{key}'))"),
+        }
+    }
+
     /// Runs `insert` (one row into a table with an `id` key) and returns the new row's id:
     /// `RETURNING id` where the backend has it for any statement, MySQL's `LAST_INSERT_ID()`
     /// on the same connection otherwise (MariaDB's `RETURNING` is not readable through a
