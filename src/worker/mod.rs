@@ -166,7 +166,7 @@ impl Worker {
         // The claiming thread runs queued tasks while it waits for room, as one more
         // executor, on PostgreSQL. On SQLite, whose writers take turns on one lock, a second
         // thread running tasks would mostly wait for the first.
-        let caller_helps = url.backend() == crate::Backend::Postgres;
+        let caller_helps = url.backend() != crate::Backend::Sqlite;
         let dispatcher = Dispatcher::new(
             settings.threads,
             settings.queue,

@@ -304,8 +304,8 @@ fn terminated_pool_connections_are_replaced() {
     assert_eq!(db.ledger_rows(id), 1);
 }
 
-// Not on MySQL: InnoDB checks every constraint at the statement (no deferred constraints),
-// so nothing a handler can write makes its COMMIT fail there.
+// MySQL checks every constraint at its statement (InnoDB has no deferred constraints), so
+// nothing a handler writes can make the commit itself fail there.
 sqlite_and_postgres! {
     fn a_transaction_that_fails_at_commit_is_the_tasks_failure(db: &TestDb) {
         // A deferred foreign key is checked at COMMIT, after the handler returned Ok.

@@ -17,9 +17,12 @@ fn heartbeat_at(db: &TestDb, node: i64) -> Option<String> {
         #[diesel(sql_type = diesel::sql_types::Text)]
         at: String,
     }
+    let text = match db.backend() {
+        outbox::Backend::Mysql => "CHAR",
+        _ => "TEXT",
+    };
     diesel::sql_query(format!(
-        "SELECT {} AS at FROM async_node WHERE id = {node}",
-        db.text_sql("heartbeat_at")
+        "SELECT CAST(heartbeat_at AS {text}) AS at FROM async_node WHERE id = {node}"
     ))
     .get_result::<Beat>(&mut db.conn())
     .optional()

@@ -28,10 +28,28 @@ fn config(strategy: Strategy) -> WorkerConfig {
 
 /// Another live node: a row of `async_node` as its heartbeat leaves it. Returns its id.
 fn peer(db: &TestDb, strategy: &str, weight: i32, running: i64) -> i64 {
-    db.insert_id(&format!(
+    #[derive(QueryableByName)]
+    struct Id {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        id: i64,
+    }
+    let insert = format!(
         "INSERT INTO async_node (name, strategy, weight, running)
          VALUES ('peer', '{strategy}', {weight}, {running})"
-    ))
+    );
+    let mut conn = db.conn();
+    if db.backend() == Backend::Mysql {
+        // No RETURNING: the id the connection's insert was given.
+        diesel::sql_query(insert).execute(&mut conn).unwrap();
+        return diesel::sql_query("SELECT CAST(LAST_INSERT_ID() AS SIGNED) AS id")
+            .get_result::<Id>(&mut conn)
+            .unwrap()
+            .id;
+    }
+    diesel::sql_query(format!("{insert} RETURNING id"))
+        .get_result::<Id>(&mut conn)
+        .unwrap()
+        .id
 }
 
 /// `n` ledger tasks (`tag-i`), of `tenant` if given.

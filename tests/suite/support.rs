@@ -229,7 +229,13 @@ impl TestDb {
             #[diesel(sql_type = BigInt)]
             n: i64,
         }
-        let row: N = diesel::sql_query(format!("SELECT ({sql}) AS n"))
+        // As a 64-bit integer on every backend, whatever the column's type (MySQL's CAST
+        // names it SIGNED).
+        let select = match self.backend() {
+            Backend::Mysql => format!("SELECT CAST(({sql}) AS SIGNED) AS n"),
+            _ => format!("SELECT CAST(({sql}) AS BIGINT) AS n"),
+        };
+        let row: N = diesel::sql_query(select)
             .get_result(&mut self.conn())
             .unwrap_or_else(|e| panic!("{sql}: {e}"));
         row.n
@@ -282,52 +288,12 @@ impl TestDb {
         }
     }
 
-    /// `expr` as a 64-bit integer (`CAST(… AS BIGINT)`; MySQL has no BIGINT cast: `SIGNED`).
-    pub fn bigint_sql(&self, expr: &str) -> String {
-        match self.backend() {
-            Backend::Postgres | Backend::Sqlite => format!("CAST({expr} AS BIGINT)"),
-            Backend::Mysql => format!("CAST({expr} AS SIGNED)"),
-        }
-    }
-
-    /// `expr` as text (`CAST(… AS TEXT)`; MySQL: `CHAR`).
-    pub fn text_sql(&self, expr: &str) -> String {
-        match self.backend() {
-            Backend::Postgres | Backend::Sqlite => format!("CAST({expr} AS TEXT)"),
-            Backend::Mysql => format!("CAST({expr} AS CHAR)"),
-        }
-    }
-
     /// The text at `key` of the JSON in `column` (`column ->> 'key'`; MariaDB has no `->>`).
     pub fn json_text_sql(&self, column: &str, key: &str) -> String {
         match self.backend() {
             Backend::Postgres | Backend::Sqlite => format!("{column} ->> '{key}'"),
             Backend::Mysql => format!("JSON_UNQUOTE(JSON_EXTRACT({column}, '$.{key}'))"),
         }
-    }
-
-    /// Runs `insert` (one row into a table with an `id` key) and returns the new row's id:
-    /// `RETURNING id` where the backend has it for any statement, MySQL's `LAST_INSERT_ID()`
-    /// on the same connection otherwise (MariaDB's `RETURNING` is not readable through a
-    /// prepared statement).
-    pub fn insert_id(&self, insert: &str) -> i64 {
-        #[derive(QueryableByName)]
-        struct Id {
-            #[diesel(sql_type = BigInt)]
-            id: i64,
-        }
-        let mut conn = self.conn();
-        let row: Id = match self.backend() {
-            Backend::Postgres | Backend::Sqlite => {
-                diesel::sql_query(format!("{insert} RETURNING id")).get_result(&mut conn)
-            }
-            Backend::Mysql => conn.batch_execute(insert).and_then(|()| {
-                diesel::sql_query("SELECT CAST(LAST_INSERT_ID() AS SIGNED) AS id")
-                    .get_result(&mut conn)
-            }),
-        }
-        .unwrap_or_else(|e| panic!("{insert}: {e}"));
-        row.id
     }
 
     /// Ledger rows written for a task.

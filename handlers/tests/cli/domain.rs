@@ -83,10 +83,7 @@ fn audits(db: &TestDb, action: &str) -> i64 {
 fn snapshot(db: &TestDb) -> [i64; 4] {
     [
         db.count("SELECT count(*) FROM async_domain"),
-        db.count(&format!(
-            "SELECT {} FROM async_domain",
-            db.bigint_sql("coalesce(sum(version), 0)")
-        )),
+        db.count("SELECT coalesce(sum(version), 0) FROM async_domain"),
         db.count("SELECT count(*) FROM async_pause"),
         db.count("SELECT count(*) FROM async_audit"),
     ]

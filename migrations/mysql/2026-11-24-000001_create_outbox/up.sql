@@ -1,6 +1,9 @@
 -- The whole schema on MySQL 8 / MariaDB 10.6+, equal in what it stores and refuses to the
 -- PostgreSQL and SQLite trees' twelve migrations (this tree starts where they end).
 --
+-- Statements run in the session the engine sets up (`outbox migrate`): standard SQL strings
+-- (NO_BACKSLASH_ESCAPES: '\u0000' below is six characters), `||` concatenation.
+--
 -- Times are DATETIME(3) in UTC: every column default and every statement of the engine uses
 -- UTC_TIMESTAMP(3), the server's clock, whatever a session's time_zone. Text is utf8mb4 with
 -- the binary collation, so that keys compare byte for byte as on the other backends. Lengths
@@ -70,7 +73,7 @@ CREATE TABLE IF NOT EXISTS async_task (
     -- The rules of the Rust API, so that a producer's plain INSERT is held to them (README,
     -- "Enqueue from another language").
     CONSTRAINT async_task_keyword_check CHECK (
-        keyword REGEXP BINARY '^[a-z0-9._:-]{1,64}$'),
+        keyword REGEXP BINARY '^[a-z0-9._:-]{1,64}\z'),
     CONSTRAINT async_task_biz_id_check CHECK (
         OCTET_LENGTH(biz_id) BETWEEN 1 AND 128 AND LOCATE(CHAR(0), biz_id) = 0),
     CONSTRAINT async_task_biz_data_check CHECK (
@@ -79,8 +82,8 @@ CREATE TABLE IF NOT EXISTS async_task (
         -- \u0000 as an escape: preceded by an odd run of backslashes, so one is left once
         -- every escaped backslash pair is removed (PostgreSQL's jsonb refuses it; the same
         -- payload must work on every backend).
-        AND (LOCATE('\\u0000', biz_data) = 0
-             OR LOCATE('\\u0000', REPLACE(biz_data, '\\\\', '')) = 0)),
+        AND (LOCATE('\u0000', biz_data) = 0
+             OR LOCATE('\u0000', REPLACE(biz_data, '\\', '')) = 0)),
     CONSTRAINT async_task_tenant_check CHECK (tenant IS NULL OR (
         OCTET_LENGTH(tenant) BETWEEN 1 AND 128 AND LOCATE(CHAR(0), tenant) = 0)),
     CONSTRAINT async_task_state_check
@@ -145,7 +148,7 @@ CREATE TABLE IF NOT EXISTS async_domain (
     version    BIGINT       NOT NULL DEFAULT 1,
     updated_at DATETIME(3)  NOT NULL DEFAULT (UTC_TIMESTAMP(3)),
     updated_by VARCHAR(255) NOT NULL DEFAULT '',
-    CONSTRAINT async_domain_name_check CHECK (name REGEXP BINARY '^[a-z0-9._:-]{1,64}$'),
+    CONSTRAINT async_domain_name_check CHECK (name REGEXP BINARY '^[a-z0-9._:-]{1,64}\z'),
     CONSTRAINT async_domain_mode_check CHECK (mode IS NULL OR mode IN ('max', 'reserved')),
     CONSTRAINT async_domain_threads_check CHECK (threads IS NULL OR threads >= 0),
     CONSTRAINT async_domain_queue_check CHECK (queue IS NULL OR queue >= 0),
@@ -167,7 +170,7 @@ CREATE TABLE IF NOT EXISTS async_schedule (
     last_tick  DATETIME(3),
     updated_at DATETIME(3)  NOT NULL DEFAULT (UTC_TIMESTAMP(3)),
     updated_by VARCHAR(255) NOT NULL DEFAULT '',
-    CONSTRAINT async_schedule_keyword_check CHECK (keyword REGEXP BINARY '^[a-z0-9._:-]{1,64}$'),
+    CONSTRAINT async_schedule_keyword_check CHECK (keyword REGEXP BINARY '^[a-z0-9._:-]{1,64}\z'),
     CONSTRAINT async_schedule_expression_check CHECK (OCTET_LENGTH(expression) BETWEEN 1 AND 256)
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
 

@@ -47,13 +47,15 @@ const MIGRATION_LOCK_WAIT_S: u32 = 300;
 
 impl Driver for MysqlConnection {
     /// UTC as the session's time zone (every time is the server's UTC clock), `utf8mb4`,
-    /// strict SQL mode (a value out of range is an error, never truncated), and READ
+    /// strict SQL mode (a value out of range is an error, never truncated), standard SQL
+    /// strings (`||` concatenates, `"` quotes names, a backslash is an ordinary character),
+    /// and READ
     /// COMMITTED: a claim's or rescue's re-check reads the latest committed rows, as on
     /// PostgreSQL, and InnoDB takes no gap locks on the claim index.
     fn connection_configure(&mut self) -> QueryResult<()> {
         self.batch_execute(
             "SET time_zone = '+00:00', NAMES utf8mb4 COLLATE utf8mb4_bin, \
-             sql_mode = 'STRICT_ALL_TABLES,NO_ZERO_DATE,NO_ZERO_IN_DATE,ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION,PIPES_AS_CONCAT,ANSI_QUOTES'; \
+             sql_mode = 'STRICT_ALL_TABLES,NO_ZERO_DATE,NO_ZERO_IN_DATE,ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION,PIPES_AS_CONCAT,ANSI_QUOTES,NO_BACKSLASH_ESCAPES'; \
              SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
         )
     }
