@@ -3,6 +3,7 @@
 #
 #   scripts/mysql.sh start [--durable]   print the server's URL (only thing on stdout)
 #   scripts/mysql.sh stop                stop the server and delete its files
+#   scripts/mysql.sh restart [fast|immediate]  restart on the same port and data dir
 #   scripts/mysql.sh url                 print the URL if running, else exit 1
 #   scripts/mysql.sh ensure-client       install the MySQL client library headers if missing
 #
@@ -15,6 +16,11 @@
 # Without --durable the server trades crash safety for speed as the PostgreSQL test cluster
 # does: InnoDB writes its log at each commit but does not flush it (a killed server keeps
 # every commit; an OS crash may lose the last second), and the binary log is off.
+#
+# `restart fast` shuts the server down cleanly (SIGTERM: it finishes and flushes, clients are
+# disconnected); `restart immediate` kills it (SIGKILL: a crash, InnoDB recovers from its log
+# at the next start). Either way it starts again on the same port, data dir and settings, and
+# the command returns once it accepts connections (after crash recovery).
 set -euo pipefail
 
 readonly MY_USER=outbox
@@ -26,7 +32,7 @@ die() {
     exit 1
 }
 usage() {
-    sed -n '4,8s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2
+    sed -n '4,9s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2
     exit 2
 }
 
@@ -41,6 +47,7 @@ readonly log_file=$state_dir/mysqld.log
 readonly pid_file=$state_dir/mysqld.pid
 readonly port_file=$state_dir/port
 readonly marker_file=$state_dir/.outbox-mysql
+readonly flush_file=$state_dir/flush
 
 is_root() { [[ $(id -u) -eq 0 ]]; }
 
@@ -137,6 +144,28 @@ lock_state() {
     flock -w 120 9 || die "timed out waiting for the lock on $state_dir"
 }
 
+# Starts mariadbd on port $1 (innodb_flush_log_at_trx_commit $2) on the data dir as it is,
+# and waits until it accepts connections (crash recovery included) or gives up.
+launch() {
+    local port=$1 flush=$2 i since
+    # Only this start's lines of the log count (a restart appends to it).
+    since=$(($(stat -c %s "$log_file" 2>/dev/null || echo 0) + 1))
+    # setsid: the server outlives this script (and a test run's process group).
+    run_as setsid mariadbd --no-defaults --datadir="$data_dir" --socket="$sock" \
+        --port="$port" --bind-address=127.0.0.1 --pid-file="$pid_file" \
+        --log-error="$log_file" --skip-name-resolve --max-connections=400 \
+        --innodb-buffer-pool-size=256M --innodb-flush-log-at-trx-commit=$flush \
+        --character-set-server=utf8mb4 --collation-server=utf8mb4_bin \
+        --default-time-zone=+00:00 --skip-log-bin </dev/null >/dev/null 2>&1 9>&- &
+    for ((i = 0; i < 120; i++)); do
+        accepting && break
+        if tail -c +"$since" "$log_file" | grep -qi 'address already in use\|do you already have another'; then
+            break
+        fi
+        sleep 0.5
+    done
+}
+
 cmd_start() {
     local durable=
     while (($#)); do
@@ -172,23 +201,13 @@ cmd_start() {
         fail_with_log "mariadb-install-db failed"
     local flush=2
     [[ -z $durable ]] || flush=1
-    local attempt i
+    printf '%s\n' "$flush" >"$flush_file"
+    local attempt
     for ((attempt = 1; attempt <= 5; attempt++)); do
         port=$(pick_port) || die "no free port in 40001-60000 after 50 tries"
         printf '%s\n' "$port" >"$port_file"
         log "starting mariadbd on 127.0.0.1:$port"
-        # setsid: the server outlives this script (and a test run's process group).
-        run_as setsid mariadbd --no-defaults --datadir="$data_dir" --socket="$sock" \
-            --port="$port" --bind-address=127.0.0.1 --pid-file="$pid_file" \
-            --log-error="$log_file" --skip-name-resolve --max-connections=400 \
-            --innodb-buffer-pool-size=256M --innodb-flush-log-at-trx-commit=$flush \
-            --character-set-server=utf8mb4 --collation-server=utf8mb4_bin \
-            --default-time-zone=+00:00 --skip-log-bin </dev/null >/dev/null 2>&1 9>&- &
-        for ((i = 0; i < 120; i++)); do
-            accepting && break
-            if grep -qi 'address already in use\|do you already have another' "$log_file"; then break; fi
-            sleep 0.5
-        done
+        launch "$port" "$flush"
         if accepting; then
             client -e "CREATE USER IF NOT EXISTS '$MY_USER'@'127.0.0.1';
                        CREATE USER IF NOT EXISTS '$MY_USER'@'localhost';
@@ -230,6 +249,34 @@ cmd_stop() {
     log "removed $state_dir"
 }
 
+cmd_restart() {
+    local how=${1:-fast} signal
+    case $how in
+    fast) signal=TERM ;;
+    immediate) signal=KILL ;;
+    *) usage ;;
+    esac
+    [[ -f $marker_file ]] || die "no server to restart ($state_dir was not created by mysql.sh start)"
+    pick_user
+    lock_state
+    local port pid flush=2 i
+    port=$(recorded_port) || die "no port recorded in $state_dir: start the server first"
+    [[ ! -r $flush_file ]] || flush=$(<"$flush_file")
+    pid=$(server_pid) || die "the server in $state_dir is not running: start it first"
+    log "restart $how: SIG$signal to mariadbd ($pid)"
+    kill -"$signal" "$pid" 2>/dev/null || true
+    for ((i = 0; i < 240; i++)); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.25
+    done
+    kill -0 "$pid" 2>/dev/null && die "mariadbd ($pid) did not exit within 60 s of SIG$signal"
+    rm -f "$sock" "$pid_file"
+    log "starting mariadbd again on 127.0.0.1:$port"
+    launch "$port" "$flush"
+    accepting || fail_with_log "mariadbd did not start again on port $port"
+    url_for "$port"
+}
+
 cmd_url() {
     local port
     [[ -f $marker_file ]] || exit 1
@@ -246,6 +293,7 @@ main() {
     case $cmd in
     start) cmd_start "$@" ;;
     stop) cmd_stop ;;
+    restart) cmd_restart "$@" ;;
     url) cmd_url ;;
     ensure-client) ensure_client ;;
     *) usage ;;

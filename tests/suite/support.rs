@@ -288,6 +288,14 @@ impl TestDb {
         }
     }
 
+    /// The text at `key` of the JSON in `column` (`column ->> 'key'`; MariaDB has no `->>`).
+    pub fn json_text_sql(&self, column: &str, key: &str) -> String {
+        match self.backend() {
+            Backend::Postgres | Backend::Sqlite => format!("{column} ->> '{key}'"),
+            Backend::Mysql => format!("JSON_UNQUOTE(JSON_EXTRACT({column}, '$.{key}'))"),
+        }
+    }
+
     /// Ledger rows written for a task.
     pub fn ledger_rows(&self, task_id: i64) -> i64 {
         self.count(&format!(

@@ -37,8 +37,18 @@ fn chains(chains: usize, sleep_ms: u64) -> Vec<NewTask> {
 
 #[test]
 fn chains_of_three_with_kills() {
-    let sc = Scenario::start("chains_of_three_with_kills", "postgres");
-    let (test_db, db) = fault_db(Backend::Postgres);
+    chains_with_kills(Backend::Postgres);
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn chains_of_three_with_kills_mysql() {
+    chains_with_kills(Backend::Mysql);
+}
+
+fn chains_with_kills(backend: Backend) {
+    let sc = Scenario::start("chains_of_three_with_kills", backend.name());
+    let (test_db, db) = fault_db(backend);
     let url = test_db.url_text.clone();
     let count = 1_000;
     let sleep_ms = by_profile(10, 20);

@@ -1,59 +1,90 @@
-//! A dedicated PostgreSQL cluster, for the scenarios that restart the server.
+//! A dedicated server (a PostgreSQL cluster, or a MariaDB server for MySQL), for the
+//! scenarios that restart the server.
 
 use std::fs::File;
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
+use outbox::Backend;
 use tempfile::TempDir;
 
 use crate::db::Db;
 use crate::scenario::{tail, Scenario};
 use crate::{COMMAND_LIMIT, POLL};
 
-const PG_SH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/pg.sh");
+const SCRIPTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts");
 
-/// A throwaway cluster of its own (`OUTBOX_PG_DIR=<tempdir> scripts/pg.sh start`), stopped
-/// when dropped, also on a panic.
+/// A throwaway server of its own (`OUTBOX_PG_DIR=<tempdir> scripts/pg.sh start`, or
+/// `OUTBOX_MYSQL_DIR=<tempdir> scripts/mysql.sh start`), stopped when dropped, also on a
+/// panic.
 pub struct Cluster {
     dir: TempDir,
+    backend: Backend,
     server_url: String,
 }
 
 impl Cluster {
-    pub fn start(sc: &Scenario) -> Cluster {
+    pub fn start(sc: &Scenario, backend: Backend) -> Cluster {
         let dir = tempfile::Builder::new()
-            .prefix("outbox-fault-pg-")
+            .prefix(&format!("outbox-fault-{}-", backend.name()))
             .tempdir()
             .expect("cluster temp dir");
         let mut cluster = Cluster {
             dir,
+            backend,
             server_url: String::new(),
         };
-        cluster.server_url = cluster.pg_sh(sc, &["start"]).trim().to_owned();
+        cluster.server_url = cluster.script(sc, &["start"]).trim().to_owned();
         assert!(
-            cluster.server_url.starts_with("postgres://"),
-            "pg.sh start printed {:?}",
+            cluster
+                .server_url
+                .starts_with(&format!("{}://", backend.name())),
+            "{} start printed {:?}",
+            cluster.script_name(),
             cluster.server_url
         );
         cluster
     }
 
-    /// Runs `scripts/pg.sh ARGS` on this cluster, within [`COMMAND_LIMIT`]; returns stdout.
-    pub fn pg_sh(&self, sc: &Scenario, args: &[&str]) -> String {
-        let label = format!("pg.sh-{}", args.join("-"));
+    /// `pg.sh` or `mysql.sh`.
+    fn script_name(&self) -> &'static str {
+        match self.backend {
+            Backend::Postgres => "pg.sh",
+            Backend::Mysql => "mysql.sh",
+            Backend::Sqlite => unreachable!("no server for SQLite"),
+        }
+    }
+
+    /// The command `scripts/pg.sh` (or `mysql.sh`) on this server's state dir.
+    fn command(&self) -> Command {
+        let variable = match self.backend {
+            Backend::Mysql => "OUTBOX_MYSQL_DIR",
+            _ => "OUTBOX_PG_DIR",
+        };
+        let mut command = Command::new("bash");
+        command
+            .arg(format!("{SCRIPTS}/{}", self.script_name()))
+            .env(variable, self.dir.path())
+            .stdin(Stdio::null());
+        command
+    }
+
+    /// Runs `scripts/pg.sh ARGS` (or `mysql.sh`) on this server, within [`COMMAND_LIMIT`];
+    /// returns stdout.
+    pub fn script(&self, sc: &Scenario, args: &[&str]) -> String {
+        let script = self.script_name();
+        let label = format!("{script}-{}", args.join("-"));
         let n = sc.logs.borrow().len();
         let stdout = sc.path(&format!("{n:03}-{label}.out"));
         let stderr = sc.path(&format!("{n:03}-{label}.log"));
         sc.logs.borrow_mut().push(stderr.clone());
-        let mut child = Command::new("bash")
-            .arg(PG_SH)
+        let mut child = self
+            .command()
             .args(args)
-            .env("OUTBOX_PG_DIR", self.dir.path())
-            .stdin(Stdio::null())
             .stdout(File::create(&stdout).expect("stdout file"))
             .stderr(File::create(&stderr).expect("stderr file"))
             .spawn()
-            .expect("start pg.sh");
+            .unwrap_or_else(|e| panic!("cannot run {script}: {e}"));
         let deadline = Instant::now() + COMMAND_LIMIT;
         let status = loop {
             if let Some(status) = child.try_wait().expect("try_wait") {
@@ -62,19 +93,19 @@ impl Cluster {
             if Instant::now() >= deadline {
                 let _ = child.kill();
                 let _ = child.wait();
-                panic!("pg.sh {args:?} did not finish within {COMMAND_LIMIT:?}");
+                panic!("{script} {args:?} did not finish within {COMMAND_LIMIT:?}");
             }
             std::thread::sleep(POLL);
         };
         assert!(
             status.success(),
-            "pg.sh {args:?} failed ({status})\n{}",
+            "{script} {args:?} failed ({status})\n{}",
             tail(&stderr, 30)
         );
         std::fs::read_to_string(&stdout).unwrap_or_default()
     }
 
-    /// Creates a database on this cluster and returns its URL.
+    /// Creates a database on this server and returns its URL.
     pub fn create_database(&self, name: &str) -> String {
         let admin = Db::new(&self.server_url);
         admin.exec(&format!("CREATE DATABASE {name}"));
@@ -85,20 +116,15 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        let out = Command::new("bash")
-            .arg(PG_SH)
-            .arg("stop")
-            .env("OUTBOX_PG_DIR", self.dir.path())
-            .stdin(Stdio::null())
-            .output();
-        match out {
+        let script = self.script_name();
+        match self.command().arg("stop").output() {
             Ok(out) if out.status.success() => {}
             Ok(out) => eprintln!(
-                "pg.sh stop failed ({}): {}",
+                "{script} stop failed ({}): {}",
                 out.status,
                 String::from_utf8_lossy(&out.stderr)
             ),
-            Err(e) => eprintln!("cannot run pg.sh stop: {e}"),
+            Err(e) => eprintln!("cannot run {script} stop: {e}"),
         }
     }
 }

@@ -4,7 +4,10 @@ use std::time::Duration;
 
 use outbox::Backend;
 
-use crate::db::{done_since, fault_db, ledger_and_external, pg_clock_ms, wait_until_finished};
+use crate::db::{
+    clock_ms, done_since, fault_db, ledger_and_external, terminate_other_sessions,
+    wait_until_finished,
+};
 use crate::invariants::check_and_publish;
 use crate::logs::{log_lines, summaries, OUTAGE_LOG, RELEASE_LOG};
 use crate::report::{secs, Report};
@@ -13,8 +16,19 @@ use crate::{by_profile, work_limit, LEFT_AFTER_LAST_FAULT};
 
 #[test]
 fn connections_terminated_in_a_loop() {
-    let sc = Scenario::start("connections_terminated_in_a_loop", "postgres");
-    let (test_db, db) = fault_db(Backend::Postgres);
+    connections_terminated(Backend::Postgres);
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn connections_terminated_in_a_loop_mysql() {
+    connections_terminated(Backend::Mysql);
+}
+
+/// Every session of the workers ended by the server every 200 ms, `target` times.
+fn connections_terminated(backend: Backend) {
+    let sc = Scenario::start("connections_terminated_in_a_loop", backend.name());
+    let (test_db, db) = fault_db(backend);
     let tasks = 5_000;
     let sleep_ms = by_profile(15, 30);
     let target = by_profile(10, 30);
@@ -24,10 +38,6 @@ fn connections_terminated_in_a_loop() {
     let mut workers: Vec<Proc> = (1..=3)
         .map(|i| sc.spawn(&format!("worker{i}"), &test_db.url_text, &args))
         .collect();
-    // `db`'s own connection is the terminator's: the statement spares it.
-    let terminate =
-        "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) AS ok FROM pg_stat_activity
-                     WHERE datname = current_database() AND pid <> pg_backend_pid()) t WHERE ok";
     let mut terminations = 0;
     let mut backends = 0;
     while terminations < target {
@@ -39,10 +49,11 @@ fn connections_terminated_in_a_loop() {
             db.unfinished() > 0,
             "the tasks ran out after {terminations} of {target} terminations: raise sleep_ms"
         );
-        backends += db.count(terminate);
+        // `db`'s own connection is the terminator's: it is spared.
+        backends += terminate_other_sessions(&db);
         terminations += 1;
     }
-    let last_fault = pg_clock_ms(&db);
+    let last_fault = clock_ms(&db);
     let left = db.unfinished();
     assert!(
         left >= LEFT_AFTER_LAST_FAULT,

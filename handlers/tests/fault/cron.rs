@@ -57,8 +57,18 @@ fn enqueued_by(procs: &[&Proc]) -> BTreeMap<String, Vec<String>> {
 
 #[test]
 fn cron_fleet_runs_every_tick_exactly_once() {
-    let sc = Scenario::start("cron_fleet_runs_every_tick_exactly_once", "postgres");
-    let (test_db, db) = fault_db(Backend::Postgres);
+    cron_fleet(Backend::Postgres);
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn cron_fleet_runs_every_tick_exactly_once_mysql() {
+    cron_fleet(Backend::Mysql);
+}
+
+fn cron_fleet(backend: Backend) {
+    let sc = Scenario::start("cron_fleet_runs_every_tick_exactly_once", backend.name());
+    let (test_db, db) = fault_db(backend);
     let crontab = sc.path("fleet.cron");
     std::fs::write(&crontab, "# every second\n*/1 * * * * *  fault.ledger\n").expect("crontab");
     // The default dead-after: a tick is missed only when no node enqueued it within 15 s,
@@ -89,18 +99,25 @@ fn cron_fleet_runs_every_tick_exactly_once() {
     let mut drain = sc.spawn("drain", &test_db.url_text, &sc.worker_args("drain", &[]));
     drain.expect_exit_0(work_limit());
 
-    let rows: Vec<TickTask> = db.with("tick tasks", |c| {
-        diesel::sql_query(
-            "SELECT t.biz_id, t.state, n.name AS ran_by,
-                    (EXTRACT(EPOCH FROM t.created_at - (substr(t.biz_id, 6)::timestamptz)) * 1000)::bigint
-                      AS late_ms,
-                    (SELECT count(*) FROM fault_ledger l WHERE l.task_id = t.id) AS runs
-               FROM async_task t LEFT JOIN async_node n ON n.id = t.owner
-              WHERE t.keyword = 'fault.ledger'
-              ORDER BY t.biz_id",
-        )
-        .load(c)
-    });
+    // How long after its tick a task was enqueued (its biz_id is `cron:` and the tick in
+    // RFC 3339, UTC).
+    let late_ms = match backend {
+        Backend::Postgres => {
+            "(EXTRACT(EPOCH FROM t.created_at - (substr(t.biz_id, 6)::timestamptz)) * 1000)::bigint"
+        }
+        _ => {
+            "CAST(TIMESTAMPDIFF(MICROSECOND, STR_TO_DATE(substr(t.biz_id, 6), '%Y-%m-%dT%H:%i:%sZ'),
+                                t.created_at) DIV 1000 AS SIGNED)"
+        }
+    };
+    let sql = format!(
+        "SELECT t.biz_id, t.state, n.name AS ran_by, {late_ms} AS late_ms,
+                (SELECT count(*) FROM fault_ledger l WHERE l.task_id = t.id) AS runs
+           FROM async_task t LEFT JOIN async_node n ON n.id = t.owner
+          WHERE t.keyword = 'fault.ledger'
+          ORDER BY t.biz_id"
+    );
+    let rows: Vec<TickTask> = db.with("tick tasks", |c| diesel::sql_query(&sql).load(c));
     let names: BTreeMap<String, String> = workers
         .iter()
         .chain(std::iter::once(&drain))

@@ -35,16 +35,22 @@ pub struct StateCount {
 /// restart servers on purpose.
 pub struct Db {
     url: String,
+    backend: Backend,
     conn: RefCell<Option<DbConnection>>,
 }
 
 impl Db {
     pub fn new(url: &str) -> Db {
-        DatabaseUrl::parse(url).expect("database url");
+        let backend = DatabaseUrl::parse(url).expect("database url").backend();
         Db {
             url: url.to_owned(),
+            backend,
             conn: RefCell::new(None),
         }
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.backend
     }
 
     fn try_with<T>(
@@ -303,14 +309,28 @@ fn quote(text: &str) -> String {
     text.replace('\'', "''")
 }
 
-/// The database clock (PostgreSQL), in milliseconds since the epoch.
-pub fn pg_clock_ms(db: &Db) -> i64 {
-    db.count("SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)")
+/// The database clock, in milliseconds since the epoch (PostgreSQL or MySQL: the scenarios
+/// that break a server's connections or restart it).
+pub fn clock_ms(db: &Db) -> i64 {
+    match db.backend() {
+        Backend::Postgres => {
+            db.count("SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)")
+        }
+        // The session's time zone is UTC (the library sets it), so NOW(3) is the stored
+        // times' clock and UNIX_TIMESTAMP reads it back as epoch seconds.
+        Backend::Mysql => db.count("SELECT CAST(ROUND(UNIX_TIMESTAMP(NOW(3)) * 1000) AS SIGNED)"),
+        Backend::Sqlite => unreachable!("no server clock on SQLite"),
+    }
 }
 
 /// For each worker, the tasks its node finished (done) since `since_ms` by the database
-/// clock (PostgreSQL): whether it resumed work after a fault.
+/// clock ([`clock_ms`]): whether it resumed work after a fault.
 pub fn done_since(db: &Db, workers: &[Proc], since_ms: i64) -> Vec<i64> {
+    let since = match db.backend() {
+        Backend::Postgres => format!("to_timestamp({since_ms} / 1000.0)"),
+        Backend::Mysql => format!("FROM_UNIXTIME({since_ms} / 1000.0)"),
+        Backend::Sqlite => unreachable!("no server clock on SQLite"),
+    };
     workers
         .iter()
         .map(|w| {
@@ -319,8 +339,36 @@ pub fn done_since(db: &Db, workers: &[Proc], since_ms: i64) -> Vec<i64> {
                 .unwrap_or_else(|| panic!("{} has no node row", w.label));
             db.count(&format!(
                 "SELECT count(*) FROM async_task WHERE owner = {node} AND state = 'done'
-                   AND finished_at >= to_timestamp({since_ms} / 1000.0)"
+                   AND finished_at >= {since}"
             ))
         })
         .collect()
+}
+
+/// Ends every session on the database but the test's own (PostgreSQL: `pg_terminate_backend`;
+/// MySQL: `KILL CONNECTION`); returns how many it ended.
+pub fn terminate_other_sessions(db: &Db) -> i64 {
+    match db.backend() {
+        Backend::Postgres => db.count(
+            "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) AS ok FROM pg_stat_activity
+                 WHERE datname = current_database() AND pid <> pg_backend_pid()) t WHERE ok",
+        ),
+        Backend::Mysql => db.with("KILL CONNECTION of the other sessions", |c| {
+            let ids = diesel::sql_query(
+                "SELECT CAST(ID AS SIGNED) AS n FROM information_schema.PROCESSLIST
+                 WHERE DB = DATABASE() AND ID <> CONNECTION_ID()",
+            )
+            .load::<N>(c)?;
+            // A session may end by itself between the read and its KILL ("unknown thread
+            // id"): not counted.
+            Ok(ids
+                .iter()
+                .filter(|id| {
+                    c.batch_execute(&format!("KILL CONNECTION {}", id.n))
+                        .is_ok()
+                })
+                .count() as i64)
+        }),
+        Backend::Sqlite => unreachable!("no sessions to end on SQLite"),
+    }
 }

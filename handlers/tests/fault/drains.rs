@@ -12,8 +12,19 @@ use crate::{by_profile, work_limit};
 
 #[test]
 fn overlapping_drains() {
-    let sc = Scenario::start("overlapping_drains", "postgres");
-    let (test_db, db) = fault_db(Backend::Postgres);
+    overlapping(Backend::Postgres);
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn overlapping_drains_mysql() {
+    overlapping(Backend::Mysql);
+}
+
+/// Drains started about a second apart, each while the earlier ones still run.
+fn overlapping(backend: Backend) {
+    let sc = Scenario::start("overlapping_drains", backend.name());
+    let (test_db, db) = fault_db(backend);
     let tasks = by_profile(5_000, 20_000);
     let sleep_ms = by_profile(10, 30);
     let target = by_profile(5, 15);

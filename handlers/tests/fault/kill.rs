@@ -116,8 +116,20 @@ fn measure_rescues(sc: &Scenario, db: &Db, kills: &mut [Kill], violations: &mut 
 
 #[test]
 fn kill_9_during_a_run() {
-    let sc = Scenario::start("kill_9_during_a_run", "postgres");
-    let (test_db, db) = fault_db(Backend::Postgres);
+    kill_9(Backend::Postgres);
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn kill_9_during_a_run_mysql() {
+    kill_9(Backend::Mysql);
+}
+
+/// Three `run` workers, one killed (SIGKILL) every 200–400 ms while it has tasks, and
+/// replaced.
+fn kill_9(backend: Backend) {
+    let sc = Scenario::start("kill_9_during_a_run", backend.name());
+    let (test_db, db) = fault_db(backend);
     let url = test_db.url_text.clone();
     let tasks = by_profile(20_000, 60_000);
     // Lock claims run faster (one write per task): longer handlers keep work left for the

@@ -14,7 +14,7 @@
 //!   the task (see `invariants`);
 //! - `failures <= COALESCE(max_attempts, 20)`.
 //!
-//! Scenarios (PostgreSQL unless a name ends in `_sqlite`): `kill_9_during_a_run`,
+//! Scenarios (PostgreSQL unless a name ends in `_sqlite` or `_mysql`): `kill_9_during_a_run`,
 //! `connections_terminated_in_a_loop`, `postgres_restarted_mid_run_{fast,immediate}` (on a
 //! cluster of their own), `sigterm_mid_batch_*`, `poison_tasks_*` (fail, panic, abort),
 //! `poison_hang_*`, `sigterm_past_the_shutdown_timeout`, `overlapping_drains`,
@@ -22,6 +22,12 @@
 //! `cron_fleet_runs_every_tick_exactly_once`, and the claim strategies' fleets
 //! `strategy_{id_hash,weight,least_count}` (three real nodes each: the distribution, then a
 //! kill and a join).
+//!
+//! MySQL (feature `mysql`; MariaDB from scripts/mysql.sh): every scenario above but the claim
+//! strategies' fleets also runs as `NAME_mysql`, with the same assertions; the server restart
+//! is `restarted_mid_run_{fast,immediate}_mysql` on a MariaDB server of its own
+//! (`mysql.sh restart fast` is a clean shutdown, `immediate` a SIGKILL of the server). Lock
+//! claims (`OUTBOX_FAULT_CLAIM=lock`) are PostgreSQL's only.
 //!
 //! Scenarios run one at a time (they are heavy). `OUTBOX_FAULT_PROFILE=long` runs the long
 //! profile (more kills, terminations, restarts, drains, repetitions); unset or `short` is the
@@ -43,7 +49,7 @@
 mod support;
 
 // Support: the report, scenarios and their processes, the test's view of the database, the
-// invariants, what the processes logged, a PostgreSQL cluster of a scenario's own.
+// invariants, what the processes logged, a server of a scenario's own.
 mod cluster;
 mod db;
 mod invariants;

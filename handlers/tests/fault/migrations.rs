@@ -25,37 +25,51 @@ fn migration_count(backend: Backend) -> i64 {
     i64::try_from(count).expect("count")
 }
 
-/// A new empty PostgreSQL database on the test server, dropped when this is dropped.
-struct EmptyPgDatabase {
+/// A new empty database on the test server (PostgreSQL or MySQL), dropped when this is
+/// dropped.
+struct EmptyServerDatabase {
+    backend: Backend,
     name: String,
     url: String,
 }
 
-impl EmptyPgDatabase {
-    fn create(n: usize) -> EmptyPgDatabase {
-        let server = support::pg_server_url();
+/// The test server of `backend`.
+fn server_url(backend: Backend) -> &'static str {
+    match backend {
+        Backend::Postgres => support::pg_server_url(),
+        #[cfg(feature = "mysql")]
+        Backend::Mysql => support::mysql_server_url(),
+        other => unreachable!("no test server for {}", other.name()),
+    }
+}
+
+impl EmptyServerDatabase {
+    fn create(backend: Backend, n: usize) -> EmptyServerDatabase {
+        let server = server_url(backend);
         let name = format!("outbox_fault_migrate_{}_{n}", std::process::id());
         let admin = Db::new(server);
         admin.exec(&format!("DROP DATABASE IF EXISTS {name}"));
         admin.exec(&format!("CREATE DATABASE {name}"));
         let base = &server[..server.rfind('/').expect("URL path")];
-        EmptyPgDatabase {
+        EmptyServerDatabase {
+            backend,
             url: format!("{base}/{name}"),
             name,
         }
     }
 }
 
-impl Drop for EmptyPgDatabase {
+impl Drop for EmptyServerDatabase {
     fn drop(&mut self) {
-        if let Ok(mut admin) = DatabaseUrl::parse(support::pg_server_url())
+        let drop = match self.backend {
+            Backend::Postgres => format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name),
+            _ => format!("DROP DATABASE IF EXISTS {}", self.name),
+        };
+        if let Ok(mut admin) = DatabaseUrl::parse(server_url(self.backend))
             .expect("url")
             .connect()
         {
-            let _ = admin.batch_execute(&format!(
-                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-                self.name
-            ));
+            let _ = admin.batch_execute(&drop);
         }
     }
 }
@@ -66,9 +80,10 @@ fn concurrent_migrations(backend: Backend) {
     let expected = migration_count(backend);
     let mut took = Vec::new();
     for rep in 0..repetitions {
-        let pg = (backend == Backend::Postgres).then(|| EmptyPgDatabase::create(rep));
-        let url = match &pg {
-            Some(pg) => pg.url.clone(),
+        let server_db =
+            (backend != Backend::Sqlite).then(|| EmptyServerDatabase::create(backend, rep));
+        let url = match &server_db {
+            Some(server_db) => server_db.url.clone(),
             None => sc
                 .path(&format!("migrate-{rep}.db"))
                 .to_str()
@@ -124,4 +139,10 @@ fn concurrent_migrations_postgres() {
 #[test]
 fn concurrent_migrations_sqlite() {
     concurrent_migrations(Backend::Sqlite);
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn concurrent_migrations_mysql() {
+    concurrent_migrations(Backend::Mysql);
 }

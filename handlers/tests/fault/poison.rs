@@ -4,7 +4,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::time::{Duration, Instant};
 
 use diesel::prelude::*;
-use diesel::sql_types::{BigInt, Text};
+use diesel::sql_types::{Integer, Text};
 use outbox::Backend;
 
 use crate::db::{fault_db, sessions, task, wait_until, Db};
@@ -18,18 +18,18 @@ fn task_rows(db: &Db, keyword: &str) -> Vec<(String, i64, String)> {
     struct Row {
         #[diesel(sql_type = Text)]
         state: String,
-        #[diesel(sql_type = BigInt)]
-        failures: i64,
+        #[diesel(sql_type = Integer)]
+        failures: i32,
         #[diesel(sql_type = Text)]
         last_error: String,
     }
     let sql = format!(
-        "SELECT state, CAST(failures AS BIGINT) AS failures, COALESCE(last_error, '') AS last_error
+        "SELECT state, failures, COALESCE(last_error, '') AS last_error
          FROM async_task WHERE keyword = '{keyword}' ORDER BY id"
     );
     db.with(&sql, |c| diesel::sql_query(&sql).load::<Row>(c))
         .into_iter()
-        .map(|r| (r.state, r.failures, r.last_error))
+        .map(|r| (r.state, i64::from(r.failures), r.last_error))
         .collect()
 }
 
@@ -192,6 +192,12 @@ fn poison_tasks_sqlite() {
     poison_tasks(Backend::Sqlite);
 }
 
+#[cfg(feature = "mysql")]
+#[test]
+fn poison_tasks_mysql() {
+    poison_tasks(Backend::Mysql);
+}
+
 /// `fault.hang`: rescued past its deadline, twice, then dead. A handler cannot be cancelled,
 /// so a worker whose handler outlives `--task-timeout` by a heartbeat exits with status 3 (on
 /// SQLite the hung transaction holds the only write lock; on PostgreSQL a connection and the
@@ -293,6 +299,12 @@ fn poison_hang_sqlite() {
     poison_hang(Backend::Sqlite);
 }
 
+#[cfg(feature = "mysql")]
+#[test]
+fn poison_hang_mysql() {
+    poison_hang(Backend::Mysql);
+}
+
 /// Batched mode runs a chunk's handlers one after another: each handler gets
 /// `--task-timeout`, and the chunk's tasks a deadline that covers the whole chunk. Five
 /// 300 ms handlers in a chunk of five, with a 1 s timeout, are not a hang.
@@ -338,4 +350,10 @@ fn batched_handlers_are_timed_one_by_one_postgres() {
 #[test]
 fn batched_handlers_are_timed_one_by_one_sqlite() {
     batched_handlers_are_timed_one_by_one(Backend::Sqlite);
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn batched_handlers_are_timed_one_by_one_mysql() {
+    batched_handlers_are_timed_one_by_one(Backend::Mysql);
 }

@@ -1,21 +1,26 @@
-//! PostgreSQL restarted mid-run, on a cluster of its own.
+//! The server restarted mid-run, on a server of its own: PostgreSQL (`pg.sh restart fast` or
+//! `immediate`) and MySQL (`mysql.sh restart fast`, a clean shutdown, or `immediate`, a
+//! SIGKILL of the server).
 
 use std::collections::HashSet;
 use std::time::Instant;
 
+use outbox::Backend;
+
 use crate::cluster::Cluster;
-use crate::db::{
-    done_since, ledger_and_external, pg_clock_ms, wait_until, wait_until_finished, Db,
-};
+use crate::db::{clock_ms, done_since, ledger_and_external, wait_until, wait_until_finished, Db};
 use crate::invariants::check_and_publish_after_crash;
 use crate::logs::{log_lines, lost_claim_tasks, summaries, OUTAGE_LOG, RELEASE_LOG};
 use crate::report::{secs, Report};
 use crate::scenario::{stop_all, Proc, Scenario};
 use crate::{by_profile, work_limit, COMMAND_LIMIT, LEFT_AFTER_LAST_FAULT};
 
-fn postgres_restarted_mid_run(how: &'static str) {
-    let sc = Scenario::start(&format!("postgres_restarted_mid_run_{how}"), "postgres");
-    let cluster = Cluster::start(&sc);
+fn restarted_mid_run(backend: Backend, how: &'static str) {
+    let sc = Scenario::start(
+        &format!("{}_restarted_mid_run_{how}", backend.name()),
+        backend.name(),
+    );
+    let cluster = Cluster::start(&sc, backend);
     let url = cluster.create_database("fault_restart");
     sc.spawn("migrate", &url, &["migrate".to_owned()])
         .expect_exit_0(COMMAND_LIMIT);
@@ -49,13 +54,13 @@ fn postgres_restarted_mid_run(how: &'static str) {
         );
         unfinished_at_restart.push(unfinished);
         let started = Instant::now();
-        cluster.pg_sh(&sc, &["restart", how]);
+        cluster.script(&sc, &["restart", how]);
         downtime.push(started.elapsed());
         for worker in &mut workers {
             worker.assert_running("after the restart");
         }
     }
-    let last_fault = pg_clock_ms(&db);
+    let last_fault = clock_ms(&db);
     let left = db.unfinished();
     assert!(
         left >= LEFT_AFTER_LAST_FAULT,
@@ -73,7 +78,9 @@ fn postgres_restarted_mid_run(how: &'static str) {
     let released = log_lines(&all, RELEASE_LOG);
     let panics = log_lines(&all, &["panicked"]);
     let stop_time = stop_all(&mut workers);
-    // An immediate shutdown is a crash: claims whose WAL was not flushed yet are lost.
+    // An immediate shutdown is a crash: claims whose WAL was not flushed yet are lost
+    // (PostgreSQL; MariaDB's test server writes its log at each commit, so a SIGKILL of the
+    // server should lose none: the same tolerance applies, the report counts them).
     let lost_claims = match how {
         "immediate" => lost_claim_tasks(&workers.iter().collect::<Vec<_>>()),
         _ => HashSet::new(),
@@ -91,7 +98,8 @@ fn postgres_restarted_mid_run(how: &'static str) {
     report.add(
         "server restarts",
         format!(
-            "{restarts} × pg.sh restart {how} (took {}), unfinished tasks at each: {unfinished_at_restart:?}",
+            "{restarts} × {}.sh restart {how} (took {}), unfinished tasks at each: {unfinished_at_restart:?}",
+            if backend == Backend::Mysql { "mysql" } else { "pg" },
             downtime.iter().map(|d| secs(*d)).collect::<Vec<_>>().join(", ")
         ),
     );
@@ -114,7 +122,8 @@ fn postgres_restarted_mid_run(how: &'static str) {
         resumed.iter().all(|&n| n > 0),
         "a worker did no task after the last restart (done per worker: {resumed:?})"
     );
-    // README: "PostgreSQL restarts: [...] no task is charged a failure for it".
+    // README: "PostgreSQL restarts: [...] no task is charged a failure for it"; the same on
+    // MySQL.
     assert!(
         figures.charged.is_empty(),
         "tasks charged a failure by the restart: {:?}",
@@ -126,10 +135,24 @@ fn postgres_restarted_mid_run(how: &'static str) {
 
 #[test]
 fn postgres_restarted_mid_run_fast() {
-    postgres_restarted_mid_run("fast");
+    restarted_mid_run(Backend::Postgres, "fast");
 }
 
 #[test]
 fn postgres_restarted_mid_run_immediate() {
-    postgres_restarted_mid_run("immediate");
+    restarted_mid_run(Backend::Postgres, "immediate");
+}
+
+/// MariaDB shut down cleanly and started again mid-run.
+#[cfg(feature = "mysql")]
+#[test]
+fn restarted_mid_run_fast_mysql() {
+    restarted_mid_run(Backend::Mysql, "fast");
+}
+
+/// MariaDB killed (SIGKILL) and started again mid-run: crash recovery.
+#[cfg(feature = "mysql")]
+#[test]
+fn restarted_mid_run_immediate_mysql() {
+    restarted_mid_run(Backend::Mysql, "immediate");
 }

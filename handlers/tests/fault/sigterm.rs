@@ -278,6 +278,12 @@ fn sigterm_mid_batch_sqlite() {
     sigterm_mid_batch(Backend::Sqlite);
 }
 
+#[cfg(feature = "mysql")]
+#[test]
+fn sigterm_mid_batch_mysql() {
+    sigterm_mid_batch(Backend::Mysql);
+}
+
 // ---------------------------------------------------------------------------------------------
 // SIGTERM while a handler hangs: the shutdown timeout
 // ---------------------------------------------------------------------------------------------
@@ -289,8 +295,18 @@ fn sigterm_mid_batch_sqlite() {
 /// failures 0 (checked once the process's sessions are gone).
 #[test]
 fn sigterm_past_the_shutdown_timeout() {
-    let sc = Scenario::start("sigterm_past_the_shutdown_timeout", "postgres");
-    let (test_db, db) = fault_db(Backend::Postgres);
+    past_the_shutdown_timeout(Backend::Postgres);
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn sigterm_past_the_shutdown_timeout_mysql() {
+    past_the_shutdown_timeout(Backend::Mysql);
+}
+
+fn past_the_shutdown_timeout(backend: Backend) {
+    let sc = Scenario::start("sigterm_past_the_shutdown_timeout", backend.name());
+    let (test_db, db) = fault_db(backend);
     let url = test_db.url_text.clone();
     let timeout = Duration::from_secs(2);
     let mut report = Report::new();
