@@ -21,6 +21,8 @@ mod sealed {
     impl Sealed for diesel::pg::PgConnection {}
     #[cfg(feature = "sqlite")]
     impl Sealed for diesel::sqlite::SqliteConnection {}
+    #[cfg(feature = "mysql")]
+    impl Sealed for diesel::mysql::MysqlConnection {}
     impl Sealed for crate::db::DbConnection {}
 }
 
@@ -33,6 +35,13 @@ impl EnqueueConnection for diesel::pg::PgConnection {
 
 #[cfg(feature = "sqlite")]
 impl EnqueueConnection for diesel::sqlite::SqliteConnection {
+    fn driver(&mut self) -> &mut dyn Driver {
+        self
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl EnqueueConnection for diesel::mysql::MysqlConnection {
     fn driver(&mut self) -> &mut dyn Driver {
         self
     }

@@ -66,6 +66,10 @@ both_backends! {
                 "strftime('%Y-%m-%d %H:%M:%f', 'now', '+290 seconds')",
                 "strftime('%Y-%m-%d %H:%M:%f', 'now', '+310 seconds')",
             ),
+            outbox::Backend::Mysql => (
+                "UTC_TIMESTAMP(3) + INTERVAL 290 SECOND",
+                "UTC_TIMESTAMP(3) + INTERVAL 310 SECOND",
+            ),
         };
         assert_eq!(
             db.count(&format!("SELECT count(*) FROM async_task WHERE deadline_at BETWEEN {low} AND {high}")),

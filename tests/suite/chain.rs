@@ -281,6 +281,7 @@ both_backends! {
         let old = match db.backend() {
             outbox::Backend::Postgres => "now() - interval '2 hours'",
             outbox::Backend::Sqlite => "strftime('%Y-%m-%d %H:%M:%f', 'now', '-2 hours')",
+            outbox::Backend::Mysql => "UTC_TIMESTAMP(3) - INTERVAL 2 HOUR",
         };
         db.exec(&format!("UPDATE async_task SET finished_at = {old} WHERE id = {parent}"));
         let pruned = prune(&mut db.conn(), &PruneParams::new(Duration::from_secs(3600))).unwrap();

@@ -32,6 +32,11 @@ both_backends! {
                 std::fs::remove_dir_all(dir).unwrap();
                 "nable to open the database file"
             }
+            Backend::Mysql => {
+                let name = db.url_text.rsplit('/').next().unwrap();
+                db.exec(&format!("DROP DATABASE {name}"));
+                "Unknown database"
+            }
         };
         let error = match pool.get_timeout(Duration::from_secs(2)) {
             Ok(_) => panic!("a connection to a database that is gone"),

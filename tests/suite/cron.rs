@@ -33,7 +33,7 @@ fn rewind(db: &TestDb, keyword: &str, t: DateTime<Utc>) {
     let text = t.format("%Y-%m-%d %H:%M:%S%.3f").to_string();
     let value = match db.backend() {
         Backend::Postgres => format!("'{text}'::timestamp AT TIME ZONE 'UTC'"),
-        Backend::Sqlite => format!("'{text}'"),
+        Backend::Sqlite | Backend::Mysql => format!("'{text}'"),
     };
     db.exec(&format!(
         "UPDATE async_schedule SET since = {value}, last_tick = {value} WHERE keyword = '{keyword}'"
@@ -168,6 +168,12 @@ both_backends! {
             Backend::Sqlite => {
                 "CREATE TRIGGER refuse_a BEFORE INSERT ON async_task WHEN NEW.keyword = 'a.first'
                  BEGIN SELECT RAISE(ABORT, 'refused for the test'); END;"
+            }
+            Backend::Mysql => {
+                "CREATE TRIGGER refuse_a BEFORE INSERT ON async_task FOR EACH ROW
+                 BEGIN IF NEW.keyword = 'a.first' THEN
+                     SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'refused for the test';
+                 END IF; END"
             }
         });
         let error = w.schedule_once().unwrap_err();

@@ -74,6 +74,7 @@ both_backends! {
         let delay_ms = match db.backend() {
             Backend::Postgres => "round(extract(epoch FROM run_at - created_at) * 1000)",
             Backend::Sqlite => "round((julianday(run_at) - julianday(created_at)) * 86400000)",
+            Backend::Mysql => "round(TIMESTAMPDIFF(MICROSECOND, created_at, run_at) / 1000)",
         };
         let sql = format!("SELECT count(*) FROM async_task WHERE {delay_ms} = 3600000");
         assert_eq!(db.count(&sql), 500);
@@ -92,6 +93,12 @@ both_backends! {
             Backend::Sqlite => db.exec(
                 "CREATE TRIGGER refuse BEFORE INSERT ON async_task
                  WHEN NEW.biz_id = 'refused' BEGIN SELECT RAISE(ABORT, 'refused'); END",
+            ),
+            Backend::Mysql => db.exec(
+                "CREATE TRIGGER refuse BEFORE INSERT ON async_task FOR EACH ROW
+                 BEGIN IF NEW.biz_id = 'refused' THEN
+                     SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'refused';
+                 END IF; END",
             ),
         }
         for n in [1000, 200] {
@@ -149,6 +156,10 @@ both_backends! {
                 "round((julianday(run_at) - julianday(created_at)) * 86400000)",
                 "biz_data ->> 'i'",
             ),
+            Backend::Mysql => (
+                "round(TIMESTAMPDIFF(MICROSECOND, created_at, run_at) / 1000)",
+                "CAST(JSON_UNQUOTE(JSON_EXTRACT(biz_data, '$.i')) AS SIGNED)",
+            ),
         };
         for (i, result) in results.iter().enumerate() {
             let (tenant, priority, max_attempts, delay_s) = options(i);
@@ -201,6 +212,14 @@ both_backends! {
                 lite.immediate_transaction(|c| enqueue(c, &NewTask::new("k", "lite")).map(|_| ()))
                     .unwrap();
             }
+            #[cfg(feature = "mysql")]
+            Backend::Mysql => {
+                let mut my = diesel::mysql::MysqlConnection::establish(&db.url_text).unwrap();
+                my.transaction(|c| enqueue(c, &NewTask::new("k", "my")).map(|_| ()))
+                    .unwrap();
+            }
+            #[allow(unreachable_patterns)]
+            Backend::Mysql => unreachable!("a MySQL test runs only with the mysql feature"),
         }
         assert_eq!(db.count("SELECT count(*) FROM async_task"), 1);
     }

@@ -75,6 +75,9 @@ fn backdate(db: &TestDb, tag: &str, minutes: i64) {
         outbox::Backend::Sqlite => format!(
             "UPDATE async_task SET run_at = strftime('%Y-%m-%d %H:%M:%f', run_at, '-{minutes} minutes') WHERE biz_id LIKE '{tag}-%'"
         ),
+        outbox::Backend::Mysql => format!(
+            "UPDATE async_task SET run_at = run_at - INTERVAL {minutes} MINUTE WHERE biz_id LIKE '{tag}-%'"
+        ),
     };
     db.exec(&sql);
 }

@@ -45,6 +45,7 @@ both_backends! {
         let fresh = match db.backend() {
             outbox::Backend::Postgres => "heartbeat_at > now() - interval '1 minute'",
             outbox::Backend::Sqlite => "heartbeat_at > strftime('%Y-%m-%d %H:%M:%f', 'now', '-1 minutes')",
+            outbox::Backend::Mysql => "heartbeat_at > UTC_TIMESTAMP(3) - INTERVAL 1 MINUTE",
         };
         assert_eq!(
             db.count(&format!("SELECT count(*) FROM async_node WHERE id = {} AND state = 'alive' AND {fresh}", w.node_id())),

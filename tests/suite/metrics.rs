@@ -40,6 +40,7 @@ fn now_plus(db: &TestDb, secs: i64) -> String {
         outbox::Backend::Sqlite => {
             format!("strftime('%Y-%m-%d %H:%M:%f', 'now', '{secs:+} seconds')")
         }
+        outbox::Backend::Mysql => format!("UTC_TIMESTAMP(3) + INTERVAL {secs} SECOND"),
     }
 }
 

@@ -70,6 +70,7 @@ fn created_two_hours_ago(db: &TestDb, ids: &[i64]) {
     let earlier = match db.backend() {
         Backend::Postgres => "now() - interval '2 hours'",
         Backend::Sqlite => "strftime('%Y-%m-%d %H:%M:%f', 'now', '-7200 seconds')",
+        Backend::Mysql => "UTC_TIMESTAMP(3) - INTERVAL 2 HOUR",
     };
     db.exec(&format!(
         "UPDATE async_task SET created_at = {earlier}, run_at = {earlier} WHERE id IN ({list})"
@@ -277,6 +278,12 @@ both_backends! {
                 "CREATE TRIGGER refuse_audit BEFORE INSERT ON async_audit
                  WHEN NEW.actor = 'refused' BEGIN SELECT RAISE(ABORT, 'audit refused'); END;",
             ),
+            Backend::Mysql => db.exec(
+                "CREATE TRIGGER refuse_audit BEFORE INSERT ON async_audit FOR EACH ROW
+                 BEGIN IF NEW.actor = 'refused' THEN
+                     SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'audit refused';
+                 END IF; END",
+            ),
         }
         let error = ops::retry_matching(&mut conn, &filter, false, "refused").unwrap_err();
         assert!(error.to_string().contains("audit refused"), "{error}");
@@ -371,6 +378,7 @@ both_backends! {
         let stale = match db.backend() {
             Backend::Postgres => "now() - interval '2 minutes'",
             Backend::Sqlite => "strftime('%Y-%m-%d %H:%M:%f', 'now', '-120 seconds')",
+            Backend::Mysql => "UTC_TIMESTAMP(3) - INTERVAL 120 SECOND",
         };
         db.exec(&format!("INSERT INTO async_node (name, heartbeat_at) VALUES ('killed:1', {stale})"));
         // What the operator sees while the live node runs the task.

@@ -16,6 +16,7 @@ fn ago(db: &TestDb, secs: u64) -> String {
     match db.backend() {
         Backend::Postgres => format!("now() - interval '{secs} seconds'"),
         Backend::Sqlite => format!("strftime('%Y-%m-%d %H:%M:%f', 'now', '-{secs} seconds')"),
+        Backend::Mysql => format!("UTC_TIMESTAMP(3) - INTERVAL {secs} SECOND"),
     }
 }
 
@@ -176,7 +177,7 @@ both_backends! {
         assert_eq!(remaining(db).len(), 31);
         match db.backend() {
             // The finished-task index: ten, then none.
-            Backend::Postgres => assert_eq!(report.batches, 2),
+            Backend::Postgres | Backend::Mysql => assert_eq!(report.batches, 2),
             // One window of ten tasks per batch, each read once: three of dead tasks, one of
             // done tasks, one with the new task (short: the end of the table).
             Backend::Sqlite => assert_eq!(report.batches, 5),

@@ -21,6 +21,10 @@ fn start_outage(url: &DatabaseUrl) {
              CREATE TRIGGER test_outage BEFORE UPDATE ON async_task
                  FOR EACH ROW EXECUTE FUNCTION test_outage();"
         }
+        Backend::Mysql => {
+            "CREATE TRIGGER test_outage BEFORE UPDATE ON async_task FOR EACH ROW
+             SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'simulated outage'"
+        }
         Backend::Sqlite => {
             "CREATE TRIGGER test_outage BEFORE UPDATE ON async_task
              BEGIN SELECT RAISE(ABORT, 'simulated outage'); END;"
@@ -32,7 +36,7 @@ fn start_outage(url: &DatabaseUrl) {
 fn end_outage(db: &TestDb) {
     match db.backend() {
         Backend::Postgres => db.exec("DROP TRIGGER test_outage ON async_task"),
-        Backend::Sqlite => db.exec("DROP TRIGGER test_outage"),
+        Backend::Sqlite | Backend::Mysql => db.exec("DROP TRIGGER test_outage"),
     }
 }
 

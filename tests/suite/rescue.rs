@@ -29,6 +29,7 @@ pub(crate) fn kill_heartbeat(db: &TestDb, node: i64) {
     let past = match db.backend() {
         outbox::Backend::Postgres => "now() - interval '3 hours'".to_owned(),
         outbox::Backend::Sqlite => "strftime('%Y-%m-%d %H:%M:%f', 'now', '-3 hours')".to_owned(),
+        outbox::Backend::Mysql => "UTC_TIMESTAMP(3) - INTERVAL 3 HOUR".to_owned(),
     };
     db.exec(&format!(
         "UPDATE async_node SET heartbeat_at = {past} WHERE id = {node}"
@@ -39,6 +40,7 @@ fn pass_deadlines(db: &TestDb) {
     let past = match db.backend() {
         outbox::Backend::Postgres => "now() - interval '1 second'".to_owned(),
         outbox::Backend::Sqlite => "strftime('%Y-%m-%d %H:%M:%f', 'now', '-1 seconds')".to_owned(),
+        outbox::Backend::Mysql => "UTC_TIMESTAMP(3) - INTERVAL 1 SECOND".to_owned(),
     };
     db.exec(&format!(
         "UPDATE async_task SET deadline_at = {past} WHERE state = 'running'"
@@ -104,6 +106,7 @@ both_backends! {
         let within = match db.backend() {
             outbox::Backend::Postgres => "deadline_at BETWEEN now() + interval '4 minutes' AND now() + interval '6 minutes'",
             outbox::Backend::Sqlite => "deadline_at BETWEEN strftime('%Y-%m-%d %H:%M:%f', 'now', '+4 minutes') AND strftime('%Y-%m-%d %H:%M:%f', 'now', '+6 minutes')",
+            outbox::Backend::Mysql => "deadline_at BETWEEN UTC_TIMESTAMP(3) + INTERVAL 4 MINUTE AND UTC_TIMESTAMP(3) + INTERVAL 6 MINUTE",
         };
         assert_eq!(db.count(&format!("SELECT count(*) FROM async_task WHERE {within}")), 1);
     }
@@ -155,6 +158,10 @@ both_backends! {
             outbox::Backend::Sqlite => (
                 "strftime('%Y-%m-%d %H:%M:%f', 'now', '+0.3 seconds')",
                 "strftime('%Y-%m-%d %H:%M:%f', 'now', '+1.3 seconds')",
+            ),
+            outbox::Backend::Mysql => (
+                "UTC_TIMESTAMP(3) + INTERVAL 300000 MICROSECOND",
+                "UTC_TIMESTAMP(3) + INTERVAL 1300000 MICROSECOND",
             ),
         };
         assert_eq!(

@@ -87,6 +87,9 @@ fn backdate_pending(db: &TestDb, minutes: i64) {
         Backend::Sqlite => format!(
             "UPDATE async_task SET run_at = strftime('%Y-%m-%d %H:%M:%f', run_at, '-{minutes} minutes') WHERE state = 'pending'"
         ),
+        Backend::Mysql => format!(
+            "UPDATE async_task SET run_at = run_at - INTERVAL {minutes} MINUTE WHERE state = 'pending'"
+        ),
     });
 }
 
@@ -168,6 +171,7 @@ both_backends! {
         let silent = match db.backend() {
             Backend::Postgres => "now() - interval '2 minutes'",
             Backend::Sqlite => "strftime('%Y-%m-%d %H:%M:%f', 'now', '-2 minutes')",
+            Backend::Mysql => "UTC_TIMESTAMP(3) - INTERVAL 2 MINUTE",
         };
         db.exec(&format!("UPDATE async_node SET heartbeat_at = {silent} WHERE id = {second}"));
         db.exec(&format!("UPDATE async_node SET state = 'gone' WHERE id = {third}"));
@@ -201,6 +205,7 @@ both_backends! {
         db.exec(&match db.backend() {
             Backend::Postgres => "UPDATE async_task SET run_at = now() - interval '30 seconds' WHERE state = 'pending'".to_owned(),
             Backend::Sqlite => "UPDATE async_task SET run_at = strftime('%Y-%m-%d %H:%M:%f', 'now', '-30 seconds') WHERE state = 'pending'".to_owned(),
+            Backend::Mysql => "UPDATE async_task SET run_at = UTC_TIMESTAMP(3) - INTERVAL 30 SECOND WHERE state = 'pending'".to_owned(),
         });
         assert_eq!(w.drain().unwrap().tally.done, 0);
         // Due for more than the grace: anyone's.

@@ -1,10 +1,13 @@
-//! Test support: a fresh database per test on either backend, and the macro that runs a
-//! test body once per backend.
+//! Test support: a fresh database per test on each backend, and the macro that runs a test
+//! body once per backend.
 //!
 //! PostgreSQL: the server named by `OUTBOX_TEST_PG_URL` (scripts/test.sh starts one and sets
 //! it); when unset, `scripts/pg.sh start` starts a throwaway cluster for this checkout (stop
 //! it with `scripts/pg.sh stop`). Each test gets its own database, dropped at the end. The
 //! PostgreSQL tests are never skipped: without a server they fail.
+//!
+//! MySQL (feature `mysql`, which scripts/test.sh enables): the server named by
+//! `OUTBOX_TEST_MYSQL_URL`, or one started by `scripts/mysql.sh start`; a database per test.
 #![allow(dead_code)]
 
 use std::path::PathBuf;
@@ -17,9 +20,41 @@ use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Integer, Nullable, Text};
 use outbox::{Backend, DatabaseUrl, DbConnection};
 
-/// Runs each `fn name(db: &TestDb) { … }` as two tests, `name::sqlite` and `name::postgres`.
+/// Runs each `fn name(db: &TestDb) { … }` as a test per backend: `name::sqlite`,
+/// `name::postgres`, and `name::mysql` (feature `mysql`).
 #[macro_export]
 macro_rules! both_backends {
+    ($(fn $name:ident($db:ident: &TestDb) $body:block)*) => {$(
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+
+            #[test]
+            fn sqlite() {
+                let $db = &$crate::support::TestDb::sqlite();
+                $body
+            }
+
+            #[test]
+            fn postgres() {
+                let $db = &$crate::support::TestDb::postgres();
+                $body
+            }
+
+            #[cfg(feature = "mysql")]
+            #[test]
+            fn mysql() {
+                let $db = &$crate::support::TestDb::mysql();
+                $body
+            }
+        }
+    )*};
+}
+
+/// Runs each `fn name(db: &TestDb) { … }` as `name::sqlite` and `name::postgres` only: for
+/// what only those two backends have (the migration history before the MySQL tree's start).
+#[macro_export]
+macro_rules! sqlite_and_postgres {
     ($(fn $name:ident($db:ident: &TestDb) $body:block)*) => {$(
         mod $name {
             #[allow(unused_imports)]
@@ -43,17 +78,28 @@ macro_rules! both_backends {
 /// The URL of the test PostgreSQL server (its `postgres` database).
 pub fn pg_server_url() -> &'static str {
     static URL: OnceLock<String> = OnceLock::new();
-    URL.get_or_init(|| {
-        if let Ok(url) = std::env::var("OUTBOX_TEST_PG_URL") {
+    URL.get_or_init(|| server_url("OUTBOX_TEST_PG_URL", "pg.sh"))
+}
+
+/// The URL of the test MySQL server (its `outbox` database).
+pub fn mysql_server_url() -> &'static str {
+    static URL: OnceLock<String> = OnceLock::new();
+    URL.get_or_init(|| server_url("OUTBOX_TEST_MYSQL_URL", "mysql.sh"))
+}
+
+/// `$variable`, or the URL that `scripts/SCRIPT start` prints.
+fn server_url(variable: &str, script: &str) -> String {
+    {
+        if let Ok(url) = std::env::var(variable) {
             if !url.trim().is_empty() {
                 return url.trim().to_owned();
             }
         }
-        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/pg.sh");
-        let script = if script.exists() {
-            script
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts").join(script);
+        let script = if path.exists() {
+            path
         } else {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/pg.sh")
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts").join(script)
         };
         let out = Command::new("bash")
             .arg(&script)
@@ -62,14 +108,15 @@ pub fn pg_server_url() -> &'static str {
             .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
         assert!(
             out.status.success(),
-            "OUTBOX_TEST_PG_URL is not set and `scripts/pg.sh start` failed:\n{}",
+            "{variable} is not set and `{} start` failed:\n{}",
+            script.display(),
             String::from_utf8_lossy(&out.stderr)
         );
         String::from_utf8(out.stdout)
             .expect("utf-8 URL")
             .trim()
             .to_owned()
-    })
+    }
 }
 
 fn unique_name(prefix: &str) -> String {
@@ -85,7 +132,8 @@ fn unique_name(prefix: &str) -> String {
 pub struct TestDb {
     pub url: DatabaseUrl,
     pub url_text: String,
-    pg_database: Option<String>,
+    /// The database created on a server (PostgreSQL or MySQL), dropped with the value.
+    server_database: Option<String>,
     _dir: Option<tempfile::TempDir>,
 }
 
@@ -98,7 +146,7 @@ impl TestDb {
         Self::ready(TestDb {
             url: DatabaseUrl::parse(&url_text).expect("sqlite url"),
             url_text,
-            pg_database: None,
+            server_database: None,
             _dir: Some(dir),
         })
     }
@@ -117,7 +165,27 @@ impl TestDb {
         Self::ready(TestDb {
             url: DatabaseUrl::parse(&url_text).expect("postgres url"),
             url_text,
-            pg_database: Some(name),
+            server_database: Some(name),
+            _dir: None,
+        })
+    }
+
+    /// A new database on the test MySQL server.
+    #[cfg(feature = "mysql")]
+    pub fn mysql() -> TestDb {
+        let server = mysql_server_url();
+        let name = unique_name("outbox_test");
+        let mut admin = diesel::mysql::MysqlConnection::establish(server)
+            .unwrap_or_else(|e| panic!("cannot connect to the test server {server}: {e}"));
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .expect("create test database");
+        let base = &server[..server.rfind('/').expect("URL with a database path")];
+        let url_text = format!("{base}/{name}");
+        Self::ready(TestDb {
+            url: DatabaseUrl::parse(&url_text).expect("mysql url"),
+            url_text,
+            server_database: Some(name),
             _dir: None,
         })
     }
@@ -128,6 +196,7 @@ impl TestDb {
         let ledger = match db.backend() {
             Backend::Postgres => "CREATE TABLE test_ledger (id BIGSERIAL PRIMARY KEY, task_id BIGINT NOT NULL, note TEXT NOT NULL DEFAULT '')",
             Backend::Sqlite => "CREATE TABLE test_ledger (id INTEGER PRIMARY KEY AUTOINCREMENT, task_id BIGINT NOT NULL, note TEXT NOT NULL DEFAULT '')",
+            Backend::Mysql => "CREATE TABLE test_ledger (id BIGINT AUTO_INCREMENT PRIMARY KEY, task_id BIGINT NOT NULL, note VARCHAR(255) NOT NULL DEFAULT '', KEY (task_id))",
         };
         conn.batch_execute(ledger).expect("ledger table");
         db
@@ -169,6 +238,7 @@ impl TestDb {
             Backend::Sqlite => {
                 "CASE WHEN run_at <= strftime('%Y-%m-%d %H:%M:%f', 'now') THEN 1 ELSE 0 END"
             }
+            Backend::Mysql => "CASE WHEN run_at <= UTC_TIMESTAMP(3) THEN 1 ELSE 0 END",
         };
         diesel::sql_query(format!(
             "SELECT state, failures, owner, claim_token, last_error, {due_expr} AS due
@@ -181,13 +251,30 @@ impl TestDb {
     /// Moves every pending task's `run_at` into the past: the clock "advances" to make
     /// retries due, without sleeping.
     pub fn make_all_due(&self) {
+        self.exec(&format!(
+            "UPDATE async_task SET run_at = {} WHERE state = 'pending'",
+            self.ago_sql(1000)
+        ));
+    }
+
+    /// The SQL of the database clock now, as the backend stores times.
+    pub fn now_sql(&self) -> &'static str {
         match self.backend() {
-            Backend::Postgres => self.exec(
-                "UPDATE async_task SET run_at = now() - interval '1 second' WHERE state = 'pending'",
+            Backend::Postgres => "now()",
+            Backend::Sqlite => "strftime('%Y-%m-%d %H:%M:%f', 'now')",
+            Backend::Mysql => "UTC_TIMESTAMP(3)",
+        }
+    }
+
+    /// The SQL of the database clock `ms` milliseconds ago (negative: ahead).
+    pub fn ago_sql(&self, ms: i64) -> String {
+        match self.backend() {
+            Backend::Postgres => format!("(now() - interval '{ms} milliseconds')"),
+            Backend::Sqlite => format!(
+                "strftime('%Y-%m-%d %H:%M:%f', 'now', '{:+.3} seconds')",
+                -(ms as f64) / 1000.0
             ),
-            Backend::Sqlite => self.exec(
-                "UPDATE async_task SET run_at = strftime('%Y-%m-%d %H:%M:%f', 'now', '-1 seconds') WHERE state = 'pending'",
-            ),
+            Backend::Mysql => format!("(UTC_TIMESTAMP(3) - INTERVAL {} MICROSECOND)", ms * 1000),
         }
     }
 
@@ -201,11 +288,24 @@ impl TestDb {
 
 impl Drop for TestDb {
     fn drop(&mut self) {
-        if let Some(name) = &self.pg_database {
-            if let Ok(mut admin) = PgConnection::establish(pg_server_url()) {
-                let _ =
-                    admin.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"));
+        let Some(name) = &self.server_database else {
+            return;
+        };
+        match self.backend() {
+            Backend::Postgres => {
+                if let Ok(mut admin) = PgConnection::establish(pg_server_url()) {
+                    let _ = admin
+                        .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"));
+                }
             }
+            #[cfg(feature = "mysql")]
+            Backend::Mysql => {
+                if let Ok(mut admin) = diesel::mysql::MysqlConnection::establish(mysql_server_url())
+                {
+                    let _ = admin.batch_execute(&format!("DROP DATABASE IF EXISTS {name}"));
+                }
+            }
+            _ => {}
         }
     }
 }

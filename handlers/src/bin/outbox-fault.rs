@@ -67,6 +67,9 @@ fn open_transaction_id(tx: &mut TaskTx) -> anyhow::Result<Option<String>> {
             Ok(Some(row.xid))
         }
         DbConnection::Sqlite(_) => Ok(None),
+        // InnoDB gives a transaction an id only at its first write.
+        #[cfg(feature = "mysql")]
+        DbConnection::Mysql(_) => Ok(None),
     }
 }
 

@@ -48,6 +48,8 @@ fn node(db: &TestDb, name: &str, threads: usize, domains: Vec<Value>, stale: boo
         (Backend::Postgres, true) => "now() - interval '2 minutes'",
         (Backend::Sqlite, false) => "strftime('%Y-%m-%d %H:%M:%f', 'now')",
         (Backend::Sqlite, true) => "strftime('%Y-%m-%d %H:%M:%f', 'now', '-120 seconds')",
+        (Backend::Mysql, false) => "UTC_TIMESTAMP(3)",
+        (Backend::Mysql, true) => "UTC_TIMESTAMP(3) - INTERVAL 120 SECOND",
     };
     db.exec(&format!(
         "INSERT INTO async_node (name, heartbeat_at, domains) VALUES ('{name}', {heartbeat}, '{published}')"

@@ -76,6 +76,7 @@ both_backends! {
                 "strftime('%Y-%m-%d %H:%M:%f', 'now', '-120 seconds')",
                 "strftime('%Y-%m-%d %H:%M:%f', 'now')",
             ),
+            Backend::Mysql => ("UTC_TIMESTAMP(3) - INTERVAL 120 SECOND", "UTC_TIMESTAMP(3)"),
         };
         db.exec(&format!("INSERT INTO async_node (name, heartbeat_at) VALUES ('killed:1', {stale})"));
         let killed = db.count("SELECT id FROM async_node WHERE name = 'killed:1'");

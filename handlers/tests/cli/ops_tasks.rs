@@ -201,6 +201,7 @@ both_backends! {
         let finished = match db.backend() {
             Backend::Postgres => "now()",
             Backend::Sqlite => "strftime('%Y-%m-%d %H:%M:%f', 'now')",
+            Backend::Mysql => "UTC_TIMESTAMP(3)",
         };
         db.exec(&format!("UPDATE async_task SET state = 'dead', failures = 1, finished_at = {finished}"));
         // Without a terminal to ask on (stdin is not one here): refused, nothing written.
@@ -232,6 +233,12 @@ both_backends! {
             Backend::Sqlite => db.exec(
                 "CREATE TRIGGER refuse_audit BEFORE INSERT ON async_audit
                  WHEN NEW.actor LIKE 'refused@%' BEGIN SELECT RAISE(ABORT, 'audit refused'); END;",
+            ),
+            Backend::Mysql => db.exec(
+                "CREATE TRIGGER refuse_audit BEFORE INSERT ON async_audit FOR EACH ROW
+                 BEGIN IF NEW.actor LIKE 'refused@%' THEN
+                     SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'audit refused';
+                 END IF; END",
             ),
         }
         let mut refused = outbox_on(db, dir.path());

@@ -53,6 +53,7 @@ fn produce(db: &TestDb) -> Value {
     let backend = match db.backend() {
         Backend::Postgres => "postgres",
         Backend::Sqlite => "sqlite",
+        Backend::Mysql => "mysql",
     };
     let out = Command::new(python())
         .arg(repo_root().join("tests/producers/producer.py"))
@@ -211,6 +212,7 @@ both_backends! {
         let seq = match backend {
             Backend::Postgres => "seq BIGSERIAL PRIMARY KEY",
             Backend::Sqlite => "seq INTEGER PRIMARY KEY AUTOINCREMENT",
+            Backend::Mysql => "seq BIGINT AUTO_INCREMENT PRIMARY KEY",
         };
         db.exec(&format!(
             "CREATE TABLE fault_ledger ({seq}, task_id BIGINT NOT NULL, early BIGINT NOT NULL DEFAULT 0)"

@@ -14,6 +14,7 @@ fn hours_ago(db: &TestDb, hours: u32) -> String {
         outbox::Backend::Sqlite => {
             format!("strftime('%Y-%m-%d %H:%M:%f', 'now', '-{hours} hours')")
         }
+        outbox::Backend::Mysql => format!("UTC_TIMESTAMP(3) - INTERVAL {hours} HOUR"),
     }
 }
 

@@ -69,6 +69,7 @@ both_backends! {
         let day_ago = match db.backend() {
             outbox::Backend::Postgres => "now() - interval '1 day'",
             outbox::Backend::Sqlite => "strftime('%Y-%m-%d %H:%M:%f', 'now', '-1 days')",
+            outbox::Backend::Mysql => "UTC_TIMESTAMP(3) - INTERVAL 1 DAY",
         };
         db.exec(&format!("UPDATE async_schedule SET since = {day_ago} WHERE keyword = 'points.credit'"));
         run(outbox_on(db, dir.path()).args(["drain", "--crontab", &file])).expect_code(0);

@@ -242,6 +242,10 @@ pub fn fault_db(backend: Backend) -> (TestDb, Db) {
     let test_db = match backend {
         Backend::Postgres => TestDb::postgres(),
         Backend::Sqlite => TestDb::sqlite(),
+        #[cfg(feature = "mysql")]
+        Backend::Mysql => TestDb::mysql(),
+        #[allow(unreachable_patterns)]
+        Backend::Mysql => unreachable!("the MySQL scenarios need the mysql feature"),
     };
     let db = Db::new(&test_db.url_text);
     db.create_fault_ledger();

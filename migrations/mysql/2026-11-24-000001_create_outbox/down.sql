@@ -1,3 +1,4 @@
+DROP TABLE IF EXISTS async_lock;
 DROP TABLE IF EXISTS async_task_parent;
 DROP TABLE IF EXISTS async_task;
 DROP TABLE IF EXISTS async_node;

@@ -4,7 +4,9 @@
 -- Times are DATETIME(3) in UTC: every column default and every statement of the engine uses
 -- UTC_TIMESTAMP(3), the server's clock, whatever a session's time_zone. Text is utf8mb4 with
 -- the binary collation, so that keys compare byte for byte as on the other backends. Lengths
--- in bytes are checked with OCTET_LENGTH (a VARCHAR's length counts characters).
+-- in bytes are checked with OCTET_LENGTH (a VARCHAR's length counts characters; the columns
+-- are wider than the rule, so that a value too long is refused by the rule's constraint,
+-- named, rather than by the column).
 --
 -- MySQL has no partial indexes: the claim index covers every state, with the tenant and state
 -- first, so that `tenant IS NULL AND state = 'pending'` (and one tenant's tasks) is one range
@@ -32,9 +34,9 @@ CREATE TABLE IF NOT EXISTS async_node (
 CREATE TABLE IF NOT EXISTS async_task (
     id           BIGINT       NOT NULL AUTO_INCREMENT PRIMARY KEY,
     keyword      VARCHAR(64)  NOT NULL,
-    biz_id       VARCHAR(128) NOT NULL,
+    biz_id       VARCHAR(255) NOT NULL,                   -- 1-128 bytes (the CHECK)
     biz_data     LONGTEXT     NOT NULL DEFAULT '{}',
-    tenant       VARCHAR(128),
+    tenant       VARCHAR(255),                            -- 1-128 bytes (the CHECK)
     state        VARCHAR(16)  NOT NULL DEFAULT 'pending',
     failures     INT          NOT NULL DEFAULT 0,
     max_attempts INT,
@@ -57,6 +59,9 @@ CREATE TABLE IF NOT EXISTS async_task (
     -- The claim, per tenant (tenant IS NULL for tasks without one) and state, in claim order;
     -- also what the tenant quotas count.
     KEY async_task_claim_idx (tenant, state, priority, run_at, id),
+    -- The tenants with pending tasks, in tenant order: the fair claim's ring walks them
+    -- (one index read per step, done tasks never read).
+    KEY async_task_pending_tenant_idx (state, tenant),
     -- The page of a claim read back by owner and token; rescue's running tasks per owner.
     KEY async_task_owner_idx (owner, claim_token),
     -- Rescue of expired leases, and prune of finished tasks by age.
@@ -102,7 +107,7 @@ CREATE TABLE IF NOT EXISTS async_task_parent (
 
 -- Tenant quotas (README, "Tenants"). A tenant without a row is unlimited and weighs 1.
 CREATE TABLE IF NOT EXISTS async_tenant (
-    tenant      VARCHAR(128) NOT NULL PRIMARY KEY,
+    tenant      VARCHAR(255) NOT NULL PRIMARY KEY,
     max_queued  INT,
     max_running INT,
     weight      INT          NOT NULL DEFAULT 1,
@@ -198,7 +203,10 @@ BEGIN
         END IF;
     END IF;
     IF NEW.parent_id IS NOT NULL THEN
-        SELECT state INTO parent_state FROM async_task WHERE id = NEW.parent_id;
+        -- Locked until the producer's transaction ends: a completion of the parent waits
+        -- for it, and then finds the link (the driver releases children on MySQL).
+        SELECT state INTO parent_state FROM async_task WHERE id = NEW.parent_id
+            LOCK IN SHARE MODE;
         IF parent_state IS NULL THEN
             SIGNAL SQLSTATE '23000'
                 SET MESSAGE_TEXT = 'async_task_parent: the parent task does not exist';
@@ -267,3 +275,11 @@ BEGIN
          WHERE id = NEW.child_id AND parent_id IS NULL;
     END IF;
 END;
+
+-- Operators' changes of domains and paused keywords take turns on the row 'domain' (locked
+-- FOR UPDATE first in their transaction): MySQL has no lock of a transaction's length on a
+-- name, and LOCK TABLES would commit the open transaction.
+CREATE TABLE IF NOT EXISTS async_lock (
+    name VARCHAR(64) NOT NULL PRIMARY KEY
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+INSERT IGNORE INTO async_lock (name) VALUES ('domain');

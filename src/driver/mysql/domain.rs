@@ -1,35 +1,85 @@
-//! Domains on SQLite: operators' changes of `async_domain` and `async_pause`, each with
+//! Domains on MySQL: operators' changes of `async_domain` and `async_pause`, each with
 //! its audit entry.
 
 use diesel::connection::Connection;
 use diesel::mysql::{Mysql, MysqlConnection};
+use diesel::result::{DatabaseErrorKind, Error};
+use diesel::sql_types::{BigInt, Bool, Integer, Nullable, Text};
 use diesel::{QueryResult, RunQueryDsl};
 
 use super::operate::audit;
 use crate::driver::{
-    domain_upsert, keyword_pause_delete, keyword_pause_insert, AuditEntry, DomainRow, DomainWrite,
-    DOMAIN_COLUMNS_MYSQL,
+    keyword_pause_delete, AuditEntry, DomainRow, DomainWrite, DOMAIN_COLUMNS_MYSQL,
 };
+use crate::sql::Statement;
 
-/// Nothing to take: the caller's write transaction (`BEGIN IMMEDIATE`) already holds the
-/// database's one write lock, so operators' changes run one after the other. (In a deferred
-/// transaction, a change whose reads another writer's commit made stale fails at its first
-/// write, `SQLITE_BUSY`, rather than overwrite that commit.)
-pub(super) fn lock(_conn: &mut MysqlConnection) -> QueryResult<()> {
-    Ok(())
+/// The row `'domain'` of `async_lock`, locked until the open transaction ends: operators'
+/// changes take turns on it, while heartbeats still read `async_domain` (plain reads take
+/// no locks). Taken first in the transaction, it comes before the reads that the change is
+/// checked against (each statement of a READ COMMITTED transaction sees what committed
+/// before it).
+pub(super) fn lock(conn: &mut MysqlConnection) -> QueryResult<()> {
+    diesel::sql_query("SELECT name FROM async_lock WHERE name = 'domain' FOR UPDATE")
+        .execute(conn)
+        .map(drop)
 }
 
+/// The upsert of a whole `async_domain` row, then the row read back (MySQL has no
+/// RETURNING), in the caller's transaction.
 pub(super) fn write(
     conn: &mut MysqlConnection,
     row: &DomainWrite<'_>,
     entry: &AuditEntry<'_>,
 ) -> QueryResult<DomainRow> {
     conn.transaction(|conn| {
-        let stored = domain_upsert::<Mysql>(row, entry.actor, now!(), DOMAIN_COLUMNS_MYSQL)
+        Statement::<Mysql>::new(
+            "INSERT INTO async_domain \
+             (name, keywords, mode, threads, queue, timeout_ms, paused, released, updated_by) \
+             VALUES (",
+        )
+        .bind::<Text, _>(row.name.to_owned())
+        .sql(", ")
+        .bind::<Nullable<Text>, _>(row.keywords.clone())
+        .sql(", ")
+        .bind::<Nullable<Text>, _>(row.mode.map(str::to_owned))
+        .sql(", ")
+        .bind::<Nullable<Integer>, _>(row.threads)
+        .sql(", ")
+        .bind::<Nullable<Integer>, _>(row.queue)
+        .sql(", ")
+        .bind::<Nullable<BigInt>, _>(row.timeout_ms)
+        .sql(", ")
+        .bind::<Bool, _>(row.paused)
+        .sql(", ")
+        .bind::<Bool, _>(row.released)
+        .sql(", ")
+        .bind::<Text, _>(entry.actor.to_owned())
+        .sql(concat!(
+            ") ON DUPLICATE KEY UPDATE keywords = VALUES(keywords), mode = VALUES(mode), \
+             threads = VALUES(threads), queue = VALUES(queue), \
+             timeout_ms = VALUES(timeout_ms), paused = VALUES(paused), \
+             released = VALUES(released), version = version + 1, updated_at = ",
+            now!(),
+            ", updated_by = VALUES(updated_by)"
+        ))
+        .execute(conn)?;
+        let stored = Statement::<Mysql>::new("SELECT ")
+            .sql(DOMAIN_COLUMNS_MYSQL)
+            .sql(" FROM async_domain WHERE name = ")
+            .bind::<Text, _>(row.name.to_owned())
             .get_result(conn)?;
         audit(conn, entry)?;
         Ok(stored)
     })
+}
+
+/// 0 for an INSERT refused as a duplicate key (MySQL's `ON CONFLICT DO NOTHING`: the
+/// statement alone is undone, not the transaction); the rows inserted otherwise.
+pub(super) fn unless_duplicate(inserted: QueryResult<usize>) -> QueryResult<usize> {
+    match inserted {
+        Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => Ok(0),
+        other => other,
+    }
 }
 
 pub(super) fn pause(
@@ -38,7 +88,14 @@ pub(super) fn pause(
     entry: &AuditEntry<'_>,
 ) -> QueryResult<usize> {
     conn.transaction(|conn| {
-        let inserted = keyword_pause_insert::<Mysql>(keyword, entry.actor).execute(conn)?;
+        let inserted = unless_duplicate(
+            Statement::<Mysql>::new("INSERT INTO async_pause (keyword, paused_by) VALUES (")
+                .bind::<Text, _>(keyword.to_owned())
+                .sql(", ")
+                .bind::<Text, _>(entry.actor.to_owned())
+                .sql(")")
+                .execute(conn),
+        )?;
         if inserted > 0 {
             audit(conn, entry)?;
         }

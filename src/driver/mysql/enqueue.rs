@@ -1,213 +1,153 @@
-//! Enqueue on SQLite: rows bound as parameters, in statements of fixed sizes.
+//! Enqueue on MySQL: idempotent, each row reported created or duplicate.
+//!
+//! The keys that exist already are read first; the rest are inserted by multi-row plain
+//! `INSERT`s, so that a failed CHECK constraint or a trigger's refusal (a tenant over its
+//! `max_queued`) is an error as on the other backends (`INSERT IGNORE` would turn the
+//! CHECKs into warnings and skip the row). When a concurrent producer committed one of the
+//! keys in between (error 1062 for that statement, which InnoDB undoes alone), that chunk
+//! is inserted again one row at a time, a duplicate key skipped. (`ON DUPLICATE KEY UPDATE`
+//! cannot tell the two apart here: diesel connects with `CLIENT_FOUND_ROWS`, under which a
+//! duplicate left unchanged counts as one affected row, as an insert does.) Then the new
+//! rows' ids are read back by key: a multi-row insert's ids need not be consecutive.
+
+use std::collections::HashSet;
 
 use diesel::mysql::{Mysql, MysqlConnection};
-use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
-use diesel::sql_types::{BigInt, Integer, Nullable, SmallInt, Text, Untyped};
+use diesel::result::{DatabaseErrorKind, Error};
+use diesel::sql_types::{BigInt, Integer, Nullable, SmallInt, Text};
 use diesel::{Connection, QueryResult, RunQueryDsl};
 
-use crate::db::transaction::depth_of;
+use super::list;
 use crate::driver::{InsertRow, TaskKey};
 use crate::sql::Statement;
+
+/// Rows per INSERT (seven bind parameters each), and keys per lookup.
+const INSERT_CHUNK: usize = 500;
 
 pub(super) fn insert_many(
     conn: &mut MysqlConnection,
     rows: &[InsertRow<'_>],
 ) -> QueryResult<Vec<TaskKey>> {
-    // Bind parameters rather than one JSON document as on PostgreSQL: SQLite would parse
-    // each row's JSON object again for every field it reads (docs/performance.md).
-    // Statements of INSERT_CHUNK rows, then of powers of two for the
-    // rest, so that a connection caches at most eighteen prepared statements (nine
-    // sizes, two shapes: see `insert_statement`) and a bulk enqueue parses no SQL;
-    // several statements run in one transaction (a savepoint inside the caller's, or an
-    // IMMEDIATE transaction when the caller has none open: a deferred one could meet a
-    // writer of another process between its statements), so the batch stays all or nothing.
-    if rows.len() <= INSERT_CHUNK && rows.len().is_power_of_two() {
-        return insert_chunks(conn, rows); // one statement
-    }
-    if depth_of(conn) == Some(0) {
-        conn.transaction(|conn| insert_chunks(conn, rows))
-    } else {
-        conn.transaction(|conn| insert_chunks(conn, rows))
-    }
+    // A key that repeats inside the batch is created once, by its first row.
+    let mut seen = HashSet::new();
+    let firsts: Vec<&InsertRow<'_>> = rows.iter().filter(|r| seen.insert((r.k, r.b))).collect();
+    // All or nothing: a savepoint inside the caller's transaction, or a transaction.
+    conn.transaction(|conn| {
+        let mut created: Vec<(String, String)> = Vec::with_capacity(firsts.len());
+        for chunk in firsts.chunks(INSERT_CHUNK) {
+            let keys: Vec<(String, String)> = chunk
+                .iter()
+                .map(|r| (r.k.to_owned(), r.b.to_owned()))
+                .collect();
+            let existing: HashSet<(String, String)> = find_keys(conn, &keys)?
+                .into_iter()
+                .map(|k| (k.keyword, k.biz_id))
+                .collect();
+            let fresh: Vec<&InsertRow<'_>> = chunk
+                .iter()
+                .copied()
+                .filter(|r| !existing.contains(&(r.k.to_owned(), r.b.to_owned())))
+                .collect();
+            if fresh.is_empty() {
+                continue;
+            }
+            match insert_statement(&fresh).execute(conn) {
+                Ok(_) => created.extend(fresh.iter().map(|r| (r.k.to_owned(), r.b.to_owned()))),
+                Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => {
+                    // Raced by a concurrent producer: row by row.
+                    for row in fresh {
+                        match insert_statement(&[row]).execute(conn) {
+                            Ok(_) => created.push((row.k.to_owned(), row.b.to_owned())),
+                            Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, _)) => {}
+                            Err(e) => return Err(e),
+                        }
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let mut found = Vec::with_capacity(created.len());
+        for chunk in created.chunks(INSERT_CHUNK) {
+            found.extend(find_keys(conn, chunk)?);
+        }
+        Ok(found)
+    })
 }
 
-/// Links children to parents: see [`crate::driver::Driver::task_link_parents`].
+/// Links children to parents: see [`crate::driver::Driver::task_link_parents`]. The rows
+/// go in as given (parent order), one statement; the trigger `async_task_parent_link` does
+/// what a link means, as on the other backends. A link that exists already is left as it is
+/// (`ON DUPLICATE KEY UPDATE`, whose row fires no INSERT trigger; not `INSERT IGNORE`, which
+/// would pass over a failed CHECK), counted among the rows returned (diesel connects with
+/// `CLIENT_FOUND_ROWS`).
 pub(super) fn link_parents(conn: &mut MysqlConnection, links: &[(i64, i64)]) -> QueryResult<usize> {
-    let json = serde_json::to_string(links).expect("links serialise");
-    Statement::<Mysql>::new(
-        "INSERT INTO async_task_parent (child_id, parent_id)
-         SELECT value ->> 0, value ->> 1 FROM json_each(",
-    )
-    .bind::<Text, _>(json)
-    .sql(") WHERE true ON CONFLICT DO NOTHING")
-    .execute(conn)
+    if links.is_empty() {
+        return Ok(0);
+    }
+    let mut statement =
+        Statement::<Mysql>::new("INSERT INTO async_task_parent (child_id, parent_id) VALUES ");
+    for (i, &(child, parent)) in links.iter().enumerate() {
+        statement = statement
+            .sql(if i == 0 { "(" } else { ", (" })
+            .bind::<BigInt, _>(child)
+            .sql(", ")
+            .bind::<BigInt, _>(parent)
+            .sql(")");
+    }
+    statement
+        .sql(" ON DUPLICATE KEY UPDATE parent_id = parent_id")
+        .execute(conn)
 }
 
 pub(super) fn find_many(conn: &mut MysqlConnection, keys_json: &str) -> QueryResult<Vec<TaskKey>> {
+    #[derive(serde::Deserialize)]
+    struct Key {
+        k: String,
+        b: String,
+    }
+    let keys: Vec<Key> = serde_json::from_str(keys_json)
+        .map_err(|e| Error::QueryBuilderError(format!("task keys: {e}").into()))?;
+    let keys: Vec<(String, String)> = keys.into_iter().map(|k| (k.k, k.b)).collect();
+    let mut found = Vec::with_capacity(keys.len());
+    for chunk in keys.chunks(INSERT_CHUNK) {
+        found.extend(find_keys(conn, chunk)?);
+    }
+    Ok(found)
+}
+
+/// The tasks among `keys`, by the unique key's index.
+fn find_keys(conn: &mut MysqlConnection, keys: &[(String, String)]) -> QueryResult<Vec<TaskKey>> {
     Statement::<Mysql>::new(
-        "SELECT id, keyword, biz_id FROM async_task
-         WHERE (keyword, biz_id) IN (SELECT value ->> 'k', value ->> 'b' FROM json_each(",
+        "SELECT id, keyword, biz_id FROM async_task FORCE INDEX (async_task_key)
+          WHERE (keyword, biz_id) IN ",
     )
-    .bind::<Text, _>(keys_json.to_owned())
-    .sql("))")
+    .with(|s| list::keys(s, keys))
     .load(conn)
 }
 
-/// Rows per enqueue statement on SQLite (3 or 7 bind parameters each).
-const INSERT_CHUNK: usize = 256;
-
-fn insert_chunks(
-    conn: &mut MysqlConnection,
-    mut rows: &[InsertRow<'_>],
-) -> QueryResult<Vec<TaskKey>> {
-    let mut created = Vec::with_capacity(rows.len());
-    while !rows.is_empty() {
-        let n = if rows.len() >= INSERT_CHUNK {
-            INSERT_CHUNK
-        } else {
-            1 << rows.len().ilog2()
-        };
-        let (chunk, rest) = rows.split_at(n);
-        created.extend(insert_statement(chunk).load::<TaskKey>(conn)?);
-        rows = rest;
+/// One plain multi-row INSERT of `rows`, each row's `run_at` its delay after the server's
+/// clock, to the millisecond.
+fn insert_statement(rows: &[&InsertRow<'_>]) -> Statement<Mysql> {
+    let mut statement = Statement::<Mysql>::new(
+        "INSERT INTO async_task (keyword, biz_id, biz_data, tenant, priority, max_attempts, run_at) VALUES ",
+    );
+    for (i, row) in rows.iter().enumerate() {
+        statement = statement
+            .sql(if i == 0 { "(" } else { ", (" })
+            .bind::<Text, _>(row.k.to_owned())
+            .sql(", ")
+            .bind::<Text, _>(row.b.to_owned())
+            .sql(", ")
+            .bind::<Text, _>(row.d.to_owned())
+            .sql(", ")
+            .bind::<Nullable<Text>, _>(row.t.map(str::to_owned))
+            .sql(", ")
+            .bind::<SmallInt, _>(row.p)
+            .sql(", ")
+            .bind::<Nullable<Integer>, _>(row.m)
+            .sql(concat!(", ", now!(), " + INTERVAL "))
+            .bind::<BigInt, _>(row.ms)
+            .sql(" * 1000 MICROSECOND)");
     }
-    Ok(created)
-}
-
-/// One enqueue statement over `rows`, binding the rows' own text in place (no copies: a
-/// bulk enqueue's allocations were a cost of their own).
-///
-/// Rows that share their tenant, priority, max attempts and delay (a bulk enqueue, usually)
-/// bind those once, with `run_at` computed once per statement: three parameters per row
-/// instead of seven (docs/performance.md).
-/// Otherwise each row binds all seven. `WHERE true` tells the parser that `ON CONFLICT`
-/// belongs to the INSERT, not to the SELECT's join.
-struct InsertStatement<'r, 'a> {
-    rows: &'r [InsertRow<'a>],
-    /// Whether every row has the first row's options.
-    uniform: bool,
-}
-
-fn insert_statement<'r, 'a>(rows: &'r [InsertRow<'a>]) -> InsertStatement<'r, 'a> {
-    // One row binds its options once either way: it takes the plain shape.
-    let uniform = rows.len() > 1
-        && rows.split_first().is_some_and(|(first, rest)| {
-            rest.iter()
-                .all(|row| (row.t, row.p, row.m, row.ms) == (first.t, first.p, first.m, first.ms))
-        });
-    InsertStatement { rows, uniform }
-}
-
-impl QueryFragment<Mysql> for InsertStatement<'_, '_> {
-    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Mysql>) -> QueryResult<()> {
-        out.push_sql(
-            "INSERT INTO async_task (keyword, biz_id, biz_data, tenant, priority, max_attempts, run_at) ",
-        );
-        if let (true, Some(shared)) = (self.uniform, self.rows.first()) {
-            out.push_sql("SELECT column1, column2, column3, ");
-            push_options(shared, out.reborrow())?;
-            // A scalar subquery: computed once per statement, not per row.
-            out.push_sql(", (SELECT ");
-            push_run_at(shared, out.reborrow())?;
-            out.push_sql(") FROM (VALUES ");
-            for (i, row) in self.rows.iter().enumerate() {
-                out.push_sql(if i == 0 { "(" } else { ", (" });
-                push_key_and_payload(row, out.reborrow())?;
-                out.push_sql(")");
-            }
-            out.push_sql(") WHERE true");
-        } else {
-            out.push_sql("VALUES ");
-            for (i, row) in self.rows.iter().enumerate() {
-                out.push_sql(if i == 0 { "(" } else { ", (" });
-                push_key_and_payload(row, out.reborrow())?;
-                out.push_sql(", ");
-                push_options(row, out.reborrow())?;
-                out.push_sql(", ");
-                push_run_at(row, out.reborrow())?;
-                out.push_sql(")");
-            }
-        }
-        out.push_sql(" ON CONFLICT (keyword, biz_id) DO NOTHING RETURNING id, keyword, biz_id");
-        Ok(())
-    }
-}
-
-/// `keyword, biz_id, biz_data` of a row.
-fn push_key_and_payload<'b>(
-    row: &'b InsertRow<'_>,
-    mut out: AstPass<'_, 'b, Mysql>,
-) -> QueryResult<()> {
-    out.push_bind_param::<Text, _>(row.k)?;
-    out.push_sql(", ");
-    out.push_bind_param::<Text, _>(row.b)?;
-    out.push_sql(", ");
-    out.push_bind_param::<Text, _>(row.d)
-}
-
-/// `tenant, priority, max_attempts` of a row.
-fn push_options<'b>(row: &'b InsertRow<'_>, mut out: AstPass<'_, 'b, Mysql>) -> QueryResult<()> {
-    out.push_bind_param::<Nullable<Text>, _>(&row.t)?;
-    out.push_sql(", ");
-    out.push_bind_param::<SmallInt, _>(&row.p)?;
-    out.push_sql(", ");
-    out.push_bind_param::<Nullable<Integer>, _>(&row.m)
-}
-
-/// A row's `run_at`: its delay on the Julian day of the database clock, exact to the
-/// millisecond.
-fn push_run_at<'b>(row: &'b InsertRow<'_>, mut out: AstPass<'_, 'b, Mysql>) -> QueryResult<()> {
-    out.push_sql("strftime('%Y-%m-%d %H:%M:%f', julianday('now') + ");
-    out.push_bind_param::<BigInt, _>(&row.ms)?;
-    out.push_sql(" / 86400000.0)");
-    Ok(())
-}
-
-impl QueryId for InsertStatement<'_, '_> {
-    type QueryId = ();
-    const HAS_STATIC_QUERY_ID: bool = false;
-}
-
-impl Query for InsertStatement<'_, '_> {
-    type SqlType = Untyped;
-}
-
-impl RunQueryDsl<MysqlConnection> for InsertStatement<'_, '_> {}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn row<'a>(b: &'a str, t: Option<&'a str>, ms: i64) -> InsertRow<'a> {
-        InsertRow {
-            k: "k",
-            b,
-            d: "{}",
-            t,
-            p: 0,
-            m: None,
-            ms,
-        }
-    }
-
-    #[test]
-    fn rows_that_share_their_options_bind_them_once() {
-        let sql = |rows: &[InsertRow<'_>]| {
-            let statement = insert_statement(rows);
-            let text = diesel::debug_query::<Mysql, _>(&statement).to_string();
-            (statement.uniform, text.contains("SELECT column1"))
-        };
-        let shared = [row("a", Some("t"), 5), row("b", Some("t"), 5)];
-        assert_eq!(sql(&shared), (true, true));
-        assert_eq!(
-            sql(&shared[..1]),
-            (false, false),
-            "one row: the plain shape"
-        );
-        assert_eq!(
-            sql(&[row("a", Some("t"), 5), row("b", None, 5)]),
-            (false, false)
-        );
-        assert_eq!(sql(&[row("a", None, 5), row("b", None, 6)]), (false, false));
-    }
+    statement
 }

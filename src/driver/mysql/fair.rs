@@ -1,13 +1,16 @@
-//! The fair claim on SQLite: the same choice as on PostgreSQL (see `driver/postgres/fair.rs`),
-//! made in the claim's write transaction by two statements: one walks the ring of tenants
-//! and reads each participant's weight, the other takes the page in one UPDATE. With no
-//! tenant due, the UPDATE is the claim of tasks without a tenant alone. A solo claim (one
-//! participant alone) is the UPDATE alone, and [`others_pending`] when it probes.
+//! The fair claim on MySQL: the same choice as on PostgreSQL (see `driver/postgres/fair.rs`),
+//! made in the claim's transaction: one statement walks the ring of tenants and reads each
+//! participant's weight; then each participant's first due tasks are locked (`FOR UPDATE
+//! SKIP LOCKED`, as many as its share could take) and the page is ranked from them here, by
+//! the same order as on the other backends. With no tenant due, the claim is the one of tasks
+//! without a tenant alone. A solo claim (one participant alone) takes that participant's
+//! tasks, and asks [`others_pending`] when it probes.
 
 use diesel::mysql::{Mysql, MysqlConnection};
-use diesel::sql_types::{BigInt, Double, Nullable, Text};
+use diesel::sql_types::{BigInt, Integer, Nullable, Text};
 use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 
+use super::list;
 use crate::driver::strategy_sql::partition_mysql;
 use crate::driver::{Due, Passes};
 use crate::sql::Statement;
@@ -33,18 +36,6 @@ pub(super) struct Share {
     pub(super) pass: f64,
 }
 
-impl Share {
-    /// A tenant alone (its weight and pass do not matter then).
-    pub(super) fn of(tenant: &str) -> Share {
-        Share {
-            tenant: Some(tenant.to_owned()),
-            weight: 1,
-            pos: 0,
-            pass: 0.0,
-        }
-    }
-}
-
 /// A row of the shares' statement: a participant, or (weight NULL) none, with the ring's
 /// end either way.
 #[derive(Debug, QueryableByName)]
@@ -60,113 +51,94 @@ struct ShareRow {
 }
 
 /// Whether a participant other than `tenant` (`None`: the tasks without one) has pending
-/// tasks, tenants in `except` (a JSON array) left out: asked by a solo claim, so that the
-/// next claim is fair again when another comes.
+/// tasks, tenants in `except` left out: asked by a solo claim, so that the next claim is
+/// fair again when another comes.
 pub(super) fn others_pending(
     conn: &mut MysqlConnection,
     tenant: Option<&str>,
-    except: Option<&str>,
+    except: &[String],
 ) -> QueryResult<bool> {
     #[derive(QueryableByName)]
     struct Found {
-        #[diesel(sql_type = diesel::sql_types::Bool)]
-        found: bool,
+        #[diesel(sql_type = BigInt)]
+        found: i64,
     }
-    let except = except.unwrap_or("[]").to_owned();
-    let statement = match tenant {
-        None => Statement::<Mysql>::new("SELECT EXISTS (SELECT 1 FROM ")
-            .sql(TENANT_IDX)
-            .sql(" WHERE ")
-            .sql(PENDING_OF_TENANT)
-            .sql(" AND tenant NOT IN (SELECT value FROM json_each(")
-            .bind::<Text, _>(except)
-            .sql("))) AS found"),
-        Some(tenant) => Statement::<Mysql>::new(
-            "SELECT EXISTS (SELECT 1 FROM async_task INDEXED BY async_task_claim_idx
-                             WHERE tenant IS NULL AND state = 'pending'",
-        )
-        .sql(concat!(
-            " AND run_at <= ",
-            now!(),
-            ") OR EXISTS (SELECT 1 FROM "
-        ))
-        .sql(TENANT_IDX)
-        .sql(" WHERE tenant < ")
-        .bind::<Text, _>(tenant.to_owned())
-        .sql(" AND ")
-        .sql(PENDING_OF_TENANT)
-        .sql(" AND tenant NOT IN (SELECT value FROM json_each(")
-        .bind::<Text, _>(except.clone())
-        .sql("))) OR EXISTS (SELECT 1 FROM ")
-        .sql(TENANT_IDX)
-        .sql(" WHERE tenant > ")
-        .bind::<Text, _>(tenant.to_owned())
-        .sql(" AND ")
-        .sql(PENDING_OF_TENANT)
-        .sql(" AND tenant NOT IN (SELECT value FROM json_each(")
-        .bind::<Text, _>(except)
-        .sql("))) AS found"),
+    let tenants = |s: Statement<Mysql>| {
+        let s = s.sql(
+            "EXISTS (SELECT 1 FROM async_task FORCE INDEX (async_task_pending_tenant_idx)
+                      WHERE state = 'pending' AND tenant IS NOT NULL",
+        );
+        let s = match tenant {
+            None => s,
+            Some(t) => s.sql(" AND tenant <> ").bind::<Text, _>(t.to_owned()),
+        };
+        let s = if except.is_empty() {
+            s
+        } else {
+            s.sql(" AND tenant NOT IN ")
+                .with(|s| list::texts(s, except))
+        };
+        s.sql(")")
     };
-    Ok(statement.get_result::<Found>(conn)?.found)
+    let statement = match tenant {
+        None => Statement::<Mysql>::new("SELECT ").with(tenants),
+        Some(_) => Statement::<Mysql>::new(concat!(
+            "SELECT EXISTS (SELECT 1 FROM async_task FORCE INDEX (async_task_claim_idx)
+                             WHERE tenant IS NULL AND state = 'pending' AND run_at <= ",
+            now!(),
+            ") OR "
+        ))
+        .with(tenants),
+    };
+    Ok(statement.sql(" AS found").get_result::<Found>(conn)?.found != 0)
 }
 
-/// The tenant index, its predicate's terms repeated (SQLite uses a partial index only then).
-const TENANT_IDX: &str = "async_task INDEXED BY async_task_tenant_idx";
-const PENDING_OF_TENANT: &str = "tenant IS NOT NULL AND state = 'pending'
-    AND state IN ('pending', 'blocked', 'running')";
+/// The pending tasks of one tenant: the claim index's range for it.
+const PENDING_OF_TENANT: &str = "FROM async_task FORCE INDEX (async_task_claim_idx)
+    WHERE state = 'pending' AND tenant = ";
 /// The first tenant with a pending task, for the ring to wrap around to.
-const FIRST_TENANT: &str = "(SELECT tenant FROM async_task INDEXED BY async_task_tenant_idx
-    WHERE tenant IS NOT NULL AND state = 'pending' AND state IN ('pending', 'blocked', 'running')
-    ORDER BY tenant LIMIT 1)";
+const FIRST_TENANT: &str =
+    "(SELECT tenant FROM async_task FORCE INDEX (async_task_pending_tenant_idx)
+    WHERE state = 'pending' AND tenant IS NOT NULL ORDER BY tenant LIMIT 1)";
 /// The next tenant after the ring's last, wrapping around.
-const NEXT_TENANT: &str = "COALESCE((SELECT tenant FROM async_task INDEXED BY async_task_tenant_idx
-    WHERE tenant > r.tenant AND tenant IS NOT NULL AND state = 'pending'
-      AND state IN ('pending', 'blocked', 'running') ORDER BY tenant LIMIT 1),
-    (SELECT tenant FROM async_task INDEXED BY async_task_tenant_idx
-    WHERE tenant IS NOT NULL AND state = 'pending' AND state IN ('pending', 'blocked', 'running')
-    ORDER BY tenant LIMIT 1))";
-/// Due for the claim: the time come, one of the keywords (a JSON array bound next).
-const DUE: &str = concat!(
-    " AND run_at <= ",
-    now!(),
-    " AND keyword IN (SELECT value FROM json_each("
-);
+const NEXT_TENANT: &str =
+    "COALESCE((SELECT tenant FROM async_task FORCE INDEX (async_task_pending_tenant_idx)
+    WHERE state = 'pending' AND tenant > r.tenant ORDER BY tenant LIMIT 1),
+    (SELECT tenant FROM async_task FORCE INDEX (async_task_pending_tenant_idx)
+    WHERE state = 'pending' AND tenant IS NOT NULL ORDER BY tenant LIMIT 1))";
 
-/// What a claim may take ([`Due`]), its keywords as one JSON array: the form SQLite binds a
-/// list in.
-pub(super) struct DueJson {
-    pub(super) keywords: String,
+/// What a claim may take ([`Due`]), owned.
+pub(super) struct DueList {
+    pub(super) keywords: Vec<String>,
     pub(super) partition: Option<Partition>,
 }
 
-impl DueJson {
-    pub(super) fn of(due: &Due<'_>) -> DueJson {
-        DueJson {
-            keywords: serde_json::to_string(due.keywords).expect("a list of strings serialises"),
+impl DueList {
+    pub(super) fn of(due: &Due<'_>) -> DueList {
+        DueList {
+            keywords: due.keywords.to_vec(),
             partition: due.partition,
         }
     }
 }
 
-/// Appends that a task is due for a claim of `due`: [`DUE`], its keywords, and the node's
-/// partition if it has one (a claim strategy's filter, `partition_mysql`).
-pub(super) fn due_for(statement: Statement<Mysql>, due: &DueJson) -> Statement<Mysql> {
+/// Appends that a task is due for a claim of `due`: its time has come, one of the keywords,
+/// and the node's partition if it has one (a claim strategy's filter, `partition_mysql`).
+pub(super) fn due_for(statement: Statement<Mysql>, due: &DueList) -> Statement<Mysql> {
     let statement = statement
-        .sql(DUE)
-        .bind::<Text, _>(due.keywords.clone())
-        .sql("))");
+        .sql(concat!(" AND run_at <= ", now!(), " AND keyword IN "))
+        .with(|s| list::texts(s, &due.keywords));
     partition_mysql(statement, due.partition)
 }
 
-/// The participants of a claim of `limit` tasks of `keywords` (a JSON array): at most
-/// `limit` tenants with a task due, in ring order after `after`, none of `except` (a JSON
-/// array, or `None`), then the tasks without a tenant if one is due.
-/// Returns them in ring order, each with its pass from `passes`, and the last tenant the
-/// ring walked to.
+/// The participants of a claim of `limit` tasks of `due`: at most `limit` tenants with a
+/// task due, in ring order after `after`, none of `except`, then the tasks without a tenant
+/// if one is due. Returns them in ring order, each with its pass from `passes`, and the last
+/// tenant the ring walked to.
 pub(super) fn shares(
     conn: &mut MysqlConnection,
-    due: &DueJson,
-    except: Option<&str>,
+    due: &DueList,
+    except: &[String],
     after: &str,
     passes: &Passes,
     limit: i64,
@@ -196,102 +168,122 @@ pub(super) fn shares(
     Ok((shares, ring_end))
 }
 
-/// The statement of [`shares`], after `prefix` (empty, or `EXPLAIN QUERY PLAN`).
+/// The statement of [`shares`], after `prefix` (empty, or `EXPLAIN`).
 pub(super) fn shares_statement(
     prefix: &'static str,
-    due: &DueJson,
-    except: Option<&str>,
+    due: &DueList,
+    except: &[String],
     after: &str,
     limit: i64,
 ) -> Statement<Mysql> {
     let statement = Statement::<Mysql>::new(prefix)
-        .sql("WITH RECURSIVE ring(tenant, n, first) AS (SELECT t0, 1, t0 FROM (SELECT COALESCE((SELECT tenant FROM ")
-        .sql(TENANT_IDX)
-        .sql(" WHERE tenant > ")
+        .sql("WITH RECURSIVE ring (tenant, n, head) AS (SELECT t0, 1, t0 FROM (SELECT COALESCE((SELECT tenant FROM async_task FORCE INDEX (async_task_pending_tenant_idx) WHERE state = 'pending' AND tenant > ")
         .bind::<Text, _>(after.to_owned())
-        .sql(" AND ")
-        .sql(PENDING_OF_TENANT)
         .sql(" ORDER BY tenant LIMIT 1), ")
         .sql(FIRST_TENANT)
-        .sql(") AS t0) WHERE t0 IS NOT NULL UNION ALL SELECT ")
+        .sql(") AS t0) s0 WHERE t0 IS NOT NULL UNION ALL SELECT ")
         .sql(NEXT_TENANT)
-        .sql(", r.n + 1, r.first FROM ring r WHERE r.n < ")
+        .sql(", r.n + 1, r.head FROM ring r WHERE r.n < ")
         .bind::<BigInt, _>(window(limit).saturating_mul(WALK_PER_TASK))
         .sql(" AND ")
         .sql(NEXT_TENANT)
         .sql(
-            " <> r.first)
+            " <> r.head)
             SELECT s.tenant, s.weight, s.pos,
                    (SELECT tenant FROM ring ORDER BY n DESC LIMIT 1) AS ring_end
-              FROM (SELECT 1) one LEFT JOIN (
+              FROM (SELECT 1 AS one) one LEFT JOIN (
             SELECT tenant, weight, pos FROM (
-                SELECT r.tenant, COALESCE(a.weight, 1) AS weight, r.n AS pos
+                SELECT r.tenant, CAST(COALESCE(a.weight, 1) AS SIGNED) AS weight,
+                       CAST(r.n AS SIGNED) AS pos
                   FROM ring r LEFT JOIN async_tenant a ON a.tenant = r.tenant
-                 WHERE EXISTS (SELECT 1 FROM async_task INDEXED BY async_task_tenant_idx
-                                WHERE tenant = r.tenant AND state = 'pending'
-                                  AND state IN ('pending', 'blocked', 'running')",
+                 WHERE (SELECT 1 ",
         )
+        .sql(PENDING_OF_TENANT)
+        .sql("r.tenant")
         .with(|s| due_for(s, due))
-        .sql(")");
-    let statement = match except {
-        None => statement,
-        Some(except) => statement
-            .sql(" AND r.tenant NOT IN (SELECT value FROM json_each(")
-            .bind::<Text, _>(except.to_owned())
-            .sql("))"),
+        // A scalar subquery, not EXISTS: MariaDB turns EXISTS into a semi-join that
+        // materialises every pending task instead of probing the claim index per tenant.
+        .sql(" LIMIT 1) IS NOT NULL");
+    let statement = if except.is_empty() {
+        statement
+    } else {
+        statement
+            .sql(" AND r.tenant NOT IN ")
+            .with(|s| list::texts(s, except))
     };
     statement
         .sql(" ORDER BY r.n LIMIT ")
         .bind::<BigInt, _>(window(limit))
         .sql(
-            ")
+            ") w
             UNION ALL
-            SELECT NULL, 1, 0 WHERE EXISTS (SELECT 1 FROM async_task INDEXED BY async_task_claim_idx
+            SELECT NULL, 1, 0 FROM DUAL WHERE EXISTS (SELECT 1 FROM async_task FORCE INDEX (async_task_claim_idx)
                                           WHERE tenant IS NULL AND state = 'pending'",
         )
         .with(|s| due_for(s, due))
-        .sql(")) s ON 1")
+        .sql(")) s ON TRUE")
 }
 
-/// Appends to `statement` (an `UPDATE … WHERE id IN (`, left open) the ids of the page: each
-/// participant's first `ceil(limit × weight / total)` due tasks, ranked as on PostgreSQL (by
-/// priority, then turn: pass plus rank over weight, then age, then ring position).
-pub(super) fn page_ids(
-    statement: Statement<Mysql>,
-    shares: &[Share],
-    due: &DueJson,
+/// The due tasks of one participant, locked, in claim order: at most `limit`, after
+/// `prefix` (empty, or `EXPLAIN`).
+pub(super) fn pick_statement(
+    prefix: &'static str,
+    tenant: Option<&str>,
+    due: &DueList,
     limit: i64,
 ) -> Statement<Mysql> {
-    let total: i64 = shares.iter().map(|s| s.weight).sum::<i64>().max(1);
-    let mut statement = statement.sql("SELECT id FROM (");
-    for (i, share) in shares.iter().enumerate() {
-        let k = (limit.saturating_mul(share.weight) + total - 1) / total;
-        if i > 0 {
-            statement = statement.sql(" UNION ALL ");
-        }
-        statement = statement
-            .sql("SELECT * FROM (SELECT id, priority, run_at, ")
-            .bind::<BigInt, _>(share.pos)
-            .sql(" AS pos, ")
-            .bind::<Double, _>(share.pass)
-            .sql(" + row_number() OVER (ORDER BY priority, run_at, id) * 1.0 / ")
-            .bind::<Double, _>(share.weight as f64)
-            .sql(" AS turn FROM (SELECT id, priority, run_at FROM ");
-        statement = match &share.tenant {
-            Some(tenant) => statement
-                .sql(TENANT_IDX)
-                .sql(" WHERE tenant = ")
-                .bind::<Text, _>(tenant.clone())
-                .sql(" AND state = 'pending' AND state IN ('pending', 'blocked', 'running')"),
-            None => statement
-                .sql("async_task INDEXED BY async_task_claim_idx WHERE tenant IS NULL AND state = 'pending'"),
-        };
-        statement = due_for(statement, due)
-            .sql(" ORDER BY priority, run_at, id LIMIT ")
-            .bind::<BigInt, _>(k)
-            .sql("))");
-    }
-    statement
-        .sql(") ORDER BY priority, turn, run_at, pos, id LIMIT ")
+    let statement = Statement::<Mysql>::new(prefix).sql(
+        "SELECT id, priority, CAST(run_at AS CHAR) AS due_at
+           FROM async_task FORCE INDEX (async_task_claim_idx) WHERE ",
+    );
+    let statement = match tenant {
+        None => statement.sql("tenant IS NULL"),
+        Some(t) => statement.sql("tenant = ").bind::<Text, _>(t.to_owned()),
+    };
+    due_for(statement.sql(" AND state = 'pending'"), due)
+        .sql(" ORDER BY priority, run_at, id LIMIT ")
         .bind::<BigInt, _>(limit)
+        .sql(" FOR UPDATE SKIP LOCKED")
+}
+
+/// A due task locked for a claim, with what ranks it.
+#[derive(Debug, QueryableByName)]
+pub(super) struct Picked {
+    #[diesel(sql_type = BigInt)]
+    pub(super) id: i64,
+    #[diesel(sql_type = Integer)]
+    priority: i32,
+    #[diesel(sql_type = Text)]
+    due_at: String,
+}
+
+/// The ids of the page, locked: each participant's first `ceil(limit × weight / total)` due
+/// tasks, ranked as on PostgreSQL (by priority, then turn: pass plus rank over weight, then
+/// age, then ring position). The tasks locked but not taken stay locked until the claim
+/// commits (other claims skip them meanwhile).
+pub(super) fn page_ids(
+    conn: &mut MysqlConnection,
+    shares: &[Share],
+    due: &DueList,
+    limit: i64,
+) -> QueryResult<Vec<i64>> {
+    let total: i64 = shares.iter().map(|s| s.weight).sum::<i64>().max(1);
+    let mut ranked: Vec<(i32, f64, String, i64, i64)> = Vec::new();
+    for share in shares {
+        let k = (limit.saturating_mul(share.weight) + total - 1) / total;
+        let picked: Vec<Picked> = pick_statement("", share.tenant.as_deref(), due, k).load(conn)?;
+        for (rank, p) in picked.into_iter().enumerate() {
+            let turn = share.pass + (rank as f64 + 1.0) / share.weight.max(1) as f64;
+            ranked.push((p.priority, turn, p.due_at, share.pos, p.id));
+        }
+    }
+    ranked.sort_by(|a, b| {
+        a.0.cmp(&b.0)
+            .then(a.1.total_cmp(&b.1))
+            .then_with(|| a.2.cmp(&b.2))
+            .then(a.3.cmp(&b.3))
+            .then(a.4.cmp(&b.4))
+    });
+    ranked.truncate(usize::try_from(limit).unwrap_or(0));
+    Ok(ranked.into_iter().map(|r| r.4).collect())
 }

@@ -1,10 +1,11 @@
-//! Nodes, statistics and pruning on SQLite.
+//! Nodes, statistics and pruning on MySQL.
 
 use diesel::connection::SimpleConnection;
 use diesel::mysql::{Mysql, MysqlConnection};
 use diesel::sql_types::{BigInt, Text};
 use diesel::{QueryResult, RunQueryDsl};
 
+use super::list;
 use crate::driver::{
     counts_by_state, state_literals, KeywordStateCount, NodeDomainsRow, PruneBatch, PrunedBatch,
 };
@@ -15,12 +16,15 @@ pub(super) fn count_by_keyword_state(
 ) -> QueryResult<Vec<KeywordStateCount>> {
     Statement::<Mysql>::new(concat!(
         "SELECT keyword, state, count(*) AS count,
-                (julianday('now') - julianday(min(CASE WHEN state = 'pending' AND run_at <= ",
+                CAST(TIMESTAMPDIFF(MICROSECOND,
+                     min(CASE WHEN state = 'pending' AND run_at <= ",
         now!(),
-        " THEN run_at END))) * 86400.0 AS oldest_due_secs,
-                sum(CASE WHEN state = 'pending' AND run_at <= ",
+        " THEN run_at END), ",
         now!(),
-        " THEN 1 ELSE 0 END) AS due
+        ") / 1000000.0 AS DOUBLE) AS oldest_due_secs,
+                CAST(sum(CASE WHEN state = 'pending' AND run_at <= ",
+        now!(),
+        " THEN 1 ELSE 0 END) AS SIGNED) AS due
          FROM async_task GROUP BY keyword, state ORDER BY keyword, state"
     ))
     .load(conn)
@@ -33,28 +37,29 @@ pub(super) fn count_due(conn: &mut MysqlConnection, keywords: &[String]) -> Quer
         #[diesel(sql_type = BigInt)]
         n: i64,
     }
-    let keywords = serde_json::to_string(keywords).expect("strings serialize");
     let row: N = Statement::<Mysql>::new(concat!(
         "SELECT count(*) AS n FROM async_task WHERE state = 'pending' AND run_at <= ",
         now!(),
-        " AND keyword IN (SELECT value FROM json_each("
+        " AND keyword IN "
     ))
-    .bind::<Text, _>(keywords)
-    .sql("))")
+    .with(|s| list::texts(s, keywords))
     .get_result(conn)?;
     Ok(row.n)
 }
 
+/// Registers a node; its id is the insert's (`LAST_INSERT_ID()`, this connection's).
 pub(super) fn node_register(conn: &mut MysqlConnection, name: &str) -> QueryResult<i64> {
     #[derive(diesel::QueryableByName)]
     struct Id {
         #[diesel(sql_type = BigInt)]
         id: i64,
     }
-    let row: Id = Statement::<Mysql>::new("INSERT INTO async_node (name) VALUES (")
+    Statement::<Mysql>::new("INSERT INTO async_node (name) VALUES (")
         .bind::<Text, _>(name.to_owned())
-        .sql(") RETURNING id")
-        .get_result(conn)?;
+        .sql(")")
+        .execute(conn)?;
+    let row: Id =
+        diesel::sql_query("SELECT CAST(LAST_INSERT_ID() AS SIGNED) AS id").get_result(conn)?;
     Ok(row.id)
 }
 
@@ -85,101 +90,104 @@ pub(super) fn node_mark_gone(conn: &mut MysqlConnection, node_id: i64) -> QueryR
     .execute(conn)
 }
 
-/// The next window of the prune's walk: the first `limit` tasks after `after_id`.
-#[derive(diesel::QueryableByName)]
-struct Window {
-    /// The window's last id (`None`: the walk reached the end of the table).
-    #[diesel(sql_type = diesel::sql_types::Nullable<BigInt>)]
-    last_id: Option<i64>,
-    /// Whether a task of the window was created before the cutoff.
-    #[diesel(sql_type = diesel::sql_types::Bool)]
-    has_old: bool,
-    /// How many tasks the window holds (fewer than asked: the end of the table).
-    #[diesel(sql_type = BigInt)]
-    rows: i64,
-}
-
-/// Deletes the finished tasks older than the cutoff among the next `limit` tasks by id.
+/// Deletes up to `limit` tasks that finished before the cutoff, oldest first, with their
+/// links, in the caller's transaction.
 ///
-/// SQLite has no index on `finished_at` (every completion would have to update it; see
-/// `docs/performance.md`), so prune walks the rowid from the oldest task, where old finished
-/// tasks are: each batch reads one window of `limit` rows by rowid range, in the caller's
-/// `IMMEDIATE` transaction, so that no batch holds the write lock for longer than it takes
-/// to read `limit` rows, and the next batch resumes after it. The walk ends at the end of the
-/// table, or at the first window with no task created before the cutoff: ids follow
-/// `created_at` (both are set at insert, by the database clock), and a task cannot have
-/// finished before it was created.
-/// The cutoff is UTC text in the one format of every time column, compared as text.
+/// The tasks are picked through the index on `finished_at` and locked, skipping rows another
+/// transaction holds (`FOR UPDATE SKIP LOCKED`); a task is kept while a child of it is
+/// unfinished (found through `async_task_parent`: a producer's `parent_id` shorthand does not
+/// set `has_children` on MySQL). Then they are deleted by id, and their links as the other
+/// backends' trigger `async_task_parent_forget` deletes them (MySQL's triggers run in the
+/// statement that fires them, and this is the driver's to do): every link to a parent of a
+/// pruned task, and the links to the children of a pruned done task. A dead or cancelled
+/// parent's links stay, so that a child whose parent was pruned cannot be retried.
 pub(super) fn prune_tasks(
     conn: &mut MysqlConnection,
     batch: &PruneBatch<'_>,
 ) -> QueryResult<PrunedBatch> {
-    const CUTOFF: &str =
-        "strftime('%Y-%m-%d %H:%M:%f', 'now', printf('-%.3f seconds', ?1 / 1000.0))";
-    let window: Window = diesel::sql_query(format!(
-        "SELECT max(id) AS last_id, coalesce(min(created_at) < {CUTOFF}, 0) AS has_old,
-                count(*) AS rows
-         FROM (SELECT id, created_at FROM async_task WHERE id > ?2 ORDER BY id LIMIT ?3)"
-    ))
-    .bind::<BigInt, _>(batch.older_than_ms)
-    .bind::<BigInt, _>(batch.after_id)
-    .bind::<BigInt, _>(batch.limit)
-    .get_result(conn)?;
-    let Some(last_id) = window.last_id else {
-        return Ok(PrunedBatch::default());
-    };
     #[derive(diesel::QueryableByName)]
-    struct Deleted {
+    struct Doomed {
+        #[diesel(sql_type = BigInt)]
+        id: i64,
         #[diesel(sql_type = Text)]
         state: String,
     }
-    let deleted: Vec<Deleted> = diesel::sql_query(format!(
-        "DELETE FROM async_task
-         WHERE id > ?2 AND id <= ?3
-           AND state IN ('done', 'dead', 'cancelled') AND state IN ({})
-           AND finished_at < {CUTOFF}
-           AND NOT (has_children AND EXISTS (
-               SELECT 1 FROM async_task_parent l JOIN async_task c ON c.id = l.child_id
-                WHERE l.parent_id = async_task.id
-                  AND c.state IN ('pending', 'blocked', 'running')))
-         RETURNING state",
+    let doomed: Vec<Doomed> = diesel::sql_query(format!(
+        concat!(
+            "SELECT id, state FROM async_task FORCE INDEX (async_task_finished_idx)
+             WHERE finished_at < ",
+            now!(),
+            " - INTERVAL ? * 1000 MICROSECOND
+               AND state IN ('done', 'dead', 'cancelled') AND state IN ({})
+               AND NOT EXISTS (
+                   SELECT 1 FROM async_task_parent l JOIN async_task c ON c.id = l.child_id
+                    WHERE l.parent_id = async_task.id
+                      AND c.state IN ('pending', 'blocked', 'running'))
+             ORDER BY finished_at
+             LIMIT ?
+             FOR UPDATE SKIP LOCKED"
+        ),
         state_literals(batch.states)
     ))
     .bind::<BigInt, _>(batch.older_than_ms)
-    .bind::<BigInt, _>(batch.after_id)
-    .bind::<BigInt, _>(last_id)
+    .bind::<BigInt, _>(batch.limit)
     .load(conn)?;
+    if doomed.is_empty() {
+        return Ok(PrunedBatch::default());
+    }
+    let ids: Vec<i64> = doomed.iter().map(|d| d.id).collect();
+    let done: Vec<i64> = doomed
+        .iter()
+        .filter(|d| d.state == "done")
+        .map(|d| d.id)
+        .collect();
+    Statement::<Mysql>::new("DELETE FROM async_task WHERE id IN ")
+        .with(|s| list::ids(s, &ids))
+        .execute(conn)?;
+    Statement::<Mysql>::new("DELETE FROM async_task_parent WHERE child_id IN ")
+        .with(|s| list::ids(s, &ids))
+        .execute(conn)?;
+    if !done.is_empty() {
+        Statement::<Mysql>::new("DELETE FROM async_task_parent WHERE parent_id IN ")
+            .with(|s| list::ids(s, &done))
+            .execute(conn)?;
+    }
+    let total = ids.len();
     Ok(PrunedBatch {
-        deleted: counts_by_state(deleted.into_iter().map(|d| (d.state, 1))),
-        more: window.has_old && window.rows >= batch.limit,
-        resume_after: last_id,
+        deleted: counts_by_state(doomed.into_iter().map(|d| (d.state, 1))),
+        more: i64::try_from(total).unwrap_or(i64::MAX) >= batch.limit,
+        resume_after: 0,
     })
 }
 
-/// Deletes up to `limit` rows of stopped nodes (under the write lock, so nothing changes
-/// between the SELECT and the DELETE).
+/// Deletes up to `limit` rows of stopped nodes: gone, or silent for `silent_ms`, and no
+/// heartbeat for `older_than_ms`, holding no running task.
 pub(super) fn prune_nodes(
     conn: &mut MysqlConnection,
     older_than_ms: i64,
     silent_ms: i64,
     limit: i64,
 ) -> QueryResult<usize> {
-    diesel::sql_query(
-        "DELETE FROM async_node WHERE id IN (
-             SELECT n.id FROM async_node n
-             WHERE n.heartbeat_at < strftime('%Y-%m-%d %H:%M:%f', 'now',
-                                             printf('-%.3f seconds', ?1 / 1000.0))
-               AND (n.state = 'gone'
-                    OR n.heartbeat_at < strftime('%Y-%m-%d %H:%M:%f', 'now',
-                                                 printf('-%.3f seconds', ?2 / 1000.0)))
-               AND NOT EXISTS (SELECT 1 FROM async_task t
-                               WHERE t.owner = n.id AND t.deadline_at IS NOT NULL
-                                 AND t.state = 'running')
-             ORDER BY n.id
-             LIMIT ?3)",
-    )
+    Statement::<Mysql>::new(concat!(
+        "DELETE FROM async_node WHERE heartbeat_at < ",
+        now!(),
+        " - INTERVAL "
+    ))
     .bind::<BigInt, _>(older_than_ms)
+    .sql(concat!(
+        " * 1000 MICROSECOND
+           AND (state = 'gone' OR heartbeat_at < ",
+        now!(),
+        " - INTERVAL "
+    ))
     .bind::<BigInt, _>(silent_ms)
+    .sql(
+        " * 1000 MICROSECOND)
+           AND NOT EXISTS (SELECT 1 FROM async_task t
+                           WHERE t.owner = async_node.id AND t.deadline_at IS NOT NULL
+                             AND t.state = 'running')
+         ORDER BY id LIMIT ",
+    )
     .bind::<BigInt, _>(limit)
     .execute(conn)
 }
@@ -195,12 +203,13 @@ pub(super) fn node_domains(
     conn: &mut MysqlConnection,
     within_ms: i64,
 ) -> QueryResult<Vec<NodeDomainsRow>> {
-    Statement::<Mysql>::new(
-        "SELECT id, name, domains FROM async_node WHERE state = 'alive' \
-         AND heartbeat_at >= strftime('%Y-%m-%d %H:%M:%f', 'now', ",
-    )
-    .bind::<Text, _>(format!("-{:.3} seconds", within_ms as f64 / 1000.0))
-    .sql(") ORDER BY id")
+    Statement::<Mysql>::new(concat!(
+        "SELECT id, name, domains FROM async_node WHERE state = 'alive' AND heartbeat_at >= ",
+        now!(),
+        " - INTERVAL "
+    ))
+    .bind::<BigInt, _>(within_ms)
+    .sql(" * 1000 MICROSECOND ORDER BY id")
     .load(conn)
 }
 

@@ -11,9 +11,12 @@ macro_rules! now {
     };
 }
 
+mod chain;
+mod claim;
 mod domain;
 mod enqueue;
 mod fair;
+mod list;
 mod maintenance;
 mod operate;
 mod ops;
@@ -126,7 +129,7 @@ impl Driver for MysqlConnection {
         limit: i64,
         timeout_ms: i64,
     ) -> QueryResult<Picked> {
-        task::claim_page(self, owner, due, except, pick, limit, timeout_ms)
+        claim::claim_page(self, owner, due, except, pick, limit, timeout_ms)
     }
 
     fn task_claim_limited(
@@ -137,11 +140,11 @@ impl Driver for MysqlConnection {
         limit: i64,
         timeout_ms: i64,
     ) -> QueryResult<Vec<ClaimRow>> {
-        task::claim_limited(self, owner, due, tenants, limit, timeout_ms)
+        claim::claim_limited(self, owner, due, tenants, limit, timeout_ms)
     }
 
     fn task_claim_plan(&mut self, due: &Due<'_>, limit: i64) -> QueryResult<Vec<String>> {
-        task::claim_plan(self, due, limit)
+        claim::claim_plan(self, due, limit)
     }
 
     fn task_complete(&mut self, claim: &Claim) -> QueryResult<usize> {

@@ -1,11 +1,29 @@
-//! Operators' changes on SQLite: cancel by filter, retry, the audit.
+//! Operators' changes on MySQL: cancel by filter, retry, the audit.
+//!
+//! What the other backends' triggers do when a task is cancelled (its descendants cancelled
+//! with it) is the driver's here, in the same transaction (`chain.rs`); and MySQL refuses an
+//! `UPDATE async_task` that reads `async_task` in a subquery (error 1093), so the tasks are
+//! picked first, then changed by id.
 
+use std::collections::BTreeMap;
+
+use diesel::connection::Connection;
 use diesel::mysql::{Mysql, MysqlConnection};
-use diesel::sql_types::{BigInt, Nullable, Text};
+use diesel::sql_types::{BigInt, Integer, Nullable, Text};
 use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 
+use super::{chain, list};
 use crate::driver::{audit_insert, AuditEntry, TaskFilter};
 use crate::sql::Statement;
+
+/// Tasks changed per statement by the operators' bulk changes (each `IN (…)` list).
+pub(super) const CHUNK: i64 = 1000;
+
+#[derive(QueryableByName)]
+pub(super) struct Id {
+    #[diesel(sql_type = BigInt)]
+    pub(super) id: i64,
+}
 
 /// `… WHERE state IN ('pending', 'blocked', 'running')` and the filter's conditions.
 fn unfinished_matching(statement: Statement<Mysql>, filter: &TaskFilter<'_>) -> Statement<Mysql> {
@@ -21,6 +39,9 @@ fn unfinished_matching(statement: Statement<Mysql>, filter: &TaskFilter<'_>) -> 
         .sql(")")
 }
 
+/// Cancels the unfinished tasks of `filter`, [`CHUNK`] at a time in id order, each chunk
+/// locked, cancelled, and its tasks' descendants cancelled with them; returns the tasks of
+/// the filter cancelled (not their descendants), as the other backends count.
 pub(super) fn cancel_matching(
     conn: &mut MysqlConnection,
     filter: &TaskFilter<'_>,
@@ -39,38 +60,133 @@ pub(super) fn cancel_matching(
         .get_result(conn)?;
         return Ok(count.n);
     }
-    let n = unfinished_matching(
-        Statement::new(concat!(
-            "UPDATE async_task SET state = 'cancelled', finished_at = ",
-            now!(),
-            ", updated_at = ",
-            now!()
-        )),
-        filter,
-    )
-    .execute(conn)?;
-    Ok(i64::try_from(n).unwrap_or(i64::MAX))
+    conn.transaction(|conn| {
+        let mut after = 0;
+        let mut cancelled = 0;
+        loop {
+            let chunk: Vec<Id> =
+                unfinished_matching(Statement::new("SELECT id FROM async_task"), filter)
+                    .sql(" AND id > ")
+                    .bind::<BigInt, _>(after)
+                    .sql(" ORDER BY id LIMIT ")
+                    .bind::<BigInt, _>(CHUNK)
+                    .sql(" FOR UPDATE")
+                    .load(conn)?;
+            let Some(last) = chunk.last() else { break };
+            after = last.id;
+            let ids: Vec<i64> = chunk.iter().map(|c| c.id).collect();
+            cancelled += Statement::<Mysql>::new(concat!(
+                "UPDATE async_task SET state = 'cancelled', finished_at = ",
+                now!(),
+                ", updated_at = ",
+                now!(),
+                " WHERE state IN ('pending', 'blocked', 'running') AND id IN "
+            ))
+            .with(|s| list::ids(s, &ids))
+            .execute(conn)?;
+            chain::cancel_descendants_of(conn, &ids, "cancelled")?;
+            if i64::try_from(ids.len()).unwrap_or(i64::MAX) < CHUNK {
+                break;
+            }
+        }
+        Ok(i64::try_from(cancelled).unwrap_or(i64::MAX))
+    })
 }
 
+/// Retries the task `id` if it is dead or cancelled and none of its parents was pruned.
 pub(super) fn retry(conn: &mut MysqlConnection, id: i64) -> QueryResult<usize> {
-    Statement::<Mysql>::new(concat!(
-        "UPDATE async_task SET state = CASE WHEN w.n > 0 THEN 'blocked' ELSE 'pending' END,
-                blocked_by = w.n, failures = 0, owner = NULL, run_at = ",
-        now!(),
-        ", finished_at = NULL, deadline_at = NULL, updated_at = ",
-        now!(),
-        " FROM (SELECT count(*) AS n FROM async_task_parent l JOIN async_task p
-                 ON p.id = l.parent_id WHERE l.child_id = "
-    ))
-    .bind::<BigInt, _>(id)
-    .sql(" AND p.state <> 'done') w WHERE id = ")
-    .bind::<BigInt, _>(id)
-    .sql(
-        " AND state IN ('dead', 'cancelled')
-           AND NOT EXISTS (SELECT 1 FROM async_task_parent l WHERE l.child_id = async_task.id
-                  AND NOT EXISTS (SELECT 1 FROM async_task p WHERE p.id = l.parent_id))",
+    retry_ids(
+        conn,
+        &[id],
+        &["dead".to_owned(), "cancelled".to_owned()],
+        true,
     )
-    .execute(conn)
+}
+
+/// Retries those of the tasks `ids` still in one of `states` (and, with `whole`, none of
+/// whose parents was pruned): pending again, or blocked on the parents of theirs that are
+/// not done, failures reset; returns how many. In one transaction that first locks the
+/// parents, in id order as a completion locks them (a completion in flight is waited for,
+/// its parent then read as done), then the tasks: a parent cannot become done between the
+/// count of those a child waits for and the child's update. A parent retried in the same
+/// call is counted as not done (ids ascend from parent to child).
+pub(super) fn retry_ids(
+    conn: &mut MysqlConnection,
+    ids: &[i64],
+    states: &[String],
+    whole: bool,
+) -> QueryResult<usize> {
+    if ids.is_empty() {
+        return Ok(0);
+    }
+    conn.transaction(|conn| {
+        Statement::<Mysql>::new(
+            "SELECT id FROM async_task WHERE id IN
+               (SELECT parent_id FROM async_task_parent WHERE child_id IN ",
+        )
+        .with(|s| list::ids(s, ids))
+        .sql(") ORDER BY id FOR UPDATE")
+        .load::<Id>(conn)?;
+        let mut pick = Statement::<Mysql>::new("SELECT id FROM async_task WHERE id IN ")
+            .with(|s| list::ids(s, ids))
+            .sql(" AND state IN ")
+            .with(|s| list::texts(s, states));
+        if whole {
+            pick = pick.sql(
+                " AND NOT EXISTS (SELECT 1 FROM async_task_parent l
+                     WHERE l.child_id = async_task.id
+                       AND NOT EXISTS (SELECT 1 FROM async_task p WHERE p.id = l.parent_id))",
+            );
+        }
+        let picked: Vec<Id> = pick.sql(" ORDER BY id FOR UPDATE").load(conn)?;
+        if picked.is_empty() {
+            return Ok(0);
+        }
+        let picked: Vec<i64> = picked.into_iter().map(|p| p.id).collect();
+        let n = Statement::<Mysql>::new(concat!(
+            "UPDATE async_task SET state = 'pending', blocked_by = 0, failures = 0, owner = NULL,
+                    run_at = ",
+            now!(),
+            ", finished_at = NULL, deadline_at = NULL, updated_at = ",
+            now!(),
+            " WHERE id IN "
+        ))
+        .with(|s| list::ids(s, &picked))
+        .execute(conn)?;
+        block_on_parents(conn, &picked)?;
+        Ok(n)
+    })
+}
+
+/// Blocks each of the tasks `ids` (just made pending) on its parents that are not done.
+fn block_on_parents(conn: &mut MysqlConnection, ids: &[i64]) -> QueryResult<()> {
+    #[derive(QueryableByName)]
+    struct Waiting {
+        #[diesel(sql_type = BigInt)]
+        id: i64,
+        #[diesel(sql_type = BigInt)]
+        n: i64,
+    }
+    let waiting: Vec<Waiting> = Statement::<Mysql>::new(
+        "SELECT l.child_id AS id, count(*) AS n
+           FROM async_task_parent l JOIN async_task p ON p.id = l.parent_id
+          WHERE p.state <> 'done' AND l.child_id IN ",
+    )
+    .with(|s| list::ids(s, ids))
+    .sql(" GROUP BY l.child_id")
+    .load(conn)?;
+    let mut by_count: BTreeMap<i64, Vec<i64>> = BTreeMap::new();
+    for w in waiting {
+        by_count.entry(w.n).or_default().push(w.id);
+    }
+    for (n, children) in by_count {
+        Statement::<Mysql>::new("UPDATE async_task SET state = 'blocked', blocked_by = ")
+            .bind::<Integer, _>(i32::try_from(n).unwrap_or(i32::MAX))
+            .sql(" WHERE id IN ")
+            .with(|s| list::ids(s, &children))
+            .execute(conn)?;
+    }
+    Ok(())
 }
 
 pub(super) fn audit(conn: &mut MysqlConnection, audit: &AuditEntry<'_>) -> QueryResult<usize> {

@@ -1,9 +1,12 @@
-//! The operator's reads and bulk changes on SQLite, whose times are stored as UTC text.
+//! The operator's reads and bulk changes on MySQL: times (UTC `DATETIME(3)`) read as text
+//! of the one shape, `CAST(… AS CHAR)`.
 
+use diesel::connection::Connection;
 use diesel::mysql::{Mysql, MysqlConnection};
 use diesel::sql_types::{BigInt, Integer, Text};
 use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
 
+use super::operate::{retry_ids, Id, CHUNK};
 use crate::driver::ops::{
     page_of, retry_states, where_selected, AuditRow, NodeRow, OpsDriver, TaskDetailRow,
     TaskLinkRow, TaskListRow, TaskPageAt, TaskSelect,
@@ -14,9 +17,12 @@ use crate::sql::Statement;
 macro_rules! list_columns {
     () => {
         concat!(
+            "CAST(",
             now!(),
-            " AS db_now, id, keyword, biz_id, tenant, state, failures, max_attempts, priority, \
-             run_at, created_at, updated_at, finished_at, owner, last_error"
+            " AS CHAR) AS db_now, id, keyword, biz_id, tenant, state, failures, max_attempts, \
+             priority, CAST(run_at AS CHAR) AS run_at, CAST(created_at AS CHAR) AS created_at, \
+             CAST(updated_at AS CHAR) AS updated_at, CAST(finished_at AS CHAR) AS finished_at, \
+             owner, last_error"
         )
     };
 }
@@ -27,24 +33,16 @@ struct Count {
     n: i64,
 }
 
-/// The time `ms` milliseconds before now, as SQLite's times are written.
+/// The time `ms` milliseconds before now, by the database clock.
 fn ago(statement: Statement<Mysql>, ms: i64) -> Statement<Mysql> {
     statement
-        .sql("strftime('%Y-%m-%d %H:%M:%f', 'now', ")
-        .bind::<Text, _>(format!("-{:.3} seconds", ms as f64 / 1000.0))
-        .sql(")")
+        .sql(concat!("(", now!(), " - INTERVAL "))
+        .bind::<BigInt, _>(ms)
+        .sql(" * 1000 MICROSECOND)")
 }
 
 fn selected(statement: Statement<Mysql>, select: &TaskSelect<'_>) -> Statement<Mysql> {
     where_selected(statement.sql(" WHERE 1"), select, ago)
-}
-
-/// The parents of the task `async_task.id` that are not done.
-macro_rules! waiting_for {
-    () => {
-        "(SELECT count(*) FROM async_task_parent l JOIN async_task p ON p.id = l.parent_id
-           WHERE l.child_id = async_task.id AND p.state <> 'done')"
-    };
 }
 
 impl OpsDriver for MysqlConnection {
@@ -62,8 +60,8 @@ impl OpsDriver for MysqlConnection {
         Statement::<Mysql>::new(concat!(
             "SELECT ",
             list_columns!(),
-            ", biz_data, claim_token, parent_id, claimed_at, deadline_at, blocked_by \
-             FROM async_task WHERE id = "
+            ", biz_data, claim_token, parent_id, CAST(claimed_at AS CHAR) AS claimed_at, \
+             CAST(deadline_at AS CHAR) AS deadline_at, blocked_by FROM async_task WHERE id = "
         ))
         .bind::<BigInt, _>(id)
         .get_result(self)
@@ -109,31 +107,43 @@ impl OpsDriver for MysqlConnection {
             .get_result(self)?;
             return Ok(count.n);
         }
-        // The write lock is held: no parent completes meanwhile. A parent retried by the same
-        // statement is not done, before or after its own update: its child waits for it.
-        let n = selected(
-            Statement::new(concat!(
-                "UPDATE async_task SET state = CASE WHEN ",
-                waiting_for!(),
-                " > 0 THEN 'blocked' ELSE 'pending' END, blocked_by = ",
-                waiting_for!(),
-                ", failures = 0, owner = NULL, run_at = ",
-                now!(),
-                ", finished_at = NULL, deadline_at = NULL, updated_at = ",
-                now!()
-            )),
-            &select,
-        )
-        .execute(self)?;
-        Ok(i64::try_from(n).unwrap_or(i64::MAX))
+        // A chunk of ids at a time, in id order (a parent before its children), each
+        // retried as `outbox retry ID` retries one (`operate::retry_ids`), all in one
+        // transaction.
+        let states: Vec<String> = select
+            .states
+            .iter()
+            .map(|s| s.as_str().to_owned())
+            .collect();
+        self.transaction(|conn| {
+            let mut after = 0;
+            let mut retried = 0;
+            loop {
+                let chunk: Vec<Id> = selected(Statement::new("SELECT id FROM async_task"), &select)
+                    .sql(" AND id > ")
+                    .bind::<BigInt, _>(after)
+                    .sql(" ORDER BY id LIMIT ")
+                    .bind::<BigInt, _>(CHUNK)
+                    .load(conn)?;
+                let Some(last) = chunk.last() else { break };
+                after = last.id;
+                let ids: Vec<i64> = chunk.iter().map(|c| c.id).collect();
+                retried += retry_ids(conn, &ids, &states, false)?;
+                if i64::try_from(ids.len()).unwrap_or(i64::MAX) < CHUNK {
+                    break;
+                }
+            }
+            Ok(i64::try_from(retried).unwrap_or(i64::MAX))
+        })
     }
 
     fn node_list(&mut self, limit: i64) -> QueryResult<Vec<NodeRow>> {
         // The running tasks through the lease index (every running task has a deadline).
         Statement::<Mysql>::new(concat!(
-            "SELECT ",
+            "SELECT CAST(",
             now!(),
-            " AS db_now, n.id, n.name, n.state, n.started_at, n.heartbeat_at,
+            " AS CHAR) AS db_now, n.id, n.name, n.state, CAST(n.started_at AS CHAR) AS started_at,
+                CAST(n.heartbeat_at AS CHAR) AS heartbeat_at,
                 (SELECT count(*) FROM async_task t WHERE t.owner = n.id
                     AND t.deadline_at IS NOT NULL AND t.state = 'running') AS running
                FROM async_node n
@@ -150,7 +160,7 @@ impl OpsDriver for MysqlConnection {
         limit: i64,
     ) -> QueryResult<Vec<AuditRow>> {
         let mut statement = Statement::<Mysql>::new(
-            "SELECT id, at, actor, action, target, detail, affected FROM async_audit WHERE 1",
+            "SELECT id, CAST(at AS CHAR) AS at, actor, action, target, detail, affected\n               FROM async_audit WHERE 1",
         );
         if let Some(action) = action {
             statement = statement

@@ -1,24 +1,26 @@
-//! Cron schedules on SQLite: `async_schedule`, its times stored as UTC text.
+//! Cron schedules on MySQL: `async_schedule`, its UTC `DATETIME(3)` times read and written
+//! as text of the one shape (`CAST(… AS CHAR)` gives `YYYY-MM-DD HH:MM:SS.mmm`).
 
 use diesel::mysql::{Mysql, MysqlConnection};
 use diesel::sql_types::Text;
 use diesel::{QueryResult, RunQueryDsl};
 
+use super::domain::unless_duplicate;
+use super::list;
 use crate::driver::schedule::{ScheduleDriver, ScheduleListRow, ScheduleRow};
 use crate::sql::Statement;
 
 impl ScheduleDriver for MysqlConnection {
     fn schedule_read(&mut self, keywords: &[String]) -> QueryResult<Vec<ScheduleRow>> {
-        let keywords = serde_json::to_string(keywords).expect("strings serialise");
         Statement::<Mysql>::new(concat!(
-            "SELECT ",
+            "SELECT CAST(",
             now!(),
-            " AS db_now, s.keyword, s.since, s.last_tick
+            " AS CHAR) AS db_now, s.keyword, CAST(s.since AS CHAR) AS since,
+                    CAST(s.last_tick AS CHAR) AS last_tick
                FROM (SELECT 1) AS one
-               LEFT JOIN async_schedule s ON s.keyword IN (SELECT value FROM json_each("
+               LEFT JOIN async_schedule s ON s.keyword IN "
         ))
-        .bind::<Text, _>(keywords)
-        .sql("))")
+        .with(|s| list::texts(s, keywords))
         .load(self)
     }
 
@@ -28,16 +30,18 @@ impl ScheduleDriver for MysqlConnection {
         expression: &str,
         node: &str,
     ) -> QueryResult<usize> {
-        Statement::<Mysql>::new(
-            "INSERT INTO async_schedule (keyword, expression, updated_by) VALUES (",
+        unless_duplicate(
+            Statement::<Mysql>::new(
+                "INSERT INTO async_schedule (keyword, expression, updated_by) VALUES (",
+            )
+            .bind::<Text, _>(keyword.to_owned())
+            .sql(", ")
+            .bind::<Text, _>(expression.to_owned())
+            .sql(", ")
+            .bind::<Text, _>(node.to_owned())
+            .sql(")")
+            .execute(self),
         )
-        .bind::<Text, _>(keyword.to_owned())
-        .sql(", ")
-        .bind::<Text, _>(expression.to_owned())
-        .sql(", ")
-        .bind::<Text, _>(node.to_owned())
-        .sql(") ON CONFLICT (keyword) DO NOTHING")
-        .execute(self)
     }
 
     fn schedule_advance(
@@ -47,30 +51,31 @@ impl ScheduleDriver for MysqlConnection {
         tick: &str,
         node: &str,
     ) -> QueryResult<usize> {
-        Statement::<Mysql>::new("UPDATE async_schedule SET last_tick = ")
+        Statement::<Mysql>::new("UPDATE async_schedule SET last_tick = CAST(")
             .bind::<Text, _>(tick.to_owned())
-            .sql(", expression = ")
+            .sql(" AS DATETIME(3)), expression = ")
             .bind::<Text, _>(expression.to_owned())
             .sql(concat!(", updated_at = ", now!(), ", updated_by = "))
             .bind::<Text, _>(node.to_owned())
             .sql(" WHERE keyword = ")
             .bind::<Text, _>(keyword.to_owned())
-            // Text of one shape compares as time.
-            .sql(" AND (last_tick IS NULL OR last_tick < ")
+            .sql(" AND (last_tick IS NULL OR last_tick < CAST(")
             .bind::<Text, _>(tick.to_owned())
-            .sql(")")
+            .sql(" AS DATETIME(3)))")
             .execute(self)
     }
 
     fn schedule_list(&mut self) -> QueryResult<Vec<ScheduleListRow>> {
         Statement::<Mysql>::new(concat!(
-            "SELECT ",
+            "SELECT CAST(",
             now!(),
-            " AS db_now, s.keyword, s.expression, s.since, s.last_tick, s.updated_at,
+            " AS CHAR) AS db_now, s.keyword, s.expression, CAST(s.since AS CHAR) AS since,
+                    CAST(s.last_tick AS CHAR) AS last_tick,
+                    CAST(s.updated_at AS CHAR) AS updated_at,
                     s.updated_by, t.id AS task_id, t.state AS task_state
                FROM async_schedule s
                LEFT JOIN async_task t ON t.keyword = s.keyword
-                AND t.biz_id = 'cron:' || strftime('%Y-%m-%dT%H:%M:%SZ', s.last_tick)
+                AND t.biz_id = CONCAT('cron:', DATE_FORMAT(s.last_tick, '%Y-%m-%dT%H:%i:%sZ'))
               ORDER BY s.keyword"
         ))
         .load(self)

@@ -1,4 +1,4 @@
-//! Nodes' claim strategies on SQLite: what a node publishes at each beat, and the live nodes'
+//! Nodes' claim strategies on MySQL: what a node publishes at each beat, and the live nodes'
 //! publications.
 
 use diesel::mysql::{Mysql, MysqlConnection};
@@ -33,11 +33,13 @@ pub(super) fn live(
     conn: &mut MysqlConnection,
     within_ms: i64,
 ) -> QueryResult<Vec<NodeStrategyRow>> {
-    Statement::<Mysql>::new(
+    Statement::<Mysql>::new(concat!(
         "SELECT id, strategy, weight, running FROM async_node WHERE state = 'alive'
-         AND heartbeat_at >= strftime('%Y-%m-%d %H:%M:%f', 'now', printf('-%.3f seconds', ",
-    )
+         AND heartbeat_at >= ",
+        now!(),
+        " - INTERVAL "
+    ))
     .bind::<BigInt, _>(within_ms)
-    .sql(" / 1000.0)) ORDER BY id")
+    .sql(" * 1000 MICROSECOND ORDER BY id")
     .load(conn)
 }

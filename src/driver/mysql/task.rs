@@ -1,109 +1,20 @@
-//! Task statements on SQLite: claim, completion, failure, release, rescue.
+//! Task statements on MySQL: completion, failure, release, cancellation, rescue. A task that
+//! ends done releases its children, one that ends dead or cancelled cancels its descendants,
+//! in the same transaction (see `chain.rs`: no trigger may do it on MySQL).
 
 use diesel::mysql::{Mysql, MysqlConnection};
-use diesel::sql_types::{BigInt, Nullable, Text};
+use diesel::sql_types::{BigInt, Double, Integer, Nullable, Text};
 use diesel::Connection;
-use diesel::{OptionalExtension, QueryResult, RunQueryDsl};
+use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
 
-use super::fair::{self, due_for, DueJson};
-use crate::driver::{
-    fence, rescue_params, Claim, ClaimRow, ClaimState, Due, Pick, Picked, RescueParams, RescuedRow,
-    TaskRecord,
-};
+use super::{chain, list};
+use crate::driver::{fence, Claim, ClaimState, RescueParams, RescuedRow, TaskRecord};
 use crate::sql::Statement;
 
-pub(super) fn claim_page(
-    conn: &mut MysqlConnection,
-    owner: i64,
-    due: &Due<'_>,
-    except: &[String],
-    pick: &Pick<'_>,
-    limit: i64,
-    timeout_ms: i64,
-) -> QueryResult<Picked> {
-    let due = DueJson::of(due);
-    let except =
-        (!except.is_empty()).then(|| serde_json::to_string(except).expect("strings serialise"));
-    // The node's tasks that finished since its last claim leave the lease index first
-    // (see `async_task_lease_idx`): one statement for the page, in the claim's
-    // transaction, instead of an index write at every completion.
-    conn.transaction(|conn| {
-        Statement::<Mysql>::new(
-            "UPDATE async_task SET deadline_at = NULL
-             WHERE owner = ",
-        )
-        .bind::<BigInt, _>(owner)
-        .sql(" AND deadline_at IS NOT NULL AND state <> 'running'")
-        .execute(conn)?;
-        let (after, passes) = match pick {
-            Pick::Fair { after, passes } => (after, passes),
-            Pick::Solo { tenant, probe } => {
-                let rows: Vec<ClaimRow> = match tenant {
-                    None => claim_statement("", owner, &due, limit, timeout_ms).load(conn)?,
-                    Some(tenant) => fair::page_ids(
-                        claim_set("", owner, timeout_ms),
-                        &[fair::Share::of(tenant)],
-                        &due,
-                        limit,
-                    )
-                    .sql(CLAIM_RETURNING)
-                    .load(conn)?,
-                };
-                let crowded = (*probe || rows.is_empty())
-                    && fair::others_pending(conn, *tenant, except.as_deref())?;
-                return Ok(Picked {
-                    weights: vec![(tenant.map(str::to_owned), 1)],
-                    rows,
-                    crowded,
-                    ring_end: None,
-                    shared: Vec::new(),
-                });
-            }
-        };
-        let (shares, ring_end) = fair::shares(conn, &due, except.as_deref(), after, passes, limit)?;
-        let rows: Vec<ClaimRow> = match shares.as_slice() {
-            [] => Vec::new(),
-            [only] if only.tenant.is_none() => {
-                claim_statement("", owner, &due, limit, timeout_ms).load(conn)?
-            }
-            _ => fair::page_ids(claim_set("", owner, timeout_ms), &shares, &due, limit)
-                .sql(CLAIM_RETURNING)
-                .load(conn)?,
-        };
-        let weights = shares
-            .iter()
-            .map(|s| {
-                (
-                    s.tenant.clone(),
-                    i32::try_from(s.weight).unwrap_or(i32::MAX),
-                )
-            })
-            .collect();
-        Ok(Picked {
-            rows,
-            weights,
-            crowded: false,
-            ring_end,
-            shared: shares.iter().map(|s| s.tenant.clone()).collect(),
-        })
-    })
-}
-
-pub(super) fn claim_plan(
-    conn: &mut MysqlConnection,
-    due: &Due<'_>,
-    limit: i64,
-) -> QueryResult<Vec<String>> {
-    #[derive(diesel::QueryableByName)]
-    struct Line {
-        #[diesel(sql_type = Text)]
-        detail: String,
-    }
-    let due = DueJson::of(due);
-    let mut lines: Vec<Line> =
-        fair::shares_statement("EXPLAIN QUERY PLAN ", &due, None, "", limit).load(conn)?;
-    lines.extend(claim_statement("EXPLAIN QUERY PLAN ", 0, &due, limit, 0).load::<Line>(conn)?);
-    Ok(lines.into_iter().map(|l| l.detail).collect())
+#[derive(QueryableByName)]
+struct Id {
+    #[diesel(sql_type = BigInt)]
+    id: i64,
 }
 
 pub(super) fn complete(conn: &mut MysqlConnection, claim: &Claim) -> QueryResult<usize> {
@@ -113,7 +24,13 @@ pub(super) fn complete(conn: &mut MysqlConnection, claim: &Claim) -> QueryResult
         ", updated_at = ",
         now!()
     );
-    fence(Statement::new(set), claim).execute(conn)
+    conn.transaction(|conn| {
+        let n = fence(Statement::new(set), claim).execute(conn)?;
+        if n == 1 {
+            chain::release_children(conn, &[claim.id])?;
+        }
+        Ok(n)
+    })
 }
 
 pub(super) fn complete_many(
@@ -121,22 +38,35 @@ pub(super) fn complete_many(
     owner: i64,
     claims: &[(i64, i64)],
 ) -> QueryResult<usize> {
-    let claims_json = serde_json::to_string(claims).expect("integers serialise");
-    Statement::<Mysql>::new(concat!(
-        "UPDATE async_task SET state = 'done', finished_at = ",
-        now!(),
-        ", updated_at = ",
-        now!(),
-        " WHERE state = 'running' AND owner = "
-    ))
-    .bind::<BigInt, _>(owner)
-    .sql(
-        " AND (id, claim_token) IN
-           (SELECT value ->> 0, value ->> 1 FROM json_each(",
-    )
-    .bind::<Text, _>(claims_json)
-    .sql("))")
-    .execute(conn)
+    let ids: Vec<i64> = claims.iter().map(|&(id, _)| id).collect();
+    conn.transaction(|conn| {
+        // The tasks still held by these claims, locked: those this completion ends.
+        let held: Vec<Id> = Statement::<Mysql>::new(
+            "SELECT id FROM async_task WHERE state = 'running' AND owner = ",
+        )
+        .bind::<BigInt, _>(owner)
+        .sql(" AND id IN ")
+        .with(|s| list::ids(s, &ids))
+        .sql(" AND (id, claim_token) IN ")
+        .with(|s| list::pairs(s, claims))
+        .sql(" ORDER BY id FOR UPDATE")
+        .load(conn)?;
+        if held.is_empty() {
+            return Ok(0);
+        }
+        let held: Vec<i64> = held.into_iter().map(|h| h.id).collect();
+        let n = Statement::<Mysql>::new(concat!(
+            "UPDATE async_task SET state = 'done', finished_at = ",
+            now!(),
+            ", updated_at = ",
+            now!(),
+            " WHERE state = 'running' AND id IN "
+        ))
+        .with(|s| list::ids(s, &held))
+        .execute(conn)?;
+        chain::release_children(conn, &held)?;
+        Ok(n)
+    })
 }
 
 pub(super) fn fail_retry(
@@ -149,9 +79,9 @@ pub(super) fn fail_retry(
         "UPDATE async_task SET state = 'pending', owner = NULL, deadline_at = NULL, failures = failures + 1, last_error = ",
     )
     .bind::<Text, _>(error.to_owned())
-    .sql(", run_at = strftime('%Y-%m-%d %H:%M:%f', 'now', printf('+%.3f seconds', ")
+    .sql(concat!(", run_at = ", now!(), " + INTERVAL "))
     .bind::<BigInt, _>(delay_ms)
-    .sql(concat!(" / 1000.0)), updated_at = ", now!()));
+    .sql(concat!(" * 1000 MICROSECOND, updated_at = ", now!()));
     fence(set, claim).execute(conn)
 }
 
@@ -170,7 +100,13 @@ pub(super) fn fail_dead(
         ", updated_at = ",
         now!()
     ));
-    fence(set, claim).execute(conn)
+    conn.transaction(|conn| {
+        let n = fence(set, claim).execute(conn)?;
+        if n == 1 {
+            chain::cancel_descendants_of(conn, &[claim.id], "dead")?;
+        }
+        Ok(n)
+    })
 }
 
 pub(super) fn release(
@@ -189,32 +125,29 @@ pub(super) fn release(
 }
 
 pub(super) fn cancel(conn: &mut MysqlConnection, id: i64) -> QueryResult<usize> {
-    Statement::<Mysql>::new(concat!(
-        "UPDATE async_task SET state = 'cancelled', finished_at = ",
-        now!(),
-        ", updated_at = ",
-        now!(),
-        " WHERE id = "
-    ))
-    .bind::<BigInt, _>(id)
-    .sql(" AND state IN ('pending', 'blocked', 'running')")
-    .execute(conn)
+    conn.transaction(|conn| {
+        let n = Statement::<Mysql>::new(concat!(
+            "UPDATE async_task SET state = 'cancelled', finished_at = ",
+            now!(),
+            ", updated_at = ",
+            now!(),
+            " WHERE id = "
+        ))
+        .bind::<BigInt, _>(id)
+        .sql(" AND state IN ('pending', 'blocked', 'running')")
+        .execute(conn)?;
+        if n == 1 {
+            chain::cancel_descendants_of(conn, &[id], "cancelled")?;
+        }
+        Ok(n)
+    })
 }
 
 pub(super) fn cancelled_among(conn: &mut MysqlConnection, ids: &[i64]) -> QueryResult<Vec<i64>> {
-    #[derive(diesel::QueryableByName)]
-    struct Id {
-        #[diesel(sql_type = BigInt)]
-        id: i64,
-    }
-    let ids = serde_json::to_string(ids).expect("ids serialise");
-    let rows: Vec<Id> = Statement::<Mysql>::new(
-        "SELECT id FROM async_task WHERE state = 'cancelled'
-         AND id IN (SELECT value FROM json_each(",
-    )
-    .bind::<Text, _>(ids)
-    .sql("))")
-    .load(conn)?;
+    let rows: Vec<Id> =
+        Statement::<Mysql>::new("SELECT id FROM async_task WHERE state = 'cancelled' AND id IN ")
+            .with(|s| list::ids(s, ids))
+            .load(conn)?;
     Ok(rows.into_iter().map(|r| r.id).collect())
 }
 
@@ -241,180 +174,96 @@ pub(super) fn get_by_key(
     .optional()
 }
 
+/// Rescue: the running tasks past their deadline or whose owner is not a live node, locked
+/// (a completion under way is waited for, and its task then no longer matches), each
+/// returned to pending after a backoff or, at max attempts, dead (its descendants
+/// cancelled), counting a failure; then read back.
 pub(super) fn rescue_many(
     conn: &mut MysqlConnection,
     rescue: &RescueParams,
 ) -> QueryResult<Vec<RescuedRow>> {
-    // SQLite runs one writer at a time, so the WHERE clause is evaluated under the write
-    // lock and two rescuers cannot both take a task. In SET, column references read the
-    // row as it was before this UPDATE. Running tasks are read through the lease index
-    // (`deadline_at IS NOT NULL`); first, the finished tasks still in it (those of nodes
-    // that have not claimed since) leave it, so that it stays about as small as the
-    // number of running tasks.
-    conn.transaction(|conn| {
-        Statement::<Mysql>::new(
-            "UPDATE async_task SET deadline_at = NULL
-             WHERE deadline_at IS NOT NULL AND state <> 'running'",
-        )
-        .execute(conn)?;
-        rescue_statement(rescue).load(conn)
-    })
-}
-
-/// The rescue: one UPDATE that re-checks its conditions in its WHERE clause.
-fn rescue_statement(rescue: &RescueParams) -> Statement<Mysql> {
-    rescue_params(rescue).sql(concat!(
-                "
-                UPDATE async_task SET
-                    failures = failures + 1,
-                    state = CASE WHEN failures + 1 >= COALESCE(max_attempts, (SELECT default_max FROM params))
-                                 THEN 'dead' ELSE 'pending' END,
-                    run_at = CASE WHEN failures + 1 >= COALESCE(max_attempts, (SELECT default_max FROM params))
-                                  THEN run_at
-                                  ELSE strftime('%Y-%m-%d %H:%M:%f', 'now', printf('+%.3f seconds',
-                                       min(min((SELECT base_ms FROM params) * (1 << min(failures, 40)),
-                                               (SELECT max_ms FROM params))
-                                           * (1 - (SELECT jitter FROM params)
-                                              + 2 * (SELECT jitter FROM params)
-                                                  * (random() / 18446744073709551616.0 + 0.5)),
-                                           (SELECT max_ms FROM params)) / 1000.0)) END,
-                    finished_at = CASE WHEN failures + 1 >= COALESCE(max_attempts, (SELECT default_max FROM params))
-                                       THEN ",
-                now!(),
-                " END,
-                    owner = CASE WHEN failures + 1 >= COALESCE(max_attempts, (SELECT default_max FROM params))
-                                 THEN owner END,
-                    last_error = 'rescued from node ' || COALESCE(owner, '(none)') || ': ' ||
-                                 CASE WHEN deadline_at < ",
-                now!(),
-                " THEN 'running past its deadline' ELSE 'the node stopped heartbeating' END,
-                    deadline_at = NULL,
-                    updated_at = ",
-                now!(),
-                "
-                WHERE deadline_at IS NOT NULL AND state = 'running'
-                  AND (deadline_at < ",
-                now!(),
-                " OR NOT EXISTS (SELECT 1 FROM async_node n
-                                  WHERE n.id = async_task.owner AND n.state = 'alive'
-                                    AND n.heartbeat_at >= strftime('%Y-%m-%d %H:%M:%f', 'now',
-                                        printf('-%.3f seconds', (SELECT dead_ms FROM params) / 1000.0))))
-                RETURNING id, state, last_error AS reason, keyword, biz_id, tenant"
-            ))
-}
-
-/// The claim of tasks without a tenant due for `due`, after `prefix` (empty, or `EXPLAIN
-/// QUERY PLAN` to show its plan).
-fn claim_statement(
-    prefix: &'static str,
-    owner: i64,
-    due: &DueJson,
-    limit: i64,
-    timeout_ms: i64,
-) -> Statement<Mysql> {
-    // A single UPDATE takes SQLite's write lock before it reads, so two claimers are
-    // serialised by the lock (waiting out the busy timeout) and never see the same row
-    // pending. The keyword list is one JSON bind. INDEXED BY: left to itself, the planner
-    // serves `keyword IN (…)` from the unique (keyword, biz_id) index and sorts every task
-    // of those keywords, done ones included, on every claim.
-    claim_set(prefix, owner, timeout_ms)
-        .sql(
-            "
-                SELECT id FROM async_task INDEXED BY async_task_claim_idx
-                WHERE tenant IS NULL AND state = 'pending'",
-        )
-        .with(|s| due_for(s, due))
-        .sql(
-            "
-                ORDER BY priority, run_at, id
-                LIMIT ",
-        )
-        .bind::<BigInt, _>(limit)
-        .sql(CLAIM_RETURNING)
-}
-
-/// `UPDATE async_task SET` (claimed by `owner`, deadline `timeout_ms` from now) `WHERE id IN
-/// (`, left open for the ids' SELECT and then [`CLAIM_RETURNING`].
-fn claim_set(prefix: &'static str, owner: i64, timeout_ms: i64) -> Statement<Mysql> {
-    Statement::<Mysql>::new(prefix)
-        .sql("UPDATE async_task SET state = 'running', owner = ")
-        .bind::<BigInt, _>(owner)
-        // The times are uncorrelated scalar subqueries: SQLite computes each once per
-        // statement, not once per claimed row.
-        .sql(concat!(
-            ", claim_token = claim_token + 1, claimed_at = (SELECT ",
+    let lapsed = |s: Statement<Mysql>| {
+        s.sql(concat!(
+            "state = 'running' AND (deadline_at < ",
             now!(),
-            "), updated_at = (SELECT ",
+            " OR NOT EXISTS (SELECT 1 FROM async_node n
+                              WHERE n.id = async_task.owner AND n.state = 'alive'
+                                AND n.heartbeat_at >= ",
             now!(),
-            "), deadline_at = (SELECT strftime('%Y-%m-%d %H:%M:%f', 'now', printf('+%.3f seconds', "
+            " - INTERVAL "
         ))
-        .bind::<BigInt, _>(timeout_ms)
-        .sql(" / 1000.0))) WHERE id IN (")
-}
-
-/// The end of a claim statement begun by [`claim_set`].
-const CLAIM_RETURNING: &str = ")
-            RETURNING id, keyword, biz_id, biz_data, tenant, failures, max_attempts, claim_token, priority";
-
-/// See [`crate::driver::Driver::task_claim_limited`]. In one write transaction, whose lock,
-/// taken before it reads, makes the running counts exact: for each tenant in turn, its room
-/// (its limit less what runs) and then at most that many of its first due tasks by the
-/// tenant index, until the page is full. (SQLite uses a partial index only when the query
-/// repeats its predicate's terms: `state = 'pending'` alone does not imply the index's `state
-/// IN (…)`.)
-pub(super) fn claim_limited(
-    conn: &mut MysqlConnection,
-    owner: i64,
-    due: &Due<'_>,
-    tenants: &[String],
-    limit: i64,
-    timeout_ms: i64,
-) -> QueryResult<Vec<ClaimRow>> {
-    #[derive(diesel::QueryableByName)]
-    struct Room {
-        #[diesel(sql_type = BigInt)]
-        room: i64,
-    }
-    let due = DueJson::of(due);
+        .bind::<BigInt, _>(rescue.dead_after_ms)
+        .sql(" * 1000 MICROSECOND))")
+    };
     conn.transaction(|conn| {
-        let mut page = Vec::new();
-        for tenant in tenants {
-            let left = limit - i64::try_from(page.len()).unwrap_or(i64::MAX);
-            if left <= 0 {
-                break;
-            }
-            let room: Option<Room> = Statement::<Mysql>::new(
-                "SELECT max_running - (SELECT count(*) FROM async_task r
-                                        WHERE r.tenant = a.tenant AND r.state = 'running'
-                                          AND r.state IN ('pending', 'blocked', 'running')) AS room
-                   FROM async_tenant a WHERE a.max_running IS NOT NULL AND a.tenant = ",
-            )
-            .bind::<Text, _>(tenant.clone())
-            .get_result(conn)
-            .optional()?;
-            let take = room.map_or(0, |r| r.room).min(left);
-            if take <= 0 {
-                continue;
-            }
-            let rows: Vec<ClaimRow> = claim_set("", owner, timeout_ms)
-                .sql(
-                    "
-                SELECT id FROM async_task INDEXED BY async_task_tenant_idx
-                 WHERE tenant = ",
-                )
-                .bind::<Text, _>(tenant.clone())
-                .sql(" AND state = 'pending' AND state IN ('pending', 'blocked', 'running')")
-                .with(|s| due_for(s, &due))
-                .sql(
-                    "
-                 ORDER BY priority, run_at, id
-                 LIMIT ",
-                )
-                .bind::<BigInt, _>(take)
-                .sql(CLAIM_RETURNING)
-                .load(conn)?;
-            page.extend(rows);
+        let ids: Vec<Id> = Statement::<Mysql>::new(
+            "SELECT id FROM async_task FORCE INDEX (async_task_deadline_idx) WHERE ",
+        )
+        .with(lapsed)
+        .sql(" ORDER BY id FOR UPDATE")
+        .load(conn)?;
+        if ids.is_empty() {
+            return Ok(Vec::new());
         }
-        Ok(page)
+        let ids: Vec<i64> = ids.into_iter().map(|i| i.id).collect();
+        let at_max = |s: Statement<Mysql>| {
+            s.sql("failures + 1 >= COALESCE(max_attempts, ")
+                .bind::<Integer, _>(rescue.default_max_attempts)
+                .sql(")")
+        };
+        // MySQL assigns SET's columns left to right, each seeing the ones before: every
+        // column that reads failures, owner or the deadline comes before they change.
+        Statement::<Mysql>::new(
+            "UPDATE async_task SET
+                last_error = CONCAT('rescued from node ', COALESCE(owner, '(none)'), ': ',
+                    CASE WHEN deadline_at < ",
+        )
+        .sql(concat!(
+            now!(),
+            " THEN 'running past its deadline' ELSE 'the node stopped heartbeating' END),
+                run_at = CASE WHEN "
+        ))
+        .with(at_max)
+        .sql(concat!(
+            " THEN run_at ELSE ",
+            now!(),
+            " + INTERVAL ROUND(LEAST(LEAST("
+        ))
+        .bind::<BigInt, _>(rescue.backoff_base_ms)
+        .sql(" * POW(2, LEAST(failures, 40)), ")
+        .bind::<BigInt, _>(rescue.backoff_max_ms)
+        .sql(") * (1 - ")
+        .bind::<Double, _>(rescue.backoff_jitter)
+        .sql(" + 2 * ")
+        .bind::<Double, _>(rescue.backoff_jitter)
+        .sql(" * RAND()), ")
+        .bind::<BigInt, _>(rescue.backoff_max_ms)
+        .sql(") * 1000) MICROSECOND END, finished_at = CASE WHEN ")
+        .with(at_max)
+        .sql(concat!(" THEN ", now!(), " END, owner = CASE WHEN "))
+        .with(at_max)
+        .sql(" THEN owner END, state = CASE WHEN ")
+        .with(at_max)
+        .sql(concat!(
+            " THEN 'dead' ELSE 'pending' END, deadline_at = NULL, updated_at = ",
+            now!(),
+            ", failures = failures + 1 WHERE state = 'running' AND id IN "
+        ))
+        .with(|s| list::ids(s, &ids))
+        .execute(conn)?;
+        let rows: Vec<RescuedRow> = Statement::<Mysql>::new(
+            "SELECT id, state, last_error AS reason, keyword, biz_id, tenant
+               FROM async_task WHERE id IN ",
+        )
+        .with(|s| list::ids(s, &ids))
+        .sql(" ORDER BY id")
+        .load(conn)?;
+        let dead: Vec<i64> = rows
+            .iter()
+            .filter(|r| r.state == "dead")
+            .map(|r| r.id)
+            .collect();
+        chain::cancel_descendants_of(conn, &dead, "dead")?;
+        Ok(rows)
     })
 }

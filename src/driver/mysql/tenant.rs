@@ -1,4 +1,5 @@
-//! Tenants on SQLite: `async_tenant` and its audit.
+//! Tenants on MySQL: `async_tenant` and its audit. (The claim of tenants with a
+//! `max_running` is the core's, in `claim.rs`.)
 
 use diesel::connection::Connection;
 use diesel::mysql::{Mysql, MysqlConnection};
@@ -9,15 +10,14 @@ use super::operate::audit;
 use crate::driver::{AuditEntry, TenantRow, TenantSet};
 use crate::sql::Statement;
 
-/// `SELECT` of a [`TenantRow`] from `async_tenant a`, left open for the `WHERE`.
+/// `SELECT` of a [`TenantRow`] from `async_tenant a`, left open for the `WHERE`; the
+/// counts read the claim index (tenant, state).
 const TENANT_SELECT: &str = "SELECT a.tenant, a.max_queued, a.max_running, a.weight,
          (SELECT count(*) FROM async_task t
-           WHERE t.tenant = a.tenant AND t.state IN ('pending', 'blocked')
-             AND t.state IN ('pending', 'blocked', 'running')) AS queued,
+           WHERE t.tenant = a.tenant AND t.state IN ('pending', 'blocked')) AS queued,
          (SELECT count(*) FROM async_task t
-           WHERE t.tenant = a.tenant AND t.state = 'running'
-             AND t.state IN ('pending', 'blocked', 'running')) AS running,
-         a.updated_at, a.updated_by
+           WHERE t.tenant = a.tenant AND t.state = 'running') AS running,
+         CAST(a.updated_at AS CHAR) AS updated_at, a.updated_by
     FROM async_tenant a";
 
 pub(super) fn set(
@@ -26,10 +26,11 @@ pub(super) fn set(
     set: &TenantSet,
     entry: &AuditEntry<'_>,
 ) -> QueryResult<TenantRow> {
-    // The first statement writes, so the transaction takes the write lock at once.
+    // MySQL has no RETURNING: the row is read back in the same transaction, which holds
+    // its lock from the upsert on.
     conn.transaction(|conn| {
         Statement::<Mysql>::new(
-            "INSERT INTO async_tenant AS a (tenant, max_queued, max_running, weight, updated_by) VALUES (",
+            "INSERT INTO async_tenant (tenant, max_queued, max_running, weight, updated_by) VALUES (",
         )
         .bind::<Text, _>(tenant.to_owned())
         .sql(", ")
@@ -42,19 +43,19 @@ pub(super) fn set(
         .bind::<Text, _>(entry.actor.to_owned())
         .sql(
             ")
-            ON CONFLICT (tenant) DO UPDATE SET
+            ON DUPLICATE KEY UPDATE
                 max_queued = CASE WHEN ",
         )
         .bind::<Bool, _>(set.max_queued.is_some())
-        .sql(" THEN excluded.max_queued ELSE a.max_queued END, max_running = CASE WHEN ")
+        .sql(" THEN VALUES(max_queued) ELSE max_queued END, max_running = CASE WHEN ")
         .bind::<Bool, _>(set.max_running.is_some())
-        .sql(" THEN excluded.max_running ELSE a.max_running END, weight = CASE WHEN ")
+        .sql(" THEN VALUES(max_running) ELSE max_running END, weight = CASE WHEN ")
         .bind::<Bool, _>(set.weight.is_some())
         .sql(concat!(
-            " THEN excluded.weight ELSE a.weight END,
+            " THEN VALUES(weight) ELSE weight END,
                 updated_at = ",
             now!(),
-            ", updated_by = excluded.updated_by"
+            ", updated_by = VALUES(updated_by)"
         ))
         .execute(conn)?;
         audit(conn, entry)?;
@@ -103,17 +104,17 @@ pub(super) fn over_max_queued(
         .map(|(t, n)| serde_json::json!({"t": t, "n": n}))
         .collect();
     let full: Option<Full> = Statement::<Mysql>::new(
-        "SELECT a.tenant, a.max_queued AS lim
-           FROM async_tenant a JOIN json_each(",
+        "SELECT a.tenant, CAST(a.max_queued AS SIGNED) AS lim
+           FROM async_tenant a JOIN JSON_TABLE(",
     )
     .bind::<Text, _>(serde_json::Value::Array(batch).to_string())
     .sql(
-        ") j ON j.value ->> 't' = a.tenant
+        ", '$[*]' COLUMNS (t VARCHAR(128) PATH '$.t', n BIGINT PATH '$.n')) j
+             ON j.t = a.tenant
           WHERE a.max_queued IS NOT NULL
           ORDER BY (SELECT count(*) FROM async_task q
-                     WHERE q.tenant = a.tenant AND q.state IN ('pending', 'blocked')
-                       AND q.state IN ('pending', 'blocked', 'running'))
-                   + (j.value ->> 'n') - a.max_queued DESC, a.tenant
+                     WHERE q.tenant = a.tenant AND q.state IN ('pending', 'blocked'))
+                   + j.n - a.max_queued DESC, a.tenant
           LIMIT 1",
     )
     .get_result(conn)

@@ -1,0 +1,128 @@
+//! Chains on MySQL (README, "Chains"): what the other backends' triggers on `async_task`
+//! do when a parent finishes, done by the driver in the transaction of the change. MySQL
+//! forbids a trigger to change the table whose statement fired it (error 1442), so a
+//! parent's completion cannot release its children from a trigger on `async_task` (linking
+//! is a trigger on `async_task_parent`, which may). Children are found through
+//! `async_task_parent` (a producer's `parent_id` shorthand links there but cannot set the
+//! parent's `has_children`), and locked in id order before they change, as on PostgreSQL:
+//! two parents finishing at once that share children wait for each other instead of
+//! deadlocking.
+
+use diesel::mysql::{Mysql, MysqlConnection};
+use diesel::sql_types::{BigInt, Text};
+use diesel::{QueryResult, QueryableByName, RunQueryDsl};
+
+use super::list;
+use crate::sql::Statement;
+
+#[derive(QueryableByName)]
+struct Id {
+    #[diesel(sql_type = BigInt)]
+    id: i64,
+}
+
+/// Releases the children of `parents` (tasks that have just become done, in this
+/// transaction): each blocked child waits for as many parents fewer as it has among them,
+/// and is pending once it waits for none.
+pub(crate) fn release_children(conn: &mut MysqlConnection, parents: &[i64]) -> QueryResult<()> {
+    if parents.is_empty() {
+        return Ok(());
+    }
+    let children: Vec<Id> = Statement::<Mysql>::new(
+        "SELECT id FROM async_task WHERE state = 'blocked' AND id IN
+           (SELECT child_id FROM async_task_parent WHERE parent_id IN ",
+    )
+    .with(|s| list::ids(s, parents))
+    .sql(") ORDER BY id FOR UPDATE")
+    .load(conn)?;
+    if children.is_empty() {
+        return Ok(());
+    }
+    let children: Vec<i64> = children.into_iter().map(|c| c.id).collect();
+    // MySQL assigns SET's columns left to right, each seeing the ones before: the state is
+    // decided on the count of parents before it is lowered.
+    let done_parents = |s: Statement<Mysql>| {
+        s.sql(
+            "(SELECT count(*) FROM async_task_parent l
+               WHERE l.child_id = async_task.id AND l.parent_id IN ",
+        )
+        .with(|s| list::ids(s, parents))
+        .sql(")")
+    };
+    Statement::<Mysql>::new("UPDATE async_task SET state = CASE WHEN blocked_by <= ")
+        .with(done_parents)
+        .sql(" THEN 'pending' ELSE 'blocked' END, blocked_by = blocked_by - ")
+        .with(done_parents)
+        .sql(concat!(
+            ", updated_at = ",
+            now!(),
+            " WHERE state = 'blocked' AND id IN "
+        ))
+        .with(|s| list::ids(s, &children))
+        .execute(conn)?;
+    Ok(())
+}
+
+/// Cancels the blocked and pending descendants of `root` (not `root` itself), however deep
+/// the tree, saying `why`.
+pub(crate) fn cancel_descendants(
+    conn: &mut MysqlConnection,
+    root: i64,
+    why: &str,
+) -> QueryResult<usize> {
+    let descendants: Vec<Id> = Statement::<Mysql>::new(
+        "WITH RECURSIVE d (id) AS (
+             SELECT child_id FROM async_task_parent WHERE parent_id = ",
+    )
+    .bind::<BigInt, _>(root)
+    .sql(
+        "
+             UNION
+             SELECT l.child_id FROM async_task_parent l JOIN d ON l.parent_id = d.id)
+         SELECT id FROM async_task WHERE state IN ('blocked', 'pending')
+            AND id IN (SELECT id FROM d) ORDER BY id FOR UPDATE",
+    )
+    .load(conn)?;
+    if descendants.is_empty() {
+        return Ok(0);
+    }
+    let ids: Vec<i64> = descendants.into_iter().map(|d| d.id).collect();
+    Statement::<Mysql>::new(concat!(
+        "UPDATE async_task SET state = 'cancelled', finished_at = ",
+        now!(),
+        ", updated_at = ",
+        now!(),
+        ", last_error = "
+    ))
+    .bind::<Text, _>(why.to_owned())
+    .sql(" WHERE state IN ('blocked', 'pending') AND id IN ")
+    .with(|s| list::ids(s, &ids))
+    .execute(conn)
+}
+
+/// Cancels the descendants of each of `roots`, tasks that have just ended dead or cancelled
+/// (`state`), as [`cancel_descendants`] does.
+pub(crate) fn cancel_descendants_of(
+    conn: &mut MysqlConnection,
+    roots: &[i64],
+    state: &str,
+) -> QueryResult<()> {
+    if roots.is_empty() {
+        return Ok(());
+    }
+    // Only the roots that are anyone's parent: one index read for all of them.
+    let parents: Vec<Id> = Statement::<Mysql>::new(
+        "SELECT DISTINCT parent_id AS id FROM async_task_parent WHERE parent_id IN ",
+    )
+    .with(|s| list::ids(s, roots))
+    .sql(" ORDER BY parent_id")
+    .load(conn)?;
+    for parent in parents {
+        cancel_descendants(
+            conn,
+            parent.id,
+            &format!("parent task {} is {state}", parent.id),
+        )?;
+    }
+    Ok(())
+}

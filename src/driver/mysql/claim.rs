@@ -1,0 +1,215 @@
+//! The claim on MySQL, seed 003's: in one transaction, the due rows are picked in claim
+//! order and locked (`SELECT id … ORDER BY priority, run_at, id LIMIT n FOR UPDATE SKIP
+//! LOCKED`: a concurrent claimer passes over them instead of waiting), marked running by one
+//! `UPDATE … WHERE id IN (…)`, and the page read back (MySQL has no `UPDATE … RETURNING`).
+//! The rows stay locked by this transaction from the pick to the commit, so the page read
+//! back by id and owner is exactly what the UPDATE claimed.
+
+use diesel::mysql::{Mysql, MysqlConnection};
+use diesel::sql_types::{BigInt, Nullable, Text};
+use diesel::Connection;
+use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
+
+use super::fair::{self, DueList};
+use super::list;
+use crate::driver::{ClaimRow, Due, Pick, Picked};
+use crate::sql::Statement;
+
+pub(super) fn claim_page(
+    conn: &mut MysqlConnection,
+    owner: i64,
+    due: &Due<'_>,
+    except: &[String],
+    pick: &Pick<'_>,
+    limit: i64,
+    timeout_ms: i64,
+) -> QueryResult<Picked> {
+    let due = DueList::of(due);
+    conn.transaction(|conn| {
+        let (after, passes) = match pick {
+            Pick::Fair { after, passes } => (after, passes),
+            Pick::Solo { tenant, probe } => {
+                let ids = pick_ids(conn, *tenant, &due, limit)?;
+                let rows = mark(conn, owner, &ids, timeout_ms)?;
+                let crowded =
+                    (*probe || rows.is_empty()) && fair::others_pending(conn, *tenant, except)?;
+                return Ok(Picked {
+                    weights: vec![(tenant.map(str::to_owned), 1)],
+                    rows,
+                    crowded,
+                    ring_end: None,
+                    shared: Vec::new(),
+                });
+            }
+        };
+        let (shares, ring_end) = fair::shares(conn, &due, except, after, passes, limit)?;
+        let ids = match shares.as_slice() {
+            [] => Vec::new(),
+            [only] if only.tenant.is_none() => pick_ids(conn, None, &due, limit)?,
+            _ => fair::page_ids(conn, &shares, &due, limit)?,
+        };
+        let rows = mark(conn, owner, &ids, timeout_ms)?;
+        let weights = shares
+            .iter()
+            .map(|s| {
+                (
+                    s.tenant.clone(),
+                    i32::try_from(s.weight).unwrap_or(i32::MAX),
+                )
+            })
+            .collect();
+        Ok(Picked {
+            rows,
+            weights,
+            crowded: false,
+            ring_end,
+            shared: shares.iter().map(|s| s.tenant.clone()).collect(),
+        })
+    })
+}
+
+/// The first `limit` due tasks of `tenant` (`None`: those without one), locked.
+fn pick_ids(
+    conn: &mut MysqlConnection,
+    tenant: Option<&str>,
+    due: &DueList,
+    limit: i64,
+) -> QueryResult<Vec<i64>> {
+    let picked: Vec<fair::Picked> = fair::pick_statement("", tenant, due, limit).load(conn)?;
+    Ok(picked.into_iter().map(|p| p.id).collect())
+}
+
+/// Claims the tasks `ids` (locked by this transaction, pending) for `owner`: running,
+/// claim token bumped, deadline `timeout_ms` from now; returns the page in claim order.
+fn mark(
+    conn: &mut MysqlConnection,
+    owner: i64,
+    ids: &[i64],
+    timeout_ms: i64,
+) -> QueryResult<Vec<ClaimRow>> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    // UTC_TIMESTAMP is the statement's start: one time for every row.
+    Statement::<Mysql>::new("UPDATE async_task SET state = 'running', owner = ")
+        .bind::<BigInt, _>(owner)
+        .sql(concat!(
+            ", claim_token = claim_token + 1, claimed_at = ",
+            now!(),
+            ", updated_at = ",
+            now!(),
+            ", deadline_at = ",
+            now!(),
+            " + INTERVAL "
+        ))
+        .bind::<BigInt, _>(timeout_ms)
+        .sql(" * 1000 MICROSECOND WHERE state = 'pending' AND id IN ")
+        .with(|s| list::ids(s, ids))
+        .execute(conn)?;
+    Statement::<Mysql>::new(
+        "SELECT id, keyword, biz_id, biz_data, tenant, failures, max_attempts, claim_token, priority
+           FROM async_task WHERE state = 'running' AND owner = ",
+    )
+    .bind::<BigInt, _>(owner)
+    .sql(" AND id IN ")
+    .with(|s| list::ids(s, ids))
+    .sql(" ORDER BY priority, run_at, id")
+    .load(conn)
+}
+
+/// The plan of the claim: the ring's statement, then the pick of tasks without a tenant,
+/// one line per row of `EXPLAIN`.
+pub(super) fn claim_plan(
+    conn: &mut MysqlConnection,
+    due: &Due<'_>,
+    limit: i64,
+) -> QueryResult<Vec<String>> {
+    #[derive(QueryableByName)]
+    struct Line {
+        #[diesel(sql_type = Nullable<Text>)]
+        select_type: Option<String>,
+        #[diesel(sql_type = Nullable<Text>)]
+        table: Option<String>,
+        #[diesel(sql_type = Nullable<Text>)]
+        r#type: Option<String>,
+        #[diesel(sql_type = Nullable<Text>)]
+        key: Option<String>,
+        #[diesel(sql_type = Nullable<Text>, column_name = "Extra")]
+        extra: Option<String>,
+    }
+    let due = DueList::of(due);
+    let mut lines: Vec<Line> =
+        fair::shares_statement("EXPLAIN ", &due, &[], "", limit).load(conn)?;
+    lines.extend(fair::pick_statement("EXPLAIN ", None, &due, limit).load::<Line>(conn)?);
+    let text = |v: Option<String>| v.unwrap_or_else(|| "-".to_owned());
+    Ok(lines
+        .into_iter()
+        .map(|l| {
+            format!(
+                "{} {} type={} key={} {}",
+                text(l.select_type),
+                text(l.table),
+                text(l.r#type),
+                text(l.key),
+                text(l.extra)
+            )
+        })
+        .collect())
+}
+
+/// See [`crate::driver::Driver::task_claim_limited`]. In one transaction: for each tenant
+/// in turn, its row of `async_tenant` is locked (a tenant another node is claiming for is
+/// skipped this time, as PostgreSQL skips a tenant whose claim lock is taken), so that the
+/// running count read next is exact; then its room (its limit less what runs), and at most
+/// that many of its first due tasks, until the page is full.
+pub(super) fn claim_limited(
+    conn: &mut MysqlConnection,
+    owner: i64,
+    due: &Due<'_>,
+    tenants: &[String],
+    limit: i64,
+    timeout_ms: i64,
+) -> QueryResult<Vec<ClaimRow>> {
+    #[derive(QueryableByName)]
+    struct Limit {
+        #[diesel(sql_type = BigInt)]
+        max_running: i64,
+    }
+    #[derive(QueryableByName)]
+    struct Running {
+        #[diesel(sql_type = BigInt)]
+        running: i64,
+    }
+    let due = DueList::of(due);
+    conn.transaction(|conn| {
+        let mut page = Vec::new();
+        for tenant in tenants {
+            let left = limit - i64::try_from(page.len()).unwrap_or(i64::MAX);
+            if left <= 0 {
+                break;
+            }
+            let max: Option<Limit> = Statement::<Mysql>::new(
+                "SELECT CAST(max_running AS SIGNED) AS max_running FROM async_tenant
+                  WHERE max_running IS NOT NULL AND tenant = ",
+            )
+            .bind::<Text, _>(tenant.clone())
+            .sql(" FOR UPDATE SKIP LOCKED")
+            .get_result(conn)
+            .optional()?;
+            let Some(max) = max else { continue };
+            let running: Running = Statement::<Mysql>::new(
+                "SELECT count(*) AS running FROM async_task FORCE INDEX (async_task_claim_idx)
+                  WHERE state = 'running' AND tenant = ",
+            )
+            .bind::<Text, _>(tenant.clone())
+            .get_result(conn)?;
+            let take = (max.max_running - running.running).min(left);
+            if take <= 0 {
+                continue;
+            }
+            let ids = pick_ids(conn, Some(tenant), &due, take)?;
+            page.extend(mark(conn, owner, &ids, timeout_ms)?);
+        }
+        Ok(page)
+    })
+}
