@@ -13,9 +13,7 @@ use crate::worker::{DatabaseReport, Fleet, Report};
 pub(super) fn only_one(given: usize) -> Error {
     Error::InvalidConfig {
         setting: "--database-url",
-        reason: format!(
-            "is given {given} times: only `run` and `drain` serve several databases"
-        ),
+        reason: format!("is given {given} times: only `run` and `drain` serve several databases"),
     }
 }
 

@@ -78,7 +78,9 @@ impl Fleet {
     /// mixes backends, `config` sets domains or a metrics address, or a database is
     /// unreachable or not migrated ([`Error::OnDatabase`], naming it).
     pub fn new(urls: &[DatabaseUrl], registry: Registry, config: WorkerConfig) -> Result<Fleet> {
-        let first = urls.first().ok_or_else(|| bad("must name at least one database"))?;
+        let first = urls
+            .first()
+            .ok_or_else(|| bad("must name at least one database"))?;
         let mut seen = HashSet::new();
         for url in urls {
             if !seen.insert(url.as_str()) {
@@ -163,9 +165,7 @@ impl Fleet {
     /// [`Worker::run`] on every database at once, until the stop flag is set. A database
     /// that is unavailable is waited out with backoff by its own loop.
     pub fn run(&self) -> Vec<DatabaseReport<Report>> {
-        self.on_each(|worker, feed, tally| {
-            worker.with_cron_timer(|| worker.claim_on(feed, tally))
-        })
+        self.on_each(|worker, feed, tally| worker.with_cron_timer(|| worker.claim_on(feed, tally)))
     }
 
     /// Runs `work` for each database on a claiming thread of its own, all feeding one scope
@@ -198,7 +198,10 @@ impl Fleet {
                     .into_iter()
                     .map(|spawned| match spawned {
                         Ok(thread) => thread.join().unwrap_or_else(|_| {
-                            (Err(Error::Panicked { thread: "claiming" }), started.elapsed())
+                            (
+                                Err(Error::Panicked { thread: "claiming" }),
+                                started.elapsed(),
+                            )
                         }),
                         Err(source) => (
                             Err(Error::Thread {
@@ -240,10 +243,13 @@ impl Fleet {
 
     /// Everything the fleet has done since it started, every database together.
     pub fn totals(&self) -> Tally {
-        self.workers.iter().map(Worker::totals).fold(Tally::default(), |mut sum, t| {
-            sum.merge(t);
-            sum
-        })
+        self.workers
+            .iter()
+            .map(Worker::totals)
+            .fold(Tally::default(), |mut sum, t| {
+                sum.merge(t);
+                sum
+            })
     }
 
     /// Reads [`Fleet::totals`] without holding the fleet, as [`Worker::totals_reader`].

@@ -98,7 +98,11 @@ impl Stoppable for Fleet {
         Fleet::mark_gone(self)
     }
     fn nodes(&self) -> String {
-        let ids: Vec<String> = self.workers().iter().map(|w| w.node_id().to_string()).collect();
+        let ids: Vec<String> = self
+            .workers()
+            .iter()
+            .map(|w| w.node_id().to_string())
+            .collect();
         format!("nodes {}", ids.join(", "))
     }
 }

@@ -95,11 +95,15 @@ fn server_url(variable: &str, script: &str) -> String {
                 return url.trim().to_owned();
             }
         }
-        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts").join(script);
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("scripts")
+            .join(script);
         let script = if path.exists() {
             path
         } else {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts").join(script)
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../scripts")
+                .join(script)
         };
         let out = Command::new("bash")
             .arg(&script)
