@@ -254,6 +254,16 @@ pub enum Error {
         /// The shutdown timeout.
         timeout: std::time::Duration,
     },
+
+    // A worker serving several databases (`crate::Fleet`).
+    /// What failed on one of the databases a [`crate::Fleet`] serves.
+    #[error("database {database}: {source}")]
+    OnDatabase {
+        /// The database's URL, its password masked.
+        database: String,
+        /// What failed there.
+        source: Box<Error>,
+    },
 }
 
 /// The library's result type.
@@ -291,6 +301,14 @@ impl<T> OpContext<T> for std::result::Result<T, r2d2::Error> {
 impl Error {
     /// Whether a statement failed because its connection was found dead (a backend
     /// terminated while the connection sat idle in the pool, a server restart).
+    /// This error as one of `url`'s, for a worker serving several databases.
+    pub(crate) fn on_database(self, url: &crate::db::DatabaseUrl) -> Error {
+        Error::OnDatabase {
+            database: url.masked(),
+            source: Box::new(self),
+        }
+    }
+
     pub(crate) fn is_connection_lost(&self) -> bool {
         matches!(self, Error::Database { source, .. }
             if crate::db::transaction::is_connection_error(source))

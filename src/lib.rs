@@ -67,6 +67,8 @@ pub use tenant::{remove_tenant, set_tenant, tenants, Tenant, TenantLimits};
 pub use worker::{
     ClaimStyle, CronPass, Report, RescueReport, ScheduledTick, Tally, Worker, WorkerConfig,
 };
+// A worker serving several databases (README, "Sharding: beyond one database server").
+pub use worker::{DatabaseReport, Fleet};
 
 /// Every Rust block of the README compiles (and runs, unless marked `no_run`) as a doctest.
 #[cfg(doctest)]

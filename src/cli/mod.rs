@@ -12,6 +12,7 @@ mod args;
 mod cancel;
 mod domain;
 mod enqueue;
+mod fleet;
 mod observe;
 mod progress;
 mod prune;
@@ -92,8 +93,8 @@ where
     };
     finish(
         cli.database
-            .url()
-            .and_then(|url| run(cli.command, &url, registry)),
+            .urls()
+            .and_then(|urls| run_on(cli.command, &urls, registry)),
     )
 }
 
@@ -112,6 +113,7 @@ pub fn finish(result: Result<()>) -> ExitCode {
 /// 2 for input the user can fix on the command line, 1 for everything else.
 pub fn exit_code(error: &Error) -> u8 {
     match error {
+        Error::OnDatabase { source, .. } => exit_code(source),
         Error::InvalidKeyword { .. }
         | Error::InvalidBizId { .. }
         | Error::InvalidPayload { .. }
@@ -140,15 +142,34 @@ struct Cli {
 #[derive(Debug, Clone, Args)]
 pub struct DatabaseArgs {
     /// Database URL: postgres://… or postgresql://… for PostgreSQL; sqlite://PATH or a file
-    /// path for SQLite. The backend is chosen from the scheme alone.
-    #[arg(long, env = "DATABASE_URL", default_value = DEFAULT_DATABASE_URL, global = true)]
-    database_url: String,
+    /// path for SQLite. The backend is chosen from the scheme alone. `run` and `drain` take
+    /// it repeated, to serve several databases of one backend (DATABASE_URL is one URL).
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = DEFAULT_DATABASE_URL,
+        global = true,
+        action = clap::ArgAction::Append
+    )]
+    database_url: Vec<String>,
 }
 
 impl DatabaseArgs {
-    /// The parsed URL ([`Error::InvalidDatabaseUrl`] when it names no backend plainly).
+    /// The parsed URL ([`Error::InvalidDatabaseUrl`] when it names no backend plainly;
+    /// [`Error::InvalidConfig`] when `--database-url` was given more than once).
     pub fn url(&self) -> Result<DatabaseUrl> {
-        DatabaseUrl::parse(&self.database_url)
+        match self.database_url.as_slice() {
+            [one] => DatabaseUrl::parse(one),
+            several => Err(fleet::only_one(several.len())),
+        }
+    }
+
+    /// Every URL given, parsed, in order (at least one).
+    pub fn urls(&self) -> Result<Vec<DatabaseUrl>> {
+        self.database_url
+            .iter()
+            .map(|url| DatabaseUrl::parse(url))
+            .collect()
     }
 }
 
@@ -241,6 +262,18 @@ pub fn run(command: Command, url: &DatabaseUrl, registry: Registry) -> Result<()
         Command::Audit(args) => audit::run(url, args),
         #[cfg(feature = "web")]
         Command::Web(args) => web::run(url, args),
+    }
+}
+
+/// Runs one of the library's commands on `urls`: `drain` and `run` serve every database
+/// given (README, "Sharding: beyond one database server"); the other commands take exactly
+/// one.
+pub fn run_on(command: Command, urls: &[DatabaseUrl], registry: Registry) -> Result<()> {
+    match (command, urls) {
+        (command, [url]) => run(command, url, registry),
+        (Command::Drain(args), urls) => fleet::drain(urls, registry, args),
+        (Command::Run(args), urls) => fleet::run(urls, registry, args),
+        (_, urls) => Err(fleet::only_one(urls.len())),
     }
 }
 

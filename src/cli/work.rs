@@ -14,13 +14,13 @@ use crate::worker::{Report, Worker};
 #[derive(Debug, Args)]
 pub struct RunArgs {
     #[command(flatten)]
-    worker: WorkerArgs,
+    pub(super) worker: WorkerArgs,
     /// How often to look for due tasks when idle (jittered by ±10%).
     #[arg(long, value_parser = super::parse_duration, default_value = "1s")]
-    poll_interval: Duration,
+    pub(super) poll_interval: Duration,
     /// Do not LISTEN for NOTIFY on PostgreSQL; poll only (for PgBouncer in transaction mode).
     #[arg(long)]
-    no_listen: bool,
+    pub(super) no_listen: bool,
 }
 
 pub(super) fn drain(
@@ -62,17 +62,20 @@ pub(super) fn run(url: &DatabaseUrl, mut registry: Registry, args: RunArgs) -> c
     Ok(())
 }
 
-fn print_report(verb: &str, report: &Report, json: bool) {
+/// A report as `--json` prints it.
+pub(super) fn report_json(report: &Report) -> serde_json::Value {
+    let t = report.tally;
+    serde_json::json!({
+        "claimed": t.claimed, "done": t.done, "retried": t.retried, "dead": t.dead,
+        "lost": t.lost, "released": t.released, "abandoned": t.abandoned,
+        "seconds": report.elapsed.as_secs_f64(), "tasks_per_s": report.tasks_per_sec(),
+    })
+}
+
+pub(super) fn print_report(verb: &str, report: &Report, json: bool) {
     let t = report.tally;
     if json {
-        println!(
-            "{}",
-            serde_json::json!({
-                "claimed": t.claimed, "done": t.done, "retried": t.retried, "dead": t.dead,
-                "lost": t.lost, "released": t.released, "abandoned": t.abandoned,
-                "seconds": report.elapsed.as_secs_f64(), "tasks_per_s": report.tasks_per_sec(),
-            })
-        );
+        println!("{}", report_json(report));
         return;
     }
     println!(

@@ -37,10 +37,11 @@ pub(crate) struct Dispatcher {
     /// [`Self::wait_for_room`]).
     caller_helps: bool,
     /// Signalled when a unit of work finishes on the pool and there is then room for what
-    /// [`Self::wait_for_room`] waits for.
-    finished: (Mutex<()>, Condvar),
-    /// The room [`Self::wait_for_room`] waits for, or [`LANE_ROOM`]; 0 when nobody waits.
-    /// Finishing work wakes the waiter only once there is that much room (or a lane worth
+    /// [`Self::wait_for_room`] waits for. Holds what each waiting claim loop waits for (one
+    /// per database of a [`crate::Fleet`], which share the pool).
+    finished: (Mutex<Vec<usize>>, Condvar),
+    /// The least room a waiter waits for, or [`LANE_ROOM`]; 0 when nobody waits.
+    /// Finishing work wakes the waiters only once there is that much room (or a lane worth
     /// claiming for, or nothing in flight), not at every task.
     wanted: AtomicUsize,
     /// Held for the length of a [`Self::scope`].
@@ -230,7 +231,7 @@ impl Dispatcher {
             caller_runs: AtomicU64::new(0),
             helped: AtomicU64::new(0),
             caller_helps,
-            finished: (Mutex::new(()), Condvar::new()),
+            finished: (Mutex::new(Vec::new()), Condvar::new()),
             wanted: AtomicUsize::new(0),
             scope_lock: Mutex::new(()),
         })
@@ -347,19 +348,23 @@ impl Dispatcher {
 
     /// Waits until `ready`, woken when a unit finishes as `want` asks (see [`Self::wanted`]).
     fn wait_until(&self, want: usize, ready: impl Fn() -> bool) {
-        let mut guard = self.finished.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut waiting = self.finished.0.lock().unwrap_or_else(|e| e.into_inner());
         // Set under the lock: a finishing thread that sees it takes the lock to notify, so
         // it cannot notify between our check and our wait.
-        self.wanted.store(want, Ordering::SeqCst);
+        waiting.push(want);
+        self.wanted.store(least(&waiting), Ordering::SeqCst);
         while !ready() {
-            guard = self
+            waiting = self
                 .finished
                 .1
-                .wait_timeout(guard, Duration::from_millis(50))
+                .wait_timeout(waiting, Duration::from_millis(50))
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
-        self.wanted.store(0, Ordering::Release);
+        if let Some(i) = waiting.iter().position(|&w| w == want) {
+            waiting.swap_remove(i);
+        }
+        self.wanted.store(least(&waiting), Ordering::SeqCst);
     }
 
     /// Waits until some lane is worth a claim ([`Slots::worth_claiming`]), nothing is in
@@ -392,4 +397,10 @@ impl Dispatcher {
     pub(crate) fn helped(&self) -> u64 {
         self.helped.load(Ordering::Relaxed)
     }
+}
+
+/// What the waiters need before one of them is woken: the least room any waits for; 0 when
+/// nobody waits.
+fn least(waiting: &[usize]) -> usize {
+    waiting.iter().copied().min().unwrap_or(0)
 }

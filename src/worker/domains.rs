@@ -86,6 +86,10 @@ pub(crate) struct Base {
     pub(crate) lock: bool,
     pub(crate) domains: Vec<Domain>,
     pub(crate) registered: Vec<String>,
+    /// On a [`crate::Fleet`]'s execution pool, shared by several databases: the slots are
+    /// every database's, so this database's `async_domain` rows may pause `default` (its
+    /// claims stop) but not reshape the slots; its other rows are ignored.
+    pub(crate) shared_pool: bool,
 }
 
 /// The node's domains now.
@@ -145,6 +149,13 @@ impl DomainControl {
     /// merge that is invalid changes nothing.
     fn apply(&self, rows: &[DomainRow], paused: &[String]) -> Result<()> {
         let base = &self.base;
+        let shared_rows;
+        let rows = if base.shared_pool {
+            shared_rows = shared_pool_rows(rows);
+            &shared_rows
+        } else {
+            rows
+        };
         let (default, domains) = merge(&base.domains, rows)?;
         // A released domain's reserved threads are default's until it is resumed.
         let holding: Vec<Domain> = domains
@@ -182,7 +193,8 @@ impl DomainControl {
             } else {
                 default.queue.unwrap_or(base.queue)
             },
-            paused: default.paused,
+            // Shared slots stay open to the other databases' tasks.
+            paused: default.paused && !base.shared_pool,
             released: false,
             timeout_ms: millis(timeout(default.timeout)),
         }];
@@ -373,6 +385,27 @@ fn merge(configured: &[Domain], rows: &[DomainRow]) -> Result<(DefaultRow, Vec<M
         entry.released = row.released;
     }
     Ok((default, merged))
+}
+
+/// What a database of a fleet takes from its `async_domain` rows: `default`'s pause only.
+fn shared_pool_rows(rows: &[DomainRow]) -> Vec<DomainRow> {
+    let mut kept = Vec::new();
+    for row in rows {
+        if row.name == DEFAULT_DOMAIN {
+            kept.push(DomainRow {
+                queue: None,
+                timeout_ms: None,
+                ..row.clone()
+            });
+        } else {
+            log::warn!(
+                "domain {:?} of async_domain ignored: a worker serving several databases has \
+                 no domains",
+                row.name
+            );
+        }
+    }
+    kept
 }
 
 fn millis(d: Duration) -> u64 {

@@ -29,6 +29,7 @@ fn control_with(domains: Vec<Domain>, lock: bool) -> DomainControl {
         lock,
         domains,
         registered: ["a", "b", "c", "d"].map(String::from).to_vec(),
+        shared_pool: false,
     };
     let lanes = Arc::new(Lanes::new(super::super::slots::Slots::new(6, 10, 60_000)));
     DomainControl::new(base, lanes).unwrap()

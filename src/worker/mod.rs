@@ -9,6 +9,7 @@ mod dispatch;
 mod domains;
 mod execute;
 mod fairness;
+mod fleet;
 mod heartbeat;
 mod listen;
 mod locked;
@@ -39,6 +40,7 @@ pub use config::{
     SQLITE_DEFAULT_QUEUE,
 };
 pub use cron::{CronPass, ScheduledTick};
+pub use fleet::{DatabaseReport, Fleet};
 pub use on_dead::{DEFAULT_ON_DEAD_TIMEOUT, ON_DEAD_QUEUE};
 pub use rescue::RescueReport;
 pub use style::ClaimStyle;
@@ -86,7 +88,8 @@ pub struct Worker {
     keywords: Vec<String>,
     settings: Settings,
     node: Arc<Node>,
-    dispatcher: Dispatcher,
+    /// The execution pool: this worker's own, or a [`Fleet`]'s, shared by its databases.
+    dispatcher: Arc<Dispatcher>,
     stopping: Arc<AtomicBool>,
     totals: Arc<Mutex<Tally>>,
     /// On SQLite, this process's writers take turns here.
@@ -112,7 +115,7 @@ impl Worker {
         let settings = config.resolve(url.backend())?;
         check_registry(&registry)?;
         let pool = url.pool(settings.pool_size())?;
-        Self::start(url, pool, registry, settings)
+        Self::start(url, pool, registry, settings, None)
     }
 
     /// Like [`Worker::new`], on a pool of your own (see [`crate::db::ConnectionManager`]) to
@@ -138,14 +141,17 @@ impl Worker {
                 ),
             });
         }
-        Self::start(url, pool, registry, settings)
+        Self::start(url, pool, registry, settings, None)
     }
 
+    /// Starts the worker on `pool`; with `shared`, as one database of a [`Fleet`], on the
+    /// fleet's execution pool and stop flag.
     fn start(
         url: &DatabaseUrl,
         pool: DbPool,
         registry: Registry,
         settings: Settings,
+        shared: Option<&fleet::Shared>,
     ) -> Result<Worker> {
         // What can fail on its own first, so that a failure leaves no node row behind.
         let metrics_endpoint = settings
@@ -163,20 +169,10 @@ impl Worker {
         ensure_migrated(&mut conn)?;
         let node = Arc::new(Node::register(&mut conn)?);
         drop(conn);
-        // The claiming thread runs queued tasks while it waits for room, as one more
-        // executor, on PostgreSQL. On SQLite, whose writers take turns on one lock, a second
-        // thread running tasks would mostly wait for the first.
-        let caller_helps = url.backend() != crate::Backend::Sqlite;
-        let dispatcher = Dispatcher::new(
-            settings.threads,
-            settings.queue,
-            u64::try_from(settings.task_timeout.as_millis()).unwrap_or(u64::MAX),
-            caller_helps,
-        )
-        .map_err(|e| Error::Thread {
-            thread: "execution pool",
-            source: std::io::Error::other(e),
-        })?;
+        let dispatcher = match shared {
+            Some(shared) => Arc::clone(&shared.dispatcher),
+            None => Arc::new(new_dispatcher(url, &settings)?),
+        };
         let domains = DomainControl::new(
             domains::Base {
                 threads: settings.threads,
@@ -186,11 +182,12 @@ impl Worker {
                 lock: settings.lock,
                 domains: settings.domains.clone(),
                 registered: registry.keywords().map(str::to_owned).collect(),
+                shared_pool: shared.is_some(),
             },
             dispatcher.shared_lanes(),
         )?;
         let timeouts = timeouts::Timeouts::new(dispatcher.shared_lanes());
-        let stopping = Arc::new(AtomicBool::new(false));
+        let stopping = shared.map_or_else(Arc::default, |s| Arc::clone(&s.stopping));
         let observers = Observers {
             metrics: metrics_endpoint
                 .as_ref()
@@ -408,6 +405,24 @@ impl Drop for Worker {
             hook.finish();
         }
     }
+}
+
+/// The execution pool for `settings`' threads and queue.
+fn new_dispatcher(url: &DatabaseUrl, settings: &Settings) -> Result<Dispatcher> {
+    // The claiming thread runs queued tasks while it waits for room, as one more executor,
+    // on PostgreSQL. On SQLite, whose writers take turns on one lock, a second thread
+    // running tasks would mostly wait for the first.
+    let caller_helps = url.backend() != crate::Backend::Sqlite;
+    Dispatcher::new(
+        settings.threads,
+        settings.queue,
+        u64::try_from(settings.task_timeout.as_millis()).unwrap_or(u64::MAX),
+        caller_helps,
+    )
+    .map_err(|e| Error::Thread {
+        thread: "execution pool",
+        source: std::io::Error::other(e),
+    })
 }
 
 fn check_registry(registry: &Registry) -> Result<()> {

@@ -292,7 +292,7 @@ impl Worker {
     /// round trip per task), so after a sweep of `pg_terminate_backend` or a failover each
     /// idle connection fails once, at its next use, and is discarded: that is no outage to
     /// back off from, nor a reason for a drain to fail.
-    fn retry_dead_connections<T>(&self, mut f: impl FnMut() -> Result<T>) -> Result<T> {
+    pub(super) fn retry_dead_connections<T>(&self, mut f: impl FnMut() -> Result<T>) -> Result<T> {
         let mut left = self.settings.pool_size();
         loop {
             match f() {
@@ -311,27 +311,37 @@ impl Worker {
     pub fn drain_at_most(&self, max: u64) -> Result<Report> {
         let started = Instant::now();
         let tally = Mutex::new(Tally::default());
-        self.dispatcher.scope(|feed| -> Result<()> {
-            while !self.is_stopping() && lock(&tally).claimed < max {
-                // Whether anything was running before the claim: a task that commits a
-                // follow-up after the claim looked, and finishes before the check below,
-                // must still be followed by one more claim.
-                let busy_before = self.dispatcher.in_flight() > 0;
-                let (claimed, _) = self.retry_dead_connections(|| self.refill(feed, &tally))?;
-                if claimed == 0 {
-                    if !busy_before || self.is_stopping() {
-                        break;
-                    }
-                    self.dispatcher
-                        .wait_for_room(feed, self.dispatcher.capacity(), &self.stopping);
-                }
-            }
-            Ok(())
-        })?;
+        self.dispatcher
+            .scope(|feed| self.drain_on(feed, &tally, max))?;
         Ok(Report::new(
             tally.into_inner().unwrap_or_else(PoisonError::into_inner),
             started.elapsed(),
         ))
+    }
+
+    /// [`Worker::drain_at_most`]'s loop, on `feed` (a [`crate::Fleet`]'s, shared by the
+    /// loops of its databases, or this worker's own).
+    pub(super) fn drain_on<'s>(
+        &'s self,
+        feed: &Feed<'s>,
+        tally: &'s Mutex<Tally>,
+        max: u64,
+    ) -> Result<()> {
+        while !self.is_stopping() && lock(tally).claimed < max {
+            // Whether anything was running before the claim: a task that commits a
+            // follow-up after the claim looked, and finishes before the check below,
+            // must still be followed by one more claim.
+            let busy_before = self.dispatcher.in_flight() > 0;
+            let (claimed, _) = self.retry_dead_connections(|| self.refill(feed, tally))?;
+            if claimed == 0 {
+                if !busy_before || self.is_stopping() {
+                    break;
+                }
+                self.dispatcher
+                    .wait_for_room(feed, self.dispatcher.capacity(), &self.stopping);
+            }
+        }
+        Ok(())
     }
 
     /// Works until the stop flag is set: claims while there is work, otherwise waits for the
@@ -349,61 +359,66 @@ impl Worker {
     fn claim_until_stopped(&self) -> Result<Report> {
         let started = Instant::now();
         let tally = Mutex::new(Tally::default());
+        self.dispatcher.scope(|feed| self.claim_on(feed, &tally));
+        Ok(Report::new(
+            tally.into_inner().unwrap_or_else(PoisonError::into_inner),
+            started.elapsed(),
+        ))
+    }
+
+    /// [`Worker::claim_until_stopped`]'s loop, on `feed` (see [`Worker::drain_on`]).
+    pub(super) fn claim_on<'s>(&'s self, feed: &Feed<'s>, tally: &'s Mutex<Tally>) {
         let mut listener: Option<Listener> = None;
         // Whether to (re)connect a listener: not when asked not to, nor on a backend that
         // has no notifications.
         let mut listen = self.settings.listen;
         let mut outage: Option<(Instant, Duration)> = None;
-        self.dispatcher.scope(|feed| {
-            while !self.is_stopping() {
-                if listener.is_none() && listen {
-                    match Listener::connect(&self.url) {
-                        Ok(Some(l)) => listener = Some(l),
-                        Ok(None) => listen = false,
-                        Err(e) => log::debug!("LISTEN not available yet: {e}"),
-                    }
-                }
-                match self.retry_dead_connections(|| self.refill(feed, &tally)) {
-                    Ok((claimed, limit)) => {
-                        if let Some((since, _)) = outage.take() {
-                            log::warn!("database reachable again after {:?}", since.elapsed());
-                        }
-                        // A full claim means more may be due: claim again at once.
-                        if claimed >= limit {
-                            continue;
-                        }
-                        let jitter = 0.9 + 0.2 * fastrand::f64();
-                        let wait = self.settings.poll_interval.mul_f64(jitter);
-                        match listener.as_mut() {
-                            Some(l) => {
-                                if let Err(e) = l.wait(wait, &self.stopping) {
-                                    log::debug!("LISTEN connection lost: {e}");
-                                    listener = None;
-                                }
-                            }
-                            None => sleep_unless(wait, &self.stopping),
-                        }
-                    }
-                    Err(e) => {
-                        let pause = match outage {
-                            None => {
-                                log::error!("database unavailable, retrying with backoff: {e}");
-                                FIRST_OUTAGE_PAUSE
-                            }
-                            Some((_, last)) => (last * 2).min(MAX_OUTAGE_PAUSE),
-                        };
-                        outage =
-                            Some((outage.map_or_else(Instant::now, |(since, _)| since), pause));
-                        listener = None;
-                        sleep_unless(pause, &self.stopping);
-                    }
+        while !self.is_stopping() {
+            if listener.is_none() && listen {
+                match Listener::connect(&self.url) {
+                    Ok(Some(l)) => listener = Some(l),
+                    Ok(None) => listen = false,
+                    Err(e) => log::debug!("LISTEN not available yet: {e}"),
                 }
             }
-        });
-        Ok(Report::new(
-            tally.into_inner().unwrap_or_else(PoisonError::into_inner),
-            started.elapsed(),
-        ))
+            match self.retry_dead_connections(|| self.refill(feed, tally)) {
+                Ok((claimed, limit)) => {
+                    if let Some((since, _)) = outage.take() {
+                        log::warn!("database reachable again after {:?}", since.elapsed());
+                    }
+                    // A full claim means more may be due: claim again at once.
+                    if claimed >= limit {
+                        continue;
+                    }
+                    let jitter = 0.9 + 0.2 * fastrand::f64();
+                    let wait = self.settings.poll_interval.mul_f64(jitter);
+                    match listener.as_mut() {
+                        Some(l) => {
+                            if let Err(e) = l.wait(wait, &self.stopping) {
+                                log::debug!("LISTEN connection lost: {e}");
+                                listener = None;
+                            }
+                        }
+                        None => sleep_unless(wait, &self.stopping),
+                    }
+                }
+                Err(e) => {
+                    let pause = match outage {
+                        None => {
+                            log::error!(
+                                "database {} unavailable, retrying with backoff: {e}",
+                                self.url.masked()
+                            );
+                            FIRST_OUTAGE_PAUSE
+                        }
+                        Some((_, last)) => (last * 2).min(MAX_OUTAGE_PAUSE),
+                    };
+                    outage = Some((outage.map_or_else(Instant::now, |(since, _)| since), pause));
+                    listener = None;
+                    sleep_unless(pause, &self.stopping);
+                }
+            }
+        }
     }
 }
 

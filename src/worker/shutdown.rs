@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use signal_hook::consts::{SIGINT, SIGTERM};
 
-use super::{Report, Worker};
+use super::{DatabaseReport, Fleet, Report, Worker};
 use crate::error::{Error, Result};
 
 impl Worker {
@@ -45,6 +45,65 @@ impl Worker {
     /// `outbox drain` does.
     pub fn drain_until_stopped(self, grace: Duration) -> Result<Report> {
         until_stopped(self, grace, Worker::drain)
+    }
+}
+
+impl Fleet {
+    /// [`Fleet::run`] with the signal handling of [`Worker::run_until_stopped`], as `outbox
+    /// run` with several `--database-url`s: at a signal every database's loop stops claiming,
+    /// and the fleet waits up to `grace` for the tasks of them all.
+    pub fn run_until_stopped(self, grace: Duration) -> Result<Vec<DatabaseReport<Report>>> {
+        until_stopped(self, grace, |fleet| Ok(fleet.run()))
+    }
+
+    /// [`Fleet::drain`] with the same signal handling, as `outbox drain` with several
+    /// `--database-url`s.
+    pub fn drain_until_stopped(self, grace: Duration) -> Result<Vec<DatabaseReport<Report>>> {
+        until_stopped(self, grace, |fleet| Ok(fleet.drain()))
+    }
+}
+
+/// What [`until_stopped`] stops: a worker, or a fleet of them.
+trait Stoppable: Send + Sync + 'static {
+    fn stop_flag(&self) -> Arc<AtomicBool>;
+    fn in_flight(&self) -> u64;
+    fn mark_gone(&self) -> Result<()>;
+    /// Its node(s), for the log.
+    fn nodes(&self) -> String;
+}
+
+impl Stoppable for Worker {
+    fn stop_flag(&self) -> Arc<AtomicBool> {
+        Worker::stop_flag(self)
+    }
+    fn in_flight(&self) -> u64 {
+        Worker::in_flight(self)
+    }
+    fn mark_gone(&self) -> Result<()> {
+        Worker::mark_gone(self)
+    }
+    fn nodes(&self) -> String {
+        format!("node {}", self.node_id())
+    }
+}
+
+impl Stoppable for Fleet {
+    fn stop_flag(&self) -> Arc<AtomicBool> {
+        Fleet::stop_flag(self)
+    }
+    fn in_flight(&self) -> u64 {
+        Fleet::in_flight(self)
+    }
+    fn mark_gone(&self) -> Result<()> {
+        Fleet::mark_gone(self)
+    }
+    fn nodes(&self) -> String {
+        let ids: Vec<String> = self
+            .workers()
+            .iter()
+            .map(|w| w.node_id().to_string())
+            .collect();
+        format!("nodes {}", ids.join(", "))
     }
 }
 
@@ -118,11 +177,11 @@ fn install_handlers(flag: &Arc<AtomicBool>) -> Result<()> {
 
 /// Runs `work` on a thread of its own while this one waits for it to return, or for a stop
 /// signal and then at most `grace` more.
-fn until_stopped(
-    worker: Worker,
+fn until_stopped<W: Stoppable, R: Send + 'static>(
+    worker: W,
     grace: Duration,
-    work: fn(&Worker) -> Result<Report>,
-) -> Result<Report> {
+    work: fn(&W) -> Result<R>,
+) -> Result<R> {
     let signalled = watch_stop_signal()?;
     // Leaves the watchers however this call ends, a panic included.
     struct Unwatch;
@@ -135,18 +194,15 @@ fn until_stopped(
     until_stopped_or_signalled(worker, grace, work, &signalled)
 }
 
-fn until_stopped_or_signalled(
-    worker: Worker,
+fn until_stopped_or_signalled<W: Stoppable, R: Send + 'static>(
+    worker: W,
     grace: Duration,
-    work: fn(&Worker) -> Result<Report>,
+    work: fn(&W) -> Result<R>,
     signalled: &AtomicBool,
-) -> Result<Report> {
+) -> Result<R> {
     let worker = Arc::new(worker);
     let stop = worker.stop_flag();
-    log::info!(
-        "node {} working; SIGINT or SIGTERM stops it",
-        worker.node_id()
-    );
+    log::info!("{} working; SIGINT or SIGTERM stops it", worker.nodes());
     let (done, finished) = mpsc::channel();
     {
         let worker = Arc::clone(&worker);

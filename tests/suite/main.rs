@@ -30,6 +30,7 @@ mod record;
 mod rescue;
 mod schema;
 mod scrape;
+mod shards;
 mod signals;
 mod strategy;
 mod task_tx;

@@ -44,16 +44,18 @@ pub fn main(registry: Registry) -> ExitCode {
             return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
         }
     };
-    let url = match cli.database.url() {
-        Ok(url) => url,
-        Err(e) => return outbox::cli::finish(Err(e)),
-    };
+    // `run` and `drain` take `--database-url` repeated; the other commands one URL.
+    let one_url = || -> anyhow::Result<outbox::DatabaseUrl> { Ok(cli.database.url()?) };
     let result = match cli.command {
         Command::Library(command) => {
-            return outbox::cli::finish(outbox::cli::run(command, &url, registry))
+            return outbox::cli::finish(
+                cli.database
+                    .urls()
+                    .and_then(|urls| outbox::cli::run_on(command, &urls, registry)),
+            )
         }
-        Command::Demo(args) => demo::run(&url, registry, args),
-        Command::Bench(args) => bench::run(&url, args),
+        Command::Demo(args) => one_url().and_then(|url| demo::run(&url, registry, args)),
+        Command::Bench(args) => one_url().and_then(|url| bench::run(&url, args)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

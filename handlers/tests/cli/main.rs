@@ -36,6 +36,7 @@ mod ops_tasks;
 mod producers;
 mod prune;
 mod schedules;
+mod shards;
 mod strategy;
 mod usage;
 mod web;

@@ -52,7 +52,7 @@ fn drain_on_a_missing_sqlite_file_asks_for_migrate_and_creates_nothing() {
 // run: a long-lived worker stopped by SIGTERM
 // ---------------------------------------------------------------------------------------------
 
-fn sigterm(pid: u32) {
+pub(crate) fn sigterm(pid: u32) {
     let pid = libc::pid_t::try_from(pid).expect("pid fits pid_t");
     // SAFETY: kill(2) has no memory-safety preconditions; `pid` is our own child, not yet
     // reaped (we hold its `Child` and have not waited for it since it was seen running).

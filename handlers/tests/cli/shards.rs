@@ -1,0 +1,112 @@
+//! `outbox drain` and `outbox run` with `--database-url` repeated: one process serving
+//! several databases, each database's tasks run once in it, reported per database.
+
+use serde_json::Value;
+
+use crate::binary::{outbox, outbox_on, run, wait_until, workdir, Running, STOP_LIMIT, WORK_LIMIT};
+use crate::both_backends;
+use crate::db::tasks_in;
+use crate::support::TestDb;
+use crate::work::sigterm;
+
+/// A second fresh database of `db`'s backend.
+fn another(db: &TestDb) -> TestDb {
+    match db.backend() {
+        outbox::Backend::Sqlite => TestDb::sqlite(),
+        outbox::Backend::Postgres => TestDb::postgres(),
+        #[cfg(feature = "mysql")]
+        outbox::Backend::Mysql => TestDb::mysql(),
+        #[cfg(not(feature = "mysql"))]
+        outbox::Backend::Mysql => panic!("the MySQL tests are built with the mysql feature"),
+    }
+}
+
+/// `--database-url A --database-url B`.
+fn both_urls<'a>(a: &'a TestDb, b: &'a TestDb) -> [&'a str; 4] {
+    ["--database-url", &a.url_text, "--database-url", &b.url_text]
+}
+
+both_backends! {
+    fn drain_with_the_url_repeated_drains_every_database_and_reports_each(db: &TestDb) {
+        let other = another(db);
+        let dir = workdir();
+        for (database, orders) in [(db, "12"), (&other, "7")] {
+            run(outbox_on(database, dir.path()).args(["demo", "--enqueue-only", "--tasks", orders]))
+                .expect_code(0);
+        }
+        let out = run(outbox(dir.path()).arg("drain").args(both_urls(db, &other))).expect_code(0);
+        out.stdout_has(&format!("{}: drained 24 tasks", db.url.masked()))
+            .stdout_has(&format!("{}: drained 14 tasks", other.url.masked()));
+        for (database, orders) in [(db, 12), (&other, 7)] {
+            assert_eq!(tasks_in(database, "done"), 2 * orders);
+            run(outbox_on(database, dir.path()).args(["demo", "--check"]))
+                .expect_code(0)
+                .stdout_has(&format!("check: all {orders} orders credited exactly once"));
+        }
+        // --json: one object a line, each naming its database.
+        let out = run(outbox(dir.path()).args(["drain", "--json"]).args(both_urls(db, &other)))
+            .expect_code(0);
+        let lines: Vec<Value> = out
+            .stdout
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+            .collect();
+        assert_eq!(lines.len(), 2, "{}", out.stdout);
+        assert_eq!(lines[0]["database"], db.url.masked().as_str());
+        assert_eq!(lines[1]["database"], other.url.masked().as_str());
+        assert!(lines.iter().all(|l| l["claimed"] == 0), "{}", out.stdout);
+    }
+
+    fn run_with_the_url_repeated_serves_every_database_until_sigterm(db: &TestDb) {
+        let other = another(db);
+        let dir = workdir();
+        for database in [db, &other] {
+            run(outbox_on(database, dir.path()).args(["demo", "--enqueue-only", "--tasks", "10"]))
+                .expect_code(0);
+        }
+        let mut worker = Running::spawn(
+            outbox(dir.path())
+                .args(["run", "--poll-interval", "50ms"])
+                .args(both_urls(db, &other)),
+        );
+        let pid = worker.pid();
+        wait_until(WORK_LIMIT, "outbox run to finish both databases' tasks", || {
+            if let Some(status) = worker.exited() {
+                panic!("outbox run exited on its own with {status}");
+            }
+            tasks_in(db, "done") == 20 && tasks_in(&other, "done") == 20
+        });
+        sigterm(pid);
+        let out = worker.finish(STOP_LIMIT).expect_code(0);
+        out.stdout_has(&format!("{}: ran 20 tasks", db.url.masked()))
+            .stdout_has(&format!("{}: ran 20 tasks", other.url.masked()));
+        // A node in each database, marked gone at the stop.
+        for database in [db, &other] {
+            let node = format!("FROM async_node WHERE name LIKE '%:{pid}'");
+            assert_eq!(database.count(&format!("SELECT count(*) {node} AND state = 'gone'")), 1);
+            run(outbox_on(database, dir.path()).args(["demo", "--check"]))
+                .expect_code(0)
+                .stdout_has("check: all 10 orders credited exactly once");
+        }
+    }
+
+    fn the_url_repeated_is_refused_where_it_cannot_serve(db: &TestDb) {
+        let other = another(db);
+        let dir = workdir();
+        run(outbox(dir.path()).arg("stats").args(both_urls(db, &other)))
+            .expect_code(2)
+            .stderr_has("only `run` and `drain` serve several databases");
+        run(outbox(dir.path()).arg("drain").args(both_urls(db, db)))
+            .expect_code(2)
+            .stderr_has(&format!("names {} twice", db.url.masked()));
+        let missing = match db.backend() {
+            outbox::Backend::Sqlite => dir.path().join("missing.db").to_str().unwrap().to_owned(),
+            _ => format!("{}_missing", db.url_text),
+        };
+        run(outbox(dir.path())
+            .args(["drain", "--database-url", &db.url_text, "--database-url", &missing]))
+            .expect_code(1)
+            .stderr_has(&format!("database {}", outbox::DatabaseUrl::parse(&missing).unwrap().masked()));
+        assert_eq!(db.count("SELECT count(*) FROM async_node"), 0, "nothing started");
+    }
+}

@@ -1,0 +1,303 @@
+//! A worker that serves several databases ([`Fleet`]): one claim loop per database, each
+//! with its own node, heartbeat, rescue, cron and connection pool, all running their tasks on
+//! one execution pool.
+
+use std::collections::HashSet;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use super::dispatch::{Dispatcher, Feed};
+use super::tally::{Report, Tally};
+use super::{check_registry, new_dispatcher, Worker, WorkerConfig};
+use crate::db::{DatabaseUrl, DbPool};
+use crate::error::{Error, OpContext, Result};
+use crate::migrate::ensure_migrated;
+use crate::registry::Registry;
+
+/// What the workers of a fleet share: the execution pool and the stop flag.
+pub(super) struct Shared {
+    pub(super) dispatcher: Arc<Dispatcher>,
+    pub(super) stopping: Arc<AtomicBool>,
+}
+
+/// What one database of a [`Fleet`] did.
+#[derive(Debug)]
+pub struct DatabaseReport<T> {
+    /// The database's URL, its password masked.
+    pub database: String,
+    /// What its claim loop returned.
+    pub result: Result<T>,
+}
+
+/// A worker that serves several databases: `outbox run|drain --database-url A
+/// --database-url B …`.
+///
+/// Each database gets a [`Worker`] of its own — a node row, a heartbeat, rescue and cron in
+/// that database, a connection pool to it, and a claim loop that claims only that
+/// database's tasks — and every worker runs its tasks on the fleet's one execution pool
+/// (`threads` threads for them all; past its queue a claim loop runs the next task itself,
+/// CallerRuns, as a single worker does). A task's handler and its completion are one
+/// transaction in the task's own database, so exactly-once holds per database as for one
+/// worker. The claim loops run side by side: a database that is unreachable or paused holds
+/// up only its own loop.
+///
+/// Every URL is of one backend (a mix is refused: the defaults, the pool's size and the
+/// claiming thread's help differ by backend), and each database is named once. A fleet has
+/// no task domains and serves no metrics endpoint (both are one database's); a database's
+/// `async_domain` rows may pause `default`, which stops that database's claims only.
+///
+/// ```no_run
+/// use outbox::{DatabaseUrl, Fleet, Registry, WorkerConfig};
+///
+/// # fn main() -> outbox::Result<()> {
+/// let mut registry = Registry::new();
+/// registry.register("points.credit", |_task: &outbox::TaskContext, _tx: &mut outbox::TaskTx| Ok(()));
+/// let urls = [
+///     DatabaseUrl::parse("postgres://app@shard-0.internal/app")?,
+///     DatabaseUrl::parse("postgres://app@shard-1.internal/app")?,
+/// ];
+/// let fleet = Fleet::new(&urls, registry, WorkerConfig::default())?;
+/// for db in fleet.drain() {
+///     println!("{}: {} done", db.database, db.result?.tally.done);
+/// }
+/// # Ok(())
+/// # }
+/// ```
+pub struct Fleet {
+    workers: Vec<Worker>,
+    stopping: Arc<AtomicBool>,
+}
+
+impl Fleet {
+    /// Checks the URLs, connects to every database and checks that its schema is migrated,
+    /// then starts a worker on each (in `urls`' order), sharing one execution pool sized by
+    /// `config`.
+    ///
+    /// Fails before any node is registered when `urls` is empty, names a database twice,
+    /// mixes backends, `config` sets domains or a metrics address, or a database is
+    /// unreachable or not migrated ([`Error::OnDatabase`], naming it).
+    pub fn new(urls: &[DatabaseUrl], registry: Registry, config: WorkerConfig) -> Result<Fleet> {
+        let first = urls
+            .first()
+            .ok_or_else(|| bad("must name at least one database"))?;
+        let mut seen = HashSet::new();
+        for url in urls {
+            if !seen.insert(url.as_str()) {
+                return Err(bad(&format!("names {} twice", url.masked())));
+            }
+            if url.backend() != first.backend() {
+                return Err(bad(&format!(
+                    "mixes {} ({}) and {} ({}): one worker serves databases of one backend",
+                    first.backend(),
+                    first.masked(),
+                    url.backend(),
+                    url.masked()
+                )));
+            }
+        }
+        let settings = config.resolve(first.backend())?;
+        check_registry(&registry)?;
+        if urls.len() > 1 && settings.metrics_addr.is_some() {
+            return Err(Error::InvalidConfig {
+                setting: "metrics_addr",
+                reason: "is one database's: not with several databases".into(),
+            });
+        }
+        if urls.len() > 1 && !settings.domains.is_empty() {
+            return Err(Error::InvalidConfig {
+                setting: "domains",
+                reason: "share out one database's threads: not with several databases".into(),
+            });
+        }
+        // Every database reachable and migrated before any node is registered.
+        let pools = urls
+            .iter()
+            .map(|url| open(url, settings.pool_size()).map_err(|e| e.on_database(url)))
+            .collect::<Result<Vec<DbPool>>>()?;
+        let shared = Shared {
+            dispatcher: Arc::new(new_dispatcher(first, &settings)?),
+            stopping: Arc::default(),
+        };
+        // A worker that fails to start drops those started before it: their nodes are
+        // marked gone.
+        let workers = urls
+            .iter()
+            .zip(pools)
+            .map(|(url, pool)| {
+                Worker::start(url, pool, registry.clone(), settings.clone(), Some(&shared))
+                    .map_err(|e| e.on_database(url))
+            })
+            .collect::<Result<Vec<Worker>>>()?;
+        Ok(Fleet {
+            workers,
+            stopping: shared.stopping,
+        })
+    }
+
+    /// The workers, one per database, in the order of the URLs.
+    pub fn workers(&self) -> &[Worker] {
+        &self.workers
+    }
+
+    /// Claims one page from each database in turn and runs it ([`Worker::run_once`]).
+    pub fn run_once(&self) -> Vec<DatabaseReport<Tally>> {
+        self.workers
+            .iter()
+            .map(|w| DatabaseReport {
+                database: w.url.masked(),
+                result: w.run_once(),
+            })
+            .collect()
+    }
+
+    /// [`Worker::drain`] on every database at once, the claim loops side by side on the
+    /// shared pool; returns when each has nothing due (or the stop flag is set), with each
+    /// database's report. A database that fails does not stop the others' drains.
+    pub fn drain(&self) -> Vec<DatabaseReport<Report>> {
+        self.on_each(|worker, feed, tally| {
+            worker.retry_dead_connections(|| worker.rescue_once())?;
+            worker.retry_dead_connections(|| worker.schedule_once())?;
+            worker.drain_on(feed, tally, u64::MAX)
+        })
+    }
+
+    /// [`Worker::run`] on every database at once, until the stop flag is set. A database
+    /// that is unavailable is waited out with backoff by its own loop.
+    pub fn run(&self) -> Vec<DatabaseReport<Report>> {
+        self.on_each(|worker, feed, tally| worker.with_cron_timer(|| worker.claim_on(feed, tally)))
+    }
+
+    /// Runs `work` for each database on a claiming thread of its own, all feeding one scope
+    /// of the shared pool.
+    fn on_each(
+        &self,
+        work: impl for<'j> Fn(&'j Worker, &Feed<'j>, &'j Mutex<Tally>) -> Result<()> + Sync,
+    ) -> Vec<DatabaseReport<Report>> {
+        let started = Instant::now();
+        let tallies: Vec<Mutex<Tally>> = self.workers.iter().map(|_| Mutex::default()).collect();
+        let Some(first) = self.workers.first() else {
+            return Vec::new();
+        };
+        let ends: Vec<(Result<()>, Duration)> = first.dispatcher.scope(|feed| {
+            std::thread::scope(|scope| {
+                let loops: Vec<_> = self
+                    .workers
+                    .iter()
+                    .zip(&tallies)
+                    .map(|(worker, tally)| {
+                        let work = &work;
+                        std::thread::Builder::new()
+                            .name(format!("outbox-claim-{}", worker.node_id()))
+                            .spawn_scoped(scope, move || {
+                                (work(worker, feed, tally), started.elapsed())
+                            })
+                    })
+                    .collect();
+                loops
+                    .into_iter()
+                    .map(|spawned| match spawned {
+                        Ok(thread) => thread.join().unwrap_or_else(|_| {
+                            (
+                                Err(Error::Panicked { thread: "claiming" }),
+                                started.elapsed(),
+                            )
+                        }),
+                        Err(source) => (
+                            Err(Error::Thread {
+                                thread: "claiming",
+                                source,
+                            }),
+                            Duration::ZERO,
+                        ),
+                    })
+                    .collect()
+            })
+        });
+        self.workers
+            .iter()
+            .zip(tallies)
+            .zip(ends)
+            .map(|((worker, tally), (end, elapsed))| DatabaseReport {
+                database: worker.url.masked(),
+                result: end.map(|()| {
+                    Report::new(
+                        tally.into_inner().unwrap_or_else(PoisonError::into_inner),
+                        elapsed,
+                    )
+                }),
+            })
+            .collect()
+    }
+
+    /// A flag that stops [`Fleet::run`] and [`Fleet::drain`] on every database when set
+    /// (see [`Worker::stop_flag`]).
+    pub fn stop_flag(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.stopping)
+    }
+
+    /// Tasks claimed and not finished yet, of every database.
+    pub fn in_flight(&self) -> u64 {
+        self.workers.iter().map(Worker::in_flight).sum()
+    }
+
+    /// Everything the fleet has done since it started, every database together.
+    pub fn totals(&self) -> Tally {
+        self.workers
+            .iter()
+            .map(Worker::totals)
+            .fold(Tally::default(), |mut sum, t| {
+                sum.merge(t);
+                sum
+            })
+    }
+
+    /// Reads [`Fleet::totals`] without holding the fleet, as [`Worker::totals_reader`].
+    pub fn totals_reader(&self) -> impl Fn() -> Tally + Send + Sync + 'static {
+        let readers: Vec<_> = self.workers.iter().map(Worker::totals_reader).collect();
+        move || {
+            readers.iter().fold(Tally::default(), |mut sum, read| {
+                sum.merge(read());
+                sum
+            })
+        }
+    }
+
+    /// [`Worker::due_count`] summed over the databases.
+    pub fn due_count(&self) -> Result<u64> {
+        let mut due = 0;
+        for worker in &self.workers {
+            due += worker.due_count().map_err(|e| e.on_database(&worker.url))?;
+        }
+        Ok(due)
+    }
+
+    /// [`Worker::mark_gone`] on every database; the first failure, after trying them all.
+    pub fn mark_gone(&self) -> Result<()> {
+        let mut first = Ok(());
+        for worker in &self.workers {
+            if let Err(e) = worker.mark_gone() {
+                if first.is_ok() {
+                    first = Err(e.on_database(&worker.url));
+                }
+            }
+        }
+        first
+    }
+}
+
+/// A pool to `url`, its schema checked.
+fn open(url: &DatabaseUrl, size: u32) -> Result<DbPool> {
+    url.require_existing()?;
+    let pool = url.pool(size)?;
+    let mut conn = pool.get().op("worker start")?;
+    ensure_migrated(&mut conn)?;
+    Ok(pool)
+}
+
+fn bad(reason: &str) -> Error {
+    Error::InvalidConfig {
+        setting: "database URLs",
+        reason: reason.to_owned(),
+    }
+}
