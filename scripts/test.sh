@@ -112,6 +112,9 @@ for backend in sqlite postgres mysql; do
     cargo clippy -p outbox --lib --locked --no-default-features --features "$backend" -- -D warnings
 done
 
+step "cargo test -p outbox --lib (default features: a mysql:// URL without the feature)"
+cargo test -p outbox --lib --locked -- db::url
+
 step "cargo test"
 # A stale fault report from an earlier run must not be shown as this run's.
 rm -f target/tmp/fault-report.txt target/tmp/fault-report-lock.txt

@@ -93,7 +93,17 @@ pub(crate) fn is_connection_error(error: &diesel::result::Error) -> bool {
         // `pg_terminate_backend`, a shutdown, an idle-session timeout), which diesel reports
         // with no kind of their own. Matched by their message (the server's `lc_messages`
         // must be English for it; otherwise the dead connection is found at its next use).
-        Error::DatabaseError(_, info) => info.message().starts_with("terminating connection"),
+        Error::DatabaseError(_, info) => {
+            let message = info.message();
+            message.starts_with("terminating connection")
+                // MySQL's and MariaDB's: the server closed the connection (2006; a restart,
+                // `wait_timeout`), it broke during a statement (2013), or `KILL CONNECTION`
+                // ended it (MariaDB's 1927; MySQL 8's 4031 for an idle one).
+                || message.contains("server has gone away")
+                || message.starts_with("Lost connection to")
+                || message.starts_with("Connection was killed")
+                || message.starts_with("The client was disconnected by the server")
+        }
         _ => false,
     }
 }

@@ -35,13 +35,15 @@ impl DatabaseUrl {
     /// or `scheme:` (a `postgres:/host` missing a slash is not taken for a file); a libpq
     /// keyword/value string (`dbname=app host=db`, which is not a URL: write
     /// `postgres://db/app`); control characters; a path ending in `/`; an in-memory SQLite
-    /// database, which the worker's pooled connections could not share. A PostgreSQL URL
+    /// database, which the worker's pooled connections could not share; a backend this build
+    /// lacks (its cargo feature is off: `mysql` is not a default one). A PostgreSQL URL
     /// without `connect_timeout` gets [`DEFAULT_CONNECT_TIMEOUT`].
     ///
     /// ```
     /// use outbox::db::{Backend, DatabaseUrl};
     /// assert_eq!(DatabaseUrl::parse("postgres://u@h/db").unwrap().backend(), Backend::Postgres);
     /// assert_eq!(DatabaseUrl::parse("outbox.db").unwrap().backend(), Backend::Sqlite);
+    /// # #[cfg(feature = "mysql")]
     /// assert_eq!(DatabaseUrl::parse("mysql://u@h/db").unwrap().backend(), Backend::Mysql);
     /// assert!(DatabaseUrl::parse("mariadb://u@h/db").is_err());
     /// assert!(DatabaseUrl::parse("dbname=app").is_err());
@@ -82,6 +84,11 @@ impl DatabaseUrl {
         } else {
             (Backend::Sqlite, text.to_owned())
         };
+        if !backend.is_built() {
+            return Err(invalid(format!(
+                "this build of outbox has no {backend} backend; build it with the cargo feature `{backend}`"
+            )));
+        }
         if backend == Backend::Sqlite {
             if target.is_empty() {
                 return Err(invalid("the SQLite path is empty".into()));
@@ -273,6 +280,23 @@ mod tests {
             s.target, "data/x=1.db",
             "an = after a slash is part of a path"
         );
+    }
+
+    #[cfg(feature = "mysql")]
+    #[test]
+    fn mysql_urls_select_mysql() {
+        let url = DatabaseUrl::parse("mysql://u:secret@h:3306/db").unwrap();
+        assert_eq!(url.backend(), Backend::Mysql);
+        assert_eq!(url.masked(), "mysql://u:***@h:3306/db");
+    }
+
+    /// A build without the feature refuses the URL at parse, naming the feature: a usage
+    /// error, not a connection that fails later (scripts/test.sh runs this without it).
+    #[cfg(not(feature = "mysql"))]
+    #[test]
+    fn a_mysql_url_without_the_feature_names_the_feature() {
+        let message = DatabaseUrl::parse("mysql://h/db").unwrap_err().to_string();
+        assert!(message.contains("cargo feature `mysql`"), "{message}");
     }
 
     #[test]

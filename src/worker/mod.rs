@@ -410,7 +410,7 @@ impl Drop for Worker {
 /// The execution pool for `settings`' threads and queue.
 fn new_dispatcher(url: &DatabaseUrl, settings: &Settings) -> Result<Dispatcher> {
     // The claiming thread runs queued tasks while it waits for room, as one more executor,
-    // on PostgreSQL. On SQLite, whose writers take turns on one lock, a second thread
+    // on PostgreSQL and MySQL. On SQLite, whose writers take turns on one lock, a second thread
     // running tasks would mostly wait for the first.
     let caller_helps = url.backend() != crate::Backend::Sqlite;
     Dispatcher::new(

@@ -128,10 +128,10 @@ fn unsupported_scheme_exits_2() {
     let dir = workdir();
     for args in DATABASE_COMMANDS {
         run(outbox(dir.path())
-            .env("DATABASE_URL", "mysql://x/y")
+            .env("DATABASE_URL", "mariadb://x/y")
             .args(args))
         .expect_code(2)
-        .stderr_has("unsupported scheme \"mysql\"");
+        .stderr_has("unsupported scheme \"mariadb\"");
     }
     assert_eq!(
         entries(dir.path()),
