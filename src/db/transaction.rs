@@ -93,19 +93,24 @@ pub(crate) fn is_connection_error(error: &diesel::result::Error) -> bool {
         // `pg_terminate_backend`, a shutdown, an idle-session timeout), which diesel reports
         // with no kind of their own. Matched by their message (the server's `lc_messages`
         // must be English for it; otherwise the dead connection is found at its next use).
-        Error::DatabaseError(_, info) => {
-            let message = info.message();
-            message.starts_with("terminating connection")
-                // MySQL's and MariaDB's: the server closed the connection (2006; a restart,
-                // `wait_timeout`), it broke during a statement (2013), or `KILL CONNECTION`
-                // ended it (MariaDB's 1927; MySQL 8's 4031 for an idle one).
-                || message.contains("server has gone away")
-                || message.starts_with("Lost connection to")
-                || message.starts_with("Connection was killed")
-                || message.starts_with("The client was disconnected by the server")
-        }
+        Error::DatabaseError(_, info) => is_connection_lost_message(info.message()),
         _ => false,
     }
+}
+
+/// Whether a server's or client library's message says the session is gone.
+fn is_connection_lost_message(message: &str) -> bool {
+    // The client libraries word these differently (MySQL's "MySQL server has gone away",
+    // MariaDB Connector/C's "Server has gone away"): compared without case.
+    let message = message.to_ascii_lowercase();
+    message.starts_with("terminating connection")
+        // MySQL's and MariaDB's: the server closed the connection (2006; a restart,
+        // `wait_timeout`), it broke during a statement (2013), or `KILL CONNECTION` ended it
+        // (MariaDB's 1927; MySQL 8's 4031 for an idle one).
+        || message.contains("server has gone away")
+        || message.starts_with("lost connection to")
+        || message.starts_with("connection was killed")
+        || message.starts_with("the client was disconnected by the server")
 }
 
 /// Marks a pooled connection broken when a statement on it failed at the connection level.
@@ -171,4 +176,41 @@ pub(crate) fn depth_of<C: Connection>(conn: &mut C) -> Option<u32> {
         .transaction_depth()
         .ok()
         .map(|d| d.map_or(0, |d| d.get()))
+}
+
+#[cfg(test)]
+mod tests {
+    use diesel::result::{DatabaseErrorKind, Error};
+
+    use super::is_connection_error;
+
+    fn unknown(message: &str) -> Error {
+        Error::DatabaseError(DatabaseErrorKind::Unknown, Box::new(message.to_owned()))
+    }
+
+    #[test]
+    fn a_lost_session_is_told_by_each_servers_and_client_librarys_wording() {
+        for message in [
+            "terminating connection due to administrator command",
+            "MySQL server has gone away",
+            "Server has gone away",
+            "Lost connection to MySQL server during query",
+            "Lost connection to server during query",
+            "Connection was killed",
+            "The client was disconnected by the server because of inactivity.",
+        ] {
+            assert!(is_connection_error(&unknown(message)), "{message}");
+        }
+    }
+
+    #[test]
+    fn a_failed_statement_is_not_a_lost_session() {
+        for message in [
+            "Deadlock found when trying to get lock; try restarting transaction",
+            "Duplicate entry 'a-1' for key 'async_task_keyword_biz_id_key'",
+            "relation \"async_task\" does not exist",
+        ] {
+            assert!(!is_connection_error(&unknown(message)), "{message}");
+        }
+    }
 }
