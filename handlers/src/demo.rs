@@ -18,7 +18,7 @@ pub const POINTS_CREDIT: &str = "points.credit";
 /// The keyword of the coupon task.
 pub const COUPON_GRANT: &str = "coupon.grant";
 
-/// The demo's tables, for diesel's DSL on both backends.
+/// The demo's tables, for diesel's DSL on every backend.
 pub mod schema {
     diesel::table! {
         /// Orders placed by the demo.

@@ -1,4 +1,4 @@
-//! The SQL of domains' run-time control that both backends share: the columns of an
+//! The SQL of domains' run-time control that the backends share: the columns of an
 //! `async_domain` row, its upsert with the audit entry, and `async_pause`'s writes.
 
 use diesel::backend::Backend;
@@ -11,7 +11,7 @@ use super::DomainWrite;
 use crate::sql::Statement;
 
 /// The columns of a [`DomainRow`], with `updated_at` as the expression given (the rest the
-/// same on both backends).
+/// same on every backend).
 macro_rules! domain_columns {
     ($updated_at:literal) => {
         concat!(
@@ -111,7 +111,7 @@ where
 
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 /// Pauses a keyword on its own, by `actor`; inserts nothing when it is paused already (the
-/// same on both backends).
+/// same on PostgreSQL and SQLite).
 pub(super) fn keyword_pause_insert<DB>(keyword: &str, actor: &str) -> Statement<DB>
 where
     DB: Backend + HasSqlType<Text>,
@@ -124,7 +124,7 @@ where
         .sql(") ON CONFLICT (keyword) DO NOTHING")
 }
 
-/// Deletes a keyword's pause (the same on both backends).
+/// Deletes a keyword's pause (the same on every backend).
 pub(super) fn keyword_pause_delete<DB>(keyword: &str) -> Statement<DB>
 where
     DB: Backend + HasSqlType<Text>,

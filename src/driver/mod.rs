@@ -370,7 +370,7 @@ where
 // Not on MySQL: MariaDB has no `WITH … UPDATE`; its rescue binds the values in place.
 #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
 /// `WITH params AS (SELECT … AS default_max, … AS dead_ms, … AS base_ms, … AS max_ms, … AS
-/// jitter)`, the head of both backends' rescue statement.
+/// jitter)`, the head of the PostgreSQL and SQLite rescue statements.
 fn rescue_params<DB>(rescue: &RescueParams) -> Statement<DB>
 where
     DB: Backend + HasSqlType<BigInt> + HasSqlType<Integer> + HasSqlType<Double>,

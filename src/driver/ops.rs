@@ -1,7 +1,7 @@
 //! The operator's reads and bulk changes (`outbox list`, `show`, `retry` by filter, `nodes`,
 //! `audit`), behind a trait of their own: each backend implements it in its `ops.rs`.
 //!
-//! Times travel as UTC text of the shape `YYYY-MM-DD HH:MM:SS.SSS` on both backends, with
+//! Times travel as UTC text of the shape `YYYY-MM-DD HH:MM:SS.SSS` on every backend, with
 //! the database clock (`db_now`) in every row, so that ages are the database's.
 
 use diesel::backend::Backend;

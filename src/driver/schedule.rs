@@ -1,7 +1,7 @@
 //! The cron schedules' SQL (`async_schedule`), behind a trait of its own: each backend
 //! implements it in its `schedule.rs`.
 //!
-//! Times travel as UTC text of the shape `YYYY-MM-DD HH:MM:SS.SSS` on both backends (what
+//! Times travel as UTC text of the shape `YYYY-MM-DD HH:MM:SS.SSS` on every backend (what
 //! SQLite stores; PostgreSQL formats and reads its `timestamptz` columns so), so that the
 //! rows are one type.
 

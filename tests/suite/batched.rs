@@ -53,7 +53,7 @@ fn registry(calls: &Arc<AtomicUsize>, bad: fn(&TaskContext) -> HandlerResult) ->
 }
 
 // `Worker::claim` and `Worker::execute` claim and run the stamp way whatever the claim style.
-both_backends! {
+every_backend! {
     fn a_chunks_tasks_get_a_deadline_that_covers_the_whole_chunk(db: &TestDb) {
         five_tasks(db);
         let config = one_chunk_config().task_timeout(std::time::Duration::from_secs(60));

@@ -12,7 +12,7 @@ use outbox::{
 
 use crate::{ledger_registry, small_config, write_ledger};
 
-both_backends! {
+every_backend! {
     fn a_cancelled_task_is_never_claimed_and_a_second_cancel_writes_nothing(db: &TestDb) {
         let id = enqueue(&mut db.conn(), &NewTask::new("ledger", "1")).unwrap().id;
         let first = cancel(&mut db.conn(), id).unwrap();
@@ -78,7 +78,7 @@ both_backends! {
     }
 }
 
-both_backends! {
+every_backend! {
     fn a_running_handler_sees_its_task_cancelled_within_a_heartbeat(db: &TestDb) {
         use std::time::{Duration, Instant};
 
@@ -122,7 +122,7 @@ both_backends! {
     }
 }
 
-both_backends! {
+every_backend! {
     fn cancel_matching_cancels_the_unfinished_tasks_of_a_keyword_or_tenant_only(db: &TestDb) {
         let mut conn = db.conn();
         for (keyword, biz, tenant) in [

@@ -59,7 +59,7 @@ fn state(db: &TestDb, id: i64) -> String {
     db.task(id).state
 }
 
-both_backends! {
+every_backend! {
     fn a_child_is_blocked_until_its_parent_is_done_then_runs(db: &TestDb) {
         let parent = enqueue(&mut db.conn(), &NewTask::new("step", "1")).unwrap().id;
         let child = enqueue(&mut db.conn(), &NewTask::new("step", "2").after(parent)).unwrap();

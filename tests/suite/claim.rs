@@ -11,7 +11,7 @@ use outbox::{
 
 use crate::{ledger_registry, small_config, worker};
 
-both_backends! {
+every_backend! {
     fn only_registered_keywords_are_claimed_and_the_rest_show_in_stats(db: &TestDb) {
         let mut conn = db.conn();
         let served = enqueue(&mut conn, &NewTask::new("ledger", "1")).unwrap().id;
@@ -177,7 +177,7 @@ fn notify_wakes_an_idle_run_worker() {
     });
 }
 
-both_backends! {
+every_backend! {
     fn run_claims_again_at_once_after_a_full_claim(db: &TestDb) {
         // A claim takes at most threads + queue + 1 = 5 tasks, fewer than the page size: a
         // claim of 5 is full, and the worker must claim again at once instead of waiting for
@@ -204,7 +204,7 @@ both_backends! {
     }
 }
 
-both_backends! {
+every_backend! {
     fn drain_runs_what_its_own_tasks_make_due(db: &TestDb) {
         // `first` enqueues `second` in its own transaction: a follow-up that is due only
         // once `first` commits, while the drain's last claim may already have come back

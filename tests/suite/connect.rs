@@ -14,7 +14,7 @@ use outbox::{
 use crate::support::pg_server_url;
 use crate::write_ledger;
 
-both_backends! {
+every_backend! {
     fn a_pool_that_cannot_open_a_connection_reports_the_databases_own_message(db: &TestDb) {
         let pool = db.url.pool(2).unwrap();
         // The database goes away after the pool was built.
@@ -70,7 +70,7 @@ fn a_server_that_never_answers_fails_within_the_connect_timeout() {
     drop(listener);
 }
 
-both_backends! {
+every_backend! {
     fn a_worker_runs_on_a_pool_of_the_callers_own(db: &TestDb) {
         use outbox::db::ConnectionManager;
         let id = outbox::enqueue(&mut db.conn(), &outbox::NewTask::new("ledger", "1")).unwrap().id;

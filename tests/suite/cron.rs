@@ -86,7 +86,7 @@ fn created(pass: &CronPass) -> usize {
     pass.ticks.iter().filter(|t| t.created).count()
 }
 
-both_backends! {
+every_backend! {
     fn a_schedule_seen_for_the_first_time_starts_from_now(db: &TestDb) {
         // Once a year at 03:00 on 1 January: its latest tick is in the past, and never runs.
         let w = scheduled_worker(db, "report.yearly", Schedule::parse("0 0 3 1 1 ?").unwrap());

@@ -201,7 +201,7 @@ fn reserved_isolates(db: &TestDb, config: WorkerConfig, pay_queue: Option<usize>
     );
 }
 
-both_backends! {
+every_backend! {
     fn a_max_domain_never_runs_more_than_its_limit(db: &TestDb) {
         assert_eq!(max_holds(db, config(6)), ClaimStyle::Stamp);
     }

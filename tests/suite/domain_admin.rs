@@ -21,7 +21,7 @@ fn four_thread_node(db: &TestDb) {
     ));
 }
 
-both_backends! {
+every_backend! {
     fn racing_changes_are_checked_one_after_the_other(db: &TestDb) {
         four_thread_node(db);
         // RESERVED 2 fits the node alone; two of them leave default no thread. However the
@@ -54,7 +54,7 @@ both_backends! {
     }
 }
 
-both_backends! {
+every_backend! {
     fn a_change_in_the_callers_transaction_rolls_back_with_it(db: &TestDb) {
         four_thread_node(db);
         let mut conn = db.conn();
@@ -75,7 +75,7 @@ both_backends! {
     }
 }
 
-both_backends! {
+every_backend! {
     fn a_running_node_publishes_its_domains_and_applies_a_change_at_its_next_heartbeat(db: &TestDb) {
         use outbox::domain::{Domain, DomainMode};
         use outbox::{Registry, Worker, WorkerConfig};

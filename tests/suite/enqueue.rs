@@ -8,7 +8,7 @@ use outbox::{enqueue, enqueue_batch, write_transaction, Backend, EnqueueOptions,
 /// Whether an error is of the expected class.
 type ErrorCheck = fn(&Error) -> bool;
 
-both_backends! {
+every_backend! {
     fn same_keyword_and_biz_id_yields_one_task(db: &TestDb) {
         let mut conn = db.conn();
         let task = NewTask::new("points.credit", "order-42").payload(&serde_json::json!({"p": 1}));

@@ -31,7 +31,7 @@ fn registry_with(
     registry
 }
 
-both_backends! {
+every_backend! {
     fn success_commits_the_effect_and_marks_done(db: &TestDb) {
         let id = enqueue(&mut db.conn(), &NewTask::new("ledger", "1")).unwrap().id;
         let w = worker(db, crate::ledger_registry("ledger"));

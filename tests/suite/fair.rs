@@ -82,7 +82,7 @@ fn backdate(db: &TestDb, tag: &str, minutes: i64) {
     db.exec(&sql);
 }
 
-both_backends! {
+every_backend! {
     fn two_saturated_tenants_are_served_in_proportion_to_their_weights(db: &TestDb) {
         weigh(db, "heavy", 3);
         enqueue(db, Some("heavy"), "h", 2000);
@@ -193,7 +193,7 @@ fn lock_claims_serve_tenants_in_proportion_to_their_weights() {
     );
 }
 
-both_backends! {
+every_backend! {
     fn a_tenant_that_comes_while_another_is_alone_is_served_within_two_claims(db: &TestDb) {
         // After a claim that found one participant, the next claims take its tasks alone (a
         // cheaper statement on PostgreSQL) until one finds another participant pending; they
@@ -224,7 +224,7 @@ both_backends! {
     }
 }
 
-both_backends! {
+every_backend! {
     fn a_weight_below_1_is_refused_and_nothing_is_written(db: &TestDb) {
         for weight in [0, -3] {
             let refused = set_tenant(&mut db.conn(), "acme", &TenantLimits::default().weight(weight), "test");
@@ -240,7 +240,7 @@ both_backends! {
     }
 }
 
-both_backends! {
+every_backend! {
     fn a_node_that_found_nothing_claims_a_tenant_that_comes_later(db: &TestDb) {
         // An empty claim leaves the node watching the tasks without a tenant alone; an empty
         // watch asks whether anyone else has tasks.
@@ -264,7 +264,7 @@ both_backends! {
     }
 }
 
-both_backends! {
+every_backend! {
     fn tenants_with_only_delayed_tasks_never_hold_the_ring_back(db: &TestDb) {
         // More tenants with only delayed tasks than a claim walks (twice its page), all
         // before the one with tasks due: the ring goes on past them.

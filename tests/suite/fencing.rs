@@ -11,7 +11,7 @@ fn take_over(db: &TestDb, id: i64) {
     crate::take_over(&db.url, id);
 }
 
-both_backends! {
+every_backend! {
     fn a_completion_whose_claim_was_taken_over_rolls_back_its_effect(db: &TestDb) {
         let id = enqueue(&mut db.conn(), &NewTask::new("ledger", "1")).unwrap().id;
         let w = worker(db, crate::ledger_registry("ledger"));

@@ -11,7 +11,7 @@ use outbox::{
 
 use crate::ledger_registry;
 
-both_backends! {
+every_backend! {
     fn two_workers_draining_10000_tasks_never_run_a_task_twice(db: &TestDb) {
         let mut conn = db.conn();
         for chunk in 0..10 {

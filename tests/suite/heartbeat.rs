@@ -41,7 +41,7 @@ fn node_state(db: &TestDb, node: i64) -> String {
         .map_or_else(|_| "(no row)".to_owned(), |s| s.state)
 }
 
-both_backends! {
+every_backend! {
     fn a_heartbeat_records_the_database_clock(db: &TestDb) {
         let w = quiet_worker(db);
         kill_heartbeat(db, w.node_id());

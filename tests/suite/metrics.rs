@@ -44,7 +44,7 @@ fn now_plus(db: &TestDb, secs: i64) -> String {
     }
 }
 
-both_backends! {
+every_backend! {
     fn scrapes_while_a_drain_works_match_the_table(db: &TestDb) {
         let tasks: Vec<NewTask> = (0..6)
             .map(|i| NewTask::new("ledger", format!("l{i}")))

@@ -43,7 +43,7 @@ fn quoted(path: &Path) -> String {
     format!("'{}'", path.display())
 }
 
-both_backends! {
+every_backend! {
     fn the_hook_sees_the_task_in_its_environment_and_never_its_payload(db: &TestDb) {
         let dir = tempfile::tempdir().unwrap();
         let task = NewTask::new("doomed", "order-77")

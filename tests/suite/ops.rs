@@ -85,7 +85,7 @@ fn audits(db: &TestDb) -> i64 {
     db.count("SELECT count(*) FROM async_audit")
 }
 
-both_backends! {
+every_backend! {
     fn a_listing_pages_through_more_tasks_than_a_page_once_each(db: &TestDb) {
         let mail = tasks(db, "mail.send", 0..25, None);
         tasks(db, "sms.send", 0..3, None);
@@ -412,7 +412,7 @@ both_backends! {
     }
 }
 
-both_backends! {
+every_backend! {
     fn retries_by_filter_and_by_id_of_overlapping_chains_at_once_never_deadlock(db: &TestDb) {
         let mut conn = db.conn();
         let chains: Vec<(i64, i64)> = (0..40)

@@ -102,7 +102,7 @@ fn counts(report: &PruneReport) -> (u64, u64, u64, u64, u64) {
     )
 }
 
-both_backends! {
+every_backend! {
     fn prune_deletes_only_finished_tasks_older_than_the_cutoff(db: &TestDb) {
         tasks(db, &[
             ("done-old-1", "done", Some(7200)),

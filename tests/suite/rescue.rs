@@ -47,7 +47,7 @@ fn pass_deadlines(db: &TestDb) {
     ));
 }
 
-both_backends! {
+every_backend! {
     fn the_tasks_of_a_node_that_stopped_heartbeating_are_rescued_once(db: &TestDb) {
         enqueue_n(db, 3);
         let dying = quiet_worker(db);

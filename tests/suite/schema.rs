@@ -68,7 +68,7 @@ fn time_from_now(db: &TestDb, seconds: i64) -> String {
 
 const DAY: i64 = 86_400;
 
-both_backends! {
+every_backend! {
     fn states_json_and_keyword_edges_hold_in_the_schema(db: &TestDb) {
         // A producer in another language inserts with plain SQL; the CHECK constraints hold
         // the same rules.

@@ -45,7 +45,7 @@ fn assert_each_done_once_here(db: &TestDb, n: i64) {
     );
 }
 
-both_backends! {
+every_backend! {
     fn a_fleet_runs_each_databases_tasks_once_in_that_database(db: &TestDb) {
         let other = another(db);
         // The same biz_ids in both: each database's idempotency is its own.

@@ -119,7 +119,7 @@ fn assert_ran_exactly_its_share(db: &TestDb, all: &[i64], modulus: i64, lo: i64,
     );
 }
 
-both_backends! {
+every_backend! {
     fn an_id_hash_node_claims_only_the_tasks_of_its_position(db: &TestDb) {
         let first = peer(db, "id_hash", 1, 0);
         let w = Worker::new(&db.url, ledger_registry("ledger"), config(Strategy::IdHash)).unwrap();

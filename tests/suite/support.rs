@@ -23,7 +23,7 @@ use outbox::{Backend, DatabaseUrl, DbConnection};
 /// Runs each `fn name(db: &TestDb) { … }` as a test per backend: `name::sqlite`,
 /// `name::postgres`, and `name::mysql` (feature `mysql`).
 #[macro_export]
-macro_rules! both_backends {
+macro_rules! every_backend {
     ($(fn $name:ident($db:ident: &TestDb) $body:block)*) => {$(
         mod $name {
             #[allow(unused_imports)]

@@ -22,7 +22,7 @@ fn depth(conn: &mut DbConnection) -> u32 {
         .map_or(0, |d| d.get())
 }
 
-both_backends! {
+every_backend! {
     fn the_transaction_opens_on_first_use_and_commits_with_the_completion(db: &TestDb) {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let seen_in = Arc::clone(&seen);
@@ -115,7 +115,7 @@ both_backends! {
     }
 }
 
-both_backends! {
+every_backend! {
     fn a_lost_claim_in_a_chunk_of_external_handlers_completes_none_of_it_at_first(db: &TestDb) {
         // No handler opens the transaction; the third task's claim is taken over while it
         // runs. The chunk's completion must still be all or nothing: none of the five marked

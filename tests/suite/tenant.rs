@@ -46,7 +46,7 @@ fn is_quota(result: outbox::Result<outbox::Enqueued>, tenant: &str, limit: i64) 
     }
 }
 
-both_backends! {
+every_backend! {
     fn an_enqueue_past_max_queued_is_refused_naming_the_tenant_and_writes_nothing(db: &TestDb) {
         limit_queued(db, "acme", 3);
         assert!(enqueue(&mut db.conn(), &task("a0", "acme")).unwrap().created);
@@ -275,14 +275,14 @@ both_backends! {
     }
 }
 
-both_backends! {
+every_backend! {
     fn concurrent_claims_for_one_tenant_never_pass_max_running(db: &TestDb) {
         limit_running(db, "acme", 3);
         claims_at_once_stay_within(db, 3);
     }
 }
 
-both_backends! {
+every_backend! {
     fn neither_limited_tenants_nor_the_others_starve_each_other(db: &TestDb) {
         limit_running(db, "acme", 100);
         let backlog: Vec<NewTask> = (0..20).map(|i| task(&format!("a{i}"), "acme")).collect();
@@ -300,7 +300,7 @@ both_backends! {
     }
 }
 
-both_backends! {
+every_backend! {
     fn a_batch_of_several_tenants_keeps_its_order(db: &TestDb) {
         // Ids follow the batch's order whatever the tenants (a parent named by key comes
         // before its child and must get the smaller id).

@@ -1,4 +1,4 @@
-//! The dashboard (`outbox::web`) over real HTTP on both backends: each page shows what the
+//! The dashboard (`outbox::web`) over real HTTP on every backend: each page shows what the
 //! table holds; each button is the library's audited change, named after the web user;
 //! read-only mode hides the buttons and refuses their POSTs; cross-site POSTs, foreign
 //! hosts and bad input are refused with a clear page, and change nothing.
@@ -124,7 +124,7 @@ fn web_audits(db: &TestDb) -> i64 {
     db.count("SELECT count(*) FROM async_audit WHERE actor = 'alice'")
 }
 
-both_backends! {
+every_backend! {
     fn every_page_shows_what_the_table_holds(db: &TestDb) {
         let t = seed(db);
         let web = start(db, false);
@@ -188,7 +188,7 @@ both_backends! {
     }
 }
 
-both_backends! {
+every_backend! {
     fn read_only_shows_no_button_and_refuses_every_post(db: &TestDb) {
         let t = seed(db);
         let web = start(db, false);
@@ -212,7 +212,7 @@ both_backends! {
     }
 }
 
-both_backends! {
+every_backend! {
     fn retry_from_the_web_is_the_audited_change_of_the_web_user(db: &TestDb) {
         let t = seed(db);
         let web = start(db, true);
@@ -245,7 +245,7 @@ both_backends! {
     }
 }
 
-both_backends! {
+every_backend! {
     fn cancel_pause_and_resume_are_audited_changes(db: &TestDb) {
         let t = seed(db);
         let web = start(db, true);
@@ -292,7 +292,7 @@ both_backends! {
     }
 }
 
-both_backends! {
+every_backend! {
     fn cross_site_posts_and_foreign_hosts_are_refused(db: &TestDb) {
         let t = seed(db);
         let web = start(db, true);
@@ -331,7 +331,7 @@ both_backends! {
     }
 }
 
-both_backends! {
+every_backend! {
     fn bad_input_gets_a_clear_page_and_changes_nothing(db: &TestDb) {
         let t = seed(db);
         let web = start(db, true);
@@ -380,7 +380,7 @@ both_backends! {
     }
 }
 
-both_backends! {
+every_backend! {
     fn an_address_in_use_is_a_clear_error(db: &TestDb) {
         let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let addr = taken.local_addr().expect("addr");
@@ -390,7 +390,7 @@ both_backends! {
     }
 }
 
-both_backends! {
+every_backend! {
     fn a_stopped_dashboard_no_longer_answers(db: &TestDb) {
         let web = start(db, false);
         let addr = web.local_addr();

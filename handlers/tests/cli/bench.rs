@@ -1,11 +1,11 @@
 //! `bench`.
 
 use crate::binary::{entries, outbox, outbox_on, run, workdir};
-use crate::both_backends;
 use crate::db::tasks_in;
+use crate::every_backend;
 use crate::support::TestDb;
 
-both_backends! {
+every_backend! {
     fn bench_reports_every_configuration_as_json_and_leaves_nothing_behind(db: &TestDb) {
         let dir = workdir();
         let out = run(outbox_on(db, dir.path()).args([

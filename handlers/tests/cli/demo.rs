@@ -1,8 +1,8 @@
 //! `demo`: the quick start, and `demo --check`; a drain of its tasks with domains.
 
 use crate::binary::{entries, outbox, outbox_on, run, workdir};
-use crate::both_backends;
 use crate::db::{count_at, tasks_in};
+use crate::every_backend;
 use crate::support::TestDb;
 
 /// The demo's order ids, which are consecutive in a fresh database.
@@ -65,7 +65,7 @@ fn demo_on_postgres() {
     );
 }
 
-both_backends! {
+every_backend! {
     fn demo_enqueue_only_then_drain_then_check(db: &TestDb) {
         let dir = workdir();
         run(outbox_on(db, dir.path()).args(["demo", "--enqueue-only", "--tasks", "50"]))
@@ -122,7 +122,7 @@ both_backends! {
     }
 }
 
-both_backends! {
+every_backend! {
     fn drain_with_a_domains_file_runs_every_task_and_bad_domains_exit_2(db: &TestDb) {
         let dir = workdir();
         run(outbox_on(db, dir.path()).args(["demo", "--enqueue-only", "--tasks", "40"]))

@@ -12,7 +12,7 @@ use outbox::Backend;
 use serde_json::{json, Value};
 
 use crate::binary::{outbox, outbox_on, run, workdir, DOWN_PG_URL};
-use crate::both_backends;
+use crate::every_backend;
 use crate::support::TestDb;
 
 /// `outbox` on the test database as the operator `tester` (the audit's actor is
@@ -89,7 +89,7 @@ fn snapshot(db: &TestDb) -> [i64; 4] {
     ]
 }
 
-both_backends! {
+every_backend! {
     fn set_then_list_round_trips_and_a_no_op_is_not_audited(db: &TestDb) {
         let dir = workdir();
         run(operator(db, dir.path()).args([
@@ -106,7 +106,7 @@ both_backends! {
         assert_eq!((listed1["paused"].as_bool(), listed1["nodes"].as_u64()), (Some(false), Some(0)));
         assert_eq!(listed1["setting"]["version"], 1);
         assert!(listed1["setting"]["updated_by"].as_str().unwrap().starts_with("tester@"), "{listed1}");
-        // UTC `YYYY-MM-DD HH:MM:SS.SSS` on both backends.
+        // UTC `YYYY-MM-DD HH:MM:SS.SSS` on every backend.
         let at = listed1["setting"]["updated_at"].as_str().unwrap();
         assert!(at.len() == 23 && &at[10..11] == " " && &at[19..20] == ".", "{at}");
 
@@ -133,7 +133,7 @@ both_backends! {
     }
 }
 
-both_backends! {
+every_backend! {
     fn set_refuses_bad_input_with_exit_2_and_writes_nothing(db: &TestDb) {
         let dir = workdir();
         run(operator(db, dir.path()).args(["domain", "set", "payments", "--keywords", "payment.capture", "--reserved", "1"]))
@@ -188,7 +188,7 @@ both_backends! {
     }
 }
 
-both_backends! {
+every_backend! {
     fn release_pause_and_resume_a_domain(db: &TestDb) {
         let dir = workdir();
         run(operator(db, dir.path()).args(["domain", "set", "payments", "--keywords", "payment.capture", "--reserved", "1"]))
@@ -248,7 +248,7 @@ both_backends! {
     }
 }
 
-both_backends! {
+every_backend! {
     fn pause_and_resume_a_keyword(db: &TestDb) {
         let dir = workdir();
         node(db, "w1", 2, vec![domain_use("default", "max", &["mail.send", "points.credit"], 2, [0; 5])], false);
@@ -289,7 +289,7 @@ both_backends! {
     }
 }
 
-both_backends! {
+every_backend! {
     fn stats_json_sums_the_live_nodes_domains(db: &TestDb) {
         let dir = workdir();
         // Without a node or a row, stats shows no domains.

@@ -3,10 +3,10 @@
 use serde_json::Value;
 
 use crate::binary::{entries, outbox, outbox_on, run, workdir, DOWN_PG_URL};
-use crate::both_backends;
 use crate::db::unmigrate;
+use crate::every_backend;
 
-both_backends! {
+every_backend! {
     fn migrate_twice_applies_then_reports_up_to_date(db: &TestDb) {
         let dir = workdir();
         unmigrate(db);
@@ -123,7 +123,7 @@ fn invalid_enqueue_is_refused_before_connecting() {
 // stats
 // ---------------------------------------------------------------------------------------------
 
-both_backends! {
+every_backend! {
     fn stats_on_an_empty_database_says_no_tasks(db: &TestDb) {
         let dir = workdir();
         run(outbox_on(db, dir.path()).arg("stats"))
@@ -169,7 +169,7 @@ both_backends! {
     }
 }
 
-both_backends! {
+every_backend! {
     fn cancel_by_id_or_key_and_its_refusals(db: &TestDb) {
         let dir = workdir();
         run(outbox_on(db, dir.path()).args(["enqueue", "mail.send", "42"])).expect_code(0);
@@ -200,7 +200,7 @@ both_backends! {
     }
 }
 
-both_backends! {
+every_backend! {
     fn tenant_set_list_remove_and_the_quota_at_enqueue(db: &TestDb) {
         let dir = workdir();
         run(outbox_on(db, dir.path()).args(["tenant", "set", "acme", "--max-queued", "1", "--max-running", "2"]))
@@ -248,7 +248,7 @@ both_backends! {
     }
 }
 
-both_backends! {
+every_backend! {
     fn cancel_all_by_filter_dry_run_retry_and_their_audit(db: &TestDb) {
         let dir = workdir();
         for (biz, tenant) in [("1", "acme"), ("2", "acme"), ("3", "other")] {

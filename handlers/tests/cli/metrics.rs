@@ -6,8 +6,8 @@ use std::net::{SocketAddr, TcpListener};
 use serde_json::Value;
 
 use crate::binary::{outbox_on, run, wait_until, workdir, Running, STOP_LIMIT, WORK_LIMIT};
-use crate::both_backends;
 use crate::db::tasks_in;
+use crate::every_backend;
 use crate::scrape::{get, parse, Exposition};
 
 /// A port free now (the system's choice; the listener is closed before the worker binds it).
@@ -33,7 +33,7 @@ fn sigterm(pid: u32) {
     assert_eq!(rc, 0, "kill: {}", std::io::Error::last_os_error());
 }
 
-both_backends! {
+every_backend! {
     fn run_serves_metrics_that_match_the_table_while_it_works(db: &TestDb) {
         let dir = workdir();
         run(outbox_on(db, dir.path()).args(["demo", "--enqueue-only", "--tasks", "30"]))

@@ -10,7 +10,7 @@ use serde_json::Value;
 use crate::binary::{
     outbox, outbox_on, run, wait_until, workdir, Running, DOWN_PG_URL, STOP_LIMIT, WORK_LIMIT,
 };
-use crate::both_backends;
+use crate::every_backend;
 use crate::support::TestDb;
 
 fn json_lines(stdout: &str) -> Vec<Value> {
@@ -45,7 +45,7 @@ fn operator(db: &TestDb, dir: &Path) -> Command {
     cmd
 }
 
-both_backends! {
+every_backend! {
     fn nodes_lists_a_running_worker_live_then_gone(db: &TestDb) {
         let dir = workdir();
         run(outbox_on(db, dir.path()).arg("nodes"))

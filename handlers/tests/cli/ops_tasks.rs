@@ -9,8 +9,8 @@ use outbox::{enqueue, enqueue_batch, Backend, NewTask};
 use serde_json::Value;
 
 use crate::binary::{outbox, outbox_on, run, workdir, DOWN_PG_URL};
-use crate::both_backends;
 use crate::db::tasks_in;
+use crate::every_backend;
 use crate::support::TestDb;
 
 /// `outbox` on the test database as the operator `tester` (the audit's actor is
@@ -54,7 +54,7 @@ fn audits(db: &TestDb) -> i64 {
     db.count("SELECT count(*) FROM async_audit")
 }
 
-both_backends! {
+every_backend! {
     fn list_pages_with_a_cursor_as_a_table_and_as_json(db: &TestDb) {
         let dir = workdir();
         let mut conn = db.conn();

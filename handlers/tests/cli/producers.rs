@@ -1,15 +1,13 @@
 //! The SQL producer contract (README, "Enqueue from another language"), held by a real
 //! producer in another language: `tests/producers/producer.py` (Python; `psycopg` on
-//! PostgreSQL, the standard `sqlite3` module on SQLite) writes its tasks with plain INSERTs in
-//! its own business transactions; then `outbox-fault drain` runs them (`fault.ledger`: one
-//! `fault_ledger` row in the task's transaction) and the test checks every effect.
+//! PostgreSQL, the standard `sqlite3` module on SQLite, `PyMySQL` on MySQL) writes its tasks
+//! with plain INSERTs in its own business transactions; then `outbox-fault drain` runs them
+//! (`fault.ledger`: one `fault_ledger` row in the task's transaction) and the test checks
+//! every effect.
 //!
 //! The Python virtual environment is built by `scripts/producers.sh ensure` (which
 //! `scripts/test.sh` also runs first); the test calls it itself, so it is never skipped: without
 //! `python3 -m venv` or `pip` it fails saying so.
-//!
-//! MySQL has no backend yet; its producer (a MySQL driver in the same venv, the same script
-//! with a `mysql` backend and `INSERT IGNORE`) goes here as a third `both_backends!` arm.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -19,7 +17,7 @@ use outbox::{Backend, Error, NewTask};
 use serde_json::Value;
 
 use crate::binary::{run, workdir};
-use crate::both_backends;
+use crate::every_backend;
 use crate::support::TestDb;
 
 fn repo_root() -> PathBuf {
@@ -40,7 +38,7 @@ fn python() -> PathBuf {
     assert!(
         out.status.success(),
         "{} ensure failed ({}): the producer tests need python3 with venv and pip \
-         (PyPI for psycopg[binary]):\n{}",
+         (PyPI for psycopg[binary] and PyMySQL):\n{}",
         script.display(),
         out.status,
         String::from_utf8_lossy(&out.stderr)
@@ -206,7 +204,7 @@ fn assert_api_refuses(db: &TestDb, case: &str, task: &NewTask) {
     );
 }
 
-both_backends! {
+every_backend! {
     fn a_python_producer_holds_the_sql_contract(db: &TestDb) {
         let backend = db.backend();
         let seq = match backend {

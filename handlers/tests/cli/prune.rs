@@ -3,8 +3,8 @@
 use serde_json::Value;
 
 use crate::binary::{entries, outbox, outbox_on, run, workdir, DOWN_PG_URL};
-use crate::both_backends;
 use crate::db::{tasks_in, unmigrate};
+use crate::every_backend;
 use crate::support::TestDb;
 
 /// A time `hours` ago by the database clock, as an SQL expression.
@@ -86,7 +86,7 @@ fn prune_refuses_a_missing_sqlite_file_and_a_server_that_is_down() {
     );
 }
 
-both_backends! {
+every_backend! {
     fn prune_deletes_old_finished_tasks_and_gone_nodes(db: &TestDb) {
         let dir = workdir();
         // 10 done tasks and the demo's node, gone when it finished.

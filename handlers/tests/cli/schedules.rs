@@ -5,7 +5,7 @@
 use serde_json::Value;
 
 use crate::binary::{outbox, outbox_on, run, workdir};
-use crate::both_backends;
+use crate::every_backend;
 use crate::support::TestDb;
 
 /// Writes `text` as `jobs.cron` in `dir`; returns its path.
@@ -39,7 +39,7 @@ fn schedules_help_names_its_flags() {
         .stdout_has("--crontab <FILE>");
 }
 
-both_backends! {
+every_backend! {
     fn schedules_lists_what_a_crontab_scheduled(db: &TestDb) {
         let dir = workdir();
         run(outbox_on(db, dir.path()).arg("schedules"))

@@ -4,8 +4,8 @@
 use serde_json::Value;
 
 use crate::binary::{outbox, outbox_on, run, wait_until, workdir, Running, STOP_LIMIT, WORK_LIMIT};
-use crate::both_backends;
 use crate::db::tasks_in;
+use crate::every_backend;
 use crate::support::TestDb;
 use crate::work::sigterm;
 
@@ -26,7 +26,7 @@ fn both_urls<'a>(a: &'a TestDb, b: &'a TestDb) -> [&'a str; 4] {
     ["--database-url", &a.url_text, "--database-url", &b.url_text]
 }
 
-both_backends! {
+every_backend! {
     fn drain_with_the_url_repeated_drains_every_database_and_reports_each(db: &TestDb) {
         let other = another(db);
         let dir = workdir();

@@ -13,8 +13,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use crate::binary::{entries, outbox, outbox_on, run, workdir, DOWN_PG_URL, STOP_LIMIT};
-use crate::both_backends;
 use crate::db::count_at;
+use crate::every_backend;
 use crate::support::TestDb;
 use crate::webdriver::{png_size, Browser, WIDTH};
 
@@ -84,7 +84,7 @@ impl Drop for WebProcess {
     }
 }
 
-both_backends! {
+every_backend! {
     fn a_port_in_use_is_a_clear_start_up_error(db: &TestDb) {
         let dir = workdir();
         let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -95,7 +95,7 @@ both_backends! {
     }
 }
 
-both_backends! {
+every_backend! {
     fn serves_until_sigterm_then_exits_0(db: &TestDb) {
         let dir = workdir();
         let mut web = WebProcess::start(db, dir.path(), &["--addr", "127.0.0.1:0"]);
@@ -202,7 +202,7 @@ fn enqueued(db: &TestDb, cwd: &Path, args: &[&str]) -> i64 {
         .unwrap_or_else(|| panic!("no task id in {:?}", done.stdout))
 }
 
-both_backends! {
+every_backend! {
     fn in_a_real_browser_retry_on_a_dead_task_makes_it_pending(db: &TestDb) {
         let dir = workdir();
         let cwd = dir.path();

@@ -6,10 +6,10 @@ use serde_json::Value;
 use crate::binary::{
     outbox, outbox_on, run, wait_until, workdir, Running, DATABASE_COMMANDS, STOP_LIMIT, WORK_LIMIT,
 };
-use crate::both_backends;
 use crate::db::{tasks_in, unmigrate};
+use crate::every_backend;
 
-both_backends! {
+every_backend! {
     fn drain_on_an_empty_database_runs_0_tasks(db: &TestDb) {
         let dir = workdir();
         run(outbox_on(db, dir.path()).arg("drain"))
@@ -60,7 +60,7 @@ pub(crate) fn sigterm(pid: u32) {
     assert_eq!(rc, 0, "kill: {}", std::io::Error::last_os_error());
 }
 
-both_backends! {
+every_backend! {
     fn run_finishes_the_work_and_exits_0_on_sigterm(db: &TestDb) {
         let dir = workdir();
         run(outbox_on(db, dir.path()).args(["demo", "--enqueue-only", "--tasks", "20"]))
