@@ -324,7 +324,7 @@ impl Worker {
 
     /// How many queued tasks (chunks, in batched mode) the claiming thread took from the
     /// queue and ran while it waited for room to claim or for its page to finish. Only on
-    /// PostgreSQL; always 0 on SQLite, whose writers take turns anyway.
+    /// PostgreSQL and MySQL; always 0 on SQLite, whose writers take turns anyway.
     pub fn caller_helped(&self) -> u64 {
         self.dispatcher.helped()
     }

@@ -92,7 +92,7 @@ every_backend! {
         assert_eq!(w.caller_runs(), 0);
     }
 
-    fn the_claiming_thread_helps_with_the_queue_on_postgres_only(db: &TestDb) {
+    fn the_claiming_thread_helps_with_the_queue_except_on_sqlite(db: &TestDb) {
         // Through `drain` (the claiming thread waits for room) and `run_once` (it waits for
         // its page to finish).
         for (phase, run) in [
@@ -115,7 +115,7 @@ every_backend! {
     }
 }
 
-/// Runs 3 tasks with one pool thread and a queue of 2. On PostgreSQL the pool thread's
+/// Runs 3 tasks with one pool thread and a queue of 2. On PostgreSQL and MySQL the pool thread's
 /// first task waits (up to 10 s, then fails) until a task has run on another thread, which
 /// only the claiming thread can be. Returns the tally, the tasks run on the claiming thread,
 /// and the worker's CallerRuns and helping counts.
