@@ -190,6 +190,8 @@ BEGIN
     DECLARE lim INT DEFAULT NULL;
     DECLARE queued INT DEFAULT 0;
     DECLARE parent_state VARCHAR(16) DEFAULT NULL;
+    -- Left set by a shorthand insert that failed on this session (see below).
+    SET @outbox_link_recorded = NULL;
     IF NEW.tenant IS NOT NULL AND NEW.state IN ('pending', 'blocked') THEN
         SELECT max_queued INTO lim FROM async_tenant
          WHERE tenant = NEW.tenant AND max_queued IS NOT NULL FOR UPDATE;
@@ -223,12 +225,14 @@ BEGIN
 END;
 
 -- The shorthand's link row. The BEFORE INSERT trigger has done what the link means, so the
--- link trigger below is told (a session variable) to only record it: it could not change
--- async_task from inside this INSERT anyway.
+-- link trigger below is told (a session variable naming this child) to only record it: it
+-- could not change async_task from inside this INSERT anyway. The variable names the child,
+-- not just "on", and the link trigger checks it: a link insert that fails leaves it set for
+-- the session (a pooled connection), and a later link of another child must not be skipped.
 CREATE TRIGGER async_task_after_insert AFTER INSERT ON async_task FOR EACH ROW
 BEGIN
     IF NEW.parent_id IS NOT NULL THEN
-        SET @outbox_link_recorded = 1;
+        SET @outbox_link_recorded = NEW.id;
         INSERT INTO async_task_parent (child_id, parent_id) VALUES (NEW.id, NEW.parent_id);
         SET @outbox_link_recorded = NULL;
     END IF;
@@ -244,7 +248,7 @@ CREATE TRIGGER async_task_parent_link AFTER INSERT ON async_task_parent FOR EACH
 BEGIN
     DECLARE parent_state VARCHAR(16) DEFAULT NULL;
     DECLARE child_state VARCHAR(16) DEFAULT NULL;
-    IF @outbox_link_recorded IS NULL THEN
+    IF NOT (@outbox_link_recorded <=> NEW.child_id) THEN
         -- Locked in the order producers link (ascending parent ids), so that a parent
         -- completing now waits for this transaction and then sees the link.
         SELECT state INTO parent_state FROM async_task WHERE id = NEW.parent_id FOR UPDATE;

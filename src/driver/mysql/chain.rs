@@ -28,17 +28,15 @@ pub(crate) fn release_children(conn: &mut MysqlConnection, parents: &[i64]) -> Q
     if parents.is_empty() {
         return Ok(());
     }
-    let children: Vec<Id> = Statement::<Mysql>::new(
-        "SELECT id FROM async_task WHERE state = 'blocked' AND id IN
-           (SELECT child_id FROM async_task_parent WHERE parent_id IN ",
+    let linked: Vec<Id> = Statement::<Mysql>::new(
+        "SELECT DISTINCT child_id AS id FROM async_task_parent WHERE parent_id IN ",
     )
     .with(|s| list::ids(s, parents))
-    .sql(") ORDER BY id FOR UPDATE")
     .load(conn)?;
+    let children = lock_by_key(conn, &linked, "state = 'blocked'")?;
     if children.is_empty() {
         return Ok(());
     }
-    let children: Vec<i64> = children.into_iter().map(|c| c.id).collect();
     // MySQL assigns SET's columns left to right, each seeing the ones before: the state is
     // decided on the count of parents before it is lowered.
     let done_parents = |s: Statement<Mysql>| {
@@ -63,6 +61,32 @@ pub(crate) fn release_children(conn: &mut MysqlConnection, parents: &[i64]) -> Q
     Ok(())
 }
 
+/// Locks the tasks `ids` that still match `test`, through the primary key in id order, and
+/// returns them. The ids come from `async_task_parent` without locks, and the lock is taken
+/// by key whatever plan the optimizer would pick for a join of the two tables: one that
+/// reached the tasks through the state's index would lock rows that are no child of these
+/// parents, in that index's order (rescue's deadlock, `task.rs`). A link added meanwhile
+/// waits for the parent's row, which this transaction has changed, and then sees the
+/// parent's new state.
+fn lock_by_key(
+    conn: &mut MysqlConnection,
+    ids: &[Id],
+    test: &'static str,
+) -> QueryResult<Vec<i64>> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let ids: Vec<i64> = ids.iter().map(|i| i.id).collect();
+    let locked: Vec<Id> =
+        Statement::<Mysql>::new("SELECT id FROM async_task FORCE INDEX (PRIMARY) WHERE id IN ")
+            .with(|s| list::ids(s, &ids))
+            .sql(" AND ")
+            .sql(test)
+            .sql(" ORDER BY id FOR UPDATE")
+            .load(conn)?;
+    Ok(locked.into_iter().map(|l| l.id).collect())
+}
+
 /// Cancels the blocked and pending descendants of `root` (not `root` itself), however deep
 /// the tree, saying `why`.
 pub(crate) fn cancel_descendants(
@@ -70,7 +94,7 @@ pub(crate) fn cancel_descendants(
     root: i64,
     why: &str,
 ) -> QueryResult<usize> {
-    let descendants: Vec<Id> = Statement::<Mysql>::new(
+    let linked: Vec<Id> = Statement::<Mysql>::new(
         "WITH RECURSIVE d (id) AS (
              SELECT child_id FROM async_task_parent WHERE parent_id = ",
     )
@@ -79,14 +103,13 @@ pub(crate) fn cancel_descendants(
         "
              UNION
              SELECT l.child_id FROM async_task_parent l JOIN d ON l.parent_id = d.id)
-         SELECT id FROM async_task WHERE state IN ('blocked', 'pending')
-            AND id IN (SELECT id FROM d) ORDER BY id FOR UPDATE",
+         SELECT id FROM d",
     )
     .load(conn)?;
-    if descendants.is_empty() {
+    let ids = lock_by_key(conn, &linked, "state IN ('blocked', 'pending')")?;
+    if ids.is_empty() {
         return Ok(0);
     }
-    let ids: Vec<i64> = descendants.into_iter().map(|d| d.id).collect();
     Statement::<Mysql>::new(concat!(
         "UPDATE async_task SET state = 'cancelled', finished_at = ",
         now!(),
