@@ -33,7 +33,8 @@ pub(crate) fn release_children(conn: &mut MysqlConnection, parents: &[i64]) -> Q
     )
     .with(|s| list::ids(s, parents))
     .load(conn)?;
-    let children = lock_by_key(conn, &linked, "state = 'blocked'")?;
+    let linked: Vec<i64> = linked.into_iter().map(|l| l.id).collect();
+    let children = lock_by_key(conn, &linked, |s| s.sql("state = 'blocked'"))?;
     if children.is_empty() {
         return Ok(());
     }
@@ -62,26 +63,26 @@ pub(crate) fn release_children(conn: &mut MysqlConnection, parents: &[i64]) -> Q
 }
 
 /// Locks the tasks `ids` that still match `test`, through the primary key in id order, and
-/// returns them. The ids come from `async_task_parent` without locks, and the lock is taken
-/// by key whatever plan the optimizer would pick for a join of the two tables: one that
-/// reached the tasks through the state's index would lock rows that are no child of these
-/// parents, in that index's order (rescue's deadlock, `task.rs`). A link added meanwhile
-/// waits for the parent's row, which this transaction has changed, and then sees the
-/// parent's new state.
-fn lock_by_key(
+/// returns them. The children's ids come from `async_task_parent` without locks (rescue's
+/// from a read without locks too), and the lock is taken by key whatever plan the optimizer
+/// would pick for a join: one that reached the tasks through an index on their state would
+/// lock that index's entry before the row, and a completion, which holds the row and then
+/// changes that entry, deadlocks with it (as rescue did). A link added meanwhile waits for
+/// the parent's row, which this transaction has changed, and then sees the parent's new
+/// state.
+pub(super) fn lock_by_key(
     conn: &mut MysqlConnection,
-    ids: &[Id],
-    test: &'static str,
+    ids: &[i64],
+    test: impl FnOnce(Statement<Mysql>) -> Statement<Mysql>,
 ) -> QueryResult<Vec<i64>> {
     if ids.is_empty() {
         return Ok(Vec::new());
     }
-    let ids: Vec<i64> = ids.iter().map(|i| i.id).collect();
     let locked: Vec<Id> =
         Statement::<Mysql>::new("SELECT id FROM async_task FORCE INDEX (PRIMARY) WHERE id IN ")
-            .with(|s| list::ids(s, &ids))
+            .with(|s| list::ids(s, ids))
             .sql(" AND ")
-            .sql(test)
+            .with(test)
             .sql(" ORDER BY id FOR UPDATE")
             .load(conn)?;
     Ok(locked.into_iter().map(|l| l.id).collect())
@@ -106,7 +107,8 @@ pub(crate) fn cancel_descendants(
          SELECT id FROM d",
     )
     .load(conn)?;
-    let ids = lock_by_key(conn, &linked, "state IN ('blocked', 'pending')")?;
+    let linked: Vec<i64> = linked.into_iter().map(|l| l.id).collect();
+    let ids = lock_by_key(conn, &linked, |s| s.sql("state IN ('blocked', 'pending')"))?;
     if ids.is_empty() {
         return Ok(0);
     }

@@ -196,12 +196,10 @@ pub(super) fn rescue_many(
         .sql(" * 1000 MICROSECOND))")
     };
     conn.transaction(|conn| {
-        // Found without locks, then locked through the primary key with the test repeated:
-        // a locking read through the deadline index would hold that index's entry while it
-        // waits for the row, and a completion holds the row while it waits to change that
-        // entry (its state and deadline), which InnoDB ends as a deadlock. Locked by key in
-        // id order, as completions and other rescuers lock them; the test's read of
-        // `async_node` locks nothing (READ COMMITTED), so heartbeats never wait on it.
+        // Found without locks, then locked through the primary key with the test repeated
+        // (`chain::lock_by_key`: a locking read through the deadline index deadlocked with
+        // completions). The test's read of `async_node` locks nothing (READ COMMITTED), so
+        // heartbeats never wait on it.
         let found: Vec<Id> = Statement::<Mysql>::new(
             "SELECT id FROM async_task FORCE INDEX (async_task_deadline_idx) WHERE ",
         )
@@ -211,17 +209,10 @@ pub(super) fn rescue_many(
             return Ok(Vec::new());
         }
         let found: Vec<i64> = found.into_iter().map(|i| i.id).collect();
-        let ids: Vec<Id> =
-            Statement::<Mysql>::new("SELECT id FROM async_task FORCE INDEX (PRIMARY) WHERE id IN ")
-                .with(|s| list::ids(s, &found))
-                .sql(" AND ")
-                .with(lapsed)
-                .sql(" ORDER BY id FOR UPDATE")
-                .load(conn)?;
+        let ids = chain::lock_by_key(conn, &found, lapsed)?;
         if ids.is_empty() {
             return Ok(Vec::new());
         }
-        let ids: Vec<i64> = ids.into_iter().map(|i| i.id).collect();
         let at_max = |s: Statement<Mysql>| {
             s.sql("failures + 1 >= COALESCE(max_attempts, ")
                 .bind::<Integer, _>(rescue.default_max_attempts)
