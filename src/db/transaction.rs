@@ -66,8 +66,12 @@ impl WriterTurn {
     }
 }
 
-/// Whether a database error is the database's (unreachable, or SQLite's write lock still
-/// taken after the busy timeout) rather than the task's.
+/// Whether a database error is the database's (unreachable, SQLite's write lock still taken
+/// after the busy timeout, or InnoDB's lock conflicts) rather than the task's.
+///
+/// InnoDB ends a transaction it picks as a deadlock's victim (1213) or that waited
+/// `innodb_lock_wait_timeout` for a row (1205), and asks the application to run it again:
+/// the engine's choice, not the task's failure, as SQLite's `database is locked` is not.
 pub(crate) fn is_infrastructure(error: &diesel::result::Error) -> bool {
     if is_connection_error(error) {
         return true;
@@ -75,7 +79,10 @@ pub(crate) fn is_infrastructure(error: &diesel::result::Error) -> bool {
     match error {
         diesel::result::Error::DatabaseError(_, info) => {
             let message = info.message();
-            message.contains("database is locked") || message.contains("database table is locked")
+            message.contains("database is locked")
+                || message.contains("database table is locked")
+                || message.starts_with("Deadlock found when trying to get lock")
+                || message.starts_with("Lock wait timeout exceeded")
         }
         _ => false,
     }
@@ -98,19 +105,24 @@ pub(crate) fn is_connection_error(error: &diesel::result::Error) -> bool {
     }
 }
 
-/// Whether a server's or client library's message says the session is gone.
+/// Whether a server's or client library's message says the session is gone. Matched on the
+/// messages' exact openings, so that an error that merely quotes such words (a key in a
+/// duplicate-key error, a trigger's own message) is not taken for one.
 fn is_connection_lost_message(message: &str) -> bool {
-    // The client libraries word these differently (MySQL's "MySQL server has gone away",
-    // MariaDB Connector/C's "Server has gone away"): compared without case.
-    let message = message.to_ascii_lowercase();
-    message.starts_with("terminating connection")
-        // MySQL's and MariaDB's: the server closed the connection (2006; a restart,
-        // `wait_timeout`), it broke during a statement (2013), or `KILL CONNECTION` ended it
-        // (MariaDB's 1927; MySQL 8's 4031 for an idle one).
-        || message.contains("server has gone away")
-        || message.starts_with("lost connection to")
-        || message.starts_with("connection was killed")
-        || message.starts_with("the client was disconnected by the server")
+    const LOST: &[&str] = &[
+        // PostgreSQL's (57P01 and its kin).
+        "terminating connection",
+        // MySQL's and MariaDB's client libraries (they word them apart): the server closed
+        // the connection (2006: a restart, `wait_timeout`), it broke during a statement
+        // (2013), `KILL CONNECTION` ended it (MariaDB's 1927; MySQL 8's 4031 when idle).
+        "MySQL server has gone away",
+        "Server has gone away",
+        "Lost connection to MySQL server",
+        "Lost connection to server",
+        "Connection was killed",
+        "The client was disconnected by the server",
+    ];
+    LOST.iter().any(|opening| message.starts_with(opening))
 }
 
 /// Marks a pooled connection broken when a statement on it failed at the connection level.
@@ -182,7 +194,7 @@ pub(crate) fn depth_of<C: Connection>(conn: &mut C) -> Option<u32> {
 mod tests {
     use diesel::result::{DatabaseErrorKind, Error};
 
-    use super::is_connection_error;
+    use super::{is_connection_error, is_infrastructure};
 
     fn unknown(message: &str) -> Error {
         Error::DatabaseError(DatabaseErrorKind::Unknown, Box::new(message.to_owned()))
@@ -208,9 +220,29 @@ mod tests {
         for message in [
             "Deadlock found when trying to get lock; try restarting transaction",
             "Duplicate entry 'a-1' for key 'async_task_keyword_biz_id_key'",
+            "Duplicate entry 'server has gone away' for key 'async_task_key'",
+            "Lost connection to the payment API",
             "relation \"async_task\" does not exist",
         ] {
             assert!(!is_connection_error(&unknown(message)), "{message}");
+        }
+    }
+
+    #[test]
+    fn innodbs_lock_conflicts_are_the_databases_not_the_tasks() {
+        for message in [
+            "Deadlock found when trying to get lock; try restarting transaction",
+            "Lock wait timeout exceeded; try restarting transaction",
+            "database is locked",
+            "Server has gone away",
+        ] {
+            assert!(is_infrastructure(&unknown(message)), "{message}");
+        }
+        for message in [
+            "Duplicate entry 'a-1' for key 'async_task_key'",
+            "the handler said: Deadlock found when trying to get lock",
+        ] {
+            assert!(!is_infrastructure(&unknown(message)), "{message}");
         }
     }
 }

@@ -67,9 +67,9 @@ pub(crate) fn release_children(conn: &mut MysqlConnection, parents: &[i64]) -> Q
 /// from a read without locks too), and the lock is taken by key whatever plan the optimizer
 /// would pick for a join: one that reached the tasks through an index on their state would
 /// lock that index's entry before the row, and a completion, which holds the row and then
-/// changes that entry, deadlocks with it (as rescue did). A link added meanwhile waits for
-/// the parent's row, which this transaction has changed, and then sees the parent's new
-/// state.
+/// changes that entry, deadlocks with it (as rescue did). For a completion's children, a
+/// link added meanwhile waits for the parent's row, which the completion has changed, and
+/// then finds the parent done.
 pub(super) fn lock_by_key(
     conn: &mut MysqlConnection,
     ids: &[i64],
@@ -90,39 +90,48 @@ pub(super) fn lock_by_key(
 
 /// Cancels the blocked and pending descendants of `root` (not `root` itself), however deep
 /// the tree, saying `why`.
+///
+/// The tree is read without locks, then its unfinished tasks are locked by key and
+/// cancelled; then read again, until a reading finds nothing left to cancel. A child linked
+/// under a descendant while this runs either committed before that descendant was locked
+/// (the next reading sees it) or waits for the lock and then finds its parent cancelled (its
+/// link trigger cancels it).
 pub(crate) fn cancel_descendants(
     conn: &mut MysqlConnection,
     root: i64,
     why: &str,
 ) -> QueryResult<usize> {
-    let linked: Vec<Id> = Statement::<Mysql>::new(
-        "WITH RECURSIVE d (id) AS (
-             SELECT child_id FROM async_task_parent WHERE parent_id = ",
-    )
-    .bind::<BigInt, _>(root)
-    .sql(
-        "
-             UNION
-             SELECT l.child_id FROM async_task_parent l JOIN d ON l.parent_id = d.id)
-         SELECT id FROM d",
-    )
-    .load(conn)?;
-    let linked: Vec<i64> = linked.into_iter().map(|l| l.id).collect();
-    let ids = lock_by_key(conn, &linked, |s| s.sql("state IN ('blocked', 'pending')"))?;
-    if ids.is_empty() {
-        return Ok(0);
+    let mut cancelled = 0;
+    loop {
+        let tree: Vec<Id> = Statement::<Mysql>::new(
+            "WITH RECURSIVE d (id) AS (
+                 SELECT child_id FROM async_task_parent WHERE parent_id = ",
+        )
+        .bind::<BigInt, _>(root)
+        .sql(
+            "
+                 UNION
+                 SELECT l.child_id FROM async_task_parent l JOIN d ON l.parent_id = d.id)
+             SELECT id FROM d",
+        )
+        .load(conn)?;
+        let tree: Vec<i64> = tree.into_iter().map(|t| t.id).collect();
+        let ids = lock_by_key(conn, &tree, |s| s.sql("state IN ('blocked', 'pending')"))?;
+        if ids.is_empty() {
+            return Ok(cancelled);
+        }
+        cancelled += Statement::<Mysql>::new(concat!(
+            "UPDATE async_task SET state = 'cancelled', finished_at = ",
+            now!(),
+            ", updated_at = ",
+            now!(),
+            ", last_error = "
+        ))
+        .bind::<Text, _>(why.to_owned())
+        .sql(" WHERE state IN ('blocked', 'pending') AND id IN ")
+        .with(|s| list::ids(s, &ids))
+        .execute(conn)?;
     }
-    Statement::<Mysql>::new(concat!(
-        "UPDATE async_task SET state = 'cancelled', finished_at = ",
-        now!(),
-        ", updated_at = ",
-        now!(),
-        ", last_error = "
-    ))
-    .bind::<Text, _>(why.to_owned())
-    .sql(" WHERE state IN ('blocked', 'pending') AND id IN ")
-    .with(|s| list::ids(s, &ids))
-    .execute(conn)
 }
 
 /// Cancels the descendants of each of `roots`, tasks that have just ended dead or cancelled
