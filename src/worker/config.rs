@@ -69,10 +69,10 @@ pub const MAX_DEFAULT_THREADS: usize = 16;
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct WorkerConfig {
-    /// Execution threads (default: four per core on PostgreSQL, 1 on SQLite).
+    /// Execution threads (default: four per core on PostgreSQL and MySQL, 1 on SQLite).
     pub threads: Option<usize>,
     /// Tasks (chunks, in batched mode) waiting for a thread beyond those running. Default:
-    /// [`QUEUE_PER_THREAD`] × threads on PostgreSQL, [`SQLITE_DEFAULT_QUEUE`] on SQLite
+    /// [`QUEUE_PER_THREAD`] × threads on PostgreSQL and MySQL, [`SQLITE_DEFAULT_QUEUE`] on SQLite
     /// unless `threads` is set (then 8 per thread), and one chunk per thread in batched
     /// mode. A longer queue makes claims larger. When `threads + queue` units are in flight,
     /// the claiming thread runs the next one itself (CallerRuns).
