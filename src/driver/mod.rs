@@ -21,9 +21,10 @@ pub(crate) mod schedule;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod strategy_sql;
+mod task_sql;
 
 use diesel::backend::Backend;
-use diesel::sql_types::{BigInt, Double, HasSqlType, Integer, Text};
+use diesel::sql_types::{BigInt, HasSqlType, Text};
 use diesel::QueryResult;
 
 pub use rows::{
@@ -44,6 +45,10 @@ use domain_sql::{DOMAIN_COLUMNS_MYSQL, DOMAIN_ROWS_MYSQL};
 use domain_sql::{DOMAIN_COLUMNS_PG, DOMAIN_ROWS_PG};
 #[cfg(feature = "sqlite")]
 use domain_sql::{DOMAIN_COLUMNS_SQLITE, DOMAIN_ROWS_SQLITE};
+
+use task_sql::claim_state;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+use task_sql::rescue_params;
 
 use crate::db::DbConnection;
 use crate::sql::Statement;
@@ -365,30 +370,6 @@ where
         .sql(" AND claim_token = ")
         .bind::<BigInt, _>(claim.token)
         .sql(" AND state = 'running'")
-}
-
-// Not on MySQL: MariaDB has no `WITH … UPDATE`; its rescue binds the values in place.
-#[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
-/// `WITH params AS (SELECT … AS default_max, … AS dead_ms, … AS base_ms, … AS max_ms, … AS
-/// jitter)`, the head of the PostgreSQL and SQLite rescue statements.
-fn rescue_params<DB>(rescue: &RescueParams) -> Statement<DB>
-where
-    DB: Backend + HasSqlType<BigInt> + HasSqlType<Integer> + HasSqlType<Double>,
-    i64: diesel::serialize::ToSql<BigInt, DB>,
-    i32: diesel::serialize::ToSql<Integer, DB>,
-    f64: diesel::serialize::ToSql<Double, DB>,
-{
-    Statement::new("WITH params AS (SELECT ")
-        .bind::<Integer, _>(rescue.default_max_attempts)
-        .sql(" AS default_max, ")
-        .bind::<BigInt, _>(rescue.dead_after_ms)
-        .sql(" AS dead_ms, ")
-        .bind::<BigInt, _>(rescue.backoff_base_ms)
-        .sql(" AS base_ms, ")
-        .bind::<BigInt, _>(rescue.backoff_max_ms)
-        .sql(" AS max_ms, ")
-        .bind::<Double, _>(rescue.backoff_jitter)
-        .sql(" AS jitter)")
 }
 
 /// Appends `INSERT INTO async_audit (…) VALUES (…)` of `audit` to `head`; `detail_cast`

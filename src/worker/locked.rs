@@ -68,7 +68,12 @@ impl Worker {
             claimed += n;
             let record = self.recorder(n, tally);
             self.dispatcher.submit(feed, lane.lane, move || {
-                super::run::record_or_unwind(self, n as u64, || self.execute_locked(chunk), &record)
+                super::record::record_or_unwind(
+                    self,
+                    n as u64,
+                    || self.execute_locked(chunk),
+                    &record,
+                )
             });
             if n < want && !shared {
                 break;

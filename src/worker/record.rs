@@ -2,6 +2,7 @@
 //! a release back to pending. Each is one fenced statement of its own, retried while the
 //! database is unavailable, until the task's deadline.
 
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::config::MAX_ERROR_LEN;
@@ -179,4 +180,22 @@ fn done_under(conn: &mut DbConnection, claim: &Claim) -> bool {
             && now.owner == Some(claim.owner)
             && now.claim_token == claim.token
     )
+}
+
+/// Runs a unit of work and records its outcomes; if it panics outside the handlers (which are
+/// caught), its tasks leave the in-flight count before the panic goes on (rescue recovers
+/// them).
+pub(super) fn record_or_unwind(
+    worker: &Worker,
+    n: u64,
+    work: impl FnOnce() -> Vec<Outcome>,
+    record: &impl Fn(&[Outcome]),
+) {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)) {
+        Ok(outcomes) => record(&outcomes),
+        Err(panic) => {
+            worker.in_flight.fetch_sub(n, Ordering::Relaxed);
+            std::panic::resume_unwind(panic);
+        }
+    }
 }

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use super::dispatch::Feed;
 use super::domains::{Plan, PlanLane};
 use super::listen::Listener;
+use super::record::record_or_unwind;
 use super::tally::{Outcome, Report, Tally};
 use super::ticker::sleep_unless;
 use super::Worker;
@@ -418,24 +419,6 @@ impl Worker {
                     sleep_unless(pause, &self.stopping);
                 }
             }
-        }
-    }
-}
-
-/// Runs a unit of work and records its outcomes; if it panics outside the handlers (which are
-/// caught), its tasks leave the in-flight count before the panic goes on (rescue recovers
-/// them).
-pub(super) fn record_or_unwind(
-    worker: &Worker,
-    n: u64,
-    work: impl FnOnce() -> Vec<Outcome>,
-    record: &impl Fn(&[Outcome]),
-) {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)) {
-        Ok(outcomes) => record(&outcomes),
-        Err(panic) => {
-            worker.in_flight.fetch_sub(n, Ordering::Relaxed);
-            std::panic::resume_unwind(panic);
         }
     }
 }

@@ -8,6 +8,7 @@ use diesel::Connection;
 use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
 
 use super::{chain, list};
+use crate::driver::claim_state;
 use crate::driver::{fence, Claim, ClaimState, RescueParams, RescuedRow, TaskRecord};
 use crate::sql::Statement;
 
@@ -152,10 +153,7 @@ pub(super) fn cancelled_among(conn: &mut MysqlConnection, ids: &[i64]) -> QueryR
 }
 
 pub(super) fn get_claim(conn: &mut MysqlConnection, id: i64) -> QueryResult<Option<ClaimState>> {
-    Statement::<Mysql>::new("SELECT state, owner, claim_token FROM async_task WHERE id = ")
-        .bind::<BigInt, _>(id)
-        .get_result(conn)
-        .optional()
+    claim_state::<Mysql>(id).get_result(conn).optional()
 }
 
 pub(super) fn get_by_key(

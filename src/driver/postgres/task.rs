@@ -4,6 +4,7 @@ use diesel::pg::{Pg, PgConnection};
 use diesel::sql_types::{Array, BigInt, Nullable, Text};
 use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
 
+use crate::driver::claim_state;
 use crate::driver::Passes;
 use crate::driver::{
     fence, rescue_params, Claim, ClaimRow, ClaimState, Due, InsertRow, Pick, Picked, RescueParams,
@@ -262,10 +263,7 @@ pub(super) fn cancelled_among(conn: &mut PgConnection, ids: &[i64]) -> QueryResu
 }
 
 pub(super) fn get_claim(conn: &mut PgConnection, id: i64) -> QueryResult<Option<ClaimState>> {
-    Statement::<Pg>::new("SELECT state, owner, claim_token FROM async_task WHERE id = ")
-        .bind::<BigInt, _>(id)
-        .get_result(conn)
-        .optional()
+    claim_state::<Pg>(id).get_result(conn).optional()
 }
 
 pub(super) fn get_by_key(

@@ -5,6 +5,7 @@ use diesel::sqlite::{Sqlite, SqliteConnection};
 use diesel::{OptionalExtension, QueryResult, RunQueryDsl};
 
 use super::fair::{self, due_for, DueJson};
+use crate::driver::claim_state;
 use crate::driver::{
     fence, rescue_params, Claim, ClaimRow, ClaimState, Due, Pick, Picked, RescueParams, RescuedRow,
     TaskRecord,
@@ -218,10 +219,7 @@ pub(super) fn cancelled_among(conn: &mut SqliteConnection, ids: &[i64]) -> Query
 }
 
 pub(super) fn get_claim(conn: &mut SqliteConnection, id: i64) -> QueryResult<Option<ClaimState>> {
-    Statement::<Sqlite>::new("SELECT state, owner, claim_token FROM async_task WHERE id = ")
-        .bind::<BigInt, _>(id)
-        .get_result(conn)
-        .optional()
+    claim_state::<Sqlite>(id).get_result(conn).optional()
 }
 
 pub(super) fn get_by_key(
