@@ -29,8 +29,8 @@ use diesel::QueryResult;
 
 pub use rows::{
     AuditEntry, Claim, ClaimRow, ClaimState, DomainRow, DomainWrite, InsertRow, KeywordStateCount,
-    LockHolder, NodeDomainsRow, Passes, Pick, Picked, PruneBatch, PrunedBatch, RescueParams,
-    RescuedRow, TaskFilter, TaskKey, TaskRecord, TenantRow, TenantSet,
+    LeaseCharge, NodeDomainsRow, Passes, Pick, Picked, PruneBatch, PrunedBatch, RescueParams,
+    RescuedRow, TaskFilter, TaskKey, TaskRecord, TenantRow, TenantSet, TxMark,
 };
 
 pub use strategy_sql::{Due, NodeStrategyRow};
@@ -62,8 +62,11 @@ pub trait Driver {
     /// Applies the session settings every connection needs (SQLite: WAL, busy timeout).
     fn connection_configure(&mut self) -> QueryResult<()>;
 
-    /// Opens a write transaction (`BEGIN IMMEDIATE` on SQLite).
-    fn transaction_begin(&mut self) -> QueryResult<()>;
+    /// Opens a write transaction (`BEGIN IMMEDIATE` on SQLite). On PostgreSQL, with `mark`,
+    /// the transaction holds two shared advisory locks for its length, of its node and of
+    /// its run (taken in the same round trip): what [`Driver::session_end`] and
+    /// [`Driver::session_end_stale`] find its session by, in `pg_locks`.
+    fn transaction_begin(&mut self, mark: Option<TxMark>) -> QueryResult<()>;
 
     /// Applies the pending migrations, serialised against other processes doing the same;
     /// returns the versions applied.
@@ -139,49 +142,83 @@ pub trait Driver {
     /// claim stays an index range scan however long the backlog.
     fn task_claim_plan(&mut self, due: &Due<'_>, limit: i64) -> QueryResult<Vec<String>>;
 
-    /// Locks up to `limit` due pending tasks of `due` in the open transaction (a lock
-    /// claim: nothing is written; PostgreSQL only); returns the backend holding the locks
-    /// and the rows.
-    fn task_lock_page(
+    /// Leases up to `limit` due pending tasks of `due` for `owner` (a lock claim; PostgreSQL
+    /// only), chosen as [`Driver::task_claim_page`] chooses: a row of `async_lease` per task,
+    /// naming `chunk` (the run of the [`TxMark`] the chunk's transaction holds) and a deadline
+    /// `timeout_ms` from now, committed by this statement alone; the task rows are not
+    /// written and stay pending. A leased task is taken by no other claim.
+    #[allow(clippy::too_many_arguments)]
+    fn task_lease_page(
         &mut self,
+        owner: i64,
+        chunk: i64,
         due: &Due<'_>,
         except: &[String],
         pick: &Pick<'_>,
         limit: i64,
-    ) -> QueryResult<(LockHolder, Picked)>;
+        timeout_ms: i64,
+    ) -> QueryResult<Picked>;
 
-    /// The plan of the lock statement (`EXPLAIN`), one line per row (PostgreSQL only).
-    fn task_lock_plan(&mut self, due: &Due<'_>, limit: i64) -> QueryResult<Vec<String>>;
+    /// The plan of the lease statement (`EXPLAIN`), one line per row (PostgreSQL only).
+    fn task_lease_plan(&mut self, due: &Due<'_>, limit: i64) -> QueryResult<Vec<String>>;
 
-    /// Whether the transaction `xact` (a [`LockHolder`]'s) committed: `None` while it is in
-    /// progress or when it is too old to tell.
-    fn xact_committed(&mut self, xact: i64) -> QueryResult<Option<bool>>;
+    /// In the transaction of the chunk's leases (opened by [`Driver::transaction_begin`]): marks
+    /// done the tasks `ids` still leased by `owner` under their tokens, deleting the leases,
+    /// recording `owner` and a new claim token; returns how many it marked.
+    fn task_complete_leased(&mut self, owner: i64, ids: &[i64]) -> QueryResult<usize>;
 
-    /// Marks done the tasks `ids` this transaction has locked, recording `owner` and a new
-    /// claim token; returns how many it marked.
-    fn task_complete_locked(&mut self, owner: i64, ids: &[i64]) -> QueryResult<usize>;
-
-    /// Claims for `owner` those of the tasks `ids` that are still due and pending and not
-    /// locked by another transaction, as [`Driver::task_claim_page`] does.
-    fn task_claim_ids(
+    /// After a chunk rolled back: claims, the stamping way, those of the tasks `ids` still
+    /// leased by `owner` and pending, deleting their leases, in one statement.
+    fn task_claim_leased(
         &mut self,
         owner: i64,
         ids: &[i64],
         timeout_ms: i64,
     ) -> QueryResult<Vec<ClaimRow>>;
 
-    /// Ends the lock claim of a hung handler: terminates the backend holding the task's lock
-    /// if it still runs that transaction (which then rolls back) and records a failure with `error`, retried after
-    /// `delay_ms` or dead at max attempts. Touches nothing if the task has left the state
-    /// `claim` saw (pending, that token).
-    fn task_charge_hung(
+    /// Deletes `owner`'s leases of `ids` (their chunk never ran): the tasks are free again,
+    /// no failure counted. Returns how many it deleted.
+    fn task_release_leased(&mut self, owner: i64, ids: &[i64]) -> QueryResult<usize>;
+
+    /// Ends a chunk for one of its tasks that ran past its timeout: deletes `owner`'s leases
+    /// of the chunk and charges that task a failure (retried after the delay, or dead at
+    /// max attempts, with a new claim token); the chunk's other tasks are free, uncharged.
+    /// Returns the charged task's new state, `None` when it had left its lease.
+    fn task_charge_leased(
         &mut self,
-        holder: LockHolder,
-        claim: &Claim,
-        error: &str,
-        delay_ms: i64,
-        default_max_attempts: i32,
-    ) -> QueryResult<usize>;
+        owner: i64,
+        charge: &LeaseCharge<'_>,
+    ) -> QueryResult<Option<String>>;
+
+    /// Deletes the leases of nodes that are not live (as [`Driver::task_rescue_many`] judges
+    /// them) and those past their deadline, charging each task still pending under its
+    /// lease a failure (a task whose node died is marked suspect). None on SQLite and MySQL,
+    /// which have no lock claims.
+    fn task_rescue_leases(&mut self, rescue: &RescueParams) -> QueryResult<Vec<RescuedRow>>;
+
+    /// Claims for `owner`, as [`Driver::task_claim_page`] does, the first due task marked
+    /// suspect (claimed alone, clearing the mark) of `due`'s keywords and partition, not of
+    /// the tenants `except`.
+    fn task_claim_suspect(
+        &mut self,
+        owner: i64,
+        due: &Due<'_>,
+        except: &[String],
+        timeout_ms: i64,
+    ) -> QueryResult<Vec<ClaimRow>>;
+
+    /// Whether some pending task is marked suspect.
+    fn task_suspects_exist(&mut self) -> QueryResult<bool>;
+
+    /// Ends (`pg_terminate_backend`) the sessions of the engine's transactions whose node is
+    /// not live (no heartbeat for `dead_after_ms`, gone, unknown) or whose chunk's lease is
+    /// past its deadline, so that what they hold (locks of rows a handler wrote) is free
+    /// and nothing they write later lands; returns how many. 0 on SQLite and MySQL.
+    fn session_end_stale(&mut self, dead_after_ms: i64) -> QueryResult<i64>;
+
+    /// Ends the session of the transaction marked `mark` (see [`Driver::transaction_begin`]),
+    /// if one still runs; whether one did. `false` on SQLite and MySQL.
+    fn session_end(&mut self, mark: TxMark) -> QueryResult<bool>;
 
     /// Marks a claimed task done (fenced); returns the rows touched, 0 or 1.
     fn task_complete(&mut self, claim: &Claim) -> QueryResult<usize>;
@@ -275,11 +312,13 @@ pub trait Driver {
     /// marked gone or its row was deleted.
     fn node_heartbeat(&mut self, node_id: i64, domains: &str) -> QueryResult<usize>;
 
-    /// This connection's backend process id (PostgreSQL; `None` on SQLite).
+    /// This connection's id on MySQL, for the domain watchdog's `KILL QUERY`; `None` on
+    /// PostgreSQL, whose task transactions are named instead (see [`Driver::session_end`]),
+    /// and on SQLite.
     fn backend_pid(&mut self) -> QueryResult<Option<i32>>;
 
-    /// Cancels the statement backend `pid` runs now (`pg_cancel_backend`); whether a signal
-    /// was sent. Does nothing on SQLite.
+    /// Cancels the statement the connection `pid` runs now (MySQL's `KILL QUERY`); whether
+    /// it was sent. Does nothing on PostgreSQL and SQLite.
     fn backend_cancel(&mut self, pid: i32) -> QueryResult<bool>;
 
     /// Every row of `async_domain`, by name.

@@ -13,11 +13,29 @@ pub struct Claim {
     pub token: i64,
 }
 
-/// The transaction holding a lock claim's rows: its backend's process id and its id.
+/// What marks one of the engine's transactions on PostgreSQL, so that rescue and the
+/// domain watchdog can find its session and end it: the node that runs it and a number of
+/// that node's own (see [`super::Driver::transaction_begin`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LockHolder {
-    pub backend: i32,
-    pub xact: i64,
+pub struct TxMark {
+    pub node: i64,
+    pub run: i64,
+}
+
+/// What ends a lock claim's chunk for one of its tasks that ran past its timeout (see
+/// [`super::Driver::task_charge_leased`]).
+#[derive(Debug, Clone, Copy)]
+pub struct LeaseCharge<'a> {
+    /// The task charged a failure.
+    pub task: i64,
+    /// Every task of its chunk (their leases are deleted; the others are not charged).
+    pub chunk_ids: &'a [i64],
+    /// What `last_error` says.
+    pub error: &'a str,
+    /// The retry's delay, when the failure is not the last.
+    pub delay_ms: i64,
+    /// Max attempts of tasks that set none.
+    pub default_max_attempts: i32,
 }
 
 /// Where a task stands: its state and the claim it was last under.

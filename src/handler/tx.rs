@@ -46,6 +46,8 @@ pub struct TaskTx<'c> {
     /// Why the last `BEGIN` failed, when the database was at fault (unreachable, or SQLite's
     /// write lock still taken), not the task.
     unavailable: Option<String>,
+    /// What marks the transaction (PostgreSQL), by which the engine can end it.
+    mark: Option<crate::driver::TxMark>,
 }
 
 impl<'c> TaskTx<'c> {
@@ -57,11 +59,19 @@ impl<'c> TaskTx<'c> {
             held: None,
             open: false,
             unavailable: None,
+            mark: None,
         }
     }
 
-    /// The transaction already open on `conn` (a lock claim's, which holds the chunk's row
-    /// locks): the handlers run inside it.
+    /// The transaction, once opened, is marked `mark` (PostgreSQL; see
+    /// [`crate::driver::Driver::transaction_begin`]).
+    pub(crate) fn marked(mut self, mark: Option<crate::driver::TxMark>) -> Self {
+        self.mark = mark;
+        self
+    }
+
+    /// The transaction already open on `conn` (a leased chunk's, opened with the chunk's
+    /// mark): the handlers run inside it.
     pub(crate) fn opened(conn: &'c mut DbConnection) -> Self {
         TaskTx {
             conn,
@@ -69,6 +79,7 @@ impl<'c> TaskTx<'c> {
             held: None,
             open: true,
             unavailable: None,
+            mark: None,
         }
     }
 
@@ -80,7 +91,7 @@ impl<'c> TaskTx<'c> {
     pub fn conn(&mut self) -> diesel::QueryResult<&mut DbConnection> {
         if !self.open {
             self.held = self.turn.and_then(WriterTurn::take);
-            if let Err(e) = driver(self.conn).transaction_begin() {
+            if let Err(e) = driver(self.conn).transaction_begin(self.mark) {
                 self.held = None;
                 // diesel does not mark a connection that failed at BEGIN; mark it, or the
                 // pool would hand it out again.

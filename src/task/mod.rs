@@ -129,6 +129,9 @@ pub struct ClaimedTask {
     /// When the claim statement returned, by this process's clock (for the completion
     /// latency of [`crate::metrics`]).
     pub(crate) claimed_at: std::time::Instant,
+    /// A suspect's hold on its worker's turn to run one alone (`None`: an ordinary claim);
+    /// the turn passes when the claim (and its clones) drop.
+    pub(crate) solo: Option<std::sync::Arc<crate::worker::SoloHold>>,
 }
 
 impl ClaimedTask {

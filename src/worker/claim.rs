@@ -40,10 +40,16 @@ impl Worker {
         if limit == 0 {
             return Ok(Vec::new());
         }
-        if self.services.limits.tenants().is_empty() {
-            return self.claim_plain(keywords, limit, timeout);
+        // A suspect first, alone (see `suspects`), when one may be due.
+        let mut page: Vec<ClaimedTask> = self.claim_suspect(keywords, timeout)?.into_iter().collect();
+        let limit = limit - page.len();
+        if limit == 0 {
+            return Ok(page);
         }
-        let mut page = Vec::new();
+        if self.services.limits.tenants().is_empty() {
+            page.extend(self.claim_plain(keywords, limit, timeout)?);
+            return Ok(page);
+        }
         self.take_both_kinds(limit, |limited, n| {
             let claimed = if limited {
                 self.claim_limited_up_to(keywords, n, timeout)?
@@ -122,6 +128,7 @@ impl Worker {
         let mut took = (Vec::new(), false, None, Vec::new());
         let page = self.claim_statement(
             keywords,
+            Some(false),
             limit,
             timeout,
             |driver, owner, due, except, n, timeout| {
@@ -170,8 +177,10 @@ impl Worker {
         let mut rotated = tenants.to_vec();
         let turn = self.services.limits.next_rotation() % rotated.len() as u64;
         rotated.rotate_left(usize::try_from(turn).unwrap_or(0));
+        // Their suspects too: they are not claimed alone (see `suspects`).
         self.claim_statement(
             keywords,
+            None,
             limit,
             timeout,
             |driver, owner, due, _, n, timeout| {
@@ -184,10 +193,11 @@ impl Worker {
     /// heartbeat check, the writer's turn and the deadline every claim has (`timeout` from
     /// now); `claim` is given the driver, the owner, what is due (the keywords and the claim
     /// strategy's partition), the tenants with a `max_running`, the limit and the timeout.
-    /// Claims nothing for no keyword.
+    /// Claims nothing for no keyword. `suspect` says which suspects are due (see [`Due`]).
     fn claim_statement(
         &self,
         keywords: &[String],
+        suspect: Option<bool>,
         limit: usize,
         timeout: Duration,
         claim: impl FnOnce(
@@ -215,6 +225,7 @@ impl Worker {
             let due = Due {
                 keywords,
                 partition: self.services.strategy.partition(),
+                suspect,
             };
             claim(
                 driver(&mut conn),
@@ -284,6 +295,7 @@ pub(super) fn claimed_tasks(
             owner,
             deadline,
             claimed_at,
+            solo: None,
         })
         .collect()
 }

@@ -46,6 +46,8 @@ pub(crate) struct Dispatcher {
     wanted: AtomicUsize,
     /// Held for the length of a [`Self::scope`].
     scope_lock: Mutex<()>,
+    /// The turn to run a suspect alone (see `suspects`): one for the whole pool.
+    solo: super::suspects::SoloTurn,
 }
 
 /// What [`Dispatcher::wait_for_lane_room`] waits for: some lane worth claiming for.
@@ -234,6 +236,7 @@ impl Dispatcher {
             finished: (Mutex::new(Vec::new()), Condvar::new()),
             wanted: AtomicUsize::new(0),
             scope_lock: Mutex::new(()),
+            solo: super::suspects::SoloTurn::default(),
         })
     }
 
@@ -272,6 +275,11 @@ impl Dispatcher {
             std::panic::resume_unwind(panic);
         }
         result
+    }
+
+    /// The turn to run a suspect alone, shared by every database of the pool.
+    pub(crate) fn solo_turn(&self) -> &super::suspects::SoloTurn {
+        &self.solo
     }
 
     /// Work handed out and not finished yet.

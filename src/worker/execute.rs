@@ -6,8 +6,12 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use super::tally::Outcome;
 use super::Worker;
 use crate::db::transaction::{is_broken, is_connection_error, is_infrastructure, mark_broken};
+use std::sync::Arc;
+
+use super::locked::ChunkLease;
+use super::timeouts::{ChunkOf, Session};
 use crate::db::DbConnection;
-use crate::driver::{driver, LockHolder};
+use crate::driver::{driver, Claim, TxMark};
 use crate::handler::{Handler, HandlerError, TaskTx};
 use crate::task::ClaimedTask;
 
@@ -68,17 +72,24 @@ impl Worker {
                 return self.release(task, None);
             }
         };
+        let mark = self.tx_mark();
         let timeout = self.timeout_of(&mut conn, task);
         // The handler opens the transaction if it touches the database (taking this
         // process's writer turn on SQLite); the completion then commits with its writes. If
         // it never does, the completion is one statement alone, under the turn.
-        let mut tx = TaskTx::new(&mut conn, Some(&self.writer_turn));
+        let mut tx = TaskTx::new(&mut conn, Some(&self.writer_turn)).marked(mark);
         let run = |tx: &mut TaskTx| -> Result<(), Rollback> {
             {
-                let _watch = self.services.watchdog.watch(claim.id, claim.token);
+                let _watch = self
+                    .services
+                    .watchdog
+                    .watch(claim.id, task.failures, None);
                 let _cancel = self.services.cancels.watch(&task.context);
                 let _timeout = timeout.map(|(lane, limit, backend)| {
-                    self.services.timeouts.watch(task, lane, limit, backend)
+                    let session = Session { mark, backend };
+                    self.services
+                        .timeouts
+                        .watch(task, lane, limit, session, None)
                 });
                 run_handler(handler, task, tx).map_err(Rollback::Handler)?;
             }
@@ -159,6 +170,24 @@ impl Worker {
         let strict = |chunk: &[ClaimedTask]| -> Vec<Outcome> {
             chunk.iter().map(|task| self.execute_task(task)).collect()
         };
+        // After the chunk rolled back, each task runs again alone only if this node still
+        // holds its claim: one cancelled, charged by the domain watchdog, released with its
+        // chunk or rescued meanwhile is not run again here.
+        let still_held = |chunk: &[ClaimedTask]| -> Vec<Outcome> {
+            chunk
+                .iter()
+                .map(|task| match self.holds(task) {
+                    true => self.execute_task(task),
+                    false => {
+                        log::warn!(
+                            "task {}: its claim was taken over before its chunk's rerun",
+                            task.context.id
+                        );
+                        Outcome::Lost
+                    }
+                })
+                .collect()
+        };
         if chunk.len() < 2 || self.is_stopping() {
             return strict(&chunk);
         }
@@ -182,6 +211,7 @@ impl Worker {
         let result = self.run_chunk(&mut conn, None, &chunk, &handlers, |conn| {
             driver(conn).task_complete_many(owner, &claims)
         });
+        let strict = still_held;
         drop(conn);
         match result {
             Ok(()) => {
@@ -211,8 +241,32 @@ impl Worker {
 }
 
 impl Worker {
+    /// Whether this node still holds `task`'s claim (running, under this claim's token).
+    fn holds(&self, task: &ClaimedTask) -> bool {
+        let claim = task.claim();
+        let Ok(mut conn) = self.pool.get() else {
+            return false;
+        };
+        matches!(
+            driver(&mut conn).task_get_claim(claim.id),
+            Ok(Some(c)) if c.state == "running"
+                && c.owner == Some(claim.owner)
+                && c.claim_token == claim.token
+        )
+    }
+
+    /// The mark of a new transaction of this node on PostgreSQL (see
+    /// [`crate::driver::Driver::transaction_begin`]), by which rescue and the domain
+    /// watchdog end it; `None` on the other backends.
+    pub(super) fn tx_mark(&self) -> Option<TxMark> {
+        (self.url.backend() == crate::Backend::Postgres).then(|| TxMark {
+            node: self.node.id(),
+            run: super::locked::next_run(),
+        })
+    }
+
     /// For a task of a domain with a timeout: its lane, the timeout and its connection's
-    /// backend (one round trip on PostgreSQL, only for such domains).
+    /// id (MySQL, one round trip, only for such domains).
     fn timeout_of(
         &self,
         conn: &mut DbConnection,
@@ -236,39 +290,49 @@ impl Worker {
 
     /// Runs a chunk's handlers one after another in one transaction, then `complete` (the
     /// rows it marks done must be the whole chunk), and ends the transaction: committed if
-    /// all of it succeeded, rolled back otherwise. `lock` names a lock claim's transaction,
-    /// already open on `conn`; without it the transaction opens on first use.
+    /// all of it succeeded, rolled back otherwise. `lease` is a lock claim's chunk, whose
+    /// transaction is already open on `conn` with its mark; without it the transaction
+    /// opens on first use.
     pub(super) fn run_chunk(
         &self,
         conn: &mut DbConnection,
-        lock: Option<LockHolder>,
+        lease: Option<&ChunkLease>,
         chunk: &[ClaimedTask],
         handlers: &[&dyn Handler],
         complete: impl FnOnce(&mut DbConnection) -> diesel::QueryResult<usize>,
     ) -> Result<(), ChunkRollback> {
-        let mut tx = match lock {
+        let mark = match lease {
+            Some(lease) => Some(lease.mark),
+            None => self.tx_mark(),
+        };
+        let mut tx = match lease {
             Some(_) => TaskTx::opened(conn),
-            None => TaskTx::new(conn, Some(&self.writer_turn)),
+            None => TaskTx::new(conn, Some(&self.writer_turn)).marked(mark),
+        };
+        // What a handler's timeout ends besides it: the rest of its chunk (only looked at
+        // for the domains with a timeout).
+        let chunk_of = || match lease {
+            Some(lease) => ChunkOf::Leased(lease.clone()),
+            None => ChunkOf::Stamped(chunk.iter().map(ClaimedTask::claim).collect::<Arc<[Claim]>>()),
         };
         let run = |tx: &mut TaskTx| -> Result<(), ChunkRollback> {
             for (task, handler) in chunk.iter().zip(handlers) {
                 // Each handler is watched alone: the chunk's handlers run one after another.
-                let watchdog = &self.services.watchdog;
-                let _watch = match lock {
-                    Some(holder) => watchdog.watch_locked(task, holder),
-                    None => watchdog.watch(task.context.id, task.claim_token),
-                };
-                // A cancel waits for a locked chunk's transaction: nothing to watch for.
-                let _cancel = lock
-                    .is_none()
-                    .then(|| self.services.cancels.watch(&task.context));
+                let _watch =
+                    self.services
+                        .watchdog
+                        .watch(task.context.id, task.failures, lease);
+                let _cancel = self.services.cancels.watch(&task.context);
                 // The transaction opens here only for a domain with a timeout.
                 let timeout = self.watched(task).map(|(lane, limit)| {
                     let backend = tx.conn().ok().and_then(|conn| backend_of(conn, task));
-                    (lane, limit, backend)
+                    let session = Session { mark, backend };
+                    (lane, limit, session)
                 });
-                let _timeout = timeout.map(|(lane, limit, backend)| {
-                    self.services.timeouts.watch(task, lane, limit, backend)
+                let _timeout = timeout.map(|(lane, limit, session)| {
+                    self.services
+                        .timeouts
+                        .watch(task, lane, limit, session, Some(chunk_of()))
                 });
                 run_handler(*handler, task, tx).map_err(|_| ChunkRollback::Task)?;
             }
@@ -291,7 +355,7 @@ impl Worker {
     }
 }
 
-/// The backend process of a task's connection (PostgreSQL), for its domain's watchdog.
+/// The id of a task's connection (MySQL), for its domain's watchdog.
 fn backend_of(conn: &mut DbConnection, task: &ClaimedTask) -> Option<i32> {
     driver(conn).backend_pid().unwrap_or_else(|e| {
         log::debug!("task {}: its backend is unknown: {e}", task.context.id);

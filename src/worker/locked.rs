@@ -1,16 +1,23 @@
-//! Lock claims ([`crate::ClaimStyle::Lock`], PostgreSQL): each chunk's tasks are locked in
-//! the transaction that runs their handlers and marks them done, one row version per task.
+//! Lock claims ([`crate::ClaimStyle::Lock`], PostgreSQL): each chunk's tasks are leased by
+//! one committed statement that writes no task row, and run in a transaction of their own
+//! that marks them done as it deletes their leases: one row version per task.
 //!
-//! The claiming thread opens a transaction per chunk, locks the chunk's rows
-//! (`FOR UPDATE SKIP LOCKED`) and hands the connection, transaction open, to a free pool
-//! thread (there is no queue: a chunk never waits with its locks held; when every thread
-//! is busy the claiming thread runs it itself; with domains, a chunk is locked for a domain
-//! only when a thread it may take is free). The chunk commits its handlers' effects and
-//! its completion together. If anything fails, it rolls back, releasing the locks, and its
-//! tasks are claimed the stamping way and run one by one, as a failed chunk of stamped
-//! claims is.
+//! The claiming thread leases a chunk (a row of `async_lease` per task, naming the chunk's
+//! transaction, with a deadline) and hands it to a free pool thread (there is no queue: a
+//! leased chunk never waits for a thread; when every thread is busy the claiming thread
+//! runs it itself; with domains, a chunk is leased for a domain only when a thread it may
+//! take is free). The chunk's transaction holds the advisory locks of its node and run
+//! (its [`TxMark`]), commits its handlers' effects and its completion together, and holds
+//! no lock on a task row: a cancel never waits for it.
+//!
+//! If a handler fails, the chunk rolls back and its tasks still leased are claimed the
+//! stamping way and run one by one, each recording its own outcome. If the process dies,
+//! freezes or is cut off, or the chunk runs past its deadline, the leases stay behind:
+//! rescue charges their tasks a failure, as it charges a stamped claim's (and ends the
+//! chunk's session, so that what it holds is free and nothing it writes later lands).
 
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use super::claim::claimed_tasks;
@@ -22,26 +29,40 @@ use super::fairness::{participants, Took};
 use super::tally::{Outcome, Tally};
 use super::watchdog::Hung;
 use super::{millis, Worker};
-use crate::db::transaction::{is_connection_error, mark_broken, roll_back_all, DiscardBroken};
-use crate::db::{DbConnection, DbPool, PooledConnection};
-use crate::driver::{driver, Claim, Due, LockHolder};
+use crate::db::transaction::{is_connection_error, mark_broken, DiscardBroken};
+use crate::db::{DbConnection, DbPool};
+use crate::driver::{driver, Due, LeaseCharge, TxMark};
 use crate::error::{OpContext, Result};
 use crate::task::ClaimedTask;
 
-/// A chunk locked by this node: the connection whose open transaction holds the locks, that
-/// transaction, and the tasks.
-pub(super) struct LockedChunk {
-    conn: PooledConnection,
-    holder: LockHolder,
+/// A chunk leased by this node: its tasks and the mark its transaction holds.
+pub(super) struct LeasedChunk {
+    mark: TxMark,
     tasks: Vec<ClaimedTask>,
 }
 
+/// What ends a leased chunk for a task that runs past its timeout: the mark of the chunk's
+/// transaction and every task of the chunk.
+#[derive(Debug, Clone)]
+pub(crate) struct ChunkLease {
+    pub(crate) mark: TxMark,
+    pub(crate) ids: Arc<[i64]>,
+}
+
+/// Numbers the transactions of this process (their marks' runs).
+static RUNS: AtomicU64 = AtomicU64::new(1);
+
+/// The next transaction's run, for its mark.
+pub(super) fn next_run() -> i64 {
+    i64::try_from(RUNS.fetch_add(1, Ordering::Relaxed) & 0x7fff_ffff).unwrap_or(0)
+}
+
 impl Worker {
-    /// Locks chunks of up to `commit_batch` due tasks, at most `limit` tasks in all, and
-    /// hands each to the pool as it is locked; stops at the first chunk that comes back
+    /// Leases chunks of up to `commit_batch` due tasks, at most `limit` tasks in all, and
+    /// hands each to the pool as it is leased; stops at the first chunk that comes back
     /// short with one participant of the fair claim in it (nothing more is due; a chunk
     /// shared by several comes back short when one of them had less than its share). Returns
-    /// how many tasks it locked.
+    /// how many tasks it leased.
     pub(super) fn refill_locked<'s>(
         &'s self,
         feed: &Feed<'s>,
@@ -53,12 +74,12 @@ impl Worker {
         let mut claimed = 0;
         while claimed < limit && !self.is_stopping() {
             let want = self.settings.commit_batch.min(limit - claimed);
-            let chunk = match self.lock_chunk(lane, want) {
+            let chunk = match self.lease_chunk(lane, want) {
                 Ok(Some(chunk)) => chunk,
                 Ok(None) => break,
-                // What was locked is running: report it; the next claim meets the error.
+                // What was leased is running: report it; the next claim meets the error.
                 Err(e) if claimed > 0 => {
-                    log::debug!("locking a chunk failed after {claimed} tasks: {e}");
+                    log::debug!("leasing a chunk failed after {claimed} tasks: {e}");
                     break;
                 }
                 Err(e) => return Err(e),
@@ -71,7 +92,7 @@ impl Worker {
                 super::record::record_or_unwind(
                     self,
                     n as u64,
-                    || self.execute_locked(chunk),
+                    || self.execute_leased(chunk),
                     &record,
                 )
             });
@@ -82,19 +103,17 @@ impl Worker {
         Ok(claimed)
     }
 
-    /// Opens a transaction and locks up to `want` due tasks of `lane` in it; `None` when
-    /// none is due.
-    fn lock_chunk(&self, lane: &PlanLane, want: usize) -> Result<Option<LockedChunk>> {
+    /// Leases up to `want` due tasks of `lane` for a chunk; `None` when none is due.
+    fn lease_chunk(&self, lane: &PlanLane, want: usize) -> Result<Option<LeasedChunk>> {
         let keywords = &lane.keywords;
         if keywords.is_empty() {
             return Ok(None);
         }
-        let mut conn = self.pool.get().op("task lock")?;
-        let deadline = Instant::now() + lane.timeout;
-        driver(&mut conn)
-            .transaction_begin()
-            .discard_broken(&mut conn)
-            .op("task lock")?;
+        let mut conn = self.pool.get().op("task lease")?;
+        let mark = TxMark {
+            node: self.node.id(),
+            run: next_run(),
+        };
         let limit = i64::try_from(want).unwrap_or(i64::MAX);
         let limits = &self.services.limits;
         let limited = limits.tenants();
@@ -102,72 +121,70 @@ impl Worker {
         let due = Due {
             keywords,
             partition: self.services.strategy.partition(),
+            suspect: Some(false),
         };
         let asked = Instant::now();
-        let locked = driver(&mut conn).task_lock_page(&due, &limited, &pick.as_pick(), limit);
+        let deadline = asked + lane.timeout;
+        let leased = driver(&mut conn)
+            .task_lease_page(
+                self.node.id(),
+                mark.run,
+                &due,
+                &limited,
+                &pick.as_pick(),
+                limit,
+                millis(lane.timeout),
+            )
+            .discard_broken(&mut conn)
+            .op("task lease")?;
         self.observers.claimed(asked);
-        match locked {
-            Ok((holder, picked)) if !picked.rows.is_empty() => {
-                let tasks = claimed_tasks(picked.rows, self.node.id(), deadline);
-                let took = Took {
-                    page: &tasks,
-                    weights: &picked.weights,
-                    crowded: picked.crowded,
-                    ring_end: picked.ring_end,
-                    shared: picked.shared,
-                    limit: want,
-                };
-                limits.fair.picked(keywords, &pick, took);
-                Ok(Some(LockedChunk {
-                    conn,
-                    holder,
-                    tasks,
-                }))
-            }
-            Ok((_, picked)) => {
-                let took = Took {
-                    page: &[],
-                    weights: &[],
-                    crowded: picked.crowded,
-                    ring_end: picked.ring_end,
-                    shared: picked.shared,
-                    limit: want,
-                };
-                limits.fair.picked(keywords, &pick, took);
-                roll_back_all(&mut conn);
-                Ok(None)
-            }
-            Err(e) => {
-                if is_connection_error(&e) {
-                    mark_broken(&mut conn);
-                }
-                roll_back_all(&mut conn);
-                Err(e).op("task lock")
-            }
-        }
+        let tasks = claimed_tasks(leased.rows, self.node.id(), deadline);
+        let took = Took {
+            page: &tasks,
+            weights: &leased.weights,
+            crowded: leased.crowded,
+            ring_end: leased.ring_end,
+            shared: leased.shared,
+            limit: want,
+        };
+        limits.fair.picked(keywords, &pick, took);
+        Ok((!tasks.is_empty()).then_some(LeasedChunk { mark, tasks }))
     }
 
-    /// Runs a locked chunk's handlers in its transaction and marks the tasks done in it.
-    pub(super) fn execute_locked(&self, chunk: LockedChunk) -> Vec<Outcome> {
-        let LockedChunk {
-            mut conn,
-            holder,
-            tasks,
-        } = chunk;
+    /// Runs a leased chunk's handlers in one transaction and marks the tasks done in it.
+    pub(super) fn execute_leased(&self, chunk: LeasedChunk) -> Vec<Outcome> {
+        let LeasedChunk { mark, tasks } = chunk;
+        let ids: Vec<i64> = tasks.iter().map(|task| task.context.id).collect();
         let handlers = tasks
             .iter()
             .map(|task| self.registry.get(&task.context.keyword))
             .collect::<Option<Vec<_>>>();
         let Some(handlers) = handlers.filter(|_| !self.is_stopping()) else {
-            // Stopping, or (a bug) a keyword without a handler: none has run; the rollback
-            // leaves the tasks as they were.
-            roll_back_all(&mut conn);
-            return vec![Outcome::Released; tasks.len()];
+            // Stopping, or (a bug) a keyword without a handler: none has run.
+            return self.release_leased(&tasks);
+        };
+        let mut conn = match self.pool.get() {
+            Ok(conn) => conn,
+            Err(e) => {
+                log::warn!("a leased chunk of {} tasks: no connection: {e}", ids.len());
+                return self.release_leased(&tasks);
+            }
+        };
+        if let Err(e) = driver(&mut conn).transaction_begin(Some(mark)) {
+            if is_connection_error(&e) {
+                mark_broken(&mut conn);
+            }
+            drop(conn);
+            log::warn!("a leased chunk of {} tasks could not begin: {e}", ids.len());
+            return self.release_leased(&tasks);
+        }
+        let lease = ChunkLease {
+            mark,
+            ids: Arc::from(ids.as_slice()),
         };
         let owner = self.node.id();
-        let ids: Vec<i64> = tasks.iter().map(|task| task.context.id).collect();
-        let result = self.run_chunk(&mut conn, Some(holder), &tasks, &handlers, |conn| {
-            driver(conn).task_complete_locked(owner, &ids)
+        let result = self.run_chunk(&mut conn, Some(&lease), &tasks, &handlers, |conn| {
+            driver(conn).task_complete_leased(owner, &ids)
         });
         drop(conn);
         match result {
@@ -175,127 +192,172 @@ impl Worker {
                 self.observers.all_done(&tasks);
                 vec![Outcome::Done; tasks.len()]
             }
-            // The connection failed at or after the completion: the commit may have happened
-            // with its reply lost. The database knows whether the chunk's transaction did.
-            Err(ChunkRollback::Database(_)) if self.xact_committed(holder.xact) => {
-                log::warn!(
-                    "a locked chunk of {} tasks found committed after a database error: its \
-                     commit happened and the reply was lost",
-                    tasks.len()
-                );
-                self.observers.all_done(&tasks);
-                vec![Outcome::Done; tasks.len()]
-            }
-            Err(_) => self.rerun_stamped(&ids),
+            // A handler failed, a lease was taken over, or the database failed (the commit
+            // may even have happened with its reply lost): what is still leased runs again
+            // one by one; what is not is told apart by where it stands.
+            Err(ChunkRollback::Task | ChunkRollback::Database(_)) => self.rerun_leased(&tasks),
         }
     }
 
-    /// Whether the transaction `xact` committed, asked on connections of the pool until one
-    /// answers; while the server has not yet ended it (it may not have noticed its client's
-    /// connection drop), asked again for up to 5 s. `false` when the database cannot say:
-    /// the chunk's tasks then run again one by one, and those it did complete are no longer
-    /// pending, so none runs twice.
-    fn xact_committed(&self, xact: i64) -> bool {
-        let deadline = Instant::now() + std::time::Duration::from_secs(5);
-        let mut dead_connections = self.settings.pool_size();
-        loop {
-            let Ok(mut conn) = self.pool.get() else {
-                return false;
-            };
-            match driver(&mut conn).xact_committed(xact) {
-                Ok(Some(committed)) => return committed,
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(std::time::Duration::from_millis(20));
-                }
-                Err(e) if is_connection_error(&e) && dead_connections > 0 => {
-                    mark_broken(&mut conn);
-                    dead_connections -= 1;
-                }
-                _ => return false,
-            }
-        }
-    }
-
-    /// After a locked chunk rolled back: claims its tasks the stamping way and runs them one
-    /// by one, so that each records its own outcome. A task another node has locked or
-    /// claimed meanwhile is that node's now (counted lost here).
-    fn rerun_stamped(&self, ids: &[i64]) -> Vec<Outcome> {
+    /// After a leased chunk rolled back: claims, the stamping way, its tasks still leased by
+    /// this node and runs them one by one, so that each records its own outcome. A task no
+    /// longer leased is done (a commit whose reply was lost) or another's (counted lost).
+    fn rerun_leased(&self, tasks: &[ClaimedTask]) -> Vec<Outcome> {
+        let ids: Vec<i64> = tasks.iter().map(|task| task.context.id).collect();
         if self.is_stopping() {
             // Stopping (or the hang watchdog is about to exit): claimed now, they would be
-            // left running for rescue to charge; they are pending as they are.
-            return vec![Outcome::Released; ids.len()];
+            // left running for rescue to charge; they are released as they are.
+            return self.release_leased(tasks);
         }
         log::debug!(
-            "a locked chunk of {} tasks rolled back; running them one by one",
+            "a leased chunk of {} tasks rolled back; running them one by one",
             ids.len()
         );
-        let claimed = self.ensure_heartbeat_fresh().and_then(|()| {
-            let mut conn = self.pool.get().op("task claim")?;
-            let deadline = Instant::now() + self.settings.claim_timeout();
-            let rows = driver(&mut conn)
-                .task_claim_ids(self.node.id(), ids, millis(self.settings.claim_timeout()))
-                .discard_broken(&mut conn)
-                .op("task claim")?;
-            Ok(claimed_tasks(rows, self.node.id(), deadline))
-        });
-        match claimed {
-            Ok(tasks) => {
-                let mut outcomes: Vec<Outcome> =
-                    tasks.iter().map(|task| self.execute_task(task)).collect();
-                outcomes.resize(ids.len(), Outcome::Lost);
-                outcomes
-            }
+        // Retried through an outage (the chunk may have failed for one) until the leases'
+        // deadline: one that ends before it charges the tasks nothing.
+        let lease_deadline = tasks.first().map_or_else(Instant::now, |t| t.deadline);
+        let timeout = self.settings.claim_timeout();
+        let claimed = self
+            .retry_until("a rolled-back chunk's claim", lease_deadline, |conn| {
+                let deadline = Instant::now() + timeout;
+                driver(conn)
+                    .task_claim_leased(self.node.id(), &ids, millis(timeout))
+                    .map(|rows| claimed_tasks(rows, self.node.id(), deadline))
+            });
+        let claimed = match claimed {
+            Ok(claimed) => claimed,
             Err(e) => {
                 log::warn!(
-                    "a locked chunk of {} tasks rolled back and could not be claimed again: \
-                     {e}; they stay pending",
+                    "a leased chunk of {} tasks rolled back and could not be claimed again: \
+                     {e}; rescue charges them at their deadline",
                     ids.len()
                 );
-                vec![Outcome::Released; ids.len()]
+                return vec![Outcome::Abandoned; ids.len()];
+            }
+        };
+        let mut outcomes: Vec<Outcome> = claimed
+            .iter()
+            .map(|task| self.execute_task(task))
+            .collect();
+        for task in tasks {
+            if claimed.iter().any(|c| c.context.id == task.context.id) {
+                continue;
+            }
+            let outcome = if self.is_done_by_this_node(task.context.id) {
+                log::warn!(
+                    "task {}: its chunk's commit happened and the reply was lost",
+                    task.context.id
+                );
+                self.observers.all_done(std::slice::from_ref(task));
+                Outcome::Done
+            } else {
+                Outcome::Lost
+            };
+            outcomes.push(outcome);
+        }
+        outcomes
+    }
+
+    /// Whether the task `id` is done under this node (its chunk's completion committed).
+    fn is_done_by_this_node(&self, id: i64) -> bool {
+        let Ok(mut conn) = self.pool.get() else {
+            return false;
+        };
+        matches!(
+            driver(&mut conn).task_get_claim(id),
+            Ok(Some(c)) if c.state == "done" && c.owner == Some(self.node.id())
+        )
+    }
+
+    /// Deletes this node's leases of `tasks` (their chunk never ran, or is stopping): free
+    /// again, no failure; retried through an outage until the leases' deadline.
+    fn release_leased(&self, tasks: &[ClaimedTask]) -> Vec<Outcome> {
+        let ids: Vec<i64> = tasks.iter().map(|task| task.context.id).collect();
+        let deadline = tasks.first().map_or_else(Instant::now, |t| t.deadline);
+        let released = self.retry_until("a chunk's release", deadline, |conn| {
+            driver(conn).task_release_leased(self.node.id(), &ids)
+        });
+        match released {
+            Ok(_) => vec![Outcome::Released; ids.len()],
+            Err(e) => {
+                log::warn!(
+                    "a leased chunk of {} tasks could not be released: {e}; rescue frees \
+                     them at their deadline",
+                    ids.len()
+                );
+                vec![Outcome::Abandoned; ids.len()]
             }
         }
     }
 }
 
-/// Counts a failure for the hung handler of a locked chunk before the process exits: ends
-/// the chunk's transaction (terminating its backend) so that the failure can be written,
-/// and the other tasks of the chunk are pending again, uncounted. Without this a task that
-/// hangs every time would be retried without end: the exit rolls its attempt back.
-pub(super) fn charge_hung(pool: &DbPool, settings: &Settings, hung: &Hung) {
-    let Some(lock) = hung.lock else { return };
-    let failures = lock.failures.saturating_add(1);
+/// Ends the leased chunk of a task that ran past its timeout and counts that task's
+/// failure: terminates the chunk's session (its transaction rolls back, freeing what its
+/// handlers held) and deletes its leases, charging only that task (`error` in its
+/// `last_error`); the chunk's other tasks are free, uncounted. Returns the task's new state
+/// (`None`: it had left the lease).
+pub(crate) fn charge_leased(
+    conn: &mut DbConnection,
+    settings: &Settings,
+    owner: i64,
+    lease: &ChunkLease,
+    task: i64,
+    failures: i32,
+    error: &str,
+) -> Result<Option<String>> {
+    if let Err(e) = driver(conn).session_end(lease.mark) {
+        // Not allowed to signal it (another role's session): the deadline and the fence
+        // still hold; only what its handlers lock waits for the handler to return.
+        log::warn!("task {task}: its chunk's session could not be ended: {e}");
+    }
     let delay = settings
         .backoff
-        .delay(failures.unsigned_abs(), fastrand::f64());
+        .delay(failures.saturating_add(1).unsigned_abs(), fastrand::f64());
+    let charge = LeaseCharge {
+        task,
+        chunk_ids: &lease.ids,
+        error,
+        delay_ms: millis(delay),
+        default_max_attempts: settings.max_attempts,
+    };
+    driver(conn)
+        .task_charge_leased(owner, &charge)
+        .op("task timeout")
+}
+
+/// Counts a failure for the hung handler of a leased chunk before the process exits: ends
+/// the chunk (see [`charge_leased`]), so that the other tasks of the chunk are free again,
+/// uncounted. Without this a task that hangs every time would be charged with its whole
+/// chunk, by rescue, after the exit.
+pub(super) fn charge_hung(pool: &DbPool, settings: &Settings, owner: i64, hung: &Hung) {
+    let Some(lease) = &hung.lease else { return };
     let error = format!(
         "running past its deadline: its handler ran for {:?}, past the task timeout; the \
          node ended its chunk's transaction",
         hung.running_for
     );
-    let claim = Claim {
-        id: hung.task,
-        owner: 0,
-        token: lock.token,
-    };
-    let charged = pool.get().map_err(|e| e.to_string()).and_then(|mut conn| {
-        let conn: &mut DbConnection = &mut conn;
-        driver(conn)
-            .task_charge_hung(
-                lock.holder,
-                &claim,
-                &error,
-                millis(delay),
-                settings.max_attempts,
-            )
-            .map_err(|e| e.to_string())
+    let charged = pool.get().op("task timeout").and_then(|mut conn| {
+        charge_leased(
+            &mut conn,
+            settings,
+            owner,
+            lease,
+            hung.task,
+            hung.failures,
+            &error,
+        )
     });
     match charged {
-        Ok(n) => log::error!(
-            "task {}: hung in a locked chunk; its transaction ended and {n} failure counted",
+        Ok(Some(state)) => log::error!(
+            "task {}: hung in a leased chunk; its chunk ended and a failure counted ({state})",
+            hung.task
+        ),
+        Ok(None) => log::error!(
+            "task {}: hung in a leased chunk, which had already lost it",
             hung.task
         ),
         Err(e) => log::error!(
-            "task {}: hung in a locked chunk; its failure could not be counted: {e}",
+            "task {}: hung in a leased chunk; its failure could not be counted: {e}",
             hung.task
         ),
     }

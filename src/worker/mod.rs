@@ -23,6 +23,7 @@ mod shutdown;
 mod slots;
 mod strategy;
 mod style;
+mod suspects;
 mod tally;
 mod tenants;
 mod ticker;
@@ -44,6 +45,7 @@ pub use fleet::{DatabaseReport, Fleet};
 pub use on_dead::{DEFAULT_ON_DEAD_TIMEOUT, ON_DEAD_QUEUE};
 pub use rescue::RescueReport;
 pub use style::ClaimStyle;
+pub(crate) use suspects::SoloHold;
 pub use tally::{Report, Tally};
 
 use config::Settings;
@@ -379,11 +381,12 @@ impl Worker {
         let due = Due {
             keywords: &self.keywords,
             partition: self.services.strategy.partition(),
+            suspect: Some(false),
         };
         if self.settings.lock {
             let limit = i64::try_from(self.settings.commit_batch).unwrap_or(i64::MAX);
             return driver(&mut conn)
-                .task_lock_plan(&due, limit)
+                .task_lease_plan(&due, limit)
                 .op("task claim plan");
         }
         let limit = i64::try_from(self.claim_limit()).unwrap_or(i64::MAX);

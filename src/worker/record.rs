@@ -146,6 +146,42 @@ impl Worker {
         unreachable!("the loop returns")
     }
 
+    /// Runs `write` on a connection of the pool, again with a fresh connection and a growing
+    /// pause while it fails, until it succeeds or the next attempt would end after
+    /// `deadline` (then the last error): how an engine write outlives a database outage
+    /// that ends before the work's deadline.
+    pub(super) fn retry_until<T>(
+        &self,
+        what: &str,
+        deadline: Instant,
+        write: impl Fn(&mut DbConnection) -> diesel::QueryResult<T>,
+    ) -> Result<T, String> {
+        let mut pause = WRITE_RETRY_PAUSE;
+        for attempt in 1.. {
+            let error = match self.pool.get() {
+                Ok(mut conn) => match write(&mut conn).discard_broken(&mut conn) {
+                    Ok(value) => {
+                        if attempt > 1 {
+                            log::warn!("{what} succeeded at attempt {attempt}");
+                        }
+                        return Ok(value);
+                    }
+                    Err(e) => e.to_string(),
+                },
+                Err(e) => e.to_string(),
+            };
+            if Instant::now() + pause >= deadline {
+                return Err(error);
+            }
+            if attempt == 1 {
+                log::warn!("{what} failed, retrying until it succeeds: {error}");
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(WRITE_RETRY_MAX_PAUSE);
+        }
+        unreachable!("the loop returns")
+    }
+
     /// Whether `task` is done under its own claim, on a connection of the pool (`false` when
     /// the database cannot say).
     pub(super) fn is_done_under_claim(&self, task: &ClaimedTask) -> bool {

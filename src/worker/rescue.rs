@@ -10,7 +10,11 @@
 //! jitter as a handler's failure, so that a dead node's tasks do not all come due in the same
 //! instant. A rescued task's late completion by its old owner is fenced out.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
 use super::observers::Observers;
+use super::suspects::Suspects;
 use crate::db::transaction::DiscardBroken;
 use crate::db::DbPool;
 use crate::driver::{driver, RescueParams};
@@ -24,6 +28,9 @@ pub struct RescueReport {
     pub pending: u64,
     /// Tasks that reached their max attempts and are now dead.
     pub dead: u64,
+    /// Sessions of the transactions of nodes that are not live, or of chunks past their
+    /// deadline, ended (PostgreSQL).
+    pub sessions_ended: u64,
 }
 
 /// The rescue service of one worker.
@@ -31,34 +38,80 @@ pub(crate) struct Rescuer {
     pool: DbPool,
     params: RescueParams,
     observers: Observers,
+    suspects: Arc<Suspects>,
+    /// Whether ending stale sessions failed at the last pass (logged once, not every pass).
+    ending_failed: AtomicBool,
 }
 
 impl Rescuer {
-    pub(crate) fn new(pool: DbPool, params: RescueParams, observers: Observers) -> Self {
+    pub(crate) fn new(
+        pool: DbPool,
+        params: RescueParams,
+        observers: Observers,
+        suspects: Arc<Suspects>,
+    ) -> Self {
         Rescuer {
             pool,
             params,
             observers,
+            suspects,
+            ending_failed: AtomicBool::new(false),
         }
     }
 
-    /// Runs one rescue pass on a pooled connection.
+    /// Runs one rescue pass on a pooled connection: first ends the sessions of the
+    /// transactions that nodes no longer live left open (a frozen or cut-off process holds
+    /// locks until its session ends; it writes nothing after it), then returns their tasks,
+    /// stamped (`running`) and leased (lock claims), to pending or dead, each charged a
+    /// failure, and notes whether suspects wait to be claimed alone.
     pub(crate) fn run_once(&self) -> Result<RescueReport> {
         let mut conn = self.pool.get().op("task rescue")?;
-        let rows = driver(&mut conn)
+        let mut report = RescueReport::default();
+        match driver(&mut conn)
+            .session_end_stale(self.params.dead_after_ms)
+            .discard_broken(&mut conn)
+        {
+            Ok(n) => {
+                report.sessions_ended = u64::try_from(n).unwrap_or(0);
+                if n > 0 {
+                    log::warn!("rescue: ended {n} session(s) of nodes no longer live");
+                }
+                self.ending_failed.store(false, Ordering::Relaxed);
+            }
+            // A role that may not signal the other nodes' sessions (not the same role, nor a
+            // member of pg_signal_backend): the rescue itself still holds.
+            Err(e) if !self.ending_failed.swap(true, Ordering::Relaxed) => {
+                log::warn!("rescue: could not end the sessions of nodes no longer live: {e}");
+            }
+            Err(_) => {}
+        }
+        let mut rows = driver(&mut conn)
             .task_rescue_many(&self.params)
             .discard_broken(&mut conn)
             .op("task rescue")?;
+        rows.extend(
+            driver(&mut conn)
+                .task_rescue_leases(&self.params)
+                .discard_broken(&mut conn)
+                .op("task rescue")?,
+        );
         self.observers.rescued(&rows);
-        let mut report = RescueReport::default();
+        let mut marked = false;
         for row in rows {
             log::warn!("task {}: {} → {}", row.id, row.reason, row.state);
             if row.state == "dead" {
                 report.dead += 1;
             } else {
                 report.pending += 1;
+                marked |= row.reason.ends_with("the node stopped heartbeating");
             }
         }
+        let suspects = marked
+            || driver(&mut conn)
+                .task_suspects_exist()
+                .discard_broken(&mut conn)
+                .op("task rescue")?;
+        self.suspects.found(suspects);
         Ok(report)
     }
 }

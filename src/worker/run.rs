@@ -37,6 +37,15 @@ impl Worker {
     fn submit_page<'s>(&'s self, feed: &Feed<'s>, page: Vec<ClaimedTask>, tally: &'s Mutex<Tally>) {
         let record = self.recorder(page.len(), tally);
         let plan = self.services.domains.plan();
+        // A suspect runs alone, never in a chunk (see `suspects`).
+        let (solo, page): (Vec<ClaimedTask>, Vec<ClaimedTask>) =
+            page.into_iter().partition(|task| task.solo.is_some());
+        for task in solo {
+            let lane = plan.lane_of(&task.context.keyword);
+            self.dispatcher.submit(feed, lane, move || {
+                record_or_unwind(self, 1, || vec![self.execute_task(&task)], &record)
+            });
+        }
         if self.settings.commit_batch > 1 {
             for (lane, tasks) in by_lane(&plan, page) {
                 let mut tasks = tasks.into_iter().peekable();
@@ -215,10 +224,22 @@ impl Worker {
         if limit == 0 {
             return Ok(0);
         }
-        if self.services.limits.tenants().is_empty() {
-            return self.refill_locked(feed, tally, lane, limit);
+        // A suspect first, claimed the stamping way to run alone (see `suspects`).
+        let solo: Vec<ClaimedTask> = self
+            .claim_suspect(&lane.keywords, lane.timeout)?
+            .into_iter()
+            .collect();
+        let (limit, solo_n) = (limit - solo.len(), solo.len());
+        if solo_n > 0 {
+            self.submit_page(feed, solo, tally);
         }
-        self.take_both_kinds(limit, |limited, n| {
+        if limit == 0 {
+            return Ok(solo_n);
+        }
+        if self.services.limits.tenants().is_empty() {
+            return Ok(solo_n + self.refill_locked(feed, tally, lane, limit)?);
+        }
+        let took = self.take_both_kinds(limit, |limited, n| {
             if limited {
                 let page = self.claim_limited_up_to(&lane.keywords, n, lane.timeout)?;
                 let stamped = page.len();
@@ -227,7 +248,8 @@ impl Worker {
             } else {
                 self.refill_locked(feed, tally, lane, n)
             }
-        })
+        })?;
+        Ok(solo_n + took)
     }
 
     /// Under `least_count`, while this node holds more than half of what it may hold (the

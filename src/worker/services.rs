@@ -13,6 +13,7 @@ use super::heartbeat::{Heartbeat, Node};
 use super::observers::Observers;
 use super::rescue::Rescuer;
 use super::strategy::StrategyControl;
+use super::suspects::Suspects;
 use super::tenants::RunLimits;
 use super::timeouts::Timeouts;
 use super::watchdog::Watchdog;
@@ -31,6 +32,7 @@ pub(super) struct Services {
     pub(super) timeouts: Arc<Timeouts>,
     pub(super) rescuer: Arc<Rescuer>,
     pub(super) watchdog: Arc<Watchdog>,
+    pub(super) suspects: Arc<Suspects>,
     pub(super) stop: Arc<AtomicBool>,
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
@@ -61,6 +63,7 @@ impl Services {
             // this node's share only, and the others see it at their next beat.
             strategy.refresh(&mut conn, node.id())?;
         }
+        let suspects = Arc::new(Suspects::default());
         let services = Services {
             heartbeat: Arc::new(Heartbeat::new(
                 url.clone(),
@@ -85,7 +88,9 @@ impl Services {
                     backoff_jitter: settings.backoff.jitter,
                 },
                 observers.clone(),
+                Arc::clone(&suspects),
             )),
+            suspects,
             watchdog: Arc::new(Watchdog::new(
                 settings
                     .exit_on_hang
@@ -153,7 +158,7 @@ impl Services {
                         // No more claims: a chunk that rolls back as its hung neighbour's
                         // transaction ends must not claim its tasks for the exit to strand.
                         stopping.store(true, Ordering::SeqCst);
-                        locked::charge_hung(&pool, &settings, hung);
+                        locked::charge_hung(&pool, &settings, node.id(), hung);
                     });
                 },
             )?;

@@ -1,23 +1,44 @@
 //! The domains' watchdog (seed 004's Watchdog): a handler of a domain with a timeout that
-//! runs past it has its database work cancelled (PostgreSQL: `pg_cancel_backend` of its
-//! connection's backend, so the statement it waits on fails and its transaction rolls
-//! back), its task is charged a failure (retried after the backoff, or dead at its last
-//! attempt), and its slot counts as stuck until the handler returns: a Rust thread cannot be
-//! killed, so the slot is not reused meanwhile. The charge moves the task out of `running`
-//! under its claim, which fences out the late completion.
+//! runs past it has its transaction ended (PostgreSQL: the session holding the
+//! transaction's mark is terminated, whatever the handler waits on, SQL or not; MySQL: the
+//! statement it runs is killed), its task is charged a failure (retried after the backoff,
+//! or dead at its last attempt), the other tasks of its chunk are free again, uncounted,
+//! and its slot counts as stuck until the handler returns: a Rust thread cannot be killed,
+//! so the slot is not reused meanwhile. The charge moves the task out of its claim (or its
+//! lease), which fences out the late completion.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::config::Settings;
+use super::locked::{charge_leased, ChunkLease};
 use super::observers::Observers;
 use super::on_dead::DeadTask;
 use super::slots::Lanes;
 use crate::db::{DbConnection, DbPool};
-use crate::driver::{driver, Claim};
+use crate::driver::{driver, Claim, TxMark};
 use crate::error::{OpContext, Result};
 use crate::task::ClaimedTask;
+
+/// The chunk a watched handler runs in (batched mode), which its timeout ends.
+#[derive(Debug, Clone)]
+pub(crate) enum ChunkOf {
+    /// A lock claim's leased chunk.
+    Leased(ChunkLease),
+    /// A stamped chunk: the claims of its tasks, released when one of them times out.
+    Stamped(Arc<[Claim]>),
+}
+
+/// Where a watched handler's transaction runs, to end it.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Session {
+    /// The mark its transaction holds (PostgreSQL).
+    pub(crate) mark: Option<TxMark>,
+    /// Its connection's id (MySQL), whose statement is killed.
+    pub(crate) backend: Option<i32>,
+}
 
 /// One watched handler.
 #[derive(Debug, Clone)]
@@ -25,8 +46,8 @@ struct Watched {
     lane: usize,
     started: Instant,
     timeout: Duration,
-    /// Its connection's backend (PostgreSQL).
-    backend: Option<i32>,
+    session: Session,
+    chunk: Option<ChunkOf>,
     claim: Claim,
     failures: i32,
     max_attempts: Option<i32>,
@@ -38,16 +59,18 @@ struct Watched {
     claimed_at: Instant,
 }
 
-/// The handlers of domains with a timeout, while they run.
+/// The handlers of domains with a timeout, while they run, each under a number of its own
+/// (two runs of one task, a zombie and a new one, never share an entry).
 pub(crate) struct Timeouts {
-    running: Mutex<HashMap<(i64, i64), Watched>>,
+    running: Mutex<HashMap<u64, Watched>>,
+    runs: AtomicU64,
     lanes: Arc<Lanes>,
 }
 
 /// Watches one handler until dropped; a stuck slot is freed then.
 pub(crate) struct TimeoutWatch<'w> {
     timeouts: &'w Timeouts,
-    key: (i64, i64),
+    key: u64,
 }
 
 impl Drop for TimeoutWatch<'_> {
@@ -69,33 +92,35 @@ impl Timeouts {
     pub(crate) fn new(lanes: Arc<Lanes>) -> Timeouts {
         Timeouts {
             running: Mutex::default(),
+            runs: AtomicU64::new(0),
             lanes,
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(i64, i64), Watched>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Watched>> {
         self.running.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Watches `task`'s handler, of `lane`, from now, for `timeout`; `backend` is its
-    /// connection's backend process, to cancel.
+    /// Watches `task`'s handler, of `lane`, from now, for `timeout`; `session` is where its
+    /// transaction runs, `chunk` the chunk it runs in.
     pub(crate) fn watch(
         &self,
         task: &ClaimedTask,
         lane: usize,
         timeout: Duration,
-        backend: Option<i32>,
+        session: Session,
+        chunk: Option<ChunkOf>,
     ) -> TimeoutWatch<'_> {
-        let claim = task.claim();
-        let key = (claim.id, claim.token);
+        let key = self.runs.fetch_add(1, Ordering::Relaxed);
         self.lock().insert(
             key,
             Watched {
                 lane,
                 started: Instant::now(),
                 timeout,
-                backend,
-                claim,
+                session,
+                chunk,
+                claim: task.claim(),
                 failures: task.failures,
                 max_attempts: task.max_attempts,
                 stuck: false,
@@ -111,8 +136,9 @@ impl Timeouts {
         }
     }
 
-    /// Ends each handler past its timeout not ended yet: marks its slot stuck, cancels its
-    /// backend's statement and charges its task a failure. Returns how many it ended.
+    /// Ends each handler past its timeout not ended yet: marks its slot stuck, ends its
+    /// transaction, charges its task a failure and frees the rest of its chunk. Returns how
+    /// many it ended.
     pub(crate) fn run_once(
         &self,
         pool: &DbPool,
@@ -120,23 +146,29 @@ impl Timeouts {
         observers: &Observers,
     ) -> usize {
         let now = Instant::now();
-        let late: Vec<Watched> = {
+        let late: Vec<(u64, Watched)> = {
             let mut running = self.lock();
-            running
-                .values_mut()
-                .filter(|w| !w.stuck && now.saturating_duration_since(w.started) > w.timeout)
-                .map(|w| {
+            let late: Vec<(u64, Watched)> = running
+                .iter_mut()
+                .filter(|(_, w)| !w.stuck && now.saturating_duration_since(w.started) > w.timeout)
+                .map(|(&key, w)| {
                     w.stuck = true;
-                    w.clone()
+                    (key, w.clone())
                 })
-                .collect()
+                .collect();
+            // Under the same lock as the flag: a handler that returns now unsticks its slot
+            // only after this (a slot marked after its unstick would stay stuck for good).
+            let mut lanes = self.lanes.lock();
+            for (_, w) in &late {
+                lanes.mark_stuck(w.lane);
+            }
+            late
         };
-        for watched in &late {
-            self.lanes.lock().mark_stuck(watched.lane);
+        for (key, watched) in &late {
             match pool
                 .get()
                 .op("task timeout")
-                .and_then(|mut conn| charge(&mut conn, settings, watched))
+                .and_then(|mut conn| self.end(&mut conn, settings, *key, watched))
             {
                 Ok(Some(error)) => observers.dead_at_timeout(
                     DeadTask {
@@ -160,45 +192,95 @@ impl Timeouts {
         }
         late.len()
     }
+
+    /// Ends the transaction of the handler `key`, charges its task a failure and frees its
+    /// chunk's other tasks; returns the error stored when that made the task dead.
+    fn end(
+        &self,
+        conn: &mut DbConnection,
+        settings: &Settings,
+        key: u64,
+        watched: &Watched,
+    ) -> Result<Option<String>> {
+        let ran = watched.started.elapsed();
+        let failures = watched.failures.saturating_add(1);
+        let max = watched.max_attempts.unwrap_or(settings.max_attempts);
+        let error = format!(
+            "timed out: its handler ran for {ran:?}, past its domain's timeout of {:?}",
+            watched.timeout
+        );
+        if let Some(ChunkOf::Leased(lease)) = &watched.chunk {
+            let state = charge_leased(
+                conn,
+                settings,
+                watched.claim.owner,
+                lease,
+                watched.claim.id,
+                watched.failures,
+                &error,
+            )?;
+            log_charged(watched, &error, state.as_deref());
+            return Ok((state.as_deref() == Some("dead")).then_some(error));
+        }
+        self.end_session(conn, key, &watched.session);
+        let charged = if failures >= max {
+            driver(conn).task_fail_dead(&watched.claim, &error)
+        } else {
+            let delay = settings
+                .backoff
+                .delay(failures.unsigned_abs(), fastrand::f64());
+            let delay_ms = i64::try_from(delay.as_millis()).unwrap_or(i64::MAX);
+            driver(conn).task_fail_retry(&watched.claim, &error, delay_ms)
+        }
+        .op("task timeout")?;
+        let state = (charged > 0).then_some(if failures >= max { "dead" } else { "pending" });
+        log_charged(watched, &error, state);
+        if let Some(ChunkOf::Stamped(claims)) = &watched.chunk {
+            let note = format!(
+                "released: task {} of its chunk ran past its domain's timeout",
+                watched.claim.id
+            );
+            for claim in claims.iter().filter(|c| c.id != watched.claim.id) {
+                if let Err(e) = driver(conn).task_release(claim, Some(&note)) {
+                    log::warn!("task {}: could not be released: {e}", claim.id);
+                }
+            }
+        }
+        Ok((state == Some("dead")).then_some(error))
+    }
+
+    /// Ends the transaction of a handler past its timeout: on PostgreSQL the session holding
+    /// its mark (the mark lives as long as the transaction: a session that has moved on to
+    /// other work is not touched); on MySQL the statement its connection runs, while the
+    /// handler is known to be running still (its watch is in place), so that no other
+    /// task's statement on that connection is killed.
+    fn end_session(&self, conn: &mut DbConnection, key: u64, session: &Session) {
+        let ended = match (session.mark, session.backend) {
+            (Some(mark), _) => driver(conn).session_end(mark),
+            (None, Some(backend)) => {
+                let running = self.lock();
+                if running.contains_key(&key) {
+                    driver(conn).backend_cancel(backend)
+                } else {
+                    Ok(false)
+                }
+            }
+            (None, None) => Ok(false),
+        };
+        if let Err(e) = ended {
+            log::warn!("a handler past its domain's timeout: its session could not be ended: {e}");
+        }
+    }
 }
 
-/// Cancels the backend's statement and charges the task a failure under its claim; returns
-/// the error stored when that made the task dead.
-fn charge(
-    conn: &mut DbConnection,
-    settings: &Settings,
-    watched: &Watched,
-) -> Result<Option<String>> {
-    let ran = watched.started.elapsed();
-    if let Some(backend) = watched.backend {
-        driver(conn).backend_cancel(backend).op("task timeout")?;
-    }
-    let failures = watched.failures.saturating_add(1);
-    let max = watched.max_attempts.unwrap_or(settings.max_attempts);
-    let error = format!(
-        "timed out: its handler ran for {ran:?}, past its domain's timeout of {:?}",
-        watched.timeout
-    );
-    let charged = if failures >= max {
-        driver(conn).task_fail_dead(&watched.claim, &error)
-    } else {
-        let delay = settings
-            .backoff
-            .delay(failures.unsigned_abs(), fastrand::f64());
-        let delay_ms = i64::try_from(delay.as_millis()).unwrap_or(i64::MAX);
-        driver(conn).task_fail_retry(&watched.claim, &error, delay_ms)
-    }
-    .op("task timeout")?;
+fn log_charged(watched: &Watched, error: &str, state: Option<&str>) {
     log::error!(
         "task {}: {error}; {}",
         watched.claim.id,
-        if charged == 0 {
-            "it had already left its claim"
-        } else if failures >= max {
-            "dead; its slot is stuck until the handler returns"
-        } else {
-            "a failure counted; its slot is stuck until the handler returns"
+        match state {
+            None => "it had already left its claim",
+            Some("dead") => "dead; its slot is stuck until the handler returns",
+            Some(_) => "a failure counted; its slot is stuck until the handler returns",
         }
     );
-    Ok((charged > 0 && failures >= max).then_some(error))
 }

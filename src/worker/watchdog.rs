@@ -6,45 +6,51 @@
 //! of a chunk run one after another, and each is measured alone.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use crate::driver::LockHolder;
-use crate::task::ClaimedTask;
+use super::locked::ChunkLease;
 
-/// Each running handler by task id and claim token: when it started, and its lock claim.
-type Running = HashMap<(i64, i64), (Instant, Option<LockedRun>)>;
+/// Each running handler by its run's number: its task, its failures so far, when it
+/// started, and its chunk's lease (lock claims).
+type Running = HashMap<u64, Run>;
 
-/// The handlers running now, by task id and claim token, with when each started.
+#[derive(Debug, Clone)]
+struct Run {
+    task: i64,
+    failures: i32,
+    started: Instant,
+    lease: Option<ChunkLease>,
+}
+
+/// The handlers running now, each with when it started.
 #[derive(Debug, Default)]
 pub(crate) struct Watchdog {
     running: Mutex<Running>,
     /// How long a handler may run before the process exits; `None`: nothing is watched.
     limit: Option<Duration>,
+    /// Numbers the runs: a key of its own for each, whatever task and claim token it has
+    /// (a task freed from a zombie run and leased again by this node keeps its token, and
+    /// must not take the zombie's place).
+    runs: AtomicU64,
 }
 
 /// A handler found running past the limit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub(crate) struct Hung {
     pub(crate) task: i64,
     pub(crate) running_for: Duration,
-    /// Set when the task runs under a lock claim.
-    pub(crate) lock: Option<LockedRun>,
-}
-
-/// What it takes to end a lock-claimed task's run and count its failure: the transaction
-/// that holds the lock, the task's claim token and its failures so far.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct LockedRun {
-    pub(crate) holder: LockHolder,
-    pub(crate) token: i64,
+    /// Its failures before this attempt.
     pub(crate) failures: i32,
+    /// Set when the task runs in a leased chunk (lock claims).
+    pub(crate) lease: Option<ChunkLease>,
 }
 
 /// Watches one handler until dropped.
 pub(crate) struct Watch<'w> {
     watchdog: &'w Watchdog,
-    key: (i64, i64),
+    key: u64,
 }
 
 impl Drop for Watch<'_> {
@@ -62,6 +68,7 @@ impl Watchdog {
         Watchdog {
             running: Mutex::default(),
             limit,
+            runs: AtomicU64::new(0),
         }
     }
 
@@ -70,30 +77,24 @@ impl Watchdog {
         self.limit
     }
 
-    /// Notes that the handler of a task's claim starts now, until the returned guard drops.
-    /// Keyed by id and claim token: a task rescued from a hung run and claimed again by this
-    /// node is another run.
-    pub(crate) fn watch(&self, task: i64, token: i64) -> Watch<'_> {
-        self.watch_run(task, token, None)
-    }
-
-    /// [`Watchdog::watch`] for a task of a locked chunk whose transaction is `holder`.
-    pub(crate) fn watch_locked(&self, task: &ClaimedTask, holder: LockHolder) -> Watch<'_> {
-        let run = LockedRun {
-            holder,
-            token: task.claim_token,
-            failures: task.failures,
-        };
-        self.watch_run(task.context.id, task.claim_token, Some(run))
-    }
-
-    fn watch_run(&self, task: i64, token: i64, lock: Option<LockedRun>) -> Watch<'_> {
+    /// Notes that the handler of `task` (with `failures` so far) starts now, until the
+    /// returned guard drops; `lease`: the chunk it runs in, under lock claims.
+    pub(crate) fn watch(&self, task: i64, failures: i32, lease: Option<&ChunkLease>) -> Watch<'_> {
+        let key = self.runs.fetch_add(1, Ordering::Relaxed);
         if self.limit.is_some() {
-            self.lock().insert((task, token), (Instant::now(), lock));
+            self.lock().insert(
+                key,
+                Run {
+                    task,
+                    failures,
+                    started: Instant::now(),
+                    lease: lease.cloned(),
+                },
+            );
         }
         Watch {
             watchdog: self,
-            key: (task, token),
+            key,
         }
     }
 
@@ -106,11 +107,12 @@ impl Watchdog {
     fn run_once_at(&self, now: Instant) -> Option<Hung> {
         let limit = self.limit?;
         self.lock()
-            .iter()
-            .map(|(&(task, _), &(started, lock))| Hung {
-                task,
-                running_for: now.saturating_duration_since(started),
-                lock,
+            .values()
+            .map(|run| Hung {
+                task: run.task,
+                running_for: now.saturating_duration_since(run.started),
+                failures: run.failures,
+                lease: run.lease.clone(),
             })
             .find(|hung| hung.running_for > limit)
     }
@@ -125,19 +127,33 @@ impl Watchdog {
                  exiting (status 3) to free its thread, connection and locks; {}",
                 hung.task,
                 hung.running_for,
-                if hung.lock.is_some() {
+                if hung.lease.is_some() {
                     "its failure was counted as its chunk's transaction ended"
                 } else {
                     "the task is rescued as a failure"
                 }
             );
-            std::process::exit(3);
+            exit_now(3);
         }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Running> {
         self.running.lock().unwrap_or_else(PoisonError::into_inner)
     }
+}
+
+/// Ends the process with `status` at once, without the exit handlers of the C libraries:
+/// other threads may be inside libpq (its Kerberos library's destructor then aborted the
+/// process instead of exiting, status 134 for 3), and a hung handler must not delay the exit.
+/// The logs are unbuffered; stdout is flushed first.
+#[allow(unsafe_code)]
+fn exit_now(status: i32) -> ! {
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    // SAFETY: `_exit` ends the process; it touches no memory of this process, and nothing
+    // runs after it.
+    unsafe { libc::_exit(status) }
 }
 
 #[cfg(test)]
@@ -148,21 +164,21 @@ mod tests {
     fn a_handler_is_watched_from_its_start_to_its_end() {
         let limit = Duration::from_secs(60);
         let watchdog = Watchdog::new(Some(limit));
-        let watch = watchdog.watch(1, 7);
+        let watch = watchdog.watch(1, 0, None);
         let now = Instant::now();
-        assert_eq!(watchdog.run_once_at(now), None);
+        assert!(watchdog.run_once_at(now).is_none());
         let hung = watchdog.run_once_at(now + limit * 2).expect("hung");
         assert_eq!(hung.task, 1);
         assert!(hung.running_for > limit);
         drop(watch);
-        assert_eq!(watchdog.run_once_at(now + limit * 100), None, "it ended");
+        assert!(watchdog.run_once_at(now + limit * 100).is_none(), "it ended");
     }
 
     #[test]
     fn nothing_is_watched_without_a_limit() {
         let watchdog = Watchdog::new(None);
-        let _watch = watchdog.watch(1, 1);
+        let _watch = watchdog.watch(1, 0, None);
         assert!(watchdog.lock().is_empty());
-        assert_eq!(watchdog.run_once(), None);
+        assert!(watchdog.run_once().is_none());
     }
 }

@@ -94,7 +94,7 @@ fn mark(
     Statement::<Mysql>::new("UPDATE async_task SET state = 'running', owner = ")
         .bind::<BigInt, _>(owner)
         .sql(concat!(
-            ", claim_token = claim_token + 1, claimed_at = ",
+            ", claim_token = claim_token + 1, suspect = FALSE, claimed_at = ",
             now!(),
             ", updated_at = ",
             now!(),
@@ -212,4 +212,54 @@ pub(super) fn claim_limited(
         }
         Ok(page)
     })
+}
+
+/// See [`crate::driver::Driver::task_claim_suspect`]: the suspect index's first due task, in
+/// claim order, locked and stamped as any claim (which clears its mark).
+pub(super) fn claim_suspect(
+    conn: &mut MysqlConnection,
+    owner: i64,
+    due: &Due<'_>,
+    except: &[String],
+    timeout_ms: i64,
+) -> QueryResult<Vec<ClaimRow>> {
+    let due = DueList::of(&Due {
+        suspect: Some(true),
+        ..*due
+    });
+    conn.transaction(|conn| {
+        let statement = Statement::<Mysql>::new(
+            "SELECT id, priority, CAST(run_at AS CHAR) AS due_at
+               FROM async_task FORCE INDEX (async_task_suspect_idx)
+              WHERE state = 'pending'",
+        );
+        let statement = if except.is_empty() {
+            statement
+        } else {
+            statement
+                .sql(" AND (tenant IS NULL OR tenant NOT IN ")
+                .with(|s| list::texts(s, except))
+                .sql(")")
+        };
+        let picked: Vec<fair::Picked> = fair::due_for(statement, &due)
+            .sql(" ORDER BY priority, run_at, id LIMIT 1 FOR UPDATE SKIP LOCKED")
+            .load(conn)?;
+        let ids: Vec<i64> = picked.into_iter().map(|p| p.id).collect();
+        mark(conn, owner, &ids, timeout_ms)
+    })
+}
+
+/// See [`crate::driver::Driver::task_suspects_exist`].
+pub(super) fn suspects_exist(conn: &mut MysqlConnection) -> QueryResult<bool> {
+    #[derive(QueryableByName)]
+    struct Found {
+        #[diesel(sql_type = diesel::sql_types::Bool)]
+        found: bool,
+    }
+    let found: Found = Statement::<Mysql>::new(
+        "SELECT EXISTS (SELECT 1 FROM async_task FORCE INDEX (async_task_suspect_idx)
+                        WHERE suspect AND state = 'pending') AS found",
+    )
+    .get_result(conn)?;
+    Ok(found.found)
 }

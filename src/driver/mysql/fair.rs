@@ -111,6 +111,7 @@ const NEXT_TENANT: &str =
 pub(super) struct DueList {
     pub(super) keywords: Vec<String>,
     pub(super) partition: Option<Partition>,
+    pub(super) suspect: Option<bool>,
 }
 
 impl DueList {
@@ -118,6 +119,7 @@ impl DueList {
         DueList {
             keywords: due.keywords.to_vec(),
             partition: due.partition,
+            suspect: due.suspect,
         }
     }
 }
@@ -128,6 +130,11 @@ pub(super) fn due_for(statement: Statement<Mysql>, due: &DueList) -> Statement<M
     let statement = statement
         .sql(concat!(" AND run_at <= ", now!(), " AND keyword IN "))
         .with(|s| list::texts(s, &due.keywords));
+    let statement = match due.suspect {
+        Some(false) => statement.sql(" AND NOT suspect"),
+        Some(true) => statement.sql(" AND suspect"),
+        None => statement,
+    };
     partition_mysql(statement, due.partition)
 }
 

@@ -43,6 +43,14 @@ pub(super) fn due_for(statement: Statement<Pg>, due: &Due<'_>) -> Statement<Pg> 
         .sql(DUE)
         .bind::<Array<Text>, _>(due.keywords.to_vec())
         .sql(")");
+    // A leased task is a lock claim's until its chunk ends or rescue frees it; one probe of
+    // the lease's primary key per candidate (the table holds the chunks in flight).
+    let statement = match due.suspect {
+        Some(false) => statement.sql(" AND NOT t.suspect"),
+        Some(true) => statement.sql(" AND t.suspect"),
+        None => statement,
+    }
+    .sql(" AND NOT EXISTS (SELECT 1 FROM async_lease l WHERE l.task_id = t.id)");
     partition_pg(statement, due.partition)
 }
 

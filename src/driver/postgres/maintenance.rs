@@ -1,7 +1,7 @@
 //! Nodes, statistics and pruning on PostgreSQL.
 
 use diesel::pg::{Pg, PgConnection};
-use diesel::sql_types::{BigInt, Integer, Text};
+use diesel::sql_types::{BigInt, Text};
 use diesel::{QueryResult, RunQueryDsl};
 
 use crate::driver::{
@@ -167,31 +167,4 @@ pub(super) fn node_domains(
     .bind::<BigInt, _>(within_ms)
     .sql(" / 1000.0) ORDER BY id")
     .load(conn)
-}
-
-#[derive(diesel::QueryableByName)]
-struct Pid {
-    #[diesel(sql_type = Integer)]
-    pid: i32,
-}
-
-#[derive(diesel::QueryableByName)]
-struct Signalled {
-    #[diesel(sql_type = diesel::sql_types::Bool)]
-    signalled: bool,
-}
-
-pub(super) fn backend_pid(conn: &mut PgConnection) -> QueryResult<i32> {
-    Ok(diesel::sql_query("SELECT pg_backend_pid() AS pid")
-        .get_result::<Pid>(conn)?
-        .pid)
-}
-
-pub(super) fn backend_cancel(conn: &mut PgConnection, pid: i32) -> QueryResult<bool> {
-    Ok(Statement::<Pg>::new("SELECT pg_cancel_backend(")
-        .bind::<Integer, _>(pid)
-        .sql(") AS signalled")
-        .load::<Signalled>(conn)?
-        .first()
-        .is_some_and(|s| s.signalled))
 }

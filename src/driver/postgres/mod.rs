@@ -3,7 +3,7 @@
 
 mod domain;
 mod fair;
-mod lock;
+mod lease;
 mod maintenance;
 mod operate;
 mod ops;
@@ -19,8 +19,8 @@ use diesel::{QueryResult, RunQueryDsl};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
 use super::{
-    AuditEntry, Claim, ClaimRow, ClaimState, DomainRow, DomainWrite, Driver, Due, InsertRow,
-    KeywordStateCount, LockHolder, MigrationError, NodeDomainsRow, NodeStrategyRow, Pick, Picked,
+    AuditEntry, Claim, ClaimRow, ClaimState, DomainRow, DomainWrite, Driver, Due, InsertRow, TxMark,
+    KeywordStateCount, LeaseCharge, MigrationError, NodeDomainsRow, NodeStrategyRow, Pick, Picked,
     PruneBatch, PrunedBatch, RescueParams, RescuedRow, TaskFilter, TaskKey, TaskRecord, TenantRow,
     TenantSet,
 };
@@ -39,8 +39,22 @@ impl Driver for PgConnection {
         Ok(())
     }
 
-    fn transaction_begin(&mut self) -> QueryResult<()> {
-        AnsiTransactionManager::begin_transaction(self)
+    fn transaction_begin(&mut self, mark: Option<TxMark>) -> QueryResult<()> {
+        match mark {
+            // One round trip for both: the locks are numbers, not text from elsewhere.
+            Some(mark) => AnsiTransactionManager::begin_transaction_sql(
+                self,
+                &format!(
+                    "BEGIN; SELECT pg_advisory_xact_lock_shared({}, {}), \
+                     pg_advisory_xact_lock_shared({}, {})",
+                    lease::NODE_CLASS,
+                    lease::key(mark.node),
+                    lease::RUN_CLASS,
+                    lease::key(mark.run)
+                ),
+            ),
+            None => AnsiTransactionManager::begin_transaction(self),
+        }
     }
 
     fn migrations_run(&mut self) -> Result<Vec<String>, MigrationError> {
@@ -117,16 +131,6 @@ impl Driver for PgConnection {
         task::complete_many(self, owner, claims)
     }
 
-    fn task_lock_page(
-        &mut self,
-        due: &Due<'_>,
-        except: &[String],
-        pick: &Pick<'_>,
-        limit: i64,
-    ) -> QueryResult<(LockHolder, Picked)> {
-        lock::lock_page(self, due, except, pick, limit)
-    }
-
     fn task_cancel(&mut self, id: i64) -> QueryResult<usize> {
         task::cancel(self, id)
     }
@@ -147,36 +151,72 @@ impl Driver for PgConnection {
         task::cancelled_among(self, ids)
     }
 
-    fn task_lock_plan(&mut self, due: &Due<'_>, limit: i64) -> QueryResult<Vec<String>> {
-        lock::lock_plan(self, due, limit)
+    fn task_lease_page(
+        &mut self,
+        owner: i64,
+        chunk: i64,
+        due: &Due<'_>,
+        except: &[String],
+        pick: &Pick<'_>,
+        limit: i64,
+        timeout_ms: i64,
+    ) -> QueryResult<Picked> {
+        lease::lease_page(self, owner, chunk, due, except, pick, limit, timeout_ms)
     }
 
-    fn xact_committed(&mut self, xact: i64) -> QueryResult<Option<bool>> {
-        lock::xact_committed(self, xact)
+    fn task_lease_plan(&mut self, due: &Due<'_>, limit: i64) -> QueryResult<Vec<String>> {
+        lease::lease_plan(self, due, limit)
     }
 
-    fn task_complete_locked(&mut self, owner: i64, ids: &[i64]) -> QueryResult<usize> {
-        lock::complete_locked(self, owner, ids)
+    fn task_complete_leased(&mut self, owner: i64, ids: &[i64]) -> QueryResult<usize> {
+        lease::complete_leased(self, owner, ids)
     }
 
-    fn task_claim_ids(
+    fn task_claim_leased(
         &mut self,
         owner: i64,
         ids: &[i64],
         timeout_ms: i64,
     ) -> QueryResult<Vec<ClaimRow>> {
-        lock::claim_ids(self, owner, ids, timeout_ms)
+        lease::claim_leased(self, owner, ids, timeout_ms)
     }
 
-    fn task_charge_hung(
+    fn task_release_leased(&mut self, owner: i64, ids: &[i64]) -> QueryResult<usize> {
+        lease::release_leased(self, owner, ids)
+    }
+
+    fn task_charge_leased(
         &mut self,
-        holder: LockHolder,
-        claim: &Claim,
-        error: &str,
-        delay_ms: i64,
-        default_max_attempts: i32,
-    ) -> QueryResult<usize> {
-        lock::charge_hung(self, holder, claim, error, delay_ms, default_max_attempts)
+        owner: i64,
+        charge: &LeaseCharge<'_>,
+    ) -> QueryResult<Option<String>> {
+        lease::charge_leased(self, owner, charge)
+    }
+
+    fn task_rescue_leases(&mut self, rescue: &RescueParams) -> QueryResult<Vec<RescuedRow>> {
+        lease::rescue_leases(self, rescue)
+    }
+
+    fn task_claim_suspect(
+        &mut self,
+        owner: i64,
+        due: &Due<'_>,
+        except: &[String],
+        timeout_ms: i64,
+    ) -> QueryResult<Vec<ClaimRow>> {
+        task::claim_suspect(self, owner, due, except, timeout_ms)
+    }
+
+    fn task_suspects_exist(&mut self) -> QueryResult<bool> {
+        task::suspects_exist(self)
+    }
+
+    fn session_end_stale(&mut self, dead_after_ms: i64) -> QueryResult<i64> {
+        lease::end_stale_sessions(self, dead_after_ms)
+    }
+
+    fn session_end(&mut self, mark: TxMark) -> QueryResult<bool> {
+        lease::end_session(self, mark)
     }
 
     fn task_fail_retry(&mut self, claim: &Claim, error: &str, delay_ms: i64) -> QueryResult<usize> {
@@ -252,11 +292,11 @@ impl Driver for PgConnection {
     }
 
     fn backend_pid(&mut self) -> QueryResult<Option<i32>> {
-        maintenance::backend_pid(self).map(Some)
+        Ok(None)
     }
 
-    fn backend_cancel(&mut self, pid: i32) -> QueryResult<bool> {
-        maintenance::backend_cancel(self, pid)
+    fn backend_cancel(&mut self, _pid: i32) -> QueryResult<bool> {
+        Ok(false)
     }
 
     fn domain_rows(&mut self) -> QueryResult<Vec<DomainRow>> {
@@ -336,3 +376,4 @@ impl Driver for PgConnection {
         strategy::live(self, within_ms)
     }
 }
+

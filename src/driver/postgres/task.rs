@@ -290,23 +290,17 @@ pub(super) fn rescue_many(
     // drawn per row, so that the tasks of a dead node do not all come due at once. A
     // concurrent rescuer blocks on the row lock and then re-checks the WHERE clause
     // against the updated row, so a task is rescued once.
-    rescue_params(rescue).sql(
-        "
-        UPDATE async_task t SET
-            failures = t.failures + 1,
-            state = CASE WHEN t.failures + 1 >= COALESCE(t.max_attempts, p.default_max)
-                         THEN 'dead' ELSE 'pending' END,
-            run_at = CASE WHEN t.failures + 1 >= COALESCE(t.max_attempts, p.default_max) THEN t.run_at
-                          ELSE now() + LEAST(LEAST(p.base_ms * power(2, LEAST(t.failures, 40)), p.max_ms)
-                                             * (1 - p.jitter + 2 * p.jitter * random()), p.max_ms)
-                                       * interval '1 millisecond' END,
-            finished_at = CASE WHEN t.failures + 1 >= COALESCE(t.max_attempts, p.default_max)
-                               THEN now() END,
+    rescue_params(rescue)
+        .sql("\n        UPDATE async_task t SET ")
+        .sql(RESCUE_CHARGE)
+        .sql(
+            ",
             owner = CASE WHEN t.failures + 1 >= COALESCE(t.max_attempts, p.default_max)
                          THEN t.owner END,
             last_error = 'rescued from node ' || COALESCE(t.owner::text, '(none)') || ': ' ||
                          CASE WHEN t.deadline_at < now() THEN 'running past its deadline'
                               ELSE 'the node stopped heartbeating' END,
+            suspect = NOT COALESCE(t.deadline_at < now(), false),
             updated_at = now()
         FROM params p
         WHERE t.state = 'running'
@@ -315,9 +309,24 @@ pub(super) fn rescue_many(
                               WHERE n.id = t.owner AND n.state = 'alive'
                                 AND n.heartbeat_at >= now() - p.dead_ms * interval '1 millisecond'))
         RETURNING t.id, t.state, t.last_error AS reason, t.keyword, t.biz_id, t.tenant",
-    )
-    .load(conn)
+        )
+        .load(conn)
 }
+
+/// The failure a rescue charges a task `t` (under `rescue_params`' `p`): the count, dead at
+/// max attempts, else pending after the backoff of its failures with the jitter drawn per
+/// row (so that a dead node's tasks do not all come due at once). In SET, every column
+/// reference reads the row as it was before the UPDATE.
+pub(super) const RESCUE_CHARGE: &str = "
+            failures = t.failures + 1,
+            state = CASE WHEN t.failures + 1 >= COALESCE(t.max_attempts, p.default_max)
+                         THEN 'dead' ELSE 'pending' END,
+            run_at = CASE WHEN t.failures + 1 >= COALESCE(t.max_attempts, p.default_max) THEN t.run_at
+                          ELSE now() + LEAST(LEAST(p.base_ms * power(2, LEAST(t.failures, 40)), p.max_ms)
+                                             * (1 - p.jitter + 2 * p.jitter * random()), p.max_ms)
+                                       * interval '1 millisecond' END,
+            finished_at = CASE WHEN t.failures + 1 >= COALESCE(t.max_attempts, p.default_max)
+                               THEN now() END";
 
 /// The claim statement, after `prefix` (empty, or `EXPLAIN …` to show its plan).
 fn claim_statement(
@@ -358,7 +367,7 @@ pub(super) fn stamp_picked(picked: Statement<Pg>, owner: i64, timeout_ms: i64) -
         )
         .bind::<BigInt, _>(owner)
         .sql(
-", claim_token = t.claim_token + 1, claimed_at = now(), updated_at = now(), deadline_at = now() + ",
+", claim_token = t.claim_token + 1, suspect = false, claimed_at = now(), updated_at = now(), deadline_at = now() + ",
         )
         .bind::<BigInt, _>(timeout_ms)
         .sql(
@@ -368,4 +377,42 @@ pub(super) fn stamp_picked(picked: Statement<Pg>, owner: i64, timeout_ms: i64) -
             RETURNING t.id, t.keyword, t.biz_id, t.biz_data::text AS biz_data, t.tenant,
                       t.failures, t.max_attempts, t.claim_token, t.priority::integer AS priority",
         )
+}
+
+/// See [`crate::driver::Driver::task_claim_suspect`]: the suspect index's first due task, in
+/// claim order, stamped as any claim (which clears its mark).
+pub(super) fn claim_suspect(
+    conn: &mut PgConnection,
+    owner: i64,
+    due: &Due<'_>,
+    except: &[String],
+    timeout_ms: i64,
+) -> QueryResult<Vec<ClaimRow>> {
+    let due = Due {
+        suspect: Some(true),
+        ..*due
+    };
+    let picked = Statement::<Pg>::new(
+        "WITH picked AS (SELECT t.id FROM async_task t
+         WHERE (t.tenant IS NULL OR t.tenant <> ALL(",
+    )
+    .bind::<Array<Text>, _>(except.to_vec())
+    .sql(")) AND ")
+    .with(|s| super::fair::due_for(s, &due))
+    .sql(" ORDER BY t.priority, t.run_at, t.id LIMIT 1 FOR UPDATE SKIP LOCKED");
+    stamp_picked(picked, owner, timeout_ms).load(conn)
+}
+
+/// See [`crate::driver::Driver::task_suspects_exist`].
+pub(super) fn suspects_exist(conn: &mut PgConnection) -> QueryResult<bool> {
+    #[derive(QueryableByName)]
+    struct Found {
+        #[diesel(sql_type = diesel::sql_types::Bool)]
+        found: bool,
+    }
+    let found: Found = Statement::<Pg>::new(
+        "SELECT EXISTS (SELECT 1 FROM async_task WHERE state = 'pending' AND suspect) AS found",
+    )
+    .get_result(conn)?;
+    Ok(found.found)
 }

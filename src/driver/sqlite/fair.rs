@@ -137,6 +137,7 @@ const DUE: &str = concat!(
 pub(super) struct DueJson {
     pub(super) keywords: String,
     pub(super) partition: Option<Partition>,
+    pub(super) suspect: Option<bool>,
 }
 
 impl DueJson {
@@ -144,6 +145,7 @@ impl DueJson {
         DueJson {
             keywords: serde_json::to_string(due.keywords).expect("a list of strings serialises"),
             partition: due.partition,
+            suspect: due.suspect,
         }
     }
 }
@@ -155,6 +157,11 @@ pub(super) fn due_for(statement: Statement<Sqlite>, due: &DueJson) -> Statement<
         .sql(DUE)
         .bind::<Text, _>(due.keywords.clone())
         .sql("))");
+    let statement = match due.suspect {
+        Some(false) => statement.sql(" AND suspect = 0"),
+        Some(true) => statement.sql(" AND suspect = 1"),
+        None => statement,
+    };
     partition_sqlite(statement, due.partition)
 }
 

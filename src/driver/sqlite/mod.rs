@@ -28,8 +28,8 @@ use diesel::{QueryResult, RunQueryDsl};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
 use super::{
-    AuditEntry, Claim, ClaimRow, ClaimState, DomainRow, DomainWrite, Driver, Due, InsertRow,
-    KeywordStateCount, LockHolder, MigrationError, NodeDomainsRow, NodeStrategyRow, Pick, Picked,
+    AuditEntry, Claim, ClaimRow, ClaimState, DomainRow, DomainWrite, Driver, Due, InsertRow, TxMark,
+    KeywordStateCount, LeaseCharge, MigrationError, NodeDomainsRow, NodeStrategyRow, Pick, Picked,
     PruneBatch, PrunedBatch, RescueParams, RescuedRow, TaskFilter, TaskKey, TaskRecord, TenantRow,
     TenantSet,
 };
@@ -64,7 +64,7 @@ impl Driver for SqliteConnection {
         self.batch_execute("PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON;")
     }
 
-    fn transaction_begin(&mut self) -> QueryResult<()> {
+    fn transaction_begin(&mut self, _mark: Option<TxMark>) -> QueryResult<()> {
         AnsiTransactionManager::begin_transaction_sql(self, "BEGIN IMMEDIATE")
     }
 
@@ -154,18 +154,6 @@ impl Driver for SqliteConnection {
         task::complete_many(self, owner, claims)
     }
 
-    // Lock claims need row locks; SQLite locks the whole database (the worker refuses the
-    // setting on SQLite before any of these could run).
-    fn task_lock_page(
-        &mut self,
-        _: &Due<'_>,
-        _: &[String],
-        _: &Pick<'_>,
-        _: i64,
-    ) -> QueryResult<(LockHolder, Picked)> {
-        Err(lock_claims_unsupported())
-    }
-
     fn task_cancel(&mut self, id: i64) -> QueryResult<usize> {
         task::cancel(self, id)
     }
@@ -186,31 +174,65 @@ impl Driver for SqliteConnection {
         task::cancelled_among(self, ids)
     }
 
-    fn task_lock_plan(&mut self, _: &Due<'_>, _: i64) -> QueryResult<Vec<String>> {
-        Err(lock_claims_unsupported())
-    }
-
-    fn xact_committed(&mut self, _: i64) -> QueryResult<Option<bool>> {
-        Err(lock_claims_unsupported())
-    }
-
-    fn task_complete_locked(&mut self, _: i64, _: &[i64]) -> QueryResult<usize> {
-        Err(lock_claims_unsupported())
-    }
-
-    fn task_claim_ids(&mut self, _: i64, _: &[i64], _: i64) -> QueryResult<Vec<ClaimRow>> {
-        Err(lock_claims_unsupported())
-    }
-
-    fn task_charge_hung(
+    // Lock claims are PostgreSQL's (the worker refuses the setting on other backends
+    // before any of these could run).
+    fn task_lease_page(
         &mut self,
-        _: LockHolder,
-        _: &Claim,
-        _: &str,
         _: i64,
-        _: i32,
-    ) -> QueryResult<usize> {
+        _: i64,
+        _: &Due<'_>,
+        _: &[String],
+        _: &Pick<'_>,
+        _: i64,
+        _: i64,
+    ) -> QueryResult<Picked> {
         Err(lock_claims_unsupported())
+    }
+
+    fn task_lease_plan(&mut self, _: &Due<'_>, _: i64) -> QueryResult<Vec<String>> {
+        Err(lock_claims_unsupported())
+    }
+
+    fn task_complete_leased(&mut self, _: i64, _: &[i64]) -> QueryResult<usize> {
+        Err(lock_claims_unsupported())
+    }
+
+    fn task_claim_leased(&mut self, _: i64, _: &[i64], _: i64) -> QueryResult<Vec<ClaimRow>> {
+        Err(lock_claims_unsupported())
+    }
+
+    fn task_release_leased(&mut self, _: i64, _: &[i64]) -> QueryResult<usize> {
+        Err(lock_claims_unsupported())
+    }
+
+    fn task_charge_leased(&mut self, _: i64, _: &LeaseCharge<'_>) -> QueryResult<Option<String>> {
+        Err(lock_claims_unsupported())
+    }
+
+    fn task_rescue_leases(&mut self, _: &RescueParams) -> QueryResult<Vec<RescuedRow>> {
+        Ok(Vec::new())
+    }
+
+    fn task_claim_suspect(
+        &mut self,
+        owner: i64,
+        due: &Due<'_>,
+        except: &[String],
+        timeout_ms: i64,
+    ) -> QueryResult<Vec<ClaimRow>> {
+        task::claim_suspect(self, owner, due, except, timeout_ms)
+    }
+
+    fn task_suspects_exist(&mut self) -> QueryResult<bool> {
+        task::suspects_exist(self)
+    }
+
+    fn session_end_stale(&mut self, _: i64) -> QueryResult<i64> {
+        Ok(0)
+    }
+
+    fn session_end(&mut self, _: TxMark) -> QueryResult<bool> {
+        Ok(false)
     }
 
     fn task_fail_retry(&mut self, claim: &Claim, error: &str, delay_ms: i64) -> QueryResult<usize> {

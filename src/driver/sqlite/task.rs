@@ -285,6 +285,9 @@ fn rescue_statement(rescue: &RescueParams) -> Statement<Sqlite> {
                                  CASE WHEN deadline_at < ",
                 now!(),
                 " THEN 'running past its deadline' ELSE 'the node stopped heartbeating' END,
+                    suspect = CASE WHEN deadline_at < ",
+                now!(),
+                " THEN 0 ELSE 1 END,
                     deadline_at = NULL,
                     updated_at = ",
                 now!(),
@@ -339,7 +342,7 @@ fn claim_set(prefix: &'static str, owner: i64, timeout_ms: i64) -> Statement<Sql
         // The times are uncorrelated scalar subqueries: SQLite computes each once per
         // statement, not once per claimed row.
         .sql(concat!(
-            ", claim_token = claim_token + 1, claimed_at = (SELECT ",
+            ", claim_token = claim_token + 1, suspect = 0, claimed_at = (SELECT ",
             now!(),
             "), updated_at = (SELECT ",
             now!(),
@@ -414,4 +417,48 @@ pub(super) fn claim_limited(
         }
         Ok(page)
     })
+}
+
+/// See [`crate::driver::Driver::task_claim_suspect`]: the suspect index's first due task, in
+/// claim order, stamped as any claim (which clears its mark).
+pub(super) fn claim_suspect(
+    conn: &mut SqliteConnection,
+    owner: i64,
+    due: &Due<'_>,
+    except: &[String],
+    timeout_ms: i64,
+) -> QueryResult<Vec<ClaimRow>> {
+    let due = DueJson::of(&Due {
+        suspect: Some(true),
+        ..*due
+    });
+    let except = serde_json::to_string(except).expect("strings serialise");
+    claim_set("", owner, timeout_ms)
+        .sql(
+            "
+                SELECT id FROM async_task INDEXED BY async_task_suspect_idx
+                WHERE state = 'pending' AND (tenant IS NULL
+                      OR tenant NOT IN (SELECT value FROM json_each(",
+        )
+        .bind::<Text, _>(except)
+        .sql(")))")
+        .with(|s| due_for(s, &due))
+        .sql(" ORDER BY priority, run_at, id LIMIT 1")
+        .sql(CLAIM_RETURNING)
+        .load(conn)
+}
+
+/// See [`crate::driver::Driver::task_suspects_exist`].
+pub(super) fn suspects_exist(conn: &mut SqliteConnection) -> QueryResult<bool> {
+    #[derive(diesel::QueryableByName)]
+    struct Found {
+        #[diesel(sql_type = diesel::sql_types::Bool)]
+        found: bool,
+    }
+    let found: Found = Statement::<Sqlite>::new(
+        "SELECT EXISTS (SELECT 1 FROM async_task INDEXED BY async_task_suspect_idx
+                        WHERE state = 'pending' AND suspect = 1) AS found",
+    )
+    .get_result(conn)?;
+    Ok(found.found)
 }

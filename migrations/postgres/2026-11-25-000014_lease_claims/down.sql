@@ -1,0 +1,3 @@
+DROP INDEX async_task_suspect_idx;
+ALTER TABLE async_task DROP COLUMN suspect;
+DROP TABLE async_lease;

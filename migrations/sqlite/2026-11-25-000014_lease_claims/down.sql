@@ -1,0 +1,2 @@
+DROP INDEX async_task_suspect_idx;
+ALTER TABLE async_task DROP COLUMN suspect;
