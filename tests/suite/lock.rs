@@ -1,6 +1,7 @@
-//! Lock claims (PostgreSQL): a chunk's tasks locked in the transaction that runs them and
-//! marks them done. The chunk semantics they share with stamped claims (a failure rolls the
-//! chunk back, each task then runs alone) are in `batched`, run with each claim style.
+//! Lock claims (PostgreSQL): a chunk's tasks leased by one statement that writes no task
+//! row, run in a transaction that marks them done as it deletes their leases. The chunk
+//! semantics they share with stamped claims (a failure rolls the chunk back, each task still
+//! held then runs alone) are in `batched`, run with each claim style.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -94,7 +95,7 @@ fn a_lock_claim_writes_one_row_version_per_task_and_a_stamped_claim_two() {
 }
 
 #[test]
-fn a_locked_chunks_tasks_stay_pending_and_locked_until_it_commits() {
+fn a_leased_chunks_tasks_stay_pending_unlocked_and_leased_until_it_commits() {
     let db = &TestDb::postgres();
     let ids = enqueue(db, "ledger", 5);
     let seen = Arc::new(AtomicBool::new(false));
@@ -106,7 +107,8 @@ fn a_locked_chunks_tasks_stay_pending_and_locked_until_it_commits() {
             write_ledger(task, tx)?;
             if task.biz_id() == "3" {
                 // Seen from another connection while the chunk runs: pending (nothing was
-                // written at the claim) and held (a claim skips every one of them).
+                // written to the tasks at the claim), not locked (a cancel would not wait),
+                // and leased (a claim skips every one of them).
                 assert_eq!(
                     count_on(
                         &url,
@@ -120,7 +122,16 @@ fn a_locked_chunks_tasks_stay_pending_and_locked_until_it_commits() {
                 diesel::sql_query("BEGIN").execute(&mut other)?;
                 let free = diesel::sql_query(free).get_result::<Count>(&mut other)?.n;
                 diesel::sql_query("ROLLBACK").execute(&mut other)?;
-                assert_eq!(free, 0, "every task of the chunk is locked");
+                assert_eq!(free, 5, "no task row of the chunk is locked");
+                assert_eq!(
+                    count_on(&url, "SELECT count(*) AS n FROM async_lease"),
+                    5,
+                    "every task of the chunk is leased"
+                );
+                let mut stamp = Registry::new();
+                stamp.register("ledger", write_ledger);
+                let other = Worker::new(&url, stamp, chunk_config(ClaimStyle::Stamp))?;
+                assert_eq!(other.claim()?.len(), 0, "another node's claim takes none");
                 seen_in.store(true, Ordering::SeqCst);
             }
             Ok(())
@@ -305,6 +316,7 @@ fn the_lock_statement_scans_the_claim_index_in_order_without_sorting() {
     let w = Worker::new(&db.url, registry, chunk_config(ClaimStyle::Lock)).unwrap();
     let plan = w.claim_plan().unwrap().join("\n");
     assert!(plan.contains("LockRows"), "{plan}");
+    assert!(plan.contains("Insert on async_lease"), "{plan}");
     assert!(plan.contains("async_task_claim_idx"), "{plan}");
     assert!(!plan.contains("Seq Scan on async_task "), "{plan}");
     for sort in plan
@@ -315,5 +327,194 @@ fn the_lock_statement_scans_the_claim_index_in_order_without_sorting() {
             sort.contains("candidate.") || sort.contains("ranked."),
             "a sort of more than the candidates: {sort}\n{plan}"
         );
+    }
+}
+
+/// A handler that hangs outside SQL (an HTTP call, a sleep) past its domain's timeout, in a
+/// leased chunk: the domain watchdog charges it one failure and ends the chunk, whose other
+/// tasks are free at once, for any node to run, while the hung thread still sleeps; when it
+/// returns, nothing its chunk did lands.
+#[test]
+fn a_hung_handler_past_its_domains_timeout_frees_the_rest_of_its_leased_chunk() {
+    use outbox::domain::Domain;
+    use std::time::{Duration, Instant};
+    let db = &TestDb::postgres();
+    let nap = enqueue(db, "nap", 1)[0];
+    let quick = enqueue(db, "quick", 3);
+    let release = Arc::new(AtomicBool::new(false));
+    let release_in = Arc::clone(&release);
+
+    let mut registry = Registry::new();
+    registry.register("quick", write_ledger);
+    registry.register(
+        "nap",
+        move |task: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
+            write_ledger(task, tx)?;
+            // Hung outside SQL, its transaction idle, until the test lets it go.
+            while !release_in.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Ok(())
+        },
+    );
+    let config = WorkerConfig::default()
+        .threads(1)
+        .queue(0)
+        .page_size(4)
+        .commit_batch(4)
+        .claim_style(ClaimStyle::Lock)
+        .domain(Domain::max("naps", ["nap", "quick"], 1).timeout(Duration::from_secs(1)));
+    let hung = Worker::new(&db.url, registry, config).unwrap();
+    std::thread::scope(|s| {
+        let running = s.spawn(|| hung.run_once().unwrap());
+        let _release = SetOnDrop(Arc::clone(&release));
+        let started = Instant::now();
+        while db.task(nap).failures == 0 {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "the hung handler was not charged"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let task = db.task(nap);
+        assert_eq!((task.state.as_str(), task.failures), ("pending", 1));
+        assert!(task.last_error.unwrap_or_default().contains("timed out"));
+        assert_eq!(db.count("SELECT count(*) FROM async_lease"), 0, "the chunk ended");
+        // The hung thread still sleeps; another node runs the rest of its chunk now.
+        let other = Worker::new(
+            &db.url,
+            crate::ledger_registry("quick"),
+            chunk_config(ClaimStyle::Stamp),
+        )
+        .unwrap();
+        assert_eq!(other.drain().unwrap().tally.done, 3);
+        release.store(true, Ordering::SeqCst);
+        let tally = running.join().unwrap();
+        assert_eq!(tally.done, 0, "{tally:?}");
+    });
+    for id in quick {
+        assert_eq!(db.task(id).state, "done");
+        assert_eq!(db.ledger_rows(id), 1, "task {id}: exactly one effect");
+    }
+    assert_eq!(db.ledger_rows(nap), 0, "the hung chunk's effects rolled back");
+}
+
+/// The README's pattern, under lock claims: the producer locks its order, then cancels the
+/// order's coupon task in the same transaction, while a leased chunk runs that very task's
+/// handler, which then waits for the order's row. The cancel does not wait for the chunk
+/// (no task row is locked while handlers run), so there is no cycle to break: the producer
+/// commits, and the chunk's completion is fenced out, its effects rolled back. (Locking the
+/// task's row for the chunk made the producer wait first, and PostgreSQL then ended the
+/// producer's transaction: `deadlock detected`.)
+#[test]
+fn a_cancel_in_the_producers_transaction_never_waits_for_a_leased_chunk() {
+    use diesel::connection::SimpleConnection;
+    use std::time::{Duration, Instant};
+    let db = &TestDb::postgres();
+    db.exec("CREATE TABLE orders (id bigint PRIMARY KEY, status text NOT NULL)");
+    db.exec("INSERT INTO orders VALUES (42, 'open')");
+    let mut tasks = vec![NewTask::new("coupon.grant", "42")];
+    tasks.extend((1..=2).map(|i| NewTask::new("coupon.grant", format!("other-{i}"))));
+    let ids: Vec<i64> = enqueue_batch(&mut db.conn(), &tasks)
+        .unwrap()
+        .iter()
+        .map(|e| e.id)
+        .collect();
+    let flag = || Arc::new(AtomicBool::new(false));
+    let (started, go, order_locked, cancel_returned) = (flag(), flag(), flag(), flag());
+    let (started_in, go_in) = (Arc::clone(&started), Arc::clone(&go));
+    let mut registry = Registry::new();
+    registry.register(
+        "coupon.grant",
+        move |task: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
+            write_ledger(task, tx)?;
+            if task.biz_id() == "42" {
+                started_in.store(true, Ordering::SeqCst);
+                while !go_in.load(Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                diesel::sql_query("SET LOCAL lock_timeout = '20s'").execute(tx.conn()?)?;
+                diesel::sql_query("UPDATE orders SET status = status || '+coupon' WHERE id = 42")
+                    .execute(tx.conn()?)?;
+            }
+            Ok(())
+        },
+    );
+    let worker = Worker::new(&db.url, registry, chunk_config(ClaimStyle::Lock)).unwrap();
+    let mut producer = db.conn();
+    let producer_pid = count_on_conn(&mut producer, "SELECT pg_backend_pid()::bigint AS n");
+    let cancelled = std::thread::scope(|s| {
+        let running = s.spawn(|| worker.run_once().unwrap());
+        let _go = SetOnDrop(Arc::clone(&go));
+        let wait = |what: &str, done: &dyn Fn() -> bool| {
+            let since = Instant::now();
+            while !done() {
+                assert!(since.elapsed() < Duration::from_secs(20), "{what}");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        };
+        wait("the chunk never ran", &|| started.load(Ordering::SeqCst));
+        let (locked_in, returned_in) = (&order_locked, &cancel_returned);
+        let producing = s.spawn(move || {
+            producer
+                .batch_execute(
+                    "BEGIN; SET LOCAL lock_timeout = '20s';
+                     UPDATE orders SET status = 'cancelled' WHERE id = 42",
+                )
+                .unwrap();
+            locked_in.store(true, Ordering::SeqCst);
+            let cancelled = outbox::cancel_by_key(&mut producer, "coupon.grant", "42");
+            returned_in.store(true, Ordering::SeqCst);
+            let end = if cancelled.is_ok() { "COMMIT" } else { "ROLLBACK" };
+            producer.batch_execute(end).unwrap();
+            cancelled
+        });
+        wait("the producer never locked its order", &|| {
+            order_locked.load(Ordering::SeqCst)
+        });
+        // The cancel has returned, or waits for a lock.
+        wait("the cancel neither returned nor waited", &|| {
+            cancel_returned.load(Ordering::SeqCst)
+                || db.count(&format!(
+                    "SELECT count(*) FROM pg_stat_activity
+                      WHERE pid = {producer_pid} AND wait_event_type = 'Lock'"
+                )) > 0
+        });
+        // Now the handler waits for the order's row.
+        go.store(true, Ordering::SeqCst);
+        let cancelled = producing.join().unwrap();
+        running.join().unwrap();
+        cancelled
+    });
+    let cancelled = cancelled.expect("the cancel neither waits for the chunk nor deadlocks");
+    assert!(cancelled.cancelled, "{cancelled:?}");
+    assert_eq!(db.task(ids[0]).state, "cancelled");
+    assert_eq!(db.ledger_rows(ids[0]), 0, "its chunk's effects rolled back");
+    assert_eq!(
+        db.count("SELECT count(*) FROM orders WHERE status = 'cancelled'"),
+        1,
+        "the cancelled task's update of the order rolled back"
+    );
+    for &id in &ids[1..] {
+        assert_eq!(db.task(id).state, "done");
+        assert_eq!(db.ledger_rows(id), 1, "task {id}: exactly one effect");
+    }
+}
+
+/// A count on `conn`.
+fn count_on_conn(conn: &mut outbox::DbConnection, sql: &str) -> i64 {
+    diesel::sql_query(sql)
+        .get_result::<Count>(conn)
+        .expect(sql)
+        .n
+}
+
+/// Sets its flag when dropped: lets a waiting handler go however the test ends, so that a
+/// failed assertion fails the test rather than hanging it.
+struct SetOnDrop(Arc<AtomicBool>);
+
+impl Drop for SetOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
     }
 }

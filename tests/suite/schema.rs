@@ -350,14 +350,17 @@ every_backend! {
 sqlite_and_postgres! {
     fn migration_000005_keeps_every_task_and_the_id_counter(db: &TestDb) {
         // Back to version 4, with tasks in several states; the newest is deleted (pruned), so
-        // the id counter is ahead of the largest id. Migration 000010's columns go first
-        // (000005 rebuilds the table as it was at version 4), and come back after.
+        // the id counter is ahead of the largest id. The columns of migrations 000014 and
+        // 000010 go first (000005 rebuilds the table as it was at version 4), and come back
+        // after.
         let downs = match db.backend() {
             Backend::Postgres => [
+                include_str!("../../migrations/postgres/2026-11-25-000014_lease_claims/down.sql"),
                 include_str!("../../migrations/postgres/2026-11-24-000010_task_chains/down.sql"),
                 include_str!("../../migrations/postgres/2026-11-24-000005_task_rules/down.sql"),
             ],
             Backend::Sqlite => [
+                include_str!("../../migrations/sqlite/2026-11-25-000014_lease_claims/down.sql"),
                 include_str!("../../migrations/sqlite/2026-11-24-000010_task_chains/down.sql"),
                 include_str!("../../migrations/sqlite/2026-11-24-000005_task_rules/down.sql"),
             ],
@@ -366,7 +369,7 @@ sqlite_and_postgres! {
         for down in downs {
             db.exec(down);
         }
-        db.exec("DELETE FROM __diesel_schema_migrations WHERE version IN ('20261124000005', '20261124000010')");
+        db.exec("DELETE FROM __diesel_schema_migrations WHERE version IN ('20261124000005', '20261124000010', '20261125000014')");
         let mut conn = db.conn();
         for i in 0..5 {
             enqueue(&mut conn, &NewTask::new("k", i.to_string()).tenant("t").payload(&serde_json::json!({"i": i}))).unwrap();
@@ -375,7 +378,7 @@ sqlite_and_postgres! {
         db.exec("DELETE FROM async_task WHERE biz_id = '4'");
 
         let applied = outbox::run_migrations(&mut conn).unwrap();
-        assert_eq!(applied.len(), 2, "{applied:?}");
+        assert_eq!(applied.len(), 3, "{applied:?}");
         assert_eq!(db.count("SELECT count(*) FROM async_task"), 4);
         assert_eq!(db.count("SELECT count(*) FROM async_task WHERE state = 'done' AND biz_id = '1' AND tenant = 't'"), 1);
         let next = enqueue(&mut conn, &NewTask::new("k", "next")).unwrap();

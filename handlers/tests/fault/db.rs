@@ -259,7 +259,7 @@ pub fn fault_db(backend: Backend) -> (TestDb, Db) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Lock claims: a process's sessions and the tasks they hold (PostgreSQL)
+// Lock claims: a process's sessions and the tasks it leases (PostgreSQL)
 // ---------------------------------------------------------------------------------------------
 
 /// The open sessions of the process labelled `app` (its `application_name`, see
@@ -272,36 +272,16 @@ pub fn sessions(db: &Db, app: &str) -> i64 {
     ))
 }
 
-/// What each session of `app` is doing, as text: pid, state, when the state last changed,
-/// transaction id. Two equal readings mean no session moved in between.
-pub fn session_states(db: &Db, app: &str) -> String {
-    db.text(&format!(
-        "SELECT COALESCE(string_agg(concat_ws(' ', pid, state, state_change, backend_xid), '; '
-                                    ORDER BY pid), '')
-         FROM pg_stat_activity WHERE datname = current_database() AND application_name = '{}'",
-        quote(app)
-    ))
-}
-
-/// The sessions of `app` running a statement now.
-pub fn active_sessions(db: &Db, app: &str) -> i64 {
-    db.count(&format!(
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
-           AND application_name = '{}' AND state = 'active'",
-        quote(app)
-    ))
-}
-
-/// The pending tasks locked by the open transactions of `app`'s sessions (`None`: of any
-/// session): the tasks of its lock claims' chunks in flight. A row locked `FOR UPDATE`
-/// carries its locker's transaction id in `xmax` until that transaction ends.
-pub fn locked_by(db: &Db, app: Option<&str>) -> Vec<i64> {
-    let filter = app.map_or(String::new(), |app| {
-        format!("AND a.application_name = '{}'", quote(app))
+/// The pending tasks leased by the node named `node` (`None`: by any node): the tasks of
+/// its lock claims' chunks in flight.
+pub fn leased_by(db: &Db, node: Option<&str>) -> Vec<i64> {
+    let filter = node.map_or(String::new(), |node| {
+        format!("AND n.name = '{}'", quote(node))
     });
     db.numbers(&format!(
-        "SELECT t.id AS n FROM async_task t JOIN pg_stat_activity a ON a.backend_xid = t.xmax
-         WHERE a.datname = current_database() {filter} AND t.state = 'pending' ORDER BY t.id"
+        "SELECT t.id AS n FROM async_task t JOIN async_lease l ON l.task_id = t.id
+           JOIN async_node n ON n.id = l.node_id
+         WHERE t.state = 'pending' {filter} ORDER BY t.id"
     ))
 }
 

@@ -1,114 +1,54 @@
 //! SIGKILL during a run.
 //!
-//! With stamped claims a killed worker's running tasks are rescued by the live ones, each
-//! charged a failure. With lock claims nothing is marked running: the victim's chunks are
-//! open transactions, which PostgreSQL rolls back when its sessions end; their tasks are
-//! pending again with their failures unchanged and the next chunks take them. So each kill
-//! there first freezes the victim (SIGSTOP), notes the tasks its open transactions hold,
-//! then kills it, and checks those tasks once its sessions are gone.
+//! A killed worker's tasks are rescued by the live ones, each charged a failure: with
+//! stamped claims its running tasks, with lock claims its leased ones (and the suspects it
+//! ran alone, stamped), once its heartbeat is `--dead-after` old.
 
 use std::os::unix::process::ExitStatusExt;
 use std::time::{Duration, Instant};
 
 use outbox::Backend;
 
-use crate::db::{
-    active_sessions, fault_db, ledger_and_external, locked_by, session_states, sessions,
-    wait_until, wait_until_finished, Db,
-};
+use crate::db::{fault_db, ledger_and_external, wait_until_finished, Db};
 use crate::invariants::check_and_publish;
 use crate::logs::log_lines;
 use crate::report::{latency_summary, secs, Report};
 use crate::scenario::{stop_all, Proc, Scenario};
 use crate::{by_profile, work_limit, POLL, RESCUE_LATENCY_LIMIT};
 
-/// One SIGKILL: the killed node and process, the tasks it held right before (stamped:
-/// running under it; lock claims: locked by its open transactions), and how long until it
-/// held none of them (stamped: rescued; lock claims: its sessions ended).
+/// One SIGKILL: the killed node, the tasks it held right after (running under it, or
+/// leased by it), and how long until it held none of them (rescued).
 struct Kill {
     at: Instant,
     node: Option<i64>,
-    app: String,
     tasks: Vec<i64>,
     rescued_after: Option<Duration>,
 }
 
-/// The tasks `worker` holds now: running under its node (stamped claims) or locked by its
-/// sessions (lock claims).
-fn held(sc: &Scenario, db: &Db, worker: &Proc, node: Option<i64>) -> Vec<i64> {
-    if sc.locks() {
-        return locked_by(db, Some(&worker.app));
-    }
+/// The tasks `worker`'s node holds now: running under it (stamped claims, and a lock
+/// claim's suspects and reruns) or leased by it (lock claims).
+fn held(db: &Db, node: Option<i64>) -> Vec<i64> {
     node.map(|n| {
+        let leases = match db.backend() {
+            Backend::Postgres => format!(" UNION SELECT task_id AS n FROM async_lease WHERE node_id = {n}"),
+            _ => String::new(),
+        };
         db.numbers(&format!(
-            "SELECT id AS n FROM async_task WHERE owner = {n} AND state = 'running'"
+            "SELECT id AS n FROM async_task WHERE owner = {n} AND state = 'running'{leases}"
         ))
     })
     .unwrap_or_default()
 }
 
-/// Lock claims: freezes `worker` mid-work, waits until none of its sessions is running a
-/// statement, and returns the tasks its open transactions lock, read between two equal
-/// readings of its sessions (so that no statement of it, a COMMIT sent just before the
-/// freeze say, completed meanwhile).
-fn freeze_and_read_locks(db: &Db, worker: &Proc) -> Vec<i64> {
-    worker.freeze();
-    wait_until(
-        db,
-        Duration::from_secs(10),
-        "the frozen worker's sessions to settle",
-        || active_sessions(db, &worker.app) == 0,
-    );
-    let mut tasks = Vec::new();
-    wait_until(
-        db,
-        Duration::from_secs(10),
-        "a steady reading of its locks",
-        || {
-            let before = session_states(db, &worker.app);
-            tasks = locked_by(db, Some(&worker.app));
-            session_states(db, &worker.app) == before
-        },
-    );
-    tasks
-}
-
-/// Measures how long after each kill its tasks stopped being held by the killed process;
-/// with lock claims, also checks them then: each is pending again, or done by another node
-/// since, its failures and error untouched (a killed chunk rolls back and counts nothing).
-fn measure_rescues(sc: &Scenario, db: &Db, kills: &mut [Kill], violations: &mut Vec<String>) {
+/// Measures how long after each kill its tasks stopped being held by the killed node:
+/// rescued, each charged a failure (lock claims: their leases too).
+fn measure_rescues(db: &Db, kills: &mut [Kill]) {
     for kill in kills.iter_mut() {
         if kill.rescued_after.is_some() || kill.tasks.is_empty() {
             continue;
         }
-        let ids: Vec<String> = kill.tasks.iter().map(i64::to_string).collect();
-        let ids = ids.join(",");
-        if sc.locks() {
-            if sessions(db, &kill.app) > 0 {
-                continue;
-            }
-            kill.rescued_after = Some(kill.at.elapsed());
-            let victim = kill.node.unwrap_or(-1);
-            let wrong = db.numbers(&format!(
-                "SELECT id AS n FROM async_task WHERE id IN ({ids})
-                   AND (state NOT IN ('pending', 'done') OR failures <> 0 OR last_error IS NOT NULL
-                        OR (state = 'done' AND owner = {victim}))"
-            ));
-            if !wrong.is_empty() {
-                violations.push(format!(
-                    "{}: of the {} tasks it locked when killed, {wrong:?} are not pending again \
-                     (nor done by another node) with failures 0 and no error",
-                    kill.app,
-                    kill.tasks.len()
-                ));
-            }
-            continue;
-        }
         let Some(node) = kill.node else { continue };
-        let still = db.count(&format!(
-            "SELECT count(*) FROM async_task WHERE owner = {node} AND state = 'running' AND id IN ({ids})"
-        ));
-        if still == 0 {
+        if held(db, Some(node)).iter().all(|id| !kill.tasks.contains(id)) {
             kill.rescued_after = Some(kill.at.elapsed());
         }
     }
@@ -147,13 +87,11 @@ fn kill_9(backend: Backend) {
     let mut workers: Vec<Proc> = (0..3).map(|_| spawn(&sc)).collect();
     let mut killed: Vec<Proc> = Vec::new();
     let mut kills: Vec<Kill> = Vec::new();
-    let mut violations: Vec<String> = Vec::new();
-
     while kills.len() < target_kills {
         // Wait 200–400 ms, measuring rescues meanwhile.
         let until = Instant::now() + Duration::from_millis(fastrand::u64(200..=400));
         while Instant::now() < until {
-            measure_rescues(&sc, &db, &mut kills, &mut violations);
+            measure_rescues(&db, &mut kills);
             std::thread::sleep(POLL);
         }
         for worker in &mut workers {
@@ -172,33 +110,23 @@ fn kill_9(backend: Backend) {
         if node.is_some() {
             let until = Instant::now() + Duration::from_millis(300);
             let mut measured = Instant::now();
-            while held(&sc, &db, &workers[slot], node).is_empty() && Instant::now() < until {
+            while held(&db, node).is_empty() && Instant::now() < until {
                 if measured.elapsed() >= POLL {
-                    measure_rescues(&sc, &db, &mut kills, &mut violations);
+                    measure_rescues(&db, &mut kills);
                     measured = Instant::now();
                 }
                 std::thread::sleep(Duration::from_millis(2));
             }
         }
-        let locked = if sc.locks() {
-            freeze_and_read_locks(&db, &workers[slot])
-        } else {
-            Vec::new()
-        };
         let status = workers[slot].kill9();
         let at = Instant::now();
         assert_eq!(status.signal(), Some(libc::SIGKILL), "{status}");
         let victim = std::mem::replace(&mut workers[slot], spawn(&sc));
-        // Stamped claims: still running under the dead node until rescued.
-        let tasks = if sc.locks() {
-            locked
-        } else {
-            held(&sc, &db, &victim, node)
-        };
+        // Still held by the dead node until rescued: running, or leased.
+        let tasks = held(&db, node);
         kills.push(Kill {
             at,
             node,
-            app: victim.app.clone(),
             tasks,
             rescued_after: None,
         });
@@ -206,14 +134,14 @@ fn kill_9(backend: Backend) {
     }
 
     let tail_time = wait_until_finished(&db, work_limit(), || {
-        measure_rescues(&sc, &db, &mut kills, &mut violations);
+        measure_rescues(&db, &mut kills);
         for worker in &mut workers {
             worker.assert_running("while finishing");
         }
     });
     // Nothing is running any more: every kill's tasks have been rescued by now (with lock
     // claims: every killed process's sessions have ended).
-    measure_rescues(&sc, &db, &mut kills, &mut violations);
+    measure_rescues(&db, &mut kills);
     let stop_time = stop_all(&mut workers);
 
     let latencies: Vec<Duration> = kills.iter().filter_map(|k| k.rescued_after).collect();
@@ -238,37 +166,18 @@ fn kill_9(backend: Backend) {
         &killed.iter().chain(&workers).collect::<Vec<_>>(),
         &["rescued from node"],
     );
-    if sc.locks() {
-        let committed_before = kills
-            .iter()
-            .filter_map(|k| k.node.map(|n| (n, &k.tasks)))
-            .filter(|(_, tasks)| !tasks.is_empty())
-            .map(|(n, tasks)| {
-                let ids: Vec<String> = tasks.iter().map(i64::to_string).collect();
-                db.count(&format!(
-                    "SELECT count(*) FROM async_task WHERE owner = {n} AND id IN ({})",
-                    ids.join(",")
-                ))
-            })
-            .sum::<i64>();
-        report.add(
-            "tasks locked at kills",
-            format!(
-                "{in_flight} over {with_tasks} kills, all rolled back: {committed_before} \
-                 done by the killed node"
-            ),
-        );
-        report.add(
-            "sessions ended after",
-            format!("{} (after SIGKILL)", latency_summary(&latencies)),
-        );
-    } else {
-        report.add(
-            "tasks in flight at kills",
-            format!("{in_flight} over {with_tasks} kills"),
-        );
-        report.add("rescue latency", latency_summary(&latencies));
-    }
+    report.add(
+        "tasks in flight at kills",
+        format!(
+            "{in_flight} over {with_tasks} kills ({})",
+            if sc.locks() {
+                "leased, and suspects running alone"
+            } else {
+                "running"
+            }
+        ),
+    );
+    report.add("rescue latency", latency_summary(&latencies));
     report.add("rescue log lines", rescue_lines);
     report.add("finish after last kill", secs(tail_time));
     report.add("SIGTERM to exit", secs(stop_time));
@@ -277,7 +186,7 @@ fn kill_9(backend: Backend) {
         .filter(|l| **l > RESCUE_LATENCY_LIMIT)
         .map(|l| secs(*l))
         .collect();
-    let figures = check_and_publish(&sc, &db, report, true);
+    check_and_publish(&sc, &db, report, true);
     assert!(
         with_tasks * 2 >= kills.len(),
         "only {with_tasks} of {} kills landed while the victim had tasks running",
@@ -286,23 +195,10 @@ fn kill_9(backend: Backend) {
     assert_eq!(
         latencies.len(),
         with_tasks,
-        "not every kill's tasks were rescued (lock claims: released)"
+        "not every kill's tasks were rescued"
     );
     assert!(
         slow.is_empty(),
         "rescues slower than {RESCUE_LATENCY_LIMIT:?}: {slow:?}"
     );
-    if sc.locks() {
-        assert!(violations.is_empty(), "{}", violations.join("\n"));
-        // A killed chunk rolls back: no task is charged a failure, none is rescued.
-        assert_eq!(
-            rescue_lines, 0,
-            "tasks rescued from a killed node, though lock claims mark none running"
-        );
-        assert!(
-            figures.charged.is_empty(),
-            "tasks charged a failure by a kill: {:?}",
-            figures.charged
-        );
-    }
 }

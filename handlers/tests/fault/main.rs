@@ -41,8 +41,8 @@
 //! `RUST_LOG=info`) goes to a file in the scenario's temporary directory; on failure the
 //! tails are printed and the directory is kept.
 //!
-//! Layout: one module per scenario family (`kill`, `chains`, `connections`, `restart`, `sigterm`,
-//! `poison`, `drains`, `migrations`, `cron`), so a test's full name is, e.g.,
+//! Layout: one module per scenario family (`kill`, `freeze`, `chains`, `connections`, `restart`,
+//! `sigterm`, `poison`, `drains`, `migrations`, `cron`), so a test's full name is, e.g.,
 //! `kill::kill_9_during_a_run`; the modules they share are listed below.
 
 #[path = "../../../tests/suite/support.rs"]
@@ -62,6 +62,7 @@ mod chains;
 mod connections;
 mod cron;
 mod drains;
+mod freeze;
 mod kill;
 mod migrations;
 mod poison;

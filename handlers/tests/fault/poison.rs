@@ -7,7 +7,7 @@ use diesel::prelude::*;
 use diesel::sql_types::{Integer, Text};
 use outbox::Backend;
 
-use crate::db::{fault_db, sessions, task, wait_until, Db};
+use crate::db::{fault_db, task, wait_until, Db};
 use crate::invariants::check_and_publish;
 use crate::report::{secs, Report};
 use crate::scenario::{stop_all, tail, Proc, Scenario};
@@ -84,22 +84,15 @@ fn poison_tasks(backend: Backend) {
         ),
     );
 
-    // abort: each attempt kills the process; restarted as systemd would, until dead. With
-    // lock claims an abort rolls the attempt back and counts nothing, so the task is retried
-    // without end (documented): after ABORTS aborts it must still be pending with failures 0,
-    // and the test deletes it.
-    const ABORTS: usize = 3;
+    // abort: each attempt kills the process; restarted as systemd would, until dead. Every
+    // claim style counts each death: rescue charges a stamped claim's tasks, and a lock
+    // claim's leases, once the dead node's heartbeat is --dead-after old.
     db.enqueue(&[task("fault.abort", 1, 0, 3)]);
     let started = Instant::now();
     let mut starts = 1;
     let mut worker = Some(sc.spawn("worker-abort-1", &url, &sc.worker_args("run", &[])));
     let mut aborts: Vec<Proc> = Vec::new();
-    let waiting_for = if sc.locks() {
-        "the abort task to abort 3 processes"
-    } else {
-        "the abort task to be dead"
-    };
-    wait_until(&db, Duration::from_secs(60), waiting_for, || {
+    wait_until(&db, Duration::from_secs(60), "the abort task to be dead", || {
         if let Some(status) = worker.as_mut().and_then(Proc::poll) {
             let aborted = worker.take().expect("a worker");
             assert_eq!(
@@ -110,73 +103,33 @@ fn poison_tasks(backend: Backend) {
                 tail(&aborted.stderr, 20)
             );
             aborts.push(aborted);
-            // With lock claims the task never dies: no restart after the last abort.
-            if !sc.locks() || aborts.len() < ABORTS {
-                starts += 1;
-                worker = Some(sc.spawn(
-                    &format!("worker-abort-{starts}"),
-                    &url,
-                    &sc.worker_args("run", &[]),
-                ));
-            }
+            starts += 1;
+            worker = Some(sc.spawn(
+                &format!("worker-abort-{starts}"),
+                &url,
+                &sc.worker_args("run", &[]),
+            ));
         }
-        if sc.locks() {
-            aborts.len() == ABORTS
-        } else {
-            task_rows(&db, "fault.abort")[0].0 == "dead"
-        }
+        task_rows(&db, "fault.abort")[0].0 == "dead"
     });
     let took = started.elapsed();
     assert_eq!(
         aborts.len(),
-        ABORTS,
+        3,
         "the abort task should kill one process per attempt"
     );
-    if sc.locks() {
-        // The last aborted process's sessions end (and its attempt rolls back) shortly after.
-        let app = &aborts[ABORTS - 1].app;
-        wait_until(
-            &db,
-            Duration::from_secs(10),
-            "the aborted process's sessions to end",
-            || sessions(&db, app) == 0,
-        );
-        assert_eq!(
-            task_rows(&db, "fault.abort"),
-            vec![("pending".to_owned(), 0, String::new())],
-            "with lock claims an aborted attempt counts nothing: pending, failures 0, no error"
-        );
-        assert_eq!(
-            db.count(
-                "SELECT count(*) FROM async_task WHERE keyword = 'fault.abort' AND claim_token = 0"
-            ),
-            1,
-            "an aborted locked attempt leaves no trace in the row"
-        );
-        db.exec("DELETE FROM async_task WHERE keyword = 'fault.abort'");
-        report.add(
-            "abort",
-            format!(
-                "1 task, max_attempts 3, lock claims: {} process aborts in {}, still pending with \
-                 failures 0 (retried without end, as documented); deleted",
-                aborts.len(),
-                secs(took)
-            ),
-        );
-    } else {
-        assert_dead(&db, "fault.abort", 3, "rescued from node");
-        let mut worker = worker.expect("a worker restarted after the last abort");
-        stop_all(std::slice::from_mut(&mut worker));
-        report.add(
-            "abort",
-            format!(
-                "1 task, max_attempts 3: {} process aborts, {} restarts, dead with failures 3 in {}",
-                aborts.len(),
-                starts - 1,
-                secs(took)
-            ),
-        );
-    }
+    assert_dead(&db, "fault.abort", 3, "rescued from node");
+    let mut worker = worker.expect("a worker restarted after the last abort");
+    stop_all(std::slice::from_mut(&mut worker));
+    report.add(
+        "abort",
+        format!(
+            "1 task, max_attempts 3: {} process aborts, {} restarts, dead with failures 3 in {}",
+            aborts.len(),
+            starts - 1,
+            secs(took)
+        ),
+    );
 
     report.add("tasks", "4 + 1 poison tasks");
     check_and_publish(&sc, &db, report, false);
@@ -196,6 +149,110 @@ fn poison_tasks_sqlite() {
 #[test]
 fn poison_tasks_mysql() {
     poison_tasks(Backend::Mysql);
+}
+
+/// Pending tasks made due now, and the heartbeats of the nodes of processes that have ended
+/// made older than any --dead-after: what a cron schedule's next run would find after a
+/// while, at once.
+fn later(db: &Db) {
+    let (due, stale) = match db.backend() {
+        Backend::Postgres => (
+            "UPDATE async_task SET run_at = now() - interval '1 second' WHERE state = 'pending'",
+            "UPDATE async_node SET heartbeat_at = heartbeat_at - interval '1 hour'",
+        ),
+        Backend::Sqlite => (
+            "UPDATE async_task SET run_at = strftime('%Y-%m-%d %H:%M:%f', 'now', '-1 seconds')
+              WHERE state = 'pending'",
+            "UPDATE async_node SET heartbeat_at = strftime('%Y-%m-%d %H:%M:%f', heartbeat_at, '-1 hours')",
+        ),
+        Backend::Mysql => (
+            "UPDATE async_task SET run_at = UTC_TIMESTAMP(3) - INTERVAL 1 SECOND WHERE state = 'pending'",
+            "UPDATE async_node SET heartbeat_at = heartbeat_at - INTERVAL 1 HOUR",
+        ),
+    };
+    db.exec(due);
+    db.exec(stale);
+}
+
+/// One task that aborts its process, first in claim order, then 39 that write a row, drained
+/// by `drain --commit-batch 20` again and again (a cron job): whatever the claim style, each
+/// death is counted, the abort task is dead after its max attempts, each of the 39 is done
+/// exactly once (charged at most the one failure of the death it shared), and the drains
+/// stop dying once the task is dead.
+fn abort_in_a_chunk(backend: Backend) {
+    let sc = Scenario::start("abort_in_a_chunk", backend.name());
+    let (test_db, db) = fault_db(backend);
+    let url = test_db.url_text.clone();
+    let mut tasks = vec![task("fault.abort", 1, 0, 3)];
+    tasks.extend((1..=39).map(|n| task("fault.ledger", n, 0, 20)));
+    db.enqueue(&tasks);
+    let args = sc.worker_args("drain", &[("--commit-batch", "20"), ("--threads", "2")]);
+    let started = Instant::now();
+    let (mut runs, mut deaths) = (0, 0);
+    while db.unfinished() > 0 {
+        assert!(
+            runs < 60,
+            "{runs} drains and still unfinished: {:?}",
+            db.states()
+        );
+        runs += 1;
+        let mut drain = sc.spawn(&format!("drain-{runs}"), &url, &args);
+        let status = drain
+            .wait_for_exit(Duration::from_secs(60))
+            .unwrap_or_else(|| panic!("drain {runs} did not exit\n{}", tail(&drain.stderr, 20)));
+        match status.signal() {
+            Some(libc::SIGABRT) => deaths += 1,
+            _ => assert!(
+                status.success(),
+                "drain {runs} exited with {status}\n{}",
+                tail(&drain.stderr, 20)
+            ),
+        }
+        later(&db);
+    }
+    let took = started.elapsed();
+    assert_dead(&db, "fault.abort", 3, "rescued from node");
+    assert_eq!(deaths, 3, "one death per attempt, each counted");
+    let ledger = task_rows(&db, "fault.ledger");
+    assert_eq!(ledger.len(), 39);
+    for (state, failures, last_error) in &ledger {
+        assert_eq!(state, "done", "{last_error}");
+        assert!(*failures <= 1, "charged {failures} failures: {last_error}");
+    }
+    let charged = ledger.iter().filter(|(_, f, _)| *f == 1).count();
+    let mut last = sc.spawn("drain-after", &url, &args);
+    last.expect_exit_0(Duration::from_secs(60));
+    let mut report = Report::new();
+    report.add(
+        "tasks",
+        "1 fault.abort (max_attempts 3) first, 39 fault.ledger; drain --commit-batch 20 --threads 2",
+    );
+    report.add(
+        "drains",
+        format!(
+            "{runs} in {}: {deaths} died (SIGABRT), each death counted; the abort task dead with \
+             failures 3; the 39 done once each, {charged} of them charged the one failure of the \
+             first death; the next drain exits 0",
+            secs(took)
+        ),
+    );
+    check_and_publish(&sc, &db, report, false);
+}
+
+#[test]
+fn abort_in_a_chunk_postgres() {
+    abort_in_a_chunk(Backend::Postgres);
+}
+
+#[test]
+fn abort_in_a_chunk_sqlite() {
+    abort_in_a_chunk(Backend::Sqlite);
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn abort_in_a_chunk_mysql() {
+    abort_in_a_chunk(Backend::Mysql);
 }
 
 /// `fault.hang`: rescued past its deadline, twice, then dead. A handler cannot be cancelled,

@@ -222,7 +222,7 @@ impl Proc {
     }
 
     pub fn signal(&self, signal: i32) {
-        if signal != libc::SIGKILL && signal != libc::SIGSTOP {
+        if ![libc::SIGKILL, libc::SIGSTOP, libc::SIGCONT].contains(&signal) {
             // A catchable signal before the handlers are installed would kill it outright:
             // wait for the line the worker logs once they are.
             let ready = Instant::now() + COMMAND_LIMIT;
@@ -283,6 +283,11 @@ impl Proc {
     /// SIGSTOP: it stays as it is, mid-work, until killed.
     pub fn freeze(&self) {
         self.signal(libc::SIGSTOP);
+    }
+
+    /// Resumes a frozen process (SIGCONT).
+    pub fn thaw(&self) {
+        self.signal(libc::SIGCONT);
     }
 
     /// SIGKILL and reap.

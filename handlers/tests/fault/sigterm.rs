@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use outbox::Backend;
 
-use crate::db::{fault_db, locked_by, sessions, task, wait_until, Db};
+use crate::db::{fault_db, leased_by, sessions, task, wait_until, Db};
 use crate::invariants::check_and_publish;
 use crate::report::{secs, Report};
 use crate::scenario::{Proc, Scenario};
@@ -153,14 +153,14 @@ fn sigterm_mid_chunk(sc: &Scenario, db: &Db, url: &str) {
         "a page locked, a chunk mid-way",
         || {
             worker.assert_running("before SIGTERM");
-            locked_by(db, Some(&worker.app)).len() >= 50 && chunk_mid_way(db, &worker)
+            leased_by(db, Some(&worker.node_name())).len() >= 50 && chunk_mid_way(db, &worker)
         },
     );
     let node = db
         .node_id(&worker.node_name())
         .expect("the worker registered its node");
     let done_at_signal = db.in_state("done");
-    let locked = locked_by(db, Some(&worker.app));
+    let locked = leased_by(db, Some(&worker.node_name()));
     worker.signal(libc::SIGTERM);
     let exit_time = worker.expect_exit_0(SHUTDOWN_TIMEOUT + Duration::from_secs(1));
 
@@ -325,7 +325,7 @@ fn past_the_shutdown_timeout(backend: Backend) {
         wait_until(&db, Duration::from_secs(30), "the hang task to run", || {
             worker.assert_running("before SIGTERM");
             if sc.locks() {
-                locked_by(&db, Some(&worker.app)).contains(&db.count(&this_task))
+                leased_by(&db, Some(&worker.node_name())).contains(&db.count(&this_task))
             } else {
                 db.count(&format!(
                     "SELECT count(*) FROM async_task WHERE biz_id = '{n}' AND state = 'running'"
@@ -377,7 +377,7 @@ fn past_the_shutdown_timeout(backend: Backend) {
                  WHERE state <> 'pending' OR failures <> 0 OR last_error IS NOT NULL",
             );
             report.add(&format!("{command}: after exit"), &left);
-            if wrong != 0 || !locked_by(&db, None).is_empty() {
+            if wrong != 0 || !leased_by(&db, None).is_empty() {
                 failures.push(format!(
                     "`{command}`: after the exit the hang tasks are {left:?} (expected: pending, \
                      failures 0, no error, unlocked)"
