@@ -355,12 +355,12 @@ sqlite_and_postgres! {
         // after.
         let downs = match db.backend() {
             Backend::Postgres => [
-                include_str!("../../migrations/postgres/2026-11-25-000014_lease_claims/down.sql"),
+                include_str!("../../migrations/postgres/2026-11-25-000015_lease_claims/down.sql"),
                 include_str!("../../migrations/postgres/2026-11-24-000010_task_chains/down.sql"),
                 include_str!("../../migrations/postgres/2026-11-24-000005_task_rules/down.sql"),
             ],
             Backend::Sqlite => [
-                include_str!("../../migrations/sqlite/2026-11-25-000014_lease_claims/down.sql"),
+                include_str!("../../migrations/sqlite/2026-11-25-000015_lease_claims/down.sql"),
                 include_str!("../../migrations/sqlite/2026-11-24-000010_task_chains/down.sql"),
                 include_str!("../../migrations/sqlite/2026-11-24-000005_task_rules/down.sql"),
             ],
@@ -369,7 +369,7 @@ sqlite_and_postgres! {
         for down in downs {
             db.exec(down);
         }
-        db.exec("DELETE FROM __diesel_schema_migrations WHERE version IN ('20261124000005', '20261124000010', '20261125000014')");
+        db.exec("DELETE FROM __diesel_schema_migrations WHERE version IN ('20261124000005', '20261124000010', '20261125000015')");
         let mut conn = db.conn();
         for i in 0..5 {
             enqueue(&mut conn, &NewTask::new("k", i.to_string()).tenant("t").payload(&serde_json::json!({"i": i}))).unwrap();
