@@ -289,6 +289,11 @@ pub enum Pick<'a> {
     Fair {
         /// The tenant where the node's last claim stopped (`""`: none).
         after: &'a str,
+        /// Where the walk around the ring that this claim continues began: `after` for a
+        /// claim that begins one, an earlier claim's `after` for one that goes on where that
+        /// claim's walk reached its bound. The ring stops before it would pass `lap` (each
+        /// tenant is visited at most once per lap, in the database's order).
+        lap: &'a str,
         /// What the node's claims have served each participant, over its weight.
         passes: &'a Passes,
     },
@@ -327,6 +332,10 @@ pub struct Picked {
     pub crowded: bool,
     /// A [`Pick::Fair`] claim: the last tenant its ring walked to.
     pub ring_end: Option<String>,
+    /// A [`Pick::Fair`] claim's ring stopped at its bound (the most tenants one statement
+    /// visits), not because it came round to its lap's start: tenants after `ring_end` may
+    /// have tasks due that it did not see.
+    pub ring_cut: bool,
     /// The participants that had tasks due and shared a fair claim's page (a tenant, or
     /// `None`: the tasks without one); empty for a solo claim, and for a fair claim that
     /// took nothing.

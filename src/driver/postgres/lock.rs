@@ -51,6 +51,7 @@ pub(super) fn lock_plan(
 ) -> QueryResult<Vec<String>> {
     let fair = Pick::Fair {
         after: "",
+        lap: "",
         passes: &Passes::default(),
     };
     plan_lines(
