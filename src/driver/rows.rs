@@ -246,6 +246,9 @@ pub struct DomainRow {
     pub paused: bool,
     #[diesel(sql_type = Bool)]
     pub released: bool,
+    /// The keywords a pause or release holds on every node, a JSON array (NULL: none).
+    #[diesel(sql_type = Nullable<Text>)]
+    pub held_keywords: Option<String>,
     #[diesel(sql_type = BigInt)]
     pub version: i64,
     #[diesel(sql_type = Text)]
@@ -280,6 +283,8 @@ pub struct DomainWrite<'a> {
     pub timeout_ms: Option<i64>,
     pub paused: bool,
     pub released: bool,
+    /// A JSON array of the keywords the pause holds on every node.
+    pub held_keywords: Option<String>,
 }
 
 /// Whose tasks a claim takes.
