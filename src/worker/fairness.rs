@@ -235,8 +235,8 @@ impl FairClaims {
                 .flatten()
                 .max_by_key(|&&tenant| (tenant <= start.as_str(), tenant))
                 .map(|t| (*t).to_owned());
-            // The lap goes on from the ring's end unless that is where it began (the lap's
-            // first tenant was seen again by this claim).
+            // The lap goes on from the ring's end, unless the ring ended on the lap's start:
+            // the lap is done.
             let goes_on =
                 short && took.ring_cut && took.ring_end.as_ref().is_some_and(|end| end != lap);
             set.lap = goes_on.then(|| lap.clone());
