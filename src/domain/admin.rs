@@ -74,8 +74,8 @@ pub struct Changed {
     /// no row that was left without one).
     pub setting: Option<DomainSetting>,
     /// The live nodes that apply the change at their next heartbeat: those that run the
-    /// domain (every live node when its row defines it, as they all add it) or serve the
-    /// keyword.
+    /// domain (every live node when its row defines it, as they all add it, or when it
+    /// holds keywords, as they all hold them) or serve the keyword.
     pub nodes: usize,
 }
 
@@ -109,7 +109,8 @@ pub fn set(
     locked(conn, |driver| {
         let fleet = Fleet::read(driver)?;
         let current = fleet.setting(name).cloned();
-        let proposed = change.apply(current.as_ref().unwrap_or(&DomainSetting::empty(name)));
+        let mut proposed = change.apply(current.as_ref().unwrap_or(&DomainSetting::empty(name)));
+        fleet.hold(&mut proposed);
         if fleet.nodes_with(name) == 0 && !proposed.is_complete() {
             let what = if current.is_some() {
                 "is on no live node and its row does not define it"
@@ -176,6 +177,11 @@ pub fn validate_release(name: &str) -> Result<()> {
 /// live node serves or some row lists. Nothing is claimed for it; running tasks finish.
 /// Audited as `domain.pause` or `keyword.pause`; [`Error::DomainNotFound`] when it is
 /// neither.
+///
+/// A domain's pause (and [`release`]) holds on every node: its row records the domain's
+/// keywords ([`DomainSetting::held_keywords`]), which no node claims while it is paused,
+/// also a node whose configuration has no such domain and would otherwise run them under
+/// `default` (and one that starts later).
 pub fn pause(conn: &mut DbConnection, name: &str, actor: &str) -> Result<Changed> {
     pause_or_resume(conn, name, actor, true)
 }
@@ -253,6 +259,7 @@ fn flag(
         .clone()
         .unwrap_or_else(|| DomainSetting::empty(name));
     (proposed.paused, proposed.released) = (paused, released);
+    fleet.hold(&mut proposed);
     let nodes = fleet.nodes_applying(&proposed);
     let same = match &current {
         Some(c) => c.same_as(&proposed),
@@ -307,6 +314,10 @@ fn write(
             .map(|ms| i64::try_from(ms).unwrap_or(i64::MAX)),
         paused: setting.paused,
         released: setting.released,
+        held_keywords: setting
+            .held_keywords
+            .as_ref()
+            .map(|k| serde_json::Value::from(k.clone()).to_string()),
     };
     let detail = detail.to_string();
     let audit = AuditEntry {

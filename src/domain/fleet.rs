@@ -2,6 +2,7 @@
 //! keywords paused on their own, and what each live node published at its last heartbeat;
 //! and the checks an operator's change must pass against them.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use super::view::{parse_mode, DomainSetting};
@@ -75,14 +76,39 @@ impl Fleet {
             .count()
     }
 
-    /// The live nodes that run the domain of `setting` once they apply it: those that run
-    /// it now, or every one when the row defines it (a node not configured with it adds it).
+    /// The live nodes that apply the row `setting` once they read it: those that run its
+    /// domain now, or every one when the row defines it (a node not configured with it adds
+    /// it) or holds keywords (every node holds them).
     pub(crate) fn nodes_applying(&self, setting: &DomainSetting) -> usize {
-        if setting.is_complete() {
+        if setting.is_complete() || setting.held_keywords.is_some() {
             self.nodes.len()
         } else {
             self.nodes_with(&setting.name)
         }
+    }
+
+    /// Sets the keywords that `setting`, a row about to be written, holds on every node: while
+    /// its domain (not `default`, which every node has) is paused or released, the domain's
+    /// keywords — the row's own when it sets them (every node that runs the domain runs
+    /// those), else those the live nodes that run it publish, with those it held already (a
+    /// node that ran it may be gone) — and none otherwise.
+    pub(crate) fn hold(&self, setting: &mut DomainSetting) {
+        if setting.name == DEFAULT_DOMAIN || !(setting.paused || setting.released) {
+            setting.held_keywords = None;
+            return;
+        }
+        let held: BTreeSet<String> = match &setting.keywords {
+            Some(keywords) => keywords.iter().cloned().collect(),
+            None => self
+                .nodes
+                .iter()
+                .flat_map(|n| &n.published.domains)
+                .filter(|d| d.domain == setting.name)
+                .flat_map(|d| d.keywords.iter().cloned())
+                .chain(setting.held_keywords.iter().flatten().cloned())
+                .collect(),
+        };
+        setting.held_keywords = (!held.is_empty()).then(|| held.into_iter().collect());
     }
 
     /// Whether `name` is a domain: `default`, one with a row, or one a live node runs.

@@ -258,7 +258,8 @@ pub struct DomainUse {
     pub domain: String,
     /// `max` or `reserved`.
     pub mode: String,
-    /// Its keywords (for `default`, the registered keywords no other domain lists).
+    /// Its keywords that the node registers, paused or not (for `default`, the registered
+    /// keywords no other domain lists).
     pub keywords: Vec<String>,
     /// `MAX`: its limit; `RESERVED`: its reserved threads; `default`: the threads no
     /// `RESERVED` domain holds.

@@ -31,6 +31,11 @@ pub struct DomainSetting {
     pub paused: bool,
     /// Force-released: paused, and its reserved threads given to `default`.
     pub released: bool,
+    /// While it is paused or released, the keywords it holds on every node: none of them is
+    /// claimed anywhere, also by a node that does not run this domain (which would
+    /// otherwise run them under `default`). Recorded by the pause from its keywords as this
+    /// row and the live nodes know them; `None` while it is not paused.
+    pub held_keywords: Option<Vec<String>>,
     /// 1 when the row was created, one more at each change.
     pub version: i64,
     /// When the row last changed, by the database clock (UTC, `YYYY-MM-DD HH:MM:SS.SSS`).
@@ -51,6 +56,7 @@ impl DomainSetting {
             timeout_ms: None,
             paused: false,
             released: false,
+            held_keywords: None,
             version: 0,
             updated_at: String::new(),
             updated_by: String::new(),
@@ -73,6 +79,7 @@ impl DomainSetting {
             self.timeout_ms,
             self.paused,
             self.released,
+            &self.held_keywords,
         ) == (
             &other.keywords,
             other.mode,
@@ -81,27 +88,31 @@ impl DomainSetting {
             other.timeout_ms,
             other.paused,
             other.released,
+            &other.held_keywords,
         )
     }
 }
 
 impl From<DomainRow> for DomainSetting {
     fn from(row: DomainRow) -> Self {
-        // The schema checks mode and the numbers; keywords are the one field plain SQL could
-        // have set to something unreadable: such a row is taken as leaving them to the nodes.
-        let keywords = row.keywords.as_deref().and_then(|json| {
-            match serde_json::from_str::<Vec<String>>(json) {
+        // The schema checks mode and the numbers; keywords are the fields plain SQL could
+        // have set to something unreadable: such a row is taken as leaving them to the nodes
+        // (holding none).
+        let list = |json: Option<&str>, column: &str| {
+            json.and_then(|json| match serde_json::from_str::<Vec<String>>(json) {
                 Ok(keywords) => Some(keywords),
                 Err(e) => {
                     log::warn!(
-                        "async_domain row {:?}: keywords are not a JSON array of strings \
+                        "async_domain row {:?}: {column} are not a JSON array of strings \
                          ({e}); ignored",
                         row.name
                     );
                     None
                 }
-            }
-        });
+            })
+        };
+        let keywords = list(row.keywords.as_deref(), "keywords");
+        let held_keywords = list(row.held_keywords.as_deref(), "held_keywords");
         DomainSetting {
             mode: row.mode.as_deref().and_then(parse_mode),
             threads: row.threads.and_then(|n| usize::try_from(n).ok()),
@@ -111,6 +122,7 @@ impl From<DomainRow> for DomainSetting {
             keywords,
             paused: row.paused,
             released: row.released,
+            held_keywords,
             version: row.version,
             updated_at: row.updated_at,
             updated_by: row.updated_by,

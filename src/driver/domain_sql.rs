@@ -15,7 +15,8 @@ use crate::sql::Statement;
 macro_rules! domain_columns {
     ($updated_at:literal) => {
         concat!(
-            "name, keywords, mode, threads, queue, timeout_ms, paused, released, version, ",
+            "name, keywords, mode, threads, queue, timeout_ms, paused, released, held_keywords, \
+             version, ",
             $updated_at,
             " AS updated_at, updated_by"
         )
@@ -78,8 +79,8 @@ where
 {
     Statement::new(
         "INSERT INTO async_domain AS d \
-         (name, keywords, mode, threads, queue, timeout_ms, paused, released, updated_by) \
-         VALUES (",
+         (name, keywords, mode, threads, queue, timeout_ms, paused, released, held_keywords, \
+         updated_by) VALUES (",
     )
     .bind::<Text, _>(row.name.to_owned())
     .sql(", ")
@@ -97,12 +98,15 @@ where
     .sql(", ")
     .bind::<Bool, _>(row.released)
     .sql(", ")
+    .bind::<Nullable<Text>, _>(row.held_keywords.clone())
+    .sql(", ")
     .bind::<Text, _>(actor.to_owned())
     .sql(
         ") ON CONFLICT (name) DO UPDATE SET keywords = excluded.keywords, \
          mode = excluded.mode, threads = excluded.threads, queue = excluded.queue, \
          timeout_ms = excluded.timeout_ms, paused = excluded.paused, \
-         released = excluded.released, version = d.version + 1, updated_at = ",
+         released = excluded.released, held_keywords = excluded.held_keywords, \
+         version = d.version + 1, updated_at = ",
     )
     .sql(now)
     .sql(", updated_by = excluded.updated_by RETURNING ")

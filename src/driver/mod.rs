@@ -16,6 +16,7 @@ mod mysql;
 pub(crate) mod ops;
 #[cfg(feature = "postgres")]
 mod postgres;
+mod ring_sql;
 mod rows;
 pub(crate) mod schedule;
 #[cfg(feature = "sqlite")]

@@ -264,6 +264,9 @@ pub struct DomainRow {
     pub paused: bool,
     #[diesel(sql_type = Bool)]
     pub released: bool,
+    /// The keywords a pause or release holds on every node, a JSON array (NULL: none).
+    #[diesel(sql_type = Nullable<Text>)]
+    pub held_keywords: Option<String>,
     #[diesel(sql_type = BigInt)]
     pub version: i64,
     #[diesel(sql_type = Text)]
@@ -298,6 +301,8 @@ pub struct DomainWrite<'a> {
     pub timeout_ms: Option<i64>,
     pub paused: bool,
     pub released: bool,
+    /// A JSON array of the keywords the pause holds on every node.
+    pub held_keywords: Option<String>,
 }
 
 /// Whose tasks a claim takes.
@@ -307,6 +312,11 @@ pub enum Pick<'a> {
     Fair {
         /// The tenant where the node's last claim stopped (`""`: none).
         after: &'a str,
+        /// Where the walk around the ring that this claim continues began: `after` for a
+        /// claim that begins one, an earlier claim's `after` for one that goes on where that
+        /// claim's walk reached its bound. The ring stops before it would pass `lap` (each
+        /// tenant is visited at most once per lap, in the database's order).
+        lap: &'a str,
         /// What the node's claims have served each participant, over its weight.
         passes: &'a Passes,
     },
@@ -345,6 +355,10 @@ pub struct Picked {
     pub crowded: bool,
     /// A [`Pick::Fair`] claim: the last tenant its ring walked to.
     pub ring_end: Option<String>,
+    /// A [`Pick::Fair`] claim's ring stopped at its bound (the most tenants one statement
+    /// visits), not because it came round to its lap's start: tenants after `ring_end` may
+    /// have tasks due that it did not see.
+    pub ring_cut: bool,
     /// The participants that had tasks due and shared a fair claim's page (a tenant, or
     /// `None`: the tasks without one); empty for a solo claim, and for a fair claim that
     /// took nothing.

@@ -90,21 +90,33 @@ impl Worker {
     /// The stamp claim of tasks not of a tenant with a `max_running`: the fair claim. A
     /// page shared by several participants (tenants, and the tasks without one) comes back
     /// short when one of them had fewer tasks due than its share while another had more:
-    /// the rest is claimed again at once, twice at most.
+    /// the rest is claimed again at once, twice at most. A page that comes back short while
+    /// tenants further along the ring were not visited ([`FairClaims::goes_on`]) is claimed
+    /// on at once until the ring has come round: an empty page means that nothing is due.
+    ///
+    /// [`FairClaims::goes_on`]: super::fairness::FairClaims::goes_on
     fn claim_plain(
         &self,
         keywords: &[String],
         limit: usize,
         timeout: Duration,
     ) -> Result<Vec<ClaimedTask>> {
+        let fair = &self.services.limits.fair;
         let mut page = self.claim_fair(keywords, limit, timeout)?;
-        for _ in 0..2 {
-            if page.len() >= limit || participants(&page).len() < 2 {
-                break;
+        let mut shortfalls = 0;
+        while page.len() < limit {
+            if !fair.goes_on(keywords) {
+                if shortfalls == 2 || participants(&page).len() < 2 {
+                    break;
+                }
+                shortfalls += 1;
             }
             match self.claim_fair(keywords, limit - page.len(), timeout) {
-                Ok(more) if more.is_empty() => break,
+                Ok(more) if more.is_empty() && !fair.goes_on(keywords) => break,
                 Ok(more) => page.extend(more),
+                // Nothing claimed yet: the error is the claim's (an empty page would say
+                // that nothing is due).
+                Err(e) if page.is_empty() => return Err(e),
                 // What was claimed runs; the next claim meets the error.
                 Err(e) => {
                     log::debug!("a claim failed after another: {e}");
@@ -125,7 +137,7 @@ impl Worker {
     ) -> Result<Vec<ClaimedTask>> {
         let fair = &self.services.limits.fair;
         let mut picked_by = None;
-        let mut took = (Vec::new(), false, None, Vec::new());
+        let mut took = (Vec::new(), false, None, false, Vec::new());
         let page = self.claim_statement(
             keywords,
             Some(false),
@@ -140,18 +152,20 @@ impl Worker {
                     picked.weights,
                     picked.crowded,
                     picked.ring_end,
+                    picked.ring_cut,
                     picked.shared,
                 );
                 Ok(picked.rows)
             },
         )?;
         if let Some(pick) = picked_by {
-            let (weights, crowded, ring_end, shared) = took;
+            let (weights, crowded, ring_end, ring_cut, shared) = took;
             let took = Took {
                 page: &page,
                 weights: &weights,
                 crowded,
                 ring_end,
+                ring_cut,
                 shared,
                 limit,
             };

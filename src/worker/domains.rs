@@ -20,6 +20,9 @@ use crate::error::{Error, OpContext, Result};
 pub(crate) struct PlanLane {
     pub(crate) lane: usize,
     pub(crate) keywords: Vec<String>,
+    /// The lane's keywords registered here, paused or not: what the node publishes as its
+    /// domain's keywords.
+    pub(crate) listed: Vec<String>,
     pub(crate) timeout: Duration,
     /// The domain's own timeout, when it has one: its handlers are watched for it.
     pub(crate) watch: Option<Duration>,
@@ -145,10 +148,13 @@ impl DomainControl {
         self.apply(&rows, &paused)
     }
 
-    /// Applies the configuration merged with `rows`, with `paused` keywords not claimed. A
-    /// merge that is invalid changes nothing.
+    /// Applies the configuration merged with `rows`, with `paused` keywords not claimed, nor
+    /// those the rows of paused or released domains hold (whether this node runs those
+    /// domains or not). A merge that is invalid changes nothing.
     fn apply(&self, rows: &[DomainRow], paused: &[String]) -> Result<()> {
         let base = &self.base;
+        // Held before the rows are narrowed for a shared pool: every node holds them.
+        let held = held_keywords(rows);
         let shared_rows;
         let rows = if base.shared_pool {
             shared_rows = shared_pool_rows(rows);
@@ -211,23 +217,28 @@ impl DomainControl {
             released: d.released,
             timeout_ms: millis(timeout(d.domain.timeout)),
         }));
-        let claimable = |k: &&String| registered(k) && !paused.contains(k);
         let listed: Vec<&String> = in_use.iter().flat_map(|d| &d.domain.keywords).collect();
-        let mut keywords = vec![base
+        let mut lane_listed = vec![base
             .registered
             .iter()
             .filter(|k| !listed.contains(k))
-            .filter(claimable)
             .cloned()
             .collect::<Vec<_>>()];
-        keywords.extend(in_use.iter().map(|d| {
+        lane_listed.extend(in_use.iter().map(|d| {
             d.domain
                 .keywords
                 .iter()
-                .filter(claimable)
+                .filter(|k| registered(k))
                 .cloned()
                 .collect()
         }));
+        // Neither a keyword paused on its own nor one a paused domain holds, wherever it runs
+        // here.
+        let claimable = |k: &&String| !paused.contains(k) && !held.contains(k);
+        let mut keywords: Vec<Vec<String>> = lane_listed
+            .iter()
+            .map(|l| l.iter().filter(claimable).cloned().collect())
+            .collect();
         let timeouts: Vec<Option<Duration>> = std::iter::once(default.timeout)
             .chain(in_use.iter().map(|d| d.domain.timeout))
             .collect();
@@ -248,10 +259,12 @@ impl DomainControl {
             lanes: indexes
                 .into_iter()
                 .zip(keywords)
+                .zip(lane_listed)
                 .zip(timeouts)
-                .map(|((lane, keywords), own)| PlanLane {
+                .map(|(((lane, keywords), listed), own)| PlanLane {
                     lane,
                     keywords,
+                    listed,
                     timeout: timeout(own) * u32::try_from(base.commit_batch).unwrap_or(1),
                     watch: own,
                 })
@@ -280,7 +293,7 @@ impl DomainControl {
             .enumerate()
             .filter_map(|(i, mut used)| {
                 match plan.lanes.iter().find(|l| l.lane == i) {
-                    Some(lane) => used.keywords = lane.keywords.clone(),
+                    Some(lane) => used.keywords = lane.listed.clone(),
                     None if used.running + used.queued == 0 => return None,
                     None => {}
                 }
@@ -385,6 +398,27 @@ fn merge(configured: &[Domain], rows: &[DomainRow]) -> Result<(DefaultRow, Vec<M
         entry.released = row.released;
     }
     Ok((default, merged))
+}
+
+/// The keywords the paused or released domains of `rows` hold on every node (see
+/// [`crate::domain::admin::DomainSetting::held_keywords`]); a row whose list is unreadable
+/// holds none, as its domain's other fields it cannot read are left to the node.
+fn held_keywords(rows: &[DomainRow]) -> Vec<String> {
+    rows.iter()
+        .filter(|r| r.name != DEFAULT_DOMAIN && (r.paused || r.released))
+        .filter_map(|r| {
+            serde_json::from_str::<Vec<String>>(r.held_keywords.as_deref()?)
+                .map_err(|e| {
+                    log::warn!(
+                        "async_domain row {:?}: held_keywords are not a JSON array of \
+                         strings ({e}); ignored",
+                        r.name
+                    );
+                })
+                .ok()
+        })
+        .flatten()
+        .collect()
 }
 
 /// What a database of a fleet takes from its `async_domain` rows: `default`'s pause only.

@@ -10,6 +10,7 @@ fn row(name: &str) -> DomainRow {
         timeout_ms: None,
         paused: false,
         released: false,
+        held_keywords: None,
         version: 1,
         updated_at: String::new(),
         updated_by: String::new(),
@@ -147,4 +148,60 @@ fn a_domains_default_queue_is_8_per_thread_it_can_run_on_and_none_under_lock_cla
     };
     assert_eq!(queues(&control_with(domains(), false)), [10, 48, 16, 3]);
     assert_eq!(queues(&control_with(domains(), true)), [0, 0, 0, 0]);
+}
+
+#[test]
+fn a_paused_domains_held_keywords_are_claimed_by_no_lane_even_without_the_domain() {
+    // No domain `slow` here: its keyword b is default's, but not while `slow` holds it.
+    for shared_pool in [false, true] {
+        let base = Base {
+            threads: 6,
+            queue: 10,
+            task_timeout: Duration::from_secs(60),
+            commit_batch: 1,
+            lock: false,
+            domains: Vec::new(),
+            registered: ["a", "b", "c", "d"].map(String::from).to_vec(),
+            shared_pool,
+        };
+        let lanes = Arc::new(Lanes::new(super::super::slots::Slots::new(6, 10, 60_000)));
+        let control = DomainControl::new(base, lanes).unwrap();
+        let mut slow = row("slow");
+        slow.paused = true;
+        slow.held_keywords = Some(r#"["b","zzz"]"#.into());
+        control.apply(&[slow.clone()], &[]).unwrap();
+        assert_eq!(
+            control.plan().lanes[0].keywords,
+            ["a", "c", "d"],
+            "shared pool: {shared_pool}"
+        );
+        let published: NodeDomains = serde_json::from_str(&control.publication()).unwrap();
+        assert_eq!(
+            published.domains[0].keywords,
+            ["a", "b", "c", "d"],
+            "published, held or not"
+        );
+        // A row no longer paused holds nothing, whatever list it kept.
+        slow.paused = false;
+        control.apply(&[slow], &[]).unwrap();
+        assert_eq!(control.plan().lanes[0].keywords, ["a", "b", "c", "d"]);
+    }
+}
+
+#[test]
+fn a_paused_domain_still_publishes_its_keywords() {
+    // What a pause right after a resume records as held: the node may not have applied the
+    // resume yet.
+    let control = control(vec![Domain::max("pay", ["b"], 1)]);
+    let mut pay = row("pay");
+    pay.paused = true;
+    control.apply(&[pay], &["a".to_owned()]).unwrap();
+    assert!(control.plan().lanes[1].keywords.is_empty());
+    let published: NodeDomains = serde_json::from_str(&control.publication()).unwrap();
+    assert_eq!(published.domains[1].keywords, ["b"]);
+    assert_eq!(
+        published.domains[0].keywords,
+        ["a", "c", "d"],
+        "a keyword paused on its own too"
+    );
 }

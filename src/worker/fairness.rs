@@ -1,6 +1,7 @@
 //! What a node remembers between its fair claims (README, "Fair claiming"), per keyword set
 //! (a domain's lane claims its own keywords): where the ring of tenants stopped, each
-//! participant's pass, and whether claims go solo while one participant is alone.
+//! participant's pass, whether claims go solo while one participant is alone, and whether
+//! the last claim left tenants unvisited that the next must go on to at once.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
@@ -31,6 +32,13 @@ struct KeywordSet {
     keywords: Vec<String>,
     /// The tenant after which the next fair claim starts its ring.
     after: String,
+    /// Where the lap that the next fair claim goes on with began, while one is under way:
+    /// the last claim came back short with its ring stopped at its bound, so tenants with
+    /// tasks due may lie further on.
+    lap: Option<String>,
+    /// The last claim came back short and more may be due at once: its ring stopped at its
+    /// bound, or (solo) it found another participant pending.
+    goes_on: bool,
     /// Each participant's pass (`None`: the tasks without a tenant): what this node's claims
     /// served it, over its weight.
     passes: HashMap<Option<String>, f64>,
@@ -45,6 +53,8 @@ impl KeywordSet {
         KeywordSet {
             keywords: keywords.to_vec(),
             after: String::new(),
+            lap: None,
+            goes_on: false,
             passes: HashMap::new(),
             solo: None,
             crowded_at: None,
@@ -65,8 +75,13 @@ impl KeywordSet {
 /// How the next claim of a keyword set picks its tasks ([`Pick`], owned).
 #[derive(Debug, Clone)]
 pub(crate) enum NextPick {
-    /// Fair, the ring starting after this tenant, with the participants' passes.
-    Fair(String, Passes),
+    /// Fair, the ring starting after `after` in the lap begun at `lap`, with the
+    /// participants' passes.
+    Fair {
+        after: String,
+        lap: String,
+        passes: Passes,
+    },
     /// One participant's tasks only; whether to probe for others.
     Solo(Option<String>, bool),
 }
@@ -74,7 +89,7 @@ pub(crate) enum NextPick {
 impl NextPick {
     pub(crate) fn as_pick(&self) -> Pick<'_> {
         match self {
-            NextPick::Fair(after, passes) => Pick::Fair { after, passes },
+            NextPick::Fair { after, lap, passes } => Pick::Fair { after, lap, passes },
             NextPick::Solo(tenant, probe) => Pick::Solo {
                 tenant: tenant.as_deref(),
                 probe: *probe,
@@ -90,6 +105,8 @@ pub(crate) struct Took<'a> {
     pub(crate) weights: &'a [(Option<String>, i32)],
     pub(crate) crowded: bool,
     pub(crate) ring_end: Option<String>,
+    /// The ring stopped at its bound ([`crate::driver::Picked::ring_cut`]).
+    pub(crate) ring_cut: bool,
     /// The participants that shared a fair claim's page (empty: unknown, or none).
     pub(crate) shared: Vec<Option<String>>,
     /// The most the claim could take.
@@ -144,8 +161,22 @@ impl FairClaims {
                     passes.values.push(*pass);
                 }
             }
-            NextPick::Fair(set.after.clone(), passes)
+            NextPick::Fair {
+                after: set.after.clone(),
+                lap: set.lap.clone().unwrap_or_else(|| set.after.clone()),
+                passes,
+            }
         })
+    }
+
+    /// Whether the last claim of `keywords` came back short with more possibly due at once:
+    /// its ring of tenants stopped at its bound (the most one statement walks) before it
+    /// came round to where its lap began, or, taking one participant's tasks alone, it found
+    /// another pending. The claim is then made again at once, going on from where it
+    /// stopped, before the node concludes that nothing is due (`drain` ends on that, and
+    /// `run` waits for its next poll): each lap ends where it began, so this ends too.
+    pub(crate) fn goes_on(&self, keywords: &[String]) -> bool {
+        self.with_set(keywords, |set| set.goes_on)
     }
 
     /// Records what a claim of `keywords` that picked `pick` took.
@@ -154,22 +185,26 @@ impl FairClaims {
     /// past the tenants it served (after the last of them in ring order), or, when its page
     /// was not full, past every tenant it walked; and, when one participant shared it (or
     /// none: then the tasks without a tenant are watched) and no claim of these keywords
-    /// was shared by several for [`SOLO_AFTER`], makes the next claim solo. A solo claim that found
-    /// another participant pending makes the next fair again.
+    /// was shared by several for [`SOLO_AFTER`], makes the next claim solo. A fair claim
+    /// whose page was not full and whose ring stopped at its bound makes the next go on in
+    /// its lap, fair ([`FairClaims::goes_on`]). A solo claim that found another participant
+    /// pending makes the next fair again (at once, when its page was not full).
     pub(crate) fn picked(&self, keywords: &[String], pick: &NextPick, took: Took<'_>) {
         self.with_set(keywords, |set| {
             let participants = participants(took.page);
+            let short = took.page.len() < took.limit;
             if took.crowded || took.shared.len() > 1 {
                 set.crowded_at = Some(Instant::now());
             }
-            let start = match pick {
+            let (start, lap) = match pick {
                 NextPick::Solo(..) => {
                     if took.crowded {
                         set.solo = None;
                     }
+                    set.goes_on = took.crowded && short;
                     return;
                 }
-                NextPick::Fair(start, passes) => {
+                NextPick::Fair { after, lap, passes } => {
                     // The participants that shared it keep their passes (one first seen
                     // starts at the base); the others are forgotten, and come back at the
                     // base. Each task served adds its participant's 1/weight.
@@ -189,7 +224,7 @@ impl FairClaims {
                         let pass = set.passes.entry(key).or_insert(passes.base);
                         *pass += 1.0 / f64::from(weight);
                     }
-                    start
+                    (after, lap)
                 }
             };
             if set.passes.len() > MAX_PASSES {
@@ -200,7 +235,13 @@ impl FairClaims {
                 .flatten()
                 .max_by_key(|&&tenant| (tenant <= start.as_str(), tenant))
                 .map(|t| (*t).to_owned());
-            let moved_to = if took.page.len() < took.limit {
+            // The lap goes on from the ring's end, unless the ring ended on the lap's start:
+            // the lap is done.
+            let goes_on =
+                short && took.ring_cut && took.ring_end.as_ref().is_some_and(|end| end != lap);
+            set.lap = goes_on.then(|| lap.clone());
+            set.goes_on = goes_on;
+            let moved_to = if short {
                 took.ring_end.or(last_served)
             } else {
                 last_served
@@ -208,7 +249,8 @@ impl FairClaims {
             if let Some(tenant) = moved_to {
                 set.after = tenant;
             }
-            let quiet = set.crowded_at.map_or(true, |at| at.elapsed() >= SOLO_AFTER);
+            // A lap under way stays fair: a participant found alone so far may not be.
+            let quiet = !goes_on && set.crowded_at.map_or(true, |at| at.elapsed() >= SOLO_AFTER);
             set.solo = match (took.shared.len(), participants.as_slice()) {
                 (1, [only]) if quiet => Some(only.map(str::to_owned)),
                 (0, []) if quiet => Some(None),

@@ -61,8 +61,9 @@ impl Worker {
     /// Leases chunks of up to `commit_batch` due tasks, at most `limit` tasks in all, and
     /// hands each to the pool as it is leased; stops at the first chunk that comes back
     /// short with one participant of the fair claim in it (nothing more is due; a chunk
-    /// shared by several comes back short when one of them had less than its share). Returns
-    /// how many tasks it leased.
+    /// shared by several comes back short when one of them had less than its share), unless
+    /// the claim's ring of tenants stopped before it came round (then it goes on from there,
+    /// [`super::fairness::FairClaims::goes_on`]). Returns how many tasks it leased.
     pub(super) fn refill_locked<'s>(
         &'s self,
         feed: &Feed<'s>,
@@ -74,8 +75,11 @@ impl Worker {
         let mut claimed = 0;
         while claimed < limit && !self.is_stopping() {
             let want = self.settings.commit_batch.min(limit - claimed);
+            let goes_on = || self.services.limits.fair.goes_on(&lane.keywords);
             let chunk = match self.lease_chunk(lane, want) {
                 Ok(Some(chunk)) => chunk,
+                // The claim's ring of tenants stopped short: it goes on from there.
+                Ok(None) if goes_on() => continue,
                 Ok(None) => break,
                 // What was leased is running: report it; the next claim meets the error.
                 Err(e) if claimed > 0 => {
@@ -96,7 +100,7 @@ impl Worker {
                     &record,
                 )
             });
-            if n < want && !shared {
+            if n < want && !shared && !goes_on() {
                 break;
             }
         }
@@ -144,6 +148,7 @@ impl Worker {
             weights: &leased.weights,
             crowded: leased.crowded,
             ring_end: leased.ring_end,
+            ring_cut: leased.ring_cut,
             shared: leased.shared,
             limit: want,
         };

@@ -112,3 +112,58 @@ every_backend! {
         assert_eq!(listed.reserved, 0, "its threads went back to default");
     }
 }
+
+every_backend! {
+    fn a_paused_domain_is_held_on_nodes_that_do_not_run_it(db: &TestDb) {
+        use outbox::domain::Domain;
+        use outbox::{enqueue_batch, NewTask, Registry, Worker, WorkerConfig};
+
+        let registry = || {
+            let mut registry = Registry::new();
+            for keyword in ["slow.x", "other.x"] {
+                registry.register(keyword, |_: &outbox::TaskContext, _: &mut outbox::TaskTx| -> outbox::HandlerResult { Ok(()) });
+            }
+            registry
+        };
+        // Node `a` runs domain `slow` (its own configuration); node `b` has no such domain,
+        // so `slow.x` is one of its `default` keywords.
+        let a = Worker::new(&db.url, registry(), WorkerConfig::default().threads(2).domain(Domain::max("slow", ["slow.x"], 1))).unwrap();
+        let b = Worker::new(&db.url, registry(), WorkerConfig::default().threads(2)).unwrap();
+        a.heartbeat_once().unwrap();
+        b.heartbeat_once().unwrap();
+        let tasks: Vec<NewTask> = (0..5)
+            .map(|i| NewTask::new("slow.x", format!("s{i}")))
+            .chain((0..2).map(|i| NewTask::new("other.x", format!("o{i}"))))
+            .collect();
+        enqueue_batch(&mut db.conn(), &tasks).unwrap();
+
+        let mut conn = db.conn();
+        let paused = admin::pause(&mut conn, "slow", "test").unwrap();
+        a.heartbeat_once().unwrap();
+        b.heartbeat_once().unwrap();
+        assert_eq!(b.drain().unwrap().tally.done, 2, "other.x only: slow.x is held on b too");
+        assert_eq!(a.drain().unwrap().tally.done, 0);
+        assert_eq!(paused.nodes, 2, "both live nodes hold it");
+        // A node that starts later, without the domain, holds it from the start (a plain
+        // `outbox drain`).
+        let c = Worker::new(&db.url, registry(), WorkerConfig::default().threads(2)).unwrap();
+        assert_eq!(c.drain().unwrap().tally.claimed, 0);
+        // A release holds it as a pause does.
+        admin::release(&mut conn, "slow", "test").unwrap();
+        c.heartbeat_once().unwrap();
+        assert_eq!(c.drain().unwrap().tally.claimed, 0);
+        assert_eq!(db.count("SELECT count(*) FROM async_task WHERE keyword = 'slow.x' AND state = 'pending'"), 5);
+
+        // Resumed and paused again at once, before `a` has applied the resume (a paused
+        // domain's node still publishes its keywords): held as before.
+        assert!(admin::resume(&mut conn, "slow", "test").unwrap().changed);
+        assert_eq!(admin::pause(&mut conn, "slow", "test").unwrap().nodes, 3);
+        b.heartbeat_once().unwrap();
+        assert_eq!(b.drain().unwrap().tally.claimed, 0);
+
+        // Resumed, every node runs them again.
+        assert!(admin::resume(&mut conn, "slow", "test").unwrap().changed);
+        b.heartbeat_once().unwrap();
+        assert_eq!(b.drain().unwrap().tally.done, 5);
+    }
+}

@@ -266,14 +266,14 @@ every_backend! {
 
 every_backend! {
     fn tenants_with_only_delayed_tasks_never_hold_the_ring_back(db: &TestDb) {
-        // More tenants with only delayed tasks than a claim walks (twice its page), all
-        // before the one with tasks due: the ring goes on past them.
+        // More tenants with only delayed tasks than one statement of the claim walks (twice
+        // its page), all before the one with tasks due: the same claim goes on past them.
         let later: Vec<NewTask> = (0..100)
             .map(|i| NewTask::new("job", format!("later-{i:03}")).tenant(format!("d{i:03}")).delay(Duration::from_secs(3600)))
             .collect();
         enqueue_batch(&mut db.conn(), &later).unwrap();
         enqueue(db, Some("zz"), "zz", 5);
-        let got = claim_pages(&worker(db), 4);
+        let got = claim_pages(&worker(db), 1);
         assert_eq!(got.get("zz"), Some(&5), "{got:?}");
     }
 
@@ -295,4 +295,93 @@ every_backend! {
         let got = claim_pages(&worker_with_page(db, 1), 40);
         assert_eq!((got.get("heavy"), got.get("light")), (Some(&30), Some(&10)), "{got:?}");
     }
+}
+
+/// One task of keyword `keyword` for each of `n` tenants `<prefix>000`…, delayed an hour
+/// when `delayed`.
+fn one_task_per_tenant(db: &TestDb, prefix: &str, n: usize, keyword: &str, delayed: bool) {
+    let tasks: Vec<NewTask> = (0..n)
+        .map(|i| {
+            let task =
+                NewTask::new(keyword, format!("{prefix}-{i:05}")).tenant(format!("{prefix}{i:03}"));
+            if delayed {
+                task.delay(Duration::from_secs(3600))
+            } else {
+                task
+            }
+        })
+        .collect();
+    enqueue_batch(&mut db.conn(), &tasks).unwrap();
+}
+
+every_backend! {
+    fn drain_reaches_due_tenants_behind_more_idle_tenants_than_a_claim_walks(db: &TestDb) {
+        // 300 tenants with a pending task this node may not run now (delayed, or of a
+        // keyword it does not serve), more than one statement of the claim walks (twice its
+        // page of 40), all before `zz`, whose task is due.
+        one_task_per_tenant(db, "d", 150, "job", true);
+        one_task_per_tenant(db, "o", 150, "other", false);
+        enqueue(db, Some("zz"), "zz", 1);
+        let worker = worker(db);
+        assert_eq!(worker.drain().unwrap().tally.done, 1, "zz's task");
+        // From wherever its ring stopped, the same node reaches tenants on both sides of it.
+        enqueue(db, Some("a"), "a", 1);
+        enqueue(db, Some("m"), "m", 1);
+        enqueue(db, Some("zzz"), "zzz", 1);
+        assert_eq!(worker.drain().unwrap().tally.done, 3);
+        // A new process starts its ring from the first tenant: one claim (a poll of `run`)
+        // still reaches the last.
+        enqueue(db, Some("zzzz"), "zzzz", 1);
+        assert_eq!(worker_with_page(db, 1).run_once().unwrap().done, 1);
+        assert_eq!(db.count("SELECT count(*) FROM async_task WHERE state = 'done'"), 5);
+    }
+
+    fn drain_claims_a_tenant_that_came_while_the_node_served_another_alone(db: &TestDb) {
+        // The node's claims take a tenant found alone by itself; when its tasks run out, the
+        // claim that finds another tenant pending is followed by a fair one at once.
+        enqueue(db, Some("first"), "first", 50);
+        let worker = worker(db);
+        assert_eq!(worker.drain().unwrap().tally.done, 50);
+        enqueue(db, Some("second"), "second", 5);
+        assert_eq!(worker.drain().unwrap().tally.done, 5);
+    }
+}
+
+/// Lock claims (PostgreSQL, batched): a chunk's claim walks fewer tenants (its window is the
+/// chunk), and goes on as far as the stamping claim does.
+#[test]
+fn lock_claims_drain_reaches_due_tenants_behind_idle_ones() {
+    let db = &TestDb::postgres();
+    one_task_per_tenant(db, "d", 100, "job", true);
+    enqueue(db, Some("zz"), "zz", 1);
+    let config = WorkerConfig::default()
+        .threads(2)
+        .page_size(PAGE)
+        .commit_batch(20)
+        .claim_style(ClaimStyle::Lock);
+    let worker = Worker::new(&db.url, noop_registry(), config.clone()).unwrap();
+    assert_eq!(worker.drain().unwrap().tally.done, 1, "zz's task");
+    enqueue(db, Some("a"), "a", 1);
+    enqueue(db, Some("zzz"), "zzz", 1);
+    assert_eq!(worker.drain().unwrap().tally.done, 2);
+    enqueue(db, Some("zzzz"), "zzzz", 1);
+    let fresh = Worker::new(&db.url, noop_registry(), config).unwrap();
+    assert_eq!(fresh.run_once().unwrap().done, 1);
+}
+
+/// A lap of the ring is kept in the database's order of tenants, whatever its collation:
+/// here one that sorts capitals among small letters, where bytes put every capital first.
+#[test]
+fn a_lap_follows_the_databases_order_of_tenants() {
+    let db = &TestDb::postgres();
+    db.exec(r#"ALTER TABLE async_task ALTER COLUMN tenant TYPE text COLLATE "en-US-x-icu""#);
+    one_task_per_tenant(db, "a", 100, "job", true);
+    one_task_per_tenant(db, "z", 100, "job", true);
+    enqueue(db, Some("M"), "M", 1);
+    let worker = worker(db);
+    assert_eq!(worker.drain().unwrap().tally.done, 1, "M's task");
+    for tenant in ["B", "b0", "N", "Y", "zz"] {
+        enqueue(db, Some(tenant), tenant, 1);
+    }
+    assert_eq!(worker.drain().unwrap().tally.done, 5);
 }

@@ -249,6 +249,30 @@ every_backend! {
 }
 
 every_backend! {
+    fn pausing_a_domain_some_nodes_lack_holds_its_keywords_on_every_node(db: &TestDb) {
+        let dir = workdir();
+        // w1 runs `mail` (its configuration); w2 has no such domain: it would run
+        // `mail.send` under default. The pause records mail's keywords, which both hold.
+        node(db, "w1", 4, vec![
+            domain_use("default", "max", &["points.credit"], 3, [0; 5]),
+            domain_use("mail", "max", &["mail.send"], 1, [0; 5]),
+        ], false);
+        node(db, "w2", 4, vec![domain_use("default", "max", &["mail.send", "points.credit"], 4, [0; 5])], false);
+        run(operator(db, dir.path()).args(["pause", "mail"]))
+            .expect_code(0)
+            .stdout_has("domain mail paused: none of its tasks is claimed until it is resumed, version 1; 2 live nodes apply it at their next heartbeat");
+        assert_eq!(db.count("SELECT count(*) FROM async_domain WHERE name = 'mail' AND held_keywords = '[\"mail.send\"]'"), 1);
+        let view = listed(db, dir.path(), "mail");
+        assert_eq!(view["setting"]["held_keywords"], json!(["mail.send"]), "{view}");
+        // Resumed, nothing is held.
+        run(operator(db, dir.path()).args(["resume", "mail"]))
+            .expect_code(0)
+            .stdout_has("domain mail resumed, version 2; 1 live node applies it");
+        assert_eq!(db.count("SELECT count(*) FROM async_domain WHERE name = 'mail' AND held_keywords IS NULL AND NOT paused"), 1);
+    }
+}
+
+every_backend! {
     fn pause_and_resume_a_keyword(db: &TestDb) {
         let dir = workdir();
         node(db, "w1", 2, vec![domain_use("default", "max", &["mail.send", "points.credit"], 2, [0; 5])], false);

@@ -26,8 +26,8 @@ pub(super) fn claim_page(
 ) -> QueryResult<Picked> {
     let due = DueList::of(due);
     conn.transaction(|conn| {
-        let (after, passes) = match pick {
-            Pick::Fair { after, passes } => (after, passes),
+        let (after, lap, passes) = match pick {
+            Pick::Fair { after, lap, passes } => (after, lap, passes),
             Pick::Solo { tenant, probe } => {
                 let ids = pick_ids(conn, *tenant, &due, limit)?;
                 let rows = mark(conn, owner, &ids, timeout_ms)?;
@@ -38,11 +38,13 @@ pub(super) fn claim_page(
                     rows,
                     crowded,
                     ring_end: None,
+                    ring_cut: false,
                     shared: Vec::new(),
                 });
             }
         };
-        let (shares, ring_end) = fair::shares(conn, &due, except, after, passes, limit)?;
+        let (shares, ring_end, ring_cut) =
+            fair::shares(conn, &due, except, (after, lap), passes, limit)?;
         let ids = match shares.as_slice() {
             [] => Vec::new(),
             [only] if only.tenant.is_none() => pick_ids(conn, None, &due, limit)?,
@@ -63,6 +65,7 @@ pub(super) fn claim_page(
             weights,
             crowded: false,
             ring_end,
+            ring_cut,
             shared: shares.iter().map(|s| s.tenant.clone()).collect(),
         })
     })
@@ -139,7 +142,7 @@ pub(super) fn claim_plan(
     }
     let due = DueList::of(due);
     let mut lines: Vec<Line> =
-        fair::shares_statement("EXPLAIN ", &due, &[], "", limit).load(conn)?;
+        fair::shares_statement("EXPLAIN ", &due, &[], ("", ""), limit).load(conn)?;
     lines.extend(fair::pick_statement("EXPLAIN ", None, &due, limit).load::<Line>(conn)?);
     let text = |v: Option<String>| v.unwrap_or_else(|| "-".to_owned());
     Ok(lines

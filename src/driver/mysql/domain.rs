@@ -34,8 +34,8 @@ pub(super) fn write(
     conn.transaction(|conn| {
         Statement::<Mysql>::new(
             "INSERT INTO async_domain \
-             (name, keywords, mode, threads, queue, timeout_ms, paused, released, updated_by) \
-             VALUES (",
+             (name, keywords, mode, threads, queue, timeout_ms, paused, released, \
+             held_keywords, updated_by) VALUES (",
         )
         .bind::<Text, _>(row.name.to_owned())
         .sql(", ")
@@ -53,12 +53,15 @@ pub(super) fn write(
         .sql(", ")
         .bind::<Bool, _>(row.released)
         .sql(", ")
+        .bind::<Nullable<Text>, _>(row.held_keywords.clone())
+        .sql(", ")
         .bind::<Text, _>(entry.actor.to_owned())
         .sql(concat!(
             ") ON DUPLICATE KEY UPDATE keywords = VALUES(keywords), mode = VALUES(mode), \
              threads = VALUES(threads), queue = VALUES(queue), \
              timeout_ms = VALUES(timeout_ms), paused = VALUES(paused), \
-             released = VALUES(released), version = version + 1, updated_at = ",
+             released = VALUES(released), held_keywords = VALUES(held_keywords), \
+             version = version + 1, updated_at = ",
             now!(),
             ", updated_by = VALUES(updated_by)"
         ))

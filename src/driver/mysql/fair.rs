@@ -11,20 +11,11 @@ use diesel::sql_types::{BigInt, Integer, Nullable, Text};
 use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 
 use super::list;
+use crate::driver::ring_sql::{passes_lap, walk, window};
 use crate::driver::strategy_sql::partition_mysql;
 use crate::driver::{Due, Passes};
 use crate::sql::Statement;
 use crate::strategy::Partition;
-
-/// How many tenants a claim visits at most, for each tenant its window may hold (as on
-/// PostgreSQL).
-const WALK_PER_TASK: i64 = 2;
-
-/// The tenants a claim of `limit` tasks shares its page between, at most (as on PostgreSQL:
-/// at least 16, so that weights are compared even within small pages).
-fn window(limit: i64) -> i64 {
-    limit.max(16)
-}
 
 /// A participant of a claim: a tenant with a task due, or (`None`) the tasks without one;
 /// its weight, its place in the ring (0 for the tasks without a tenant) and its pass.
@@ -37,7 +28,7 @@ pub(super) struct Share {
 }
 
 /// A row of the shares' statement: a participant, or (weight NULL) none, with the ring's
-/// end either way.
+/// end and length either way.
 #[derive(Debug, QueryableByName)]
 struct ShareRow {
     #[diesel(sql_type = Nullable<Text>)]
@@ -48,6 +39,8 @@ struct ShareRow {
     pos: Option<i64>,
     #[diesel(sql_type = Nullable<Text>)]
     ring_end: Option<String>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    ring_len: Option<i64>,
 }
 
 /// Whether a participant other than `tenant` (`None`: the tasks without one) has pending
@@ -100,12 +93,20 @@ const PENDING_OF_TENANT: &str = "FROM async_task FORCE INDEX (async_task_claim_i
 const FIRST_TENANT: &str =
     "(SELECT tenant FROM async_task FORCE INDEX (async_task_pending_tenant_idx)
     WHERE state = 'pending' AND tenant IS NOT NULL ORDER BY tenant LIMIT 1)";
-/// The next tenant after the ring's last, wrapping around.
-const NEXT_TENANT: &str =
-    "COALESCE((SELECT tenant FROM async_task FORCE INDEX (async_task_pending_tenant_idx)
-    WHERE state = 'pending' AND tenant > r.tenant ORDER BY tenant LIMIT 1),
-    (SELECT tenant FROM async_task FORCE INDEX (async_task_pending_tenant_idx)
-    WHERE state = 'pending' AND tenant IS NOT NULL ORDER BY tenant LIMIT 1))";
+/// The next tenant with a pending task after the tenant `$tenant` (a column), wrapping
+/// around to the first.
+macro_rules! next_tenant {
+    ($tenant:literal) => {
+        concat!(
+            "COALESCE((SELECT tenant FROM async_task FORCE INDEX (async_task_pending_tenant_idx)
+            WHERE state = 'pending' AND tenant > ",
+            $tenant,
+            " ORDER BY tenant LIMIT 1),
+            (SELECT tenant FROM async_task FORCE INDEX (async_task_pending_tenant_idx)
+            WHERE state = 'pending' AND tenant IS NOT NULL ORDER BY tenant LIMIT 1))"
+        )
+    };
+}
 
 /// What a claim may take ([`Due`]), owned.
 pub(super) struct DueList {
@@ -139,19 +140,24 @@ pub(super) fn due_for(statement: Statement<Mysql>, due: &DueList) -> Statement<M
 }
 
 /// The participants of a claim of `limit` tasks of `due`: at most `limit` tenants with a
-/// task due, in ring order after `after`, none of `except`, then the tasks without a tenant
-/// if one is due. Returns them in ring order, each with its pass from `passes`, and the last
-/// tenant the ring walked to.
+/// task due, in ring order after `after` up to where it would pass `lap`, none of `except`,
+/// then the tasks without a tenant if one is due. Returns them in ring order, each with its
+/// pass from `passes`; the last tenant the ring walked to; and whether the ring stopped at
+/// its bound (see [`crate::driver::Picked`]).
 pub(super) fn shares(
     conn: &mut MysqlConnection,
     due: &DueList,
     except: &[String],
-    after: &str,
+    (after, lap): (&str, &str),
     passes: &Passes,
     limit: i64,
-) -> QueryResult<(Vec<Share>, Option<String>)> {
-    let rows: Vec<ShareRow> = shares_statement("", due, except, after, limit).load(conn)?;
+) -> QueryResult<(Vec<Share>, Option<String>, bool)> {
+    let rows: Vec<ShareRow> = shares_statement("", due, except, (after, lap), limit).load(conn)?;
     let ring_end = rows.first().and_then(|r| r.ring_end.clone());
+    let ring_cut = rows
+        .first()
+        .and_then(|r| r.ring_len)
+        .is_some_and(|n| n >= walk(limit));
     let mut shares: Vec<Share> = rows
         .into_iter()
         .filter_map(|r| {
@@ -172,33 +178,49 @@ pub(super) fn shares(
         })
         .collect();
     shares.sort_by_key(|s| s.pos);
-    Ok((shares, ring_end))
+    Ok((shares, ring_end, ring_cut))
 }
 
-/// The statement of [`shares`], after `prefix` (empty, or `EXPLAIN`).
+/// The statement of [`shares`], after `prefix` (empty, or `EXPLAIN`). The ring (as on
+/// PostgreSQL, `driver/postgres/fair.rs`) carries each tenant's next (`nx`), so that the
+/// next tenant is probed once per step.
 pub(super) fn shares_statement(
     prefix: &'static str,
     due: &DueList,
     except: &[String],
-    after: &str,
+    (after, lap): (&str, &str),
     limit: i64,
 ) -> Statement<Mysql> {
     let statement = Statement::<Mysql>::new(prefix)
-        .sql("WITH RECURSIVE ring (tenant, n, head) AS (SELECT t0, 1, t0 FROM (SELECT COALESCE((SELECT tenant FROM async_task FORCE INDEX (async_task_pending_tenant_idx) WHERE state = 'pending' AND tenant > ")
+        .sql("WITH RECURSIVE ring (tenant, n, nx) AS (SELECT s0.t0, 1, ")
+        .sql(next_tenant!("s0.t0"))
+        .sql(" FROM (SELECT COALESCE((SELECT tenant FROM async_task FORCE INDEX (async_task_pending_tenant_idx) WHERE state = 'pending' AND tenant > ")
         .bind::<Text, _>(after.to_owned())
         .sql(" ORDER BY tenant LIMIT 1), ")
         .sql(FIRST_TENANT)
-        .sql(") AS t0) s0 WHERE t0 IS NOT NULL UNION ALL SELECT ")
-        .sql(NEXT_TENANT)
-        .sql(", r.n + 1, r.head FROM ring r WHERE r.n < ")
-        .bind::<BigInt, _>(window(limit).saturating_mul(WALK_PER_TASK))
-        .sql(" AND ")
-        .sql(NEXT_TENANT)
+        .sql(") AS t0, ")
+        .bind::<Text, _>(after.to_owned())
+        .sql(" AS prev) s0 WHERE s0.t0 IS NOT NULL");
+    // A claim that goes on in a lap another began starts nowhere if that one ended it.
+    let statement = if after == lap {
+        statement
+    } else {
+        passes_lap(statement.sql(" AND NOT "), "s0.prev", "s0.t0", lap)
+    };
+    let statement = statement
+        .sql(" UNION ALL SELECT r.nx, r.n + 1, ")
+        .sql(next_tenant!("r.nx"))
+        .sql(" FROM ring r WHERE r.n < ")
+        .bind::<BigInt, _>(walk(limit))
+        .sql(" AND NOT ")
+        .with(|s| passes_lap(s, "r.tenant", "r.nx", lap))
         .sql(
-            " <> r.head)
-            SELECT s.tenant, s.weight, s.pos,
-                   (SELECT tenant FROM ring ORDER BY n DESC LIMIT 1) AS ring_end
-              FROM (SELECT 1 AS one) one LEFT JOIN (
+            ")
+            SELECT s.tenant, s.weight, s.pos, e.ring_end, e.ring_len
+              FROM (SELECT 1 AS one) one
+              LEFT JOIN (SELECT tenant AS ring_end, CAST(n AS SIGNED) AS ring_len FROM ring
+                          ORDER BY n DESC LIMIT 1) e ON TRUE
+              LEFT JOIN (
             SELECT tenant, weight, pos FROM (
                 SELECT r.tenant, CAST(COALESCE(a.weight, 1) AS SIGNED) AS weight,
                        CAST(r.n AS SIGNED) AS pos

@@ -15,23 +15,11 @@
 use diesel::pg::Pg;
 use diesel::sql_types::{Array, BigInt, Double, Text};
 
+use crate::driver::ring_sql::{passes_lap, walk, window};
 use crate::driver::strategy_sql::partition_pg;
 use crate::driver::{Due, Passes, Pick};
 
 use crate::sql::Statement;
-
-/// How many tenants a claim visits at most, for each tenant its window may hold: tenants
-/// whose pending tasks are all delayed, or of other keywords, are stepped over, up to this.
-const WALK_PER_TASK: i64 = 2;
-
-/// The fewest tenants a claim's window holds, however small its page: weights are compared
-/// within the window, so a page of one task still serves them in proportion.
-const MIN_WINDOW: i64 = 16;
-
-/// The tenants a claim of `limit` tasks shares its page between, at most.
-pub(super) fn window(limit: i64) -> i64 {
-    limit.max(MIN_WINDOW)
-}
 
 /// A task of `t` is due for the claim: pending, its time come, one of the keywords bound next.
 const DUE: &str = "t.state = 'pending' AND t.run_at <= now() AND t.keyword = ANY(";
@@ -58,14 +46,16 @@ pub(super) fn due_for(statement: Statement<Pg>, due: &Due<'_>) -> Statement<Pg> 
 const FIRST_TENANT: &str = "(SELECT tenant FROM async_task WHERE tenant IS NOT NULL
     AND state = 'pending' ORDER BY tenant LIMIT 1)";
 
-/// `WITH RECURSIVE ring(tenant, n, first) AS (…)`: from the first tenant with a pending
-/// task after `after` (wrapping around), each step one probe of the tenant index for the
-/// next, until it comes back to the first or has walked `walk` tenants.
-fn ring(prefix: &'static str, after: &str, walk: i64) -> Statement<Pg> {
-    Statement::<Pg>::new(prefix)
+/// `WITH RECURSIVE ring(tenant, n) AS (…)`: from the first tenant with a pending task after
+/// `after` (wrapping around), each step one probe of the tenant index for the next, until
+/// the next step would pass `lap` (it came round to the lap's first tenant) or it has walked
+/// `walk` tenants. A claim that begins its lap (`after` = `lap`) starts at its first tenant;
+/// one that goes on where another stopped starts nowhere if that one finished the lap.
+fn ring(prefix: &'static str, after: &str, lap: &str, walk: i64) -> Statement<Pg> {
+    let statement = Statement::<Pg>::new(prefix)
         .sql(
-            "WITH RECURSIVE ring(tenant, n, first) AS (
-                SELECT s.tenant, 1, s.tenant FROM (SELECT COALESCE(
+            "WITH RECURSIVE ring(tenant, n) AS (
+                SELECT s.tenant, 1 FROM (SELECT COALESCE(
                     (SELECT tenant FROM async_task WHERE tenant > ",
         )
         .bind::<Text, _>(after.to_owned())
@@ -74,55 +64,73 @@ fn ring(prefix: &'static str, after: &str, walk: i64) -> Statement<Pg> {
                     ",
         )
         .sql(FIRST_TENANT)
+        .sql(") AS tenant, ")
+        .bind::<Text, _>(after.to_owned())
+        .sql("::text AS prev OFFSET 0) s WHERE s.tenant IS NOT NULL");
+    let statement = if after == lap {
+        statement
+    } else {
+        passes_lap(statement.sql(" AND NOT "), "s.prev", "s.tenant", lap)
+    };
+    statement
         .sql(
-            ") AS tenant) s WHERE s.tenant IS NOT NULL
+            "
               UNION ALL
-                SELECT nx.tenant, r.n + 1, r.first FROM ring r CROSS JOIN LATERAL (
+                SELECT nx.tenant, r.n + 1 FROM ring r CROSS JOIN LATERAL (
                     SELECT COALESCE(
                     (SELECT tenant FROM async_task WHERE tenant > r.tenant AND tenant IS NOT NULL
                         AND state = 'pending' ORDER BY tenant LIMIT 1),
                     ",
         )
         .sql(FIRST_TENANT)
-        .sql(") AS tenant) nx WHERE r.n < ")
+        // OFFSET 0 keeps the next tenant a column probed once per step: pulled up into the
+        // step's filter, its probe would run once for each mention there.
+        .sql(") AS tenant OFFSET 0) nx WHERE r.n < ")
         .bind::<BigInt, _>(walk)
-        .sql(" AND nx.tenant <> r.first)")
+        .sql(" AND NOT ")
+        .with(|s| passes_lap(s, "r.tenant", "nx.tenant", lap))
+        .sql(")")
 }
 
-/// The last tenant a fair claim of `limit` after `after` walks to (`None`: no tenant has a
-/// pending task): where the next starts when this one found too little to fill its page.
+/// The last tenant a fair claim of `limit` after `after`, in the lap begun at `lap`, walks
+/// to (`None`: no tenant has a pending task, or the lap was done), and how many tenants it
+/// walked: where the next claim starts when this one found too little to fill its page.
 pub(super) fn ring_end(
     conn: &mut diesel::pg::PgConnection,
     after: &str,
+    lap: &str,
     limit: i64,
-) -> diesel::QueryResult<Option<String>> {
+) -> diesel::QueryResult<(Option<String>, i64)> {
     use diesel::{OptionalExtension, RunQueryDsl};
     #[derive(diesel::QueryableByName)]
     struct End {
         #[diesel(sql_type = Text)]
         tenant: String,
+        #[diesel(sql_type = BigInt)]
+        n: i64,
     }
-    let end: Option<End> = ring("", after, window(limit).saturating_mul(WALK_PER_TASK))
-        .sql(" SELECT tenant FROM ring ORDER BY n DESC LIMIT 1")
+    let end: Option<End> = ring("", after, lap, walk(limit))
+        .sql(" SELECT tenant, n::bigint AS n FROM ring ORDER BY n DESC LIMIT 1")
         .get_result(conn)
         .optional()?;
-    Ok(end.map(|e| e.tenant))
+    Ok(end.map_or((None, 0), |e| (Some(e.tenant), e.n)))
 }
 
 /// `WITH RECURSIVE …, picked AS (SELECT id, weight …` (left open) choosing at most `limit`
 /// pending tasks due for `due`, locked, fairly across tenants as the module says; the
-/// ring starts after `after` (`""`: at the first tenant). Tenants in `except` (those with a
+/// ring starts after `after` (`""`: at the first tenant) and ends before it passes `lap`
+/// (see [`ring`]). Tenants in `except` (those with a
 /// `max_running`, claimed apart) are left out. Each participant's rank starts from its pass
 /// in `passes` (what this node's claims have served it, over its weight).
 pub(super) fn picked(
     prefix: &'static str,
     due: &Due<'_>,
     except: &[String],
-    after: &str,
+    (after, lap): (&str, &str),
     passes: &Passes,
     limit: i64,
 ) -> Statement<Pg> {
-    let statement = ring(prefix, after, window(limit).saturating_mul(WALK_PER_TASK))
+    let statement = ring(prefix, after, lap, walk(limit))
         .sql(
             ", share AS (
                 (SELECT r.tenant, COALESCE(a.weight, 1) AS weight, r.n AS pos,
@@ -213,7 +221,9 @@ pub(super) fn pick(
     limit: i64,
 ) -> Statement<Pg> {
     match pick {
-        Pick::Fair { after, passes } => picked(prefix, due, except, after, passes, limit),
+        Pick::Fair { after, lap, passes } => {
+            picked(prefix, due, except, (after, lap), passes, limit)
+        }
         Pick::Solo { tenant, .. } => solo(prefix, due, *tenant, limit),
     }
 }
@@ -274,7 +284,8 @@ pub(super) fn others_pending(
 
 /// `, <whether another participant has pending tasks> AS crowded`, for the output of a claim
 /// of `pick` (false for a fair one, and for a solo one that does not probe):
-/// `async_task_others_pending`, a few index probes, once per statement.
+/// `async_task_others_pending`, a few index probes, once per statement; then a fair claim's
+/// weights, the ring's end and length, and the participants that shared the page.
 pub(super) fn crowded(
     statement: Statement<Pg>,
     except: &[String],
@@ -284,15 +295,21 @@ pub(super) fn crowded(
         Pick::Fair { .. } => statement.sql(
             ", false AS crowded, picked.weight AS weight,
                (SELECT tenant FROM ring ORDER BY n DESC LIMIT 1) AS ring_end,
+               (SELECT count(*) FROM ring) AS ring_len,
                (SELECT array_agg(tenant) FROM share) AS shared",
         ),
-        Pick::Solo { probe: false, .. } => statement
-            .sql(", false AS crowded, 1 AS weight, NULL::text AS ring_end, NULL::text[] AS shared"),
+        Pick::Solo { probe: false, .. } => statement.sql(
+            ", false AS crowded, 1 AS weight, NULL::text AS ring_end, 0::bigint AS ring_len,
+               NULL::text[] AS shared",
+        ),
         Pick::Solo { tenant, .. } => statement
             .sql(", (SELECT async_task_others_pending(")
             .bind::<diesel::sql_types::Nullable<Text>, _>(tenant.map(str::to_owned))
             .sql(", ")
             .bind::<Array<Text>, _>(except.to_vec())
-            .sql(")) AS crowded, 1 AS weight, NULL::text AS ring_end, NULL::text[] AS shared"),
+            .sql(
+                ")) AS crowded, 1 AS weight, NULL::text AS ring_end, 0::bigint AS ring_len,
+                   NULL::text[] AS shared",
+            ),
     }
 }

@@ -59,6 +59,7 @@ pub(super) fn lease_plan(
 ) -> QueryResult<Vec<String>> {
     let fair = Pick::Fair {
         after: "",
+        lap: "",
         passes: &Passes::default(),
     };
     plan_lines(

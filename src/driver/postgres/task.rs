@@ -5,6 +5,7 @@ use diesel::sql_types::{Array, BigInt, Nullable, Text};
 use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
 
 use crate::driver::claim_state;
+use crate::driver::ring_sql::walk;
 use crate::driver::Passes;
 use crate::driver::{
     fence, rescue_params, Claim, ClaimRow, ClaimState, Due, InsertRow, Pick, Picked, RescueParams,
@@ -91,6 +92,8 @@ pub(super) struct PickedRow {
     weight: i32,
     #[diesel(sql_type = Nullable<Text>)]
     ring_end: Option<String>,
+    #[diesel(sql_type = BigInt)]
+    ring_len: i64,
     #[diesel(sql_type = Nullable<Array<Nullable<Text>>>)]
     shared: Option<Vec<Option<String>>>,
 }
@@ -104,20 +107,20 @@ pub(super) fn picked(
     pick: &Pick<'_>,
     limit: i64,
 ) -> QueryResult<Picked> {
-    let (crowded, ring_end, shared) = match (pick, rows.first()) {
+    let (crowded, (ring_end, ring_len), shared) = match (pick, rows.first()) {
         (_, Some(row)) => (
             rows.iter().any(|r| r.crowded),
-            row.ring_end.clone(),
+            (row.ring_end.clone(), row.ring_len),
             row.shared.clone().unwrap_or_default(),
         ),
         (Pick::Solo { tenant, .. }, None) => (
             super::fair::others_pending(conn, *tenant, except)?,
-            None,
+            (None, 0),
             Vec::new(),
         ),
-        (Pick::Fair { after, .. }, None) => (
+        (Pick::Fair { after, lap, .. }, None) => (
             false,
-            super::fair::ring_end(conn, after, limit)?,
+            super::fair::ring_end(conn, after, lap, limit)?,
             Vec::new(),
         ),
     };
@@ -130,6 +133,7 @@ pub(super) fn picked(
     Ok(Picked {
         crowded,
         ring_end,
+        ring_cut: ring_len >= walk(limit),
         shared,
         weights,
         rows: rows.into_iter().map(|r| r.task).collect(),
@@ -143,6 +147,7 @@ pub(super) fn claim_plan(
 ) -> QueryResult<Vec<String>> {
     let fair = Pick::Fair {
         after: "",
+        lap: "",
         passes: &Passes::default(),
     };
     plan_lines(

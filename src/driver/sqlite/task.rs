@@ -35,8 +35,8 @@ pub(super) fn claim_page(
         .bind::<BigInt, _>(owner)
         .sql(" AND deadline_at IS NOT NULL AND state <> 'running'")
         .execute(conn)?;
-        let (after, passes) = match pick {
-            Pick::Fair { after, passes } => (after, passes),
+        let (after, lap, passes) = match pick {
+            Pick::Fair { after, lap, passes } => (after, lap, passes),
             Pick::Solo { tenant, probe } => {
                 let rows: Vec<ClaimRow> = match tenant {
                     None => claim_statement("", owner, &due, limit, timeout_ms).load(conn)?,
@@ -56,11 +56,13 @@ pub(super) fn claim_page(
                     rows,
                     crowded,
                     ring_end: None,
+                    ring_cut: false,
                     shared: Vec::new(),
                 });
             }
         };
-        let (shares, ring_end) = fair::shares(conn, &due, except.as_deref(), after, passes, limit)?;
+        let (shares, ring_end, ring_cut) =
+            fair::shares(conn, &due, except.as_deref(), (after, lap), passes, limit)?;
         let rows: Vec<ClaimRow> = match shares.as_slice() {
             [] => Vec::new(),
             [only] if only.tenant.is_none() => {
@@ -84,6 +86,7 @@ pub(super) fn claim_page(
             weights,
             crowded: false,
             ring_end,
+            ring_cut,
             shared: shares.iter().map(|s| s.tenant.clone()).collect(),
         })
     })
@@ -101,7 +104,7 @@ pub(super) fn claim_plan(
     }
     let due = DueJson::of(due);
     let mut lines: Vec<Line> =
-        fair::shares_statement("EXPLAIN QUERY PLAN ", &due, None, "", limit).load(conn)?;
+        fair::shares_statement("EXPLAIN QUERY PLAN ", &due, None, ("", ""), limit).load(conn)?;
     lines.extend(claim_statement("EXPLAIN QUERY PLAN ", 0, &due, limit, 0).load::<Line>(conn)?);
     Ok(lines.into_iter().map(|l| l.detail).collect())
 }

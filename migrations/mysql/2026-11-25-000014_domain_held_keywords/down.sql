@@ -1,0 +1,1 @@
+ALTER TABLE async_domain DROP COLUMN held_keywords;
