@@ -149,7 +149,8 @@ pub(super) fn retry_ids(
     })
 }
 
-/// Blocks each of the tasks `ids` (just made pending) on its parents that are not done.
+/// Blocks each of the tasks `ids` (just made pending) on its parents that are not done, as
+/// they are now, whatever the transaction's isolation.
 fn block_on_parents(conn: &mut MysqlConnection, ids: &[i64]) -> QueryResult<()> {
     #[derive(QueryableByName)]
     struct Waiting {
@@ -164,7 +165,10 @@ fn block_on_parents(conn: &mut MysqlConnection, ids: &[i64]) -> QueryResult<()> 
           WHERE p.state <> 'done' AND l.child_id IN ",
     )
     .with(|s| list::ids(s, ids))
-    .sql(" GROUP BY l.child_id")
+    // A locking read: the parents' newest states (they are locked already), which a plain
+    // read of a REPEATABLE READ transaction would take from its snapshot, blocking the task
+    // on a parent done since, which would never release it.
+    .sql(" GROUP BY l.child_id LOCK IN SHARE MODE")
     .load(conn)?;
     let mut by_count: BTreeMap<i64, Vec<i64>> = BTreeMap::new();
     for w in waiting {
