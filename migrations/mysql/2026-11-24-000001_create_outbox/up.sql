@@ -218,6 +218,9 @@ BEGIN
     DECLARE parent_state VARCHAR(16) DEFAULT NULL;
     -- Left set by a shorthand insert that failed on this session (see below).
     SET @outbox_link_recorded = NULL;
+    -- Set by async_task_after_insert if this row is created: a producer's upsert tells a
+    -- created task from one there already by it (README, "Enqueue from another language").
+    SET @outbox_created_id = NULL;
     IF NEW.tenant IS NOT NULL AND NEW.state IN ('pending', 'blocked') THEN
         SELECT max_queued, enqueue_seq INTO lim, v_seq FROM async_tenant
          WHERE tenant = NEW.tenant AND max_queued IS NOT NULL FOR UPDATE;
@@ -275,6 +278,10 @@ END;
 -- the session (a pooled connection), and a later link of another child must not be skipped.
 CREATE TRIGGER async_task_after_insert AFTER INSERT ON async_task FOR EACH ROW
 BEGIN
+    -- The row was inserted, not found as a duplicate (whose ON DUPLICATE KEY UPDATE fires
+    -- the update triggers instead): the affected-row count cannot say so under the client
+    -- flag CLIENT_FOUND_ROWS, which counts a duplicate left unchanged as one row too.
+    SET @outbox_created_id = NEW.id;
     IF NEW.parent_id IS NOT NULL THEN
         SET @outbox_link_recorded = NEW.id;
         INSERT INTO async_task_parent (child_id, parent_id) VALUES (NEW.id, NEW.parent_id);
