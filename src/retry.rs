@@ -30,7 +30,7 @@ pub struct Retried {
 /// task in any other state is left as it is. The tenant's `max_queued` is not checked (it is
 /// checked when a task is inserted).
 ///
-/// Fails with [`Error::TaskNotFound`] when there is no such task.
+/// Fails with [`crate::Error::TaskNotFound`] when there is no such task.
 pub fn retry<C: EnqueueConnection + ?Sized>(conn: &mut C, id: i64) -> Result<Retried> {
     let driver = conn.driver();
     let retried = driver.task_retry(id).op("task retry")? == 1;
