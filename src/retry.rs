@@ -16,6 +16,9 @@ pub struct Retried {
     pub retried: bool,
     /// The task's state now.
     pub state: TaskState,
+    /// `true` when the task is dead or cancelled and was not retried because one of its
+    /// parents was pruned: the outcome it waited for is gone, so it stays as it is.
+    pub parent_pruned: bool,
 }
 
 /// Puts the dead or cancelled task `id` back to `pending`, due now, with its failures reset
@@ -27,10 +30,17 @@ pub struct Retried {
 /// task in any other state is left as it is. The tenant's `max_queued` is not checked (it is
 /// checked when a task is inserted).
 ///
-/// Fails with [`Error::TaskNotFound`] when there is no such task.
+/// Fails with [`crate::Error::TaskNotFound`] when there is no such task.
 pub fn retry<C: EnqueueConnection + ?Sized>(conn: &mut C, id: i64) -> Result<Retried> {
     let driver = conn.driver();
     let retried = driver.task_retry(id).op("task retry")? == 1;
     let state = state_of(driver, id, "task retry", || id.to_string())?;
-    Ok(Retried { id, retried, state })
+    // The retry refuses a dead or cancelled task only when one of its parents was pruned.
+    let parent_pruned = !retried && matches!(state, TaskState::Dead | TaskState::Cancelled);
+    Ok(Retried {
+        id,
+        retried,
+        state,
+        parent_pruned,
+    })
 }

@@ -67,7 +67,12 @@ fn run_one(url: &DatabaseUrl, id: i64, json: bool) -> Result<()> {
     if json {
         println!(
             "{}",
-            serde_json::json!({"id": result.id, "retried": result.retried, "state": result.state.as_str()})
+            serde_json::json!({
+                "id": result.id,
+                "retried": result.retried,
+                "state": result.state.as_str(),
+                "parent_pruned": result.parent_pruned,
+            })
         );
     } else if result.retried && result.state == TaskState::Blocked {
         println!(
@@ -76,13 +81,31 @@ fn run_one(url: &DatabaseUrl, id: i64, json: bool) -> Result<()> {
         );
     } else if result.retried {
         println!("task {} is pending again", result.id);
+    } else if result.parent_pruned {
+        println!(
+            "task {} is {} and stays so: {PARENT_PRUNED}, so the outcome it depended on is \
+             gone; nothing written",
+            result.id, result.state
+        );
     } else {
         println!(
-            "task {} is {}, neither dead nor cancelled; nothing written",
+            "task {} is {}: only a dead or cancelled task is retried; nothing written",
             result.id, result.state
         );
     }
     Ok(())
+}
+
+/// Why a dead or cancelled task is not retried.
+const PARENT_PRUNED: &str = "a parent it waited for was pruned";
+
+/// ` (3 left as they are: …)` after a retry by filter's count, when it skipped tasks.
+fn skipped_note(skipped: u64) -> String {
+    match skipped {
+        0 => String::new(),
+        1 => format!(" (1 left as it is: {PARENT_PRUNED})"),
+        n => format!(" ({n} left as they are: {PARENT_PRUNED})"),
+    }
 }
 
 fn run_matching(url: &DatabaseUrl, args: &RetryArgs) -> Result<()> {
@@ -105,15 +128,25 @@ fn run_matching(url: &DatabaseUrl, args: &RetryArgs) -> Result<()> {
             "{}",
             serde_json::to_string(&outcome).expect("an outcome serialises")
         );
-    } else if outcome.matched == 0 {
+    } else if outcome.matched == 0 && outcome.skipped == 0 {
         println!("no dead or cancelled task matches; nothing written");
+    } else if outcome.matched == 0 {
+        println!(
+            "no dead or cancelled task can be retried{}; nothing written",
+            skipped_note(outcome.skipped)
+        );
     } else if outcome.dry_run {
         println!(
-            "{} dead or cancelled task(s) match; nothing written (--dry-run)",
-            outcome.matched
+            "{} dead or cancelled task(s) match{}; nothing written (--dry-run)",
+            outcome.matched,
+            skipped_note(outcome.skipped)
         );
     } else {
-        println!("retried {} task(s)", outcome.changed);
+        println!(
+            "retried {} task(s){}",
+            outcome.changed,
+            skipped_note(outcome.skipped)
+        );
     }
     Ok(())
 }

@@ -168,8 +168,14 @@ pub trait OpsDriver {
     /// Puts every dead or cancelled task that `select` matches back to pending (blocked
     /// while a parent is not done), as [`super::Driver::task_retry`] does one, in one
     /// statement; with `dry_run`, only counts them. Returns how many. `select.states` is a
-    /// subset of dead and cancelled (empty: both).
+    /// subset of dead and cancelled (empty: both). A task one of whose parents was pruned is
+    /// left as it is and not counted, as `task_retry` leaves it.
     fn task_retry_matching(&mut self, select: &TaskSelect<'_>, dry_run: bool) -> QueryResult<i64>;
+
+    /// How many of the dead or cancelled tasks that `select` matches
+    /// [`OpsDriver::task_retry_matching`] leaves as they are: those one of whose parents was
+    /// pruned.
+    fn task_count_parent_pruned(&mut self, select: &TaskSelect<'_>) -> QueryResult<i64>;
 
     /// Up to `limit` nodes, most recent heartbeat first, with their running tasks counted.
     fn node_list(&mut self, limit: i64) -> QueryResult<Vec<NodeRow>>;
@@ -260,6 +266,13 @@ where
     };
     statement.sql(order).bind::<BigInt, _>(page.limit)
 }
+
+/// The condition that one of the parents of the task `async_task.id` was pruned: its link
+/// (`async_task_parent`, kept when a dead or cancelled parent is pruned) names a task that is
+/// gone. Such a task is never retried: the outcome it waited for is gone with its parent.
+pub(super) const PARENT_PRUNED: &str = "EXISTS (SELECT 1 FROM async_task_parent l
+     WHERE l.child_id = async_task.id
+       AND NOT EXISTS (SELECT 1 FROM async_task p WHERE p.id = l.parent_id))";
 
 /// The states a retry by filter takes: those of `select` (a subset of dead and cancelled),
 /// or both.

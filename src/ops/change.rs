@@ -22,6 +22,10 @@ pub struct Matched {
     pub matched: u64,
     /// The tasks changed: `matched`, or 0 in a dry run.
     pub changed: u64,
+    /// The tasks the filter matched that the change leaves as they are, not counted in
+    /// `matched`: in a retry, the dead or cancelled tasks one of whose parents was pruned
+    /// (as [`retry_task`] leaves one); 0 in a cancel.
+    pub skipped: u64,
     /// Whether this was a dry run (nothing written, nothing audited).
     pub dry_run: bool,
 }
@@ -144,6 +148,9 @@ pub fn cancel_matching(
 /// its target, the tasks retried as its rows) in the same transaction. With `dry_run`,
 /// counts them and writes nothing. A change that retries nothing is not audited.
 ///
+/// The same rule as [`crate::retry()`]'s holds: a task one of whose parents was pruned is
+/// left as it is (the outcome it waited for is gone), counted in [`Matched::skipped`].
+///
 /// `filter.states` may name `dead`, `cancelled` or both (none: both); an empty filter
 /// otherwise takes every dead and cancelled task. Refused, before anything is read, with
 /// [`Error::InvalidConfig`] naming `state` when it names another state, and with the errors
@@ -172,13 +179,20 @@ pub fn retry_matching(
     validate_retry(filter)?;
     let select = filter.select()?;
     if dry_run {
-        let n = ops_driver(conn)
-            .task_retry_matching(&select, true)
-            .op("task retry")?;
-        return Ok(dry(u64::try_from(n).unwrap_or(0)));
+        let driver = ops_driver(conn);
+        let n = driver.task_retry_matching(&select, true).op("task retry")?;
+        let skipped = driver.task_count_parent_pruned(&select).op("task retry")?;
+        return Ok(Matched {
+            skipped: u64::try_from(skipped).unwrap_or(0),
+            ..dry(u64::try_from(n).unwrap_or(0))
+        });
     }
     audited(conn, |conn| {
-        let n = ops_driver(conn)
+        let driver = ops_driver(conn);
+        // Counted first: a parent pruned meanwhile only makes a task skipped that the count
+        // missed, never the other way round (a pruned parent does not come back).
+        let skipped = driver.task_count_parent_pruned(&select).op("task retry")?;
+        let n = driver
             .task_retry_matching(&select, false)
             .op("task retry")?;
         let n = u64::try_from(n).unwrap_or(0);
@@ -186,7 +200,10 @@ pub fn retry_matching(
             let (target, detail) = filter.describe();
             audit::write(conn, actor, "task.retry", &target, &detail, n)?;
         }
-        Ok(changed(n))
+        Ok(Matched {
+            skipped: u64::try_from(skipped).unwrap_or(0),
+            ..changed(n)
+        })
     })
 }
 
@@ -210,6 +227,7 @@ fn dry(matched: u64) -> Matched {
     Matched {
         matched,
         changed: 0,
+        skipped: 0,
         dry_run: true,
     }
 }
@@ -218,6 +236,7 @@ fn changed(n: u64) -> Matched {
     Matched {
         matched: n,
         changed: n,
+        skipped: 0,
         dry_run: false,
     }
 }

@@ -77,10 +77,7 @@ fn parse_line(content: &str, line: usize) -> Result<CrontabEntry, String> {
     let mut wanted = 7;
     while fields.len() < wanted {
         let Some((token, after)) = next_token(rest) else {
-            let found = fields.len() - (wanted - 7);
-            return Err(format!(
-                "expected six cron fields and then a keyword, found only {found} word(s)"
-            ));
+            return Err(too_short(&fields, wanted > 7));
         };
         if fields.is_empty() && (token.starts_with("TZ=") || token.starts_with("CRON_TZ=")) {
             wanted += 1;
@@ -121,6 +118,38 @@ fn parse_line(content: &str, line: usize) -> Result<CrontabEntry, String> {
         keyword: keyword.to_owned(),
         schedule,
     })
+}
+
+/// What is wrong with a line of only `words` (all it has; `zoned`: the first is `TZ=…`): the
+/// count of what the user wrote, the format, and, for six words, the likely cause — a
+/// five-field crontab line (no seconds) or six fields without a keyword.
+fn too_short(words: &[&str], zoned: bool) -> String {
+    let (need, zone) = if zoned { (8, "TZ=…, ") } else { (7, "") };
+    let n = words.len();
+    let mut message = format!(
+        "{n} word{} where a schedule needs {need} or more: {zone}six cron fields with seconds \
+         first (sec min hour dom mon dow), then a keyword, then optional JSON data",
+        if n == 1 { "" } else { "s" }
+    );
+    let schedule = &words[usize::from(zoned)..];
+    if let [fields @ .., last] = schedule {
+        if schedule.len() == 6 {
+            if validate_keyword(last).is_ok() {
+                let mut fixed: Vec<&str> = words[..usize::from(zoned)].to_vec();
+                fixed.push("0");
+                fixed.extend(fields);
+                fixed.push(last);
+                message.push_str(&format!(
+                    "; a five-field crontab line (min hour dom mon dow) takes its seconds \
+                     first: {:?}",
+                    fixed.join(" ")
+                ));
+            } else {
+                message.push_str("; the keyword is missing after the six cron fields");
+            }
+        }
+    }
+    message
 }
 
 /// The next whitespace-separated token of `text` and what follows it.
@@ -215,9 +244,12 @@ mod tests {
     fn each_bad_line_names_its_line_and_what_is_wrong() {
         let (line, reason) = error("\n0 0 3 * * * report.daily\n0 0 3 * * report.weekly\n");
         assert_eq!(line, Some(3));
-        assert!(
-            reason.contains("expected six cron fields and then a keyword, found only 6 word(s)"),
-            "{reason}"
+        assert_eq!(
+            reason,
+            "6 words where a schedule needs 7 or more: six cron fields with seconds first \
+             (sec min hour dom mon dow), then a keyword, then optional JSON data; a five-field \
+             crontab line (min hour dom mon dow) takes its seconds first: \
+             \"0 0 0 3 * * report.weekly\""
         );
         let (line, reason) = error("0 0 25 * * * report.daily");
         assert_eq!(line, Some(1));
@@ -248,7 +280,28 @@ mod tests {
         let (_, reason) = error("TZ=Nowhere/Else 0 0 3 * * * a");
         assert!(reason.contains("unknown time zone"), "{reason}");
         let (_, reason) = error("TZ=Europe/Paris 0 0 3 * * *");
-        assert!(reason.contains("found only 6 word(s)"), "{reason}");
+        assert_eq!(
+            reason,
+            "7 words where a schedule needs 8 or more: TZ=…, six cron fields with seconds \
+             first (sec min hour dom mon dow), then a keyword, then optional JSON data; the \
+             keyword is missing after the six cron fields"
+        );
+        let (_, reason) = error("TZ=Europe/Paris 30 9 * * mail.digest");
+        assert!(
+            reason.starts_with("6 words where a schedule needs 8 or more: "),
+            "{reason}"
+        );
+        let (_, reason) = error("*/5 * * * *");
+        assert_eq!(
+            reason,
+            "5 words where a schedule needs 7 or more: six cron fields with seconds first \
+             (sec min hour dom mon dow), then a keyword, then optional JSON data"
+        );
+        let (_, reason) = error("@daily report.daily");
+        assert!(
+            reason.starts_with("2 words where a schedule needs 7 or more: "),
+            "{reason}"
+        );
     }
 
     #[test]

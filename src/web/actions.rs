@@ -18,7 +18,7 @@ use super::problem::Problem;
 use super::server::AppState;
 use super::tasks::parse_id;
 use crate::ops;
-use crate::task::{validate_keyword, TaskState};
+use crate::task::validate_keyword;
 
 /// The notice a page shows after an action redirected to it: a code and the name of what
 /// changed, in the query (`?done=retried&name=42`); never free text, so that a link cannot
@@ -99,12 +99,16 @@ pub(super) async fn retry(
         .db(move |conn| ops::retry_task(conn, id, &actor))
         .await?;
     if !result.retried {
-        return Err(Problem::conflict(match result.state {
-            TaskState::Dead | TaskState::Cancelled => format!(
+        return Err(Problem::conflict(if result.parent_pruned {
+            format!(
                 "task {id} was not retried: the parent it waited for was pruned, so the \
                  outcome it depended on is gone"
-            ),
-            other => format!("task {id} is {other}: only a dead or cancelled task is retried"),
+            )
+        } else {
+            format!(
+                "task {id} is {}: only a dead or cancelled task is retried",
+                result.state
+            )
         }));
     }
     log::info!("web: {} retried task {id}", state.actor);

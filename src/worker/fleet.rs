@@ -272,17 +272,47 @@ impl Fleet {
         Ok(due)
     }
 
-    /// [`Worker::mark_gone`] on every database; the first failure, after trying them all.
+    /// [`Worker::mark_gone`] on every database at once (a database that refuses connections
+    /// holds up only its own, for at most [`super::STOP_DATABASE_WAIT`]); the first
+    /// failure, in the order of the URLs, after trying them all.
     pub fn mark_gone(&self) -> Result<()> {
-        let mut first = Ok(());
-        for worker in &self.workers {
-            if let Err(e) = worker.mark_gone() {
-                if first.is_ok() {
-                    first = Err(e.on_database(&worker.url));
-                }
+        let results: Vec<Result<()>> = std::thread::scope(|scope| {
+            let marks: Vec<_> = self
+                .workers
+                .iter()
+                .map(|worker| scope.spawn(|| worker.mark_gone()))
+                .collect();
+            marks
+                .into_iter()
+                .map(|mark| {
+                    mark.join().unwrap_or(Err(Error::Panicked {
+                        thread: "node mark gone",
+                    }))
+                })
+                .collect()
+        });
+        self.workers
+            .iter()
+            .zip(results)
+            .try_for_each(|(worker, result)| result.map_err(|e| e.on_database(&worker.url)))
+    }
+}
+
+impl Drop for Fleet {
+    /// Drops the workers side by side, each stopping its services and marking its node
+    /// gone in its own database: one that refuses connections holds up only its own stop,
+    /// for at most [`super::STOP_DATABASE_WAIT`], and never another database's node.
+    fn drop(&mut self) {
+        let workers = std::mem::take(&mut self.workers);
+        std::thread::scope(|scope| {
+            for worker in workers {
+                let name = format!("outbox-stop-{}", worker.node_id());
+                // A thread that cannot start drops its worker here, on this one.
+                let _ = std::thread::Builder::new()
+                    .name(name)
+                    .spawn_scoped(scope, move || drop(worker));
             }
-        }
-        first
+        });
     }
 }
 

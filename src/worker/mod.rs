@@ -32,7 +32,7 @@ mod watchdog;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub use config::{
     default_threads, WorkerConfig, DEFAULT_DEAD_AFTER_BEATS, DEFAULT_HEARTBEAT,
@@ -47,6 +47,13 @@ pub use rescue::RescueReport;
 pub use style::ClaimStyle;
 pub(crate) use suspects::SoloHold;
 pub use tally::{Report, Tally};
+
+/// How long a stopping worker waits for its database: for its background threads'
+/// statements under way, then for a connection to mark its node gone. A database that
+/// cannot answer in that time (one that refuses connections, whose every checkout would wait
+/// the pool's whole connection timeout) is not waited for: its node stays `alive` there, and
+/// the other nodes rescue its tasks once its heartbeat is `dead_after` old.
+pub const STOP_DATABASE_WAIT: Duration = Duration::from_secs(2);
 
 use config::Settings;
 use dispatch::Dispatcher;
@@ -339,10 +346,19 @@ impl Worker {
     /// Stops the heartbeat and rescue threads and marks this node gone in `async_node`
     /// (dropping the worker does it too). Tasks it still holds are then rescued by the next
     /// rescue pass of any live node.
+    ///
+    /// Waits at most [`STOP_DATABASE_WAIT`] for a connection: when the database cannot give
+    /// one (it refuses connections), this fails and the node stays `alive` there, its tasks
+    /// rescued by the other nodes once its heartbeat is `dead_after` old.
     pub fn mark_gone(&self) -> Result<()> {
         self.services.heartbeat.retire();
         self.services.stop.store(true, Ordering::Relaxed);
-        let mut conn = self.pool.get().op("node mark gone")?;
+        self.mark_gone_within(STOP_DATABASE_WAIT)
+    }
+
+    /// Marks this node gone, waiting at most `wait` for a connection.
+    fn mark_gone_within(&self, wait: Duration) -> Result<()> {
+        let mut conn = self.pool.get_timeout(wait).op("node mark gone")?;
         driver(&mut conn)
             .node_mark_gone(self.node.id())
             .discard_broken(&mut conn)
@@ -398,10 +414,21 @@ impl Worker {
 
 impl Drop for Worker {
     fn drop(&mut self) {
+        // One bound for the whole stop: a database that refuses connections holds it up for
+        // seconds, not for a pool checkout's timeout per statement under way.
+        let deadline = Instant::now() + STOP_DATABASE_WAIT;
         self.services.heartbeat.retire();
-        self.services.stop();
-        if let Err(e) = self.mark_gone() {
-            log::warn!("node {}: could not mark it gone: {e}", self.node.id());
+        self.services.stop_by(deadline);
+        // At least a moment for the connection, when the services took the whole bound.
+        let wait = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(100));
+        if let Err(e) = self.mark_gone_within(wait) {
+            log::warn!(
+                "node {}: could not mark it gone (it stays alive in the database until the \
+                 other nodes find its heartbeat stale and rescue its tasks): {e}",
+                self.node.id()
+            );
         }
         // The hooks of the tasks that died last still run, for at most one more timeout.
         if let Some(hook) = &self.observers.on_dead {

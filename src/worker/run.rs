@@ -12,7 +12,7 @@ use super::record::record_or_unwind;
 use super::tally::{Outcome, Report, Tally};
 use super::ticker::sleep_unless;
 use super::Worker;
-use crate::error::Result;
+use crate::error::{OpContext, Result};
 use crate::task::ClaimedTask;
 
 /// The first pause after a claim failed for want of the database; it doubles up to
@@ -20,6 +20,11 @@ use crate::task::ClaimedTask;
 const FIRST_OUTAGE_PAUSE: Duration = Duration::from_millis(100);
 /// The longest pause between two claims while the database is unavailable.
 const MAX_OUTAGE_PAUSE: Duration = Duration::from_secs(30);
+/// How long a claim looks for a pooled connection before it checks the stop flag again
+/// ([`Worker::wait_for_connection`]).
+const CONNECTION_LOOK: Duration = Duration::from_millis(100);
+/// r2d2's message for a checkout that timed out with no connection error to tell.
+const BARE_CHECKOUT_TIMEOUT: &str = "timed out waiting for connection";
 
 impl Worker {
     /// Runs a claimed page in the execution pool and waits for all of it. The second half
@@ -100,7 +105,7 @@ impl Worker {
         let plan = self.services.domains.plan();
         if plan.has_domains() {
             self.dispatcher.wait_for_lane_room(&self.stopping);
-            if self.is_stopping() {
+            if !self.wait_for_connection()? {
                 return Ok((0, 0));
             }
             return self.refill_lanes(feed, tally, &plan);
@@ -108,7 +113,7 @@ impl Worker {
         let units = self.dispatcher.capacity();
         self.dispatcher
             .wait_for_room(feed, units.div_ceil(2), &self.stopping);
-        if self.is_stopping() {
+        if !self.wait_for_connection()? {
             return Ok((0, 0));
         }
         let room = self.dispatcher.room().max(1);
@@ -205,6 +210,38 @@ impl Worker {
                 limit.max(claimed + 1)
             },
         ))
+    }
+
+    /// Waits until the pool can hand out a connection, as long as a checkout would wait (the
+    /// pool's connection timeout), or until the worker is stopping; returns whether to claim
+    /// (false: stopping). A checkout cannot be interrupted: a claim that waited for one from
+    /// a database that refuses connections would hold a stop up for the whole timeout, so
+    /// the claim's own checkout comes after this one found a connection (it then takes that
+    /// one at once). Fails as the claim's checkout would, with the last connection error.
+    fn wait_for_connection(&self) -> Result<bool> {
+        let deadline = Instant::now() + self.pool.connection_timeout();
+        let mut failure: Option<r2d2::Error> = None;
+        loop {
+            if self.is_stopping() {
+                return Ok(false);
+            }
+            let look = CONNECTION_LOOK.min(deadline.saturating_duration_since(Instant::now()));
+            match self.pool.get_timeout(look) {
+                Ok(_) => return Ok(true),
+                Err(e) => {
+                    // r2d2 hands the last connection error to one failed checkout only: keep
+                    // the one that says why.
+                    let e = match failure.take() {
+                        Some(kept) if e.to_string() == BARE_CHECKOUT_TIMEOUT => kept,
+                        _ => e,
+                    };
+                    if Instant::now() >= deadline {
+                        return Err(e).op("task claim");
+                    }
+                    failure = Some(e);
+                }
+            }
+        }
     }
 
     /// Under lock claims: the tasks of tenants with a `max_running` claimed the stamping way

@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::cancels::CancelWatch;
 use super::config::Settings;
@@ -187,13 +187,25 @@ impl Services {
         Ok(())
     }
 
-    /// Stops every service thread and waits for it.
-    pub(super) fn stop(&self) {
+    /// Stops every service thread and waits for it until `deadline`. A thread still busy
+    /// then (a rescue pass waiting for a connection from a database that refuses them) is
+    /// left to end on its own: it sees the stop flag once its statement returns.
+    pub(super) fn stop_by(&self, deadline: Instant) {
         self.stop.store(true, Ordering::Relaxed);
         let threads =
             std::mem::take(&mut *self.threads.lock().unwrap_or_else(PoisonError::into_inner));
         for thread in threads {
-            let _ = thread.join();
+            while !thread.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            if thread.is_finished() {
+                let _ = thread.join();
+            } else {
+                log::debug!(
+                    "{} still busy at the stop; left to end on its own",
+                    thread.thread().name().unwrap_or("a service thread")
+                );
+            }
         }
     }
 }

@@ -4,14 +4,20 @@ business transaction together with a row of its own `orders` table.
 
     producer.py postgres URL
     producer.py sqlite PATH
-    producer.py mysql URL      (mysql://user[:password]@host:port/database)
+    producer.py mysql URL [found-rows]   (mysql://user[:password]@host:port/database)
+
+With `found-rows` the MySQL connection has the flag CLIENT_FOUND_ROWS, the default of
+Connector/J and of diesel: an INSERT ... ON DUPLICATE KEY UPDATE that finds its row and
+changes nothing then reports one affected row, as a created row does.
 
 It commits some orders with their tasks, rolls some back, repeats some (the task INSERT's
-ON CONFLICT DO NOTHING; on MySQL ON DUPLICATE KEY UPDATE id = id), enqueues tasks with tenant, priority, max_attempts and a delay,
-children of one and of two parents, and tries invalid rows, each of which the database must
-refuse. It prints one JSON report on stdout, read by handlers/tests/cli/producers.rs, which
-then drains the tasks with `outbox-fault drain` (keyword `fault.ledger`) and checks the
-effects. Exit 0 unless something unexpected happened (an invalid row accepted, say).
+ON CONFLICT DO NOTHING; on MySQL ON DUPLICATE KEY UPDATE id = LAST_INSERT_ID(id)) and links
+a child under a repeated parent by the id the repeat gave, enqueues tasks with tenant,
+priority, max_attempts and a delay, children of one and of two parents, and tries invalid
+rows, each of which the database must refuse. It prints one JSON report on stdout, read by
+handlers/tests/cli/producers.rs, which then drains the tasks with `outbox-fault drain`
+(keyword `fault.ledger`) and checks the effects. Exit 0 unless something unexpected happened
+(an invalid row accepted, say).
 """
 
 import json
@@ -25,7 +31,7 @@ KEYWORD = "fault.ledger"
 class Db:
     """One connection, the SQL of one backend, explicit transactions."""
 
-    def __init__(self, backend, target):
+    def __init__(self, backend, target, flags=()):
         self.backend = backend
         if backend == "postgres":
             import psycopg
@@ -37,6 +43,7 @@ class Db:
             self.conn = sqlite3.connect(target, isolation_level=None, timeout=30)
         elif backend == "mysql":
             import pymysql
+            from pymysql.constants import CLIENT
 
             url = urllib.parse.urlparse(target)
             self.errors = (pymysql.Error,)
@@ -44,7 +51,8 @@ class Db:
             self.conn = pymysql.connect(
                 host=url.hostname, port=url.port or 3306, user=url.username,
                 password=urllib.parse.unquote(url.password or ""),
-                database=url.path.lstrip("/"), charset="utf8mb4", autocommit=False)
+                database=url.path.lstrip("/"), charset="utf8mb4", autocommit=False,
+                client_flag=CLIENT.FOUND_ROWS if "found-rows" in flags else 0)
         else:
             raise SystemExit(f"unknown backend {backend!r} (postgres, sqlite or mysql)")
 
@@ -83,7 +91,8 @@ class Db:
 
 
 def place(db, order_id, biz_id=None, keyword=KEYWORD, biz_data=None, extra=None):
-    """The order row and its task, in the open transaction. Returns (task id or None, created)."""
+    """The order row and its task, in the open transaction. Returns (task id, created): the id
+    of the task created, or of the one there already."""
     if db.backend == "mysql":
         db.run("INSERT INTO orders (id, note) VALUES (?, ?) ON DUPLICATE KEY UPDATE id = id",
                (order_id, f"order {order_id}"))
@@ -99,23 +108,33 @@ def place(db, order_id, biz_id=None, keyword=KEYWORD, biz_data=None, extra=None)
         vals.append(sql)
         if param is not None:
             params.append(param)
+    key = (keyword, params[1])
     if db.backend == "mysql":
-        # No RETURNING: the affected-row count says whether the row was created (1) or was
-        # there already (0: the update sets nothing), and lastrowid is its id.
-        cur = db.run(
+        # No RETURNING: LAST_INSERT_ID() is the task's id, created or there already (the
+        # update sets it to the existing row's id), and @outbox_created_id is that id only
+        # if the row was created. Not the affected-row count: under CLIENT_FOUND_ROWS a
+        # duplicate counts one row, as a created row does.
+        db.run(
             f"INSERT INTO async_task ({', '.join(cols)}) VALUES ({', '.join(vals)}) "
-            "ON DUPLICATE KEY UPDATE id = id",
+            "ON DUPLICATE KEY UPDATE id = LAST_INSERT_ID(id)",
             params,
         )
-        created = cur.rowcount == 1
-        return (cur.lastrowid if created else None), created
+        task_id, created_id = db.run("SELECT LAST_INSERT_ID(), @outbox_created_id").fetchone()
+        return task_id, created_id == task_id
     cur = db.run(
         f"INSERT INTO async_task ({', '.join(cols)}) VALUES ({', '.join(vals)}) "
         "ON CONFLICT (keyword, biz_id) DO NOTHING RETURNING id",
         params,
     )
     row = cur.fetchone()
-    return (row[0] if row else None), row is not None
+    if row is not None:
+        return row[0], True
+    return existing_id(db, key), False
+
+
+def existing_id(db, key):
+    """The id of the task `key` (keyword, biz_id), there before this transaction's insert."""
+    return db.run("SELECT id FROM async_task WHERE keyword = ? AND biz_id = ?", key).fetchone()[0]
 
 
 def missing_id(db):
@@ -134,8 +153,10 @@ def missing_id(db):
 
 
 def main():
-    backend, target = sys.argv[1], sys.argv[2]
-    db = Db(backend, target)
+    backend, target, flags = sys.argv[1], sys.argv[2], sys.argv[3:]
+    if flags and (backend != "mysql" or flags != ["found-rows"]):
+        raise SystemExit(f"unknown flags {flags!r} (only: mysql URL found-rows)")
+    db = Db(backend, target, flags)
     report = {"committed": [], "rolled_back": [], "repeated": [], "refused": []}
 
     db.begin()
@@ -163,12 +184,13 @@ def main():
         db.rollback()
         report["rolled_back"].append(order)
 
-    # Repeated: orders 1-3 placed again (a retried request); the task insert is a no-op.
+    # Repeated: orders 1-3 placed again (a retried request); the task insert is a no-op
+    # and gives the existing task's id.
     for order in range(1, 4):
         db.begin()
         task_id, created = place(db, order)
         db.commit()
-        report["repeated"].append({"order": order, "created": created})
+        report["repeated"].append({"order": order, "created": created, "task": task_id})
 
     # Options: tenant, priority and max_attempts; and a task delayed by 10 minutes.
     db.begin()
@@ -197,6 +219,18 @@ def main():
            (c2, p30, c2, p31))
     db.commit()
     report["chains"] = [{"child": c1, "parents": [p30]}, {"child": c2, "parents": [p30, p31]}]
+    # A retried request places order 40 again, after another insert on this connection,
+    # and links a child under the id its (duplicate) task insert gave.
+    db.begin()
+    p40, _ = place(db, 40)
+    db.commit()
+    db.begin()
+    place(db, 41)
+    again, _ = place(db, 40)
+    c3, _ = place(db, 40, biz_id="40-ship", extra={"parent_id": ("?", again)})
+    db.commit()
+    report["repeated"].append({"order": 40, "created": False, "task": again, "first": p40})
+    report["chains"].append({"child": c3, "parents": [p40]})
 
     # Invalid rows: each in its own transaction with its order; the database must refuse it.
     invalid = [

@@ -594,3 +594,86 @@ fn a_released_child_wakes_idle_workers_at_the_parents_commit() {
         .collect();
     assert_eq!(payloads, ["child.kw"], "the released child's keyword, once");
 }
+
+/// MySQL at its own default isolation, REPEATABLE READ: a cancel in the caller's business
+/// transaction, whose snapshot predates a child linked under a descendant (the link's
+/// producer holds that descendant while the cascade waits for it), still cancels that
+/// child: the cascade reads the tree's newest links, not its snapshot's.
+#[cfg(feature = "mysql")]
+#[test]
+fn a_cancel_at_repeatable_read_cancels_a_grandchild_linked_after_its_snapshot() {
+    use diesel::connection::SimpleConnection;
+    let db = &TestDb::mysql();
+    let root = enqueue(&mut db.conn(), &NewTask::new("step", "root"))
+        .unwrap()
+        .id;
+    let middle = enqueue(&mut db.conn(), &NewTask::new("step", "middle").after(root))
+        .unwrap()
+        .id;
+    let late = enqueue(&mut db.conn(), &NewTask::new("step", "late"))
+        .unwrap()
+        .id;
+    let mut caller = db.conn();
+    caller
+        .batch_execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        .unwrap();
+    let mut producer = db.conn();
+    let (cancelled, waited) = std::thread::scope(|s| {
+        let (canceller, waited) = producer
+            .transaction(|conn| -> QueryResult<_> {
+                diesel::sql_query(format!(
+                    "INSERT INTO async_task_parent (child_id, parent_id) VALUES ({late}, {middle})"
+                ))
+                .execute(conn)?;
+                let canceller = s.spawn(move || {
+                    caller
+                        .transaction(|caller| -> outbox::Result<_> {
+                            // The caller's own read first: its snapshot has no link of `late`.
+                            caller.batch_execute("SELECT count(*) FROM async_task_parent")?;
+                            cancel(caller, root)
+                        })
+                        .unwrap()
+                });
+                Ok((canceller, waits_for_a_lock(db)))
+            })
+            .unwrap();
+        (canceller.join().unwrap(), waited)
+    });
+    assert!(waited, "the cancel never waited for the producer's lock");
+    assert!(cancelled.cancelled);
+    assert_eq!(
+        (state(db, middle).as_str(), state(db, late).as_str()),
+        ("cancelled", "cancelled")
+    );
+}
+
+/// MySQL at REPEATABLE READ: a retry in the caller's transaction, whose snapshot predates
+/// the parent's completion, puts the child back to pending, not blocked on a parent that
+/// is done already (and would never release it).
+#[cfg(feature = "mysql")]
+#[test]
+fn a_retry_at_repeatable_read_sees_a_parent_done_after_its_snapshot() {
+    use diesel::connection::SimpleConnection;
+    let db = &TestDb::mysql();
+    let parent = enqueue(&mut db.conn(), &NewTask::new("step", "p"))
+        .unwrap()
+        .id;
+    let child = enqueue(&mut db.conn(), &NewTask::new("step", "c").after(parent))
+        .unwrap()
+        .id;
+    assert!(cancel(&mut db.conn(), child).unwrap().cancelled);
+    let mut caller = db.conn();
+    caller
+        .batch_execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        .unwrap();
+    let retried = caller
+        .transaction(|caller| -> outbox::Result<_> {
+            // The caller's own read first: its snapshot has the parent pending.
+            caller.batch_execute("SELECT count(*) FROM async_task")?;
+            assert_eq!(worker(db, registry(&["step"])).run_once().unwrap().done, 1);
+            retry(caller, child)
+        })
+        .unwrap();
+    assert_eq!((retried.retried, retried.state), (true, TaskState::Pending));
+    assert_eq!(state(db, child), "pending");
+}

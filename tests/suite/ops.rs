@@ -317,6 +317,30 @@ every_backend! {
         assert_eq!(db.ledger_rows(child), 1);
     }
 
+    fn retry_by_filter_leaves_a_child_whose_parent_was_pruned_as_retry_of_one_does(db: &TestDb) {
+        let parent = enqueue(&mut db.conn(), &NewTask::new("order.pack", "p")).unwrap().id;
+        let child = enqueue(&mut db.conn(), &NewTask::new("order.ship", "c").after(parent)).unwrap().id;
+        let lone = tasks(db, "order.ship", 0..1, None)[0];
+        assert_eq!(kill(db, "order.pack") + kill(db, "order.ship"), 2);
+        assert_eq!(db.task(child).state, "cancelled", "cancelled with its dead parent");
+        // The dead parent alone is old enough to go.
+        db.exec(&format!("UPDATE async_task SET finished_at = {} WHERE id = {parent}", db.ago_sql(7_200_000)));
+        let pruned = outbox::prune::prune(&mut db.conn(), &outbox::prune::PruneParams::new(Duration::from_secs(3600))).unwrap();
+        assert_eq!(pruned.tasks(), 1);
+
+        let mut conn = db.conn();
+        let one = ops::retry_task(&mut conn, child, ACTOR).unwrap();
+        assert_eq!((one.retried, one.state, one.parent_pruned), (false, TaskState::Cancelled, true), "retry ID refuses it");
+        let every = Filter::default();
+        let would = ops::retry_matching(&mut conn, &every, true, ACTOR).unwrap();
+        assert_eq!((would.matched, would.skipped), (1, 1), "a dry run counts only the lone dead task");
+        let done = ops::retry_matching(&mut conn, &every, false, ACTOR).unwrap();
+        assert_eq!((done.matched, done.changed, done.skipped), (1, 1, 1));
+        assert_eq!(db.task(lone).state, "pending");
+        assert_eq!(db.task(child).state, "cancelled", "retry --all refuses it as retry ID does");
+        assert_eq!(db.count("SELECT count(*) FROM async_audit WHERE action = 'task.retry' AND affected = 1"), 1);
+    }
+
     fn retry_and_cancel_of_one_task_are_audited_and_an_unknown_id_is_named(db: &TestDb) {
         let id = tasks(db, "mail.send", 0..1, None)[0];
         let mut conn = db.conn();

@@ -2,6 +2,8 @@
 //! run once, their effects in that database; one database's trouble holds up only its own
 //! claim loop; bad input refused before any node registers.
 
+use std::time::{Duration, Instant};
+
 use outbox::domain::admin;
 use outbox::{enqueue_batch, Backend, Error, Fleet, NewTask, WorkerConfig};
 
@@ -251,5 +253,69 @@ fn a_database_unreachable_mid_run_does_not_stop_the_other() {
     assert_eq!(
         other.count("SELECT count(*) FROM async_task WHERE state = 'pending'"),
         50
+    );
+}
+
+/// A fleet stopping while one database refuses connections: the stop takes seconds, not the
+/// pool's checkout timeout per attempt, and the node of the reachable database is marked
+/// gone; the unreachable one's stays `alive`, for the fleet's rescue once its heartbeat is
+/// stale. PostgreSQL, whose server can refuse one database while serving another.
+#[test]
+fn a_fleet_stops_in_seconds_while_a_database_refuses_connections() {
+    let (down, up) = (TestDb::postgres(), TestDb::postgres());
+    let config = small_config().poll_interval(Duration::from_millis(50));
+    // The refusing database first: its worker is dropped before the other's.
+    let fleet = Fleet::new(
+        &[down.url.clone(), up.url.clone()],
+        ledger_registry("ledger"),
+        config,
+    )
+    .unwrap();
+    let name = down.url_text.rsplit('/').next().unwrap().to_owned();
+    up.exec(&format!(
+        "ALTER DATABASE {name} ALLOW_CONNECTIONS false; \
+         SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'"
+    ));
+    let stop = fleet.stop_flag();
+    let (loops_tx, loops_ended) = std::sync::mpsc::channel();
+    let running = std::thread::spawn(move || {
+        let reports = fleet.run();
+        let _ = loops_tx.send(Instant::now());
+        drop(fleet);
+        reports
+    });
+    // The reachable database's loop runs a task; the other's claims meet the refusal.
+    enqueue(&up, 1);
+    let limit = Instant::now() + Duration::from_secs(30);
+    while up.count("SELECT count(*) FROM async_task WHERE state = 'done'") < 1 {
+        assert!(
+            Instant::now() < limit,
+            "the reachable database's task never ran"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let asked = Instant::now();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let reports = running.join().unwrap();
+    let took = asked.elapsed();
+    let loops = loops_ended.recv().unwrap().duration_since(asked);
+    up.exec(&format!("ALTER DATABASE {name} ALLOW_CONNECTIONS true"));
+    assert!(
+        reports.iter().all(|r| r.result.is_ok()),
+        "a run ends without error"
+    );
+    // A claim's look for a connection, then at most the refusing database's 2 s.
+    assert!(
+        loops < Duration::from_secs(1),
+        "the claim loops took {loops:?} to stop"
+    );
+    assert!(took < Duration::from_secs(4), "the stop took {took:?}");
+    assert_eq!(
+        up.count("SELECT count(*) FROM async_node WHERE state = 'gone'"),
+        1
+    );
+    assert_eq!(
+        down.count("SELECT count(*) FROM async_node WHERE state = 'alive'"),
+        1
     );
 }

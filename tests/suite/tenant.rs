@@ -109,47 +109,7 @@ every_backend! {
     }
 
     fn eight_producers_racing_on_one_tenant_never_pass_max_queued(db: &TestDb) {
-        const LIMIT: i64 = 40;
-        limit_queued(db, "acme", LIMIT as i32);
-        let start = Arc::new(Barrier::new(8));
-        let producers: Vec<_> = (0..8)
-            .map(|p| {
-                let (url, start) = (db.url.clone(), Arc::clone(&start));
-                std::thread::spawn(move || {
-                    let mut conn = url.connect().unwrap();
-                    start.wait();
-                    let (mut created, mut refused) = (0, 0);
-                    for i in 0..15 {
-                        // Each in a transaction of its own with a business write, as a
-                        // producer does.
-                        let result = outbox::write_transaction(&mut conn, |conn| {
-                            diesel::RunQueryDsl::execute(
-                                diesel::sql_query(
-                                    "INSERT INTO test_ledger (task_id, note) VALUES (-1, 'order')",
-                                ),
-                                conn,
-                            )?;
-                            enqueue(conn, &task(&format!("p{p}-{i}"), "acme"))
-                        });
-                        match result {
-                            Ok(e) if e.created => created += 1,
-                            Err(Error::QuotaExceeded { limit, .. }) if limit == LIMIT => refused += 1,
-                            other => panic!("producer {p}: {other:?}"),
-                        }
-                    }
-                    (created, refused)
-                })
-            })
-            .collect();
-        let (mut created, mut refused) = (0, 0);
-        for p in producers {
-            let (c, r) = p.join().unwrap();
-            created += c;
-            refused += r;
-        }
-        assert_eq!((created, refused), (LIMIT, 120 - LIMIT));
-        assert_eq!(db.count("SELECT count(*) FROM async_task WHERE tenant = 'acme'"), LIMIT);
-        assert_eq!(db.ledger_rows(-1), LIMIT, "a refused producer's transaction rolled back");
+        producers_race_on_one_tenant(db, None);
     }
 
     fn bad_tenant_input_is_refused_and_changes_nothing(db: &TestDb) {
@@ -429,5 +389,123 @@ fn a_bulk_enqueue_counts_a_tenants_queued_tasks_once() {
         "the enqueue of 500 rows made {} index scans reading {} rows",
         reads.idx_scan,
         reads.idx_tup_fetch
+    );
+}
+
+/// Eight producers enqueue 15 tasks each for the tenant `acme` (a `max_queued` of 40) at
+/// once, each enqueue in a transaction of its own after a business write (and, with
+/// `isolation`, on connections at that level, each transaction reading first, so that its
+/// snapshot predates the others' enqueues): exactly 40 are created, the rest refused, and a
+/// refused producer's transaction rolls back.
+fn producers_race_on_one_tenant(db: &TestDb, isolation: Option<&'static str>) {
+    const LIMIT: i64 = 40;
+    limit_queued(db, "acme", LIMIT as i32);
+    let start = Arc::new(Barrier::new(8));
+    let producers: Vec<_> = (0..8)
+        .map(|p| {
+            let (url, start) = (db.url.clone(), Arc::clone(&start));
+            std::thread::spawn(move || {
+                let mut conn = url.connect().unwrap();
+                if let Some(level) = isolation {
+                    diesel::connection::SimpleConnection::batch_execute(
+                        &mut conn,
+                        &format!("SET SESSION TRANSACTION ISOLATION LEVEL {level}"),
+                    )
+                    .unwrap();
+                }
+                start.wait();
+                let (mut created, mut refused) = (0, 0);
+                for i in 0..15 {
+                    // Each in a transaction of its own with a business write, as a
+                    // producer does.
+                    let result = outbox::write_transaction(&mut conn, |conn| {
+                        if isolation.is_some() {
+                            diesel::RunQueryDsl::execute(
+                                diesel::sql_query("SELECT count(*) FROM test_ledger"),
+                                conn,
+                            )?;
+                        }
+                        diesel::RunQueryDsl::execute(
+                            diesel::sql_query(
+                                "INSERT INTO test_ledger (task_id, note) VALUES (-1, 'order')",
+                            ),
+                            conn,
+                        )?;
+                        enqueue(conn, &task(&format!("p{p}-{i}"), "acme"))
+                    });
+                    match result {
+                        Ok(e) if e.created => created += 1,
+                        Err(Error::QuotaExceeded { limit, .. }) if limit == LIMIT => refused += 1,
+                        other => panic!("producer {p}: {other:?}"),
+                    }
+                }
+                (created, refused)
+            })
+        })
+        .collect();
+    let (mut created, mut refused) = (0, 0);
+    for p in producers {
+        let (c, r) = p.join().unwrap();
+        created += c;
+        refused += r;
+    }
+    assert_eq!((created, refused), (LIMIT, 120 - LIMIT));
+    assert_eq!(
+        db.count("SELECT count(*) FROM async_task WHERE tenant = 'acme'"),
+        LIMIT
+    );
+    assert_eq!(
+        db.ledger_rows(-1),
+        LIMIT,
+        "a refused producer's transaction rolled back"
+    );
+}
+
+/// The race above at MySQL's own default isolation, REPEATABLE READ.
+#[cfg(feature = "mysql")]
+#[test]
+fn eight_mysql_producers_at_repeatable_read_never_pass_max_queued() {
+    producers_race_on_one_tenant(&TestDb::mysql(), Some("REPEATABLE READ"));
+}
+
+/// MySQL at its own default isolation, REPEATABLE READ: a producer whose transaction read
+/// before another producer's enqueue of the same tenant committed is held to `max_queued`
+/// by the newest count, not its snapshot's — for its first enqueue and for the ones after it
+/// in the same transaction — through the API and through a plain INSERT alike.
+#[cfg(feature = "mysql")]
+#[test]
+fn max_queued_holds_for_a_mysql_producer_at_repeatable_read() {
+    use diesel::connection::SimpleConnection;
+    let db = &TestDb::mysql();
+    limit_queued(db, "acme", 2);
+    let mut late = db.conn();
+    late.batch_execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        .unwrap();
+    late.transaction(|late| -> outbox::Result<()> {
+        // The snapshot: this producer reads first (its business rows, say).
+        let queued: i64 = diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>(
+            "(SELECT count(*) FROM async_task)",
+        ))
+        .get_result(late)?;
+        assert_eq!(queued, 0);
+        // Another producer's enqueue commits meanwhile.
+        enqueue(&mut db.conn(), &task("first", "acme")).unwrap();
+        // One more fits; the one after it does not, though this snapshot sees neither.
+        enqueue(late, &task("second", "acme"))?;
+        assert!(is_quota(enqueue(late, &task("third", "acme")), "acme", 2));
+        let plain = late.batch_execute(
+            "INSERT INTO async_task (keyword, biz_id, tenant) VALUES ('ledger', 'fourth', 'acme')",
+        );
+        let refused = plain.expect_err("a plain INSERT past the limit is refused too");
+        assert!(
+            refused.to_string().contains("over its max_queued"),
+            "{refused}"
+        );
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(
+        db.count("SELECT count(*) FROM async_task WHERE tenant = 'acme'"),
+        2
     );
 }

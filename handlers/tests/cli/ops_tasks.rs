@@ -173,6 +173,37 @@ every_backend! {
             .stdout_has(&format!("task {} is pending again", dead[0]));
     }
 
+    fn retry_by_id_and_retry_all_leave_a_child_whose_parent_was_pruned_and_say_why(db: &TestDb) {
+        let dir = workdir();
+        let parent = dead_tasks(db, dir.path(), &["p"])[0];
+        // Enqueued under a dead parent: cancelled at once.
+        let child = enqueue(&mut db.conn(), &NewTask::new("coupon.grant", "c").after(parent)).unwrap().id;
+        db.exec(&format!("UPDATE async_task SET finished_at = {} WHERE id = {parent}", db.ago_sql(7_200_000)));
+        run(outbox_on(db, dir.path()).args(["prune", "--older-than", "1h"]))
+            .expect_code(0)
+            .stdout_has("pruned 1 task (1 dead)");
+
+        let out = run(operator(db, dir.path()).args(["retry", &child.to_string()])).expect_code(0);
+        assert_eq!(
+            out.stdout.trim(),
+            format!("task {child} is cancelled and stays so: a parent it waited for was pruned, so the outcome it depended on is gone; nothing written")
+        );
+        run(operator(db, dir.path()).args(["retry", "--all", "--dry-run"]))
+            .expect_code(0)
+            .stdout_has("no dead or cancelled task can be retried (1 left as it is: a parent it waited for was pruned); nothing written");
+        let out = run(operator(db, dir.path()).args(["retry", "--all", "--json"])).expect_code(0);
+        let json: Value = serde_json::from_str(out.stdout.trim()).unwrap();
+        assert_eq!((json["matched"].as_u64(), json["changed"].as_u64(), json["skipped"].as_u64()), (Some(0), Some(0), Some(1)));
+        assert_eq!((db.task(child).state.as_str(), audits(db)), ("cancelled", 0));
+
+        // Beside a task it does retry.
+        let other = dead_tasks(db, dir.path(), &["q"])[0];
+        run(operator(db, dir.path()).args(["retry", "--all"]))
+            .expect_code(0)
+            .stdout_has("retried 1 task(s) (1 left as it is: a parent it waited for was pruned)");
+        assert_eq!((db.task(other).state.as_str(), db.task(child).state.as_str()), ("pending", "cancelled"));
+    }
+
     fn retry_refuses_bad_input_and_changes_nothing(db: &TestDb) {
         let dir = workdir();
         let dead = dead_tasks(db, dir.path(), &["a"]);

@@ -95,7 +95,7 @@ every_backend! {
             ("0 0 3 * * * points.credit\n0 0 25 * * * coupon.grant\n", "line 2: cron expression \"0 0 25 * * *\": "),
             ("\n\n0 0 3 * * * report.daily\n", "line 3: keyword \"report.daily\" has no handler in this program (its keywords: coupon.grant, points.credit)"),
             ("0 0 3 * * * points.credit {\"user_id\": }\n", "line 1: data for keyword \"points.credit\" is not valid JSON: "),
-            ("0 0 3 * * points.credit\n", "line 1: expected six cron fields and then a keyword, found only 6 word(s)"),
+            ("0 0 3 * * points.credit\n", "line 1: 6 words where a schedule needs 7 or more: six cron fields with seconds first (sec min hour dom mon dow), then a keyword, then optional JSON data; a five-field crontab line (min hour dom mon dow) takes its seconds first: \"0 0 0 3 * * points.credit\""),
             ("0 0 3 * * * points.credit\n0 0 4 * * * points.credit\n", "line 2: keyword \"points.credit\" is scheduled again (first on line 1)"),
         ];
         for (text, message) in cases {

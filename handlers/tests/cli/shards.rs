@@ -110,3 +110,48 @@ every_backend! {
         assert_eq!(db.count("SELECT count(*) FROM async_node"), 0, "nothing started");
     }
 }
+
+/// `outbox run` serving two databases, one of which refuses connections, stops at SIGTERM in
+/// seconds (not a pool checkout's timeout per statement under way), marks its node gone in
+/// the other, and says that the refusing one's node stays alive there. PostgreSQL, whose
+/// server can refuse one database while serving another.
+#[test]
+fn run_stops_in_seconds_while_a_database_refuses_connections() {
+    let (down, up) = (TestDb::postgres(), TestDb::postgres());
+    let dir = workdir();
+    let worker = Running::spawn(
+        outbox(dir.path())
+            .args(["run", "--poll-interval", "50ms"])
+            .args(both_urls(&down, &up)),
+    );
+    let pid = worker.pid();
+    let node = format!("FROM async_node WHERE name LIKE '%:{pid}'");
+    wait_until(WORK_LIMIT, "a node in each database", || {
+        down.count(&format!("SELECT count(*) {node}")) == 1
+            && up.count(&format!("SELECT count(*) {node}")) == 1
+    });
+    let name = down.url_text.rsplit('/').next().unwrap().to_owned();
+    up.exec(&format!(
+        "ALTER DATABASE {name} ALLOW_CONNECTIONS false; \
+         SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'"
+    ));
+    // The reachable database's loop still runs its tasks.
+    run(outbox_on(&up, dir.path()).args(["demo", "--enqueue-only", "--tasks", "1"])).expect_code(0);
+    wait_until(WORK_LIMIT, "the reachable database's tasks done", || {
+        tasks_in(&up, "done") == 2
+    });
+    sigterm(pid);
+    let out = worker
+        .finish(std::time::Duration::from_secs(5))
+        .expect_code(0);
+    up.exec(&format!("ALTER DATABASE {name} ALLOW_CONNECTIONS true"));
+    out.stderr_has("could not mark it gone");
+    assert_eq!(
+        up.count(&format!("SELECT count(*) {node} AND state = 'gone'")),
+        1
+    );
+    assert_eq!(
+        down.count(&format!("SELECT count(*) {node} AND state = 'alive'")),
+        1
+    );
+}

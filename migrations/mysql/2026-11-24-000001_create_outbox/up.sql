@@ -116,11 +116,23 @@ CREATE TABLE IF NOT EXISTS async_tenant (
     weight      INT          NOT NULL DEFAULT 1,
     updated_at  DATETIME(3)  NOT NULL DEFAULT (UTC_TIMESTAMP(3)),
     updated_by  VARCHAR(255) NOT NULL DEFAULT '',
+    -- Bumped by each enqueue checked against max_queued from a current snapshot (the
+    -- trigger async_task_before_insert below).
+    enqueue_seq BIGINT       NOT NULL DEFAULT 0,
     CONSTRAINT async_tenant_tenant_check CHECK (
         OCTET_LENGTH(tenant) BETWEEN 1 AND 128 AND LOCATE(CHAR(0), tenant) = 0),
     CONSTRAINT async_tenant_max_queued_check CHECK (max_queued IS NULL OR max_queued >= 0),
     CONSTRAINT async_tenant_max_running_check CHECK (max_running IS NULL OR max_running >= 0),
     CONSTRAINT async_tenant_weight_check CHECK (weight >= 1)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+
+-- Bumped by each enqueue checked against a tenant's max_queued by a transaction whose
+-- snapshot was not current (async_task_before_insert below). A row apart from the tenant's:
+-- a transaction reads the rows it wrote as it wrote them, so it would no longer see, in a row
+-- it had bumped, that its snapshot is old.
+CREATE TABLE IF NOT EXISTS async_tenant_late_enqueue (
+    tenant      VARCHAR(255) NOT NULL PRIMARY KEY,
+    enqueue_seq BIGINT       NOT NULL DEFAULT 0
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
 
 -- What operators changed, in the transaction of the change.
@@ -176,10 +188,17 @@ CREATE TABLE IF NOT EXISTS async_schedule (
 
 -- A producer's INSERT, checked as the API checks an enqueue:
 --  * max_queued: the tenant's row is locked (FOR UPDATE) until the producer's transaction
---    ends, so producers of one tenant take turns and the count (READ COMMITTED: it sees what
---    committed before) includes every task of those before. The count stops at the limit. A
---    row that repeats an existing (keyword, biz_id) is let through, to be skipped as a
---    duplicate by the insert.
+--    ends, so producers of one tenant take turns, and the count includes every task of
+--    those before. The count stops at the limit. A plain count reads the transaction's
+--    snapshot: under READ COMMITTED the statement's, under REPEATABLE READ (MySQL's
+--    default) the one its first read took, which may predate another producer's enqueue.
+--    So each enqueue bumps a counter, and a transaction whose snapshot shows the counters as
+--    the locking reads do (nothing enqueued for the tenant since it) counts plainly; any
+--    other counts with a locking read, which sees the newest committed rows (and holds their
+--    share locks until it ends), and bumps the counter kept apart for such late enqueues:
+--    its own later enqueues still find its snapshot old, and count the same way. A row that
+--    repeats an existing (keyword, biz_id) is let through, to be skipped as a duplicate by
+--    the insert.
 --  * parent_id, a producer's shorthand for one parent: the parent must exist; the child is
 --    blocked while it is not finished, cancelled with it when it is dead or cancelled. (The
 --    link row is written by the AFTER INSERT trigger. MySQL forbids a trigger to change the
@@ -189,21 +208,49 @@ CREATE TRIGGER async_task_before_insert BEFORE INSERT ON async_task FOR EACH ROW
 BEGIN
     DECLARE lim INT DEFAULT NULL;
     DECLARE queued INT DEFAULT 0;
+    -- (Named apart from every column: in a trigger's statements a local variable hides a
+    -- column of its name.)
+    DECLARE v_seq BIGINT DEFAULT NULL;
+    DECLARE v_seq_seen BIGINT DEFAULT NULL;
+    DECLARE v_late BIGINT DEFAULT NULL;
+    DECLARE v_late_seen BIGINT DEFAULT NULL;
+    DECLARE repeated INT DEFAULT 0;
     DECLARE parent_state VARCHAR(16) DEFAULT NULL;
     -- Left set by a shorthand insert that failed on this session (see below).
     SET @outbox_link_recorded = NULL;
+    -- Set by async_task_after_insert if this row is created: a producer's upsert tells a
+    -- created task from one there already by it (README, "Enqueue from another language").
+    SET @outbox_created_id = NULL;
     IF NEW.tenant IS NOT NULL AND NEW.state IN ('pending', 'blocked') THEN
-        SELECT max_queued INTO lim FROM async_tenant
+        SELECT max_queued, enqueue_seq INTO lim, v_seq FROM async_tenant
          WHERE tenant = NEW.tenant AND max_queued IS NOT NULL FOR UPDATE;
         IF lim IS NOT NULL THEN
-            SELECT count(*) INTO queued FROM (
-                SELECT 1 FROM async_task
-                 WHERE tenant = NEW.tenant AND state IN ('pending', 'blocked') LIMIT lim) q;
-            IF queued >= lim AND NOT EXISTS (
-                SELECT 1 FROM async_task WHERE keyword = NEW.keyword AND biz_id = NEW.biz_id)
-            THEN
-                SIGNAL SQLSTATE '23000'
-                    SET MESSAGE_TEXT = 'async_task: tenant over its max_queued';
+            SELECT enqueue_seq INTO v_late FROM async_tenant_late_enqueue
+             WHERE tenant = NEW.tenant FOR UPDATE;
+            -- The same rows as this transaction's snapshot has them (plain reads).
+            SELECT enqueue_seq INTO v_seq_seen FROM async_tenant WHERE tenant = NEW.tenant;
+            SELECT enqueue_seq INTO v_late_seen FROM async_tenant_late_enqueue
+             WHERE tenant = NEW.tenant;
+            IF v_seq_seen <=> v_seq AND v_late_seen <=> v_late THEN
+                SELECT count(*) INTO queued FROM (
+                    SELECT 1 FROM async_task
+                     WHERE tenant = NEW.tenant AND state IN ('pending', 'blocked') LIMIT lim) q;
+                UPDATE async_tenant SET enqueue_seq = v_seq + 1 WHERE tenant = NEW.tenant;
+            ELSE
+                SELECT count(*) INTO queued FROM (
+                    SELECT 1 FROM async_task
+                     WHERE tenant = NEW.tenant AND state IN ('pending', 'blocked') LIMIT lim
+                     LOCK IN SHARE MODE) q;
+                INSERT INTO async_tenant_late_enqueue (tenant, enqueue_seq) VALUES (NEW.tenant, 1)
+                    ON DUPLICATE KEY UPDATE enqueue_seq = enqueue_seq + 1;
+            END IF;
+            IF queued >= lim THEN
+                SELECT count(*) INTO repeated FROM async_task
+                 WHERE keyword = NEW.keyword AND biz_id = NEW.biz_id LOCK IN SHARE MODE;
+                IF repeated = 0 THEN
+                    SIGNAL SQLSTATE '23000'
+                        SET MESSAGE_TEXT = 'async_task: tenant over its max_queued';
+                END IF;
             END IF;
         END IF;
     END IF;
@@ -231,6 +278,10 @@ END;
 -- the session (a pooled connection), and a later link of another child must not be skipped.
 CREATE TRIGGER async_task_after_insert AFTER INSERT ON async_task FOR EACH ROW
 BEGIN
+    -- The row was inserted, not found as a duplicate (whose ON DUPLICATE KEY UPDATE fires
+    -- the update triggers instead): the affected-row count cannot say so under the client
+    -- flag CLIENT_FOUND_ROWS, which counts a duplicate left unchanged as one row too.
+    SET @outbox_created_id = NEW.id;
     IF NEW.parent_id IS NOT NULL THEN
         SET @outbox_link_recorded = NEW.id;
         INSERT INTO async_task_parent (child_id, parent_id) VALUES (NEW.id, NEW.parent_id);

@@ -91,7 +91,7 @@ pub(super) fn lock_by_key(
 /// Cancels the blocked and pending descendants of `root` (not `root` itself), however deep
 /// the tree, saying `why`.
 ///
-/// The tree is read without locks, then its unfinished tasks are locked by key and
+/// The tree is read ([`descendants`]), then its unfinished tasks are locked by key and
 /// cancelled; then read again, until a reading finds nothing left to cancel. A child linked
 /// under a descendant while this runs either committed before that descendant was locked
 /// (the next reading sees it) or waits for the lock and then finds its parent cancelled (its
@@ -103,19 +103,7 @@ pub(crate) fn cancel_descendants(
 ) -> QueryResult<usize> {
     let mut cancelled = 0;
     loop {
-        let tree: Vec<Id> = Statement::<Mysql>::new(
-            "WITH RECURSIVE d (id) AS (
-                 SELECT child_id FROM async_task_parent WHERE parent_id = ",
-        )
-        .bind::<BigInt, _>(root)
-        .sql(
-            "
-                 UNION
-                 SELECT l.child_id FROM async_task_parent l JOIN d ON l.parent_id = d.id)
-             SELECT id FROM d",
-        )
-        .load(conn)?;
-        let tree: Vec<i64> = tree.into_iter().map(|t| t.id).collect();
+        let tree = descendants(conn, root)?;
         let ids = lock_by_key(conn, &tree, |s| s.sql("state IN ('blocked', 'pending')"))?;
         if ids.is_empty() {
             return Ok(cancelled);
@@ -134,6 +122,33 @@ pub(crate) fn cancel_descendants(
     }
 }
 
+/// Every task below `root` in the chains, read a generation at a time with locking reads
+/// (`LOCK IN SHARE MODE`), which see the newest committed links whatever the transaction's
+/// isolation: a plain read of a REPEATABLE READ transaction (MySQL's default, and the
+/// caller's connection may run at it) would see its snapshot's links on every reading, and
+/// miss a child linked after it. (MariaDB refuses a locking clause inside a recursive CTE,
+/// and one on its outer query still reads the snapshot's links, as tried on 10.11: hence a
+/// generation at a time.) The links read stay share-locked until the transaction ends, as
+/// the tasks cancelled stay locked.
+fn descendants(conn: &mut MysqlConnection, root: i64) -> QueryResult<Vec<i64>> {
+    let mut seen: std::collections::BTreeSet<i64> = std::collections::BTreeSet::new();
+    let mut generation = vec![root];
+    while !generation.is_empty() {
+        let children: Vec<Id> = Statement::<Mysql>::new(
+            "SELECT DISTINCT child_id AS id FROM async_task_parent WHERE parent_id IN ",
+        )
+        .with(|s| list::ids(s, &generation))
+        .sql(" LOCK IN SHARE MODE")
+        .load(conn)?;
+        generation = children
+            .into_iter()
+            .map(|c| c.id)
+            .filter(|&id| seen.insert(id))
+            .collect();
+    }
+    Ok(seen.into_iter().collect())
+}
+
 /// Cancels the descendants of each of `roots`, tasks that have just ended dead or cancelled
 /// (`state`), as [`cancel_descendants`] does.
 pub(crate) fn cancel_descendants_of(
@@ -144,12 +159,13 @@ pub(crate) fn cancel_descendants_of(
     if roots.is_empty() {
         return Ok(());
     }
-    // Only the roots that are anyone's parent: one index read for all of them.
+    // Only the roots that are anyone's parent: one index read for all of them (a locking
+    // read: the newest links, as `descendants` reads them).
     let parents: Vec<Id> = Statement::<Mysql>::new(
         "SELECT DISTINCT parent_id AS id FROM async_task_parent WHERE parent_id IN ",
     )
     .with(|s| list::ids(s, roots))
-    .sql(" ORDER BY parent_id")
+    .sql(" ORDER BY parent_id LOCK IN SHARE MODE")
     .load(conn)?;
     for parent in parents {
         cancel_descendants(

@@ -13,6 +13,7 @@ use diesel::sql_types::{BigInt, Integer, Nullable, Text};
 use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 
 use super::{chain, list};
+use crate::driver::ops::PARENT_PRUNED;
 use crate::driver::{audit_insert, AuditEntry, TaskFilter};
 use crate::sql::Statement;
 
@@ -95,16 +96,11 @@ pub(super) fn cancel_matching(
 
 /// Retries the task `id` if it is dead or cancelled and none of its parents was pruned.
 pub(super) fn retry(conn: &mut MysqlConnection, id: i64) -> QueryResult<usize> {
-    retry_ids(
-        conn,
-        &[id],
-        &["dead".to_owned(), "cancelled".to_owned()],
-        true,
-    )
+    retry_ids(conn, &[id], &["dead".to_owned(), "cancelled".to_owned()])
 }
 
-/// Retries those of the tasks `ids` still in one of `states` (and, with `whole`, none of
-/// whose parents was pruned): pending again, or blocked on the parents of theirs that are
+/// Retries those of the tasks `ids` still in one of `states` and none of whose parents was
+/// pruned: pending again, or blocked on the parents of theirs that are
 /// not done, failures reset; returns how many. In one transaction that first locks the
 /// parents, in id order as a completion locks them (a completion in flight is waited for,
 /// its parent then read as done), then the tasks: a parent cannot become done between the
@@ -114,7 +110,6 @@ pub(super) fn retry_ids(
     conn: &mut MysqlConnection,
     ids: &[i64],
     states: &[String],
-    whole: bool,
 ) -> QueryResult<usize> {
     if ids.is_empty() {
         return Ok(0);
@@ -127,18 +122,14 @@ pub(super) fn retry_ids(
         .with(|s| list::ids(s, ids))
         .sql(") ORDER BY id FOR UPDATE")
         .load::<Id>(conn)?;
-        let mut pick = Statement::<Mysql>::new("SELECT id FROM async_task WHERE id IN ")
+        let picked: Vec<Id> = Statement::<Mysql>::new("SELECT id FROM async_task WHERE id IN ")
             .with(|s| list::ids(s, ids))
             .sql(" AND state IN ")
-            .with(|s| list::texts(s, states));
-        if whole {
-            pick = pick.sql(
-                " AND NOT EXISTS (SELECT 1 FROM async_task_parent l
-                     WHERE l.child_id = async_task.id
-                       AND NOT EXISTS (SELECT 1 FROM async_task p WHERE p.id = l.parent_id))",
-            );
-        }
-        let picked: Vec<Id> = pick.sql(" ORDER BY id FOR UPDATE").load(conn)?;
+            .with(|s| list::texts(s, states))
+            .sql(" AND NOT ")
+            .sql(PARENT_PRUNED)
+            .sql(" ORDER BY id FOR UPDATE")
+            .load(conn)?;
         if picked.is_empty() {
             return Ok(0);
         }
@@ -158,7 +149,8 @@ pub(super) fn retry_ids(
     })
 }
 
-/// Blocks each of the tasks `ids` (just made pending) on its parents that are not done.
+/// Blocks each of the tasks `ids` (just made pending) on its parents that are not done, as
+/// they are now, whatever the transaction's isolation.
 fn block_on_parents(conn: &mut MysqlConnection, ids: &[i64]) -> QueryResult<()> {
     #[derive(QueryableByName)]
     struct Waiting {
@@ -173,7 +165,10 @@ fn block_on_parents(conn: &mut MysqlConnection, ids: &[i64]) -> QueryResult<()> 
           WHERE p.state <> 'done' AND l.child_id IN ",
     )
     .with(|s| list::ids(s, ids))
-    .sql(" GROUP BY l.child_id")
+    // A locking read: the parents' newest states (they are locked already), which a plain
+    // read of a REPEATABLE READ transaction would take from its snapshot, blocking the task
+    // on a parent done since, which would never release it.
+    .sql(" GROUP BY l.child_id LOCK IN SHARE MODE")
     .load(conn)?;
     let mut by_count: BTreeMap<i64, Vec<i64>> = BTreeMap::new();
     for w in waiting {

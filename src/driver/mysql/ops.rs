@@ -9,7 +9,7 @@ use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
 use super::operate::{retry_ids, Id, CHUNK};
 use crate::driver::ops::{
     page_of, retry_states, where_selected, AuditRow, NodeRow, OpsDriver, TaskDetailRow,
-    TaskLinkRow, TaskListRow, TaskPageAt, TaskSelect,
+    TaskLinkRow, TaskListRow, TaskPageAt, TaskSelect, PARENT_PRUNED,
 };
 use crate::sql::Statement;
 
@@ -104,12 +104,14 @@ impl OpsDriver for MysqlConnection {
                 Statement::new("SELECT count(*) AS n FROM async_task"),
                 &select,
             )
+            .sql(" AND NOT ")
+            .sql(PARENT_PRUNED)
             .get_result(self)?;
             return Ok(count.n);
         }
         // A chunk of ids at a time, in id order (a parent before its children), each
-        // retried as `outbox retry ID` retries one (`operate::retry_ids`), all in one
-        // transaction.
+        // retried as `outbox retry ID` retries one (`operate::retry_ids`, which leaves a task
+        // one of whose parents was pruned), all in one transaction.
         let states: Vec<String> = select
             .states
             .iter()
@@ -128,13 +130,24 @@ impl OpsDriver for MysqlConnection {
                 let Some(last) = chunk.last() else { break };
                 after = last.id;
                 let ids: Vec<i64> = chunk.iter().map(|c| c.id).collect();
-                retried += retry_ids(conn, &ids, &states, false)?;
+                retried += retry_ids(conn, &ids, &states)?;
                 if i64::try_from(ids.len()).unwrap_or(i64::MAX) < CHUNK {
                     break;
                 }
             }
             Ok(i64::try_from(retried).unwrap_or(i64::MAX))
         })
+    }
+
+    fn task_count_parent_pruned(&mut self, select: &TaskSelect<'_>) -> QueryResult<i64> {
+        let count: Count = selected(
+            Statement::new("SELECT count(*) AS n FROM async_task"),
+            &retry_states(select),
+        )
+        .sql(" AND ")
+        .sql(PARENT_PRUNED)
+        .get_result(self)?;
+        Ok(count.n)
     }
 
     fn node_list(&mut self, limit: i64) -> QueryResult<Vec<NodeRow>> {

@@ -75,6 +75,10 @@ pub(super) fn remove(
         let deleted = Statement::<Mysql>::new("DELETE FROM async_tenant WHERE tenant = ")
             .bind::<Text, _>(tenant.to_owned())
             .execute(conn)?;
+        // Its counter of late enqueues (the max_queued trigger's) goes with it.
+        Statement::<Mysql>::new("DELETE FROM async_tenant_late_enqueue WHERE tenant = ")
+            .bind::<Text, _>(tenant.to_owned())
+            .execute(conn)?;
         if deleted > 0 {
             audit(conn, entry)?;
         }

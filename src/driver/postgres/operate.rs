@@ -4,6 +4,7 @@ use diesel::pg::{Pg, PgConnection};
 use diesel::sql_types::{BigInt, Nullable, Text};
 use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 
+use crate::driver::ops::PARENT_PRUNED;
 use crate::driver::{audit_insert, AuditEntry, TaskFilter};
 use crate::sql::Statement;
 
@@ -69,11 +70,8 @@ pub(super) fn retry(conn: &mut PgConnection, id: i64) -> QueryResult<usize> {
           WHERE id = ",
     )
     .bind::<BigInt, _>(id)
-    .sql(
-        " AND state IN ('dead', 'cancelled')
-           AND NOT EXISTS (SELECT 1 FROM async_task_parent l WHERE l.child_id = async_task.id
-                  AND NOT EXISTS (SELECT 1 FROM async_task p WHERE p.id = l.parent_id))",
-    )
+    .sql(" AND state IN ('dead', 'cancelled') AND NOT ")
+    .sql(PARENT_PRUNED)
     .execute(conn)
 }
 

@@ -6,7 +6,7 @@ use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
 
 use crate::driver::ops::{
     page_of, retry_states, where_selected, AuditRow, NodeRow, OpsDriver, TaskDetailRow,
-    TaskLinkRow, TaskListRow, TaskPageAt, TaskSelect,
+    TaskLinkRow, TaskListRow, TaskPageAt, TaskSelect, PARENT_PRUNED,
 };
 use crate::sql::Statement;
 
@@ -119,6 +119,8 @@ impl OpsDriver for PgConnection {
                 Statement::new("SELECT count(*) AS n FROM async_task"),
                 &select,
             )
+            .sql(" AND NOT ")
+            .sql(PARENT_PRUNED)
             .get_result(self)?;
             return Ok(count.n);
         }
@@ -129,11 +131,15 @@ impl OpsDriver for PgConnection {
         // instead of deadlocking. FOR NO KEY UPDATE returns each row's latest state, after
         // waiting for a change in flight, so no parent becomes done unseen between the count
         // and the update, and a task retried meanwhile by someone else is left out. A parent
-        // retried by the same statement is not done: its child waits for it.
+        // retried by the same statement is not done: its child waits for it. A task one of
+        // whose parents was pruned is not a candidate, and a parent pruned while the lock
+        // waited for it is missing from `locked`: its child is not a target.
         let statement = selected(
             Statement::new("WITH candidates AS (SELECT id FROM async_task"),
             &select,
         )
+        .sql(" AND NOT ")
+        .sql(PARENT_PRUNED)
         .sql(
             "),
              locked AS (
@@ -144,7 +150,10 @@ impl OpsDriver for PgConnection {
                  ORDER BY id FOR NO KEY UPDATE),
              targets AS (
                 SELECT k.id FROM locked k JOIN candidates c ON c.id = k.id
-                 WHERE k.state IN ('dead', 'cancelled')),
+                 WHERE k.state IN ('dead', 'cancelled')
+                   AND NOT EXISTS (SELECT 1 FROM async_task_parent l
+                                    WHERE l.child_id = k.id
+                                      AND l.parent_id NOT IN (SELECT id FROM locked))),
              waiting AS (
                 SELECT t.id, (SELECT count(*) FROM async_task_parent l
                                 JOIN locked p ON p.id = l.parent_id
@@ -161,6 +170,17 @@ impl OpsDriver for PgConnection {
              SELECT count(*) AS n FROM retried",
         );
         Ok(statement.get_result::<Count>(self)?.n)
+    }
+
+    fn task_count_parent_pruned(&mut self, select: &TaskSelect<'_>) -> QueryResult<i64> {
+        let count: Count = selected(
+            Statement::new("SELECT count(*) AS n FROM async_task"),
+            &retry_states(select),
+        )
+        .sql(" AND ")
+        .sql(PARENT_PRUNED)
+        .get_result(self)?;
+        Ok(count.n)
     }
 
     fn node_list(&mut self, limit: i64) -> QueryResult<Vec<NodeRow>> {

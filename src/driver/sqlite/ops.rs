@@ -6,7 +6,7 @@ use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
 
 use crate::driver::ops::{
     page_of, retry_states, where_selected, AuditRow, NodeRow, OpsDriver, TaskDetailRow,
-    TaskLinkRow, TaskListRow, TaskPageAt, TaskSelect,
+    TaskLinkRow, TaskListRow, TaskPageAt, TaskSelect, PARENT_PRUNED,
 };
 use crate::sql::Statement;
 
@@ -106,11 +106,14 @@ impl OpsDriver for SqliteConnection {
                 Statement::new("SELECT count(*) AS n FROM async_task"),
                 &select,
             )
+            .sql(" AND NOT ")
+            .sql(PARENT_PRUNED)
             .get_result(self)?;
             return Ok(count.n);
         }
-        // The write lock is held: no parent completes meanwhile. A parent retried by the same
-        // statement is not done, before or after its own update: its child waits for it.
+        // The write lock is held: no parent completes (or is pruned) meanwhile. A parent
+        // retried by the same statement is not done, before or after its own update: its
+        // child waits for it.
         let n = selected(
             Statement::new(concat!(
                 "UPDATE async_task SET state = CASE WHEN ",
@@ -124,8 +127,21 @@ impl OpsDriver for SqliteConnection {
             )),
             &select,
         )
+        .sql(" AND NOT ")
+        .sql(PARENT_PRUNED)
         .execute(self)?;
         Ok(i64::try_from(n).unwrap_or(i64::MAX))
+    }
+
+    fn task_count_parent_pruned(&mut self, select: &TaskSelect<'_>) -> QueryResult<i64> {
+        let count: Count = selected(
+            Statement::new("SELECT count(*) AS n FROM async_task"),
+            &retry_states(select),
+        )
+        .sql(" AND ")
+        .sql(PARENT_PRUNED)
+        .get_result(self)?;
+        Ok(count.n)
     }
 
     fn node_list(&mut self, limit: i64) -> QueryResult<Vec<NodeRow>> {
