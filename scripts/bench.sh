@@ -26,13 +26,16 @@
 #
 # --metrics: only the metrics' cost (4. above), on both backends.
 #
-# --peers: instead of the set above, outbox head to head with graphile-worker 0.17.3 (installed
-# from the npm registry into target/peers/; Node is a benchmark dependency only), interleaved
-# on the same cluster, N rounds (default 5) of: graphile-worker's fast preset (local queue,
-# batched completion, concurrency 4), outbox batched, graphile-worker's defaults (concurrency
-# 10), outbox strict; 20,000 no-op jobs each, on a scratch database each. Prints each round's
-# ratios (outbox batched / graphile fast, outbox strict / graphile defaults) and their medians,
-# and appends one JSON line per round and one of the medians to --out.
+# --peers: instead of the set above, outbox head to head with graphile-worker 0.18.0, its newest
+# release, and 0.17.3 (installed from the npm registry into target/peers/VERSION/; Node is a
+# benchmark dependency only), interleaved on the same cluster, N rounds (default 5) of:
+# graphile-worker 0.18.0's fast preset (local queue, batched completion, concurrency 4),
+# 0.17.3's fast preset, outbox batched with lock claims (the default), outbox batched with
+# stamp claims, graphile-worker 0.18.0's defaults (concurrency 10), outbox strict; 50,000
+# no-op jobs each (start-up weighs on neither side), on a scratch database each. Prints each
+# round's ratios (outbox batched, each claim style, / graphile fast; outbox strict / graphile
+# defaults) and their medians, and appends one JSON line per round and one of the medians to
+# --out.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 repo_root=$PWD

@@ -219,7 +219,12 @@ fn a_locked_chunk_whose_commit_reply_was_lost_is_counted_done_and_not_run_again(
     let url = DatabaseUrl::parse(&proxy.url).unwrap();
     let w = Worker::new(&url, registry, chunk_config(ClaimStyle::Lock)).unwrap();
     let tally = w.run_once().unwrap();
-    assert_eq!(proxy.lost(), 1, "the chunk's commit reply was lost");
+    assert_eq!(
+        proxy.lost(),
+        1,
+        "the chunk's commit reply was lost ({tally:?}, {} handler calls)",
+        calls.load(Ordering::SeqCst)
+    );
     assert_eq!((tally.done, tally.lost), (5, 0), "{tally:?}");
     assert_eq!(calls.load(Ordering::SeqCst), 5, "no handler ran twice");
     for id in ids {
