@@ -35,6 +35,7 @@ pub fn tasks_in(db: &TestDb, state: &str) -> i64 {
 pub fn unmigrate(db: &TestDb) {
     db.exec(
         "DROP TABLE async_task_parent; DROP TABLE async_task; DROP TABLE async_node; DROP TABLE async_tenant; DROP TABLE async_domain; DROP TABLE async_pause; \
-         DROP TABLE async_audit; DROP TABLE async_schedule; DROP TABLE __diesel_schema_migrations;",
+         DROP TABLE async_audit; DROP TABLE async_schedule; DROP TABLE IF EXISTS async_lease; DROP TABLE IF EXISTS async_tenant_late_enqueue; \
+         DROP TABLE __diesel_schema_migrations;",
     );
 }
