@@ -193,13 +193,14 @@ pub trait Driver {
 
     /// Deletes the leases of nodes that are not live (as [`Driver::task_rescue_many`] judges
     /// them) and those past their deadline, charging each task still pending under its
-    /// lease a failure (a task whose node died is marked suspect). None on SQLite and MySQL,
+    /// lease a failure (and, when its node died, counting the death in `suspect`). None on
+    /// SQLite and MySQL,
     /// which have no lock claims.
     fn task_rescue_leases(&mut self, rescue: &RescueParams) -> QueryResult<Vec<RescuedRow>>;
 
-    /// Claims for `owner`, as [`Driver::task_claim_page`] does, the first due task marked
-    /// suspect (claimed alone, clearing the mark) of `due`'s keywords and partition, not of
-    /// the tenants `except`.
+    /// Claims for `owner`, as [`Driver::task_claim_page`] does, the first due suspect (a task
+    /// held by two processes or more that died: `suspect >= 2`) of `due`'s keywords and
+    /// partition, not of the tenants `except`.
     fn task_claim_suspect(
         &mut self,
         owner: i64,
@@ -208,7 +209,7 @@ pub trait Driver {
         timeout_ms: i64,
     ) -> QueryResult<Vec<ClaimRow>>;
 
-    /// Whether some pending task is marked suspect.
+    /// Whether some pending task is a suspect (`suspect >= 2`).
     fn task_suspects_exist(&mut self) -> QueryResult<bool>;
 
     /// Ends (`pg_terminate_backend`) the sessions of the engine's transactions whose node is

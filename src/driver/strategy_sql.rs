@@ -22,10 +22,10 @@ pub struct Due<'a> {
     pub keywords: &'a [String],
     /// This node's share of the ids (`None`: every id).
     pub partition: Option<Partition>,
-    /// The tasks marked suspect (their process died under them): left out (`Some(false)`,
-    /// the claims of pages and chunks), the only ones taken (`Some(true)`, the claim of one
-    /// suspect run alone), or either (`None`: the claims of tenants with a `max_running`,
-    /// whose count every claim of theirs must see).
+    /// The suspects (tasks held by two processes or more that died, `suspect >= 2`): left
+    /// out (`Some(false)`, the claims of pages and chunks), the only ones taken (`Some(true)`,
+    /// the claim of one suspect run alone), or either (`None`: the claims of tenants with a
+    /// `max_running`, whose count every claim of theirs must see).
     pub suspect: Option<bool>,
 }
 

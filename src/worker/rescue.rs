@@ -63,7 +63,8 @@ impl Rescuer {
     /// transactions that nodes no longer live left open (a frozen or cut-off process holds
     /// locks until its session ends; it writes nothing after it), then returns their tasks,
     /// stamped (`running`) and leased (lock claims), to pending or dead, each charged a
-    /// failure, and notes whether suspects wait to be claimed alone.
+    /// failure (a node's death counted in `suspect`), and notes whether suspects wait to be
+    /// claimed alone.
     pub(crate) fn run_once(&self) -> Result<RescueReport> {
         let mut conn = self.pool.get().op("task rescue")?;
         let mut report = RescueReport::default();

@@ -1,12 +1,14 @@
-//! Suspects: the tasks a process was running when it died (README, "Failure behaviour").
+//! Suspects: the tasks processes were running when they died (README, "Failure behaviour").
 //!
 //! A process that dies (abort, OOM, a segfault, `kill -9`) cannot say which of its tasks
-//! killed it: rescue charges every one of them a failure and marks them suspect. A suspect is
-//! claimed only alone, one at a time per worker process, beside whatever else it runs: if
-//! the process dies again while it runs, the suspect is the one charged, and its chunk-mates
-//! of the first death, each run alone once, complete. A task that kills its process every
-//! time is charged every death and ends dead after its max attempts, and the tasks that
-//! happened to share its first page are charged once, not with every death.
+//! killed it: rescue charges every one of them a failure, and counts the death in their
+//! `suspect` column. A task held by one dying process is claimed as any other (a worker
+//! killed by an operator or the OOM killer should not slow its tasks down). From the second,
+//! it is a suspect: claimed only alone, one at a time per worker, beside whatever else the
+//! worker runs, so that if the process dies again while it runs, the death is charged to it
+//! alone. A task that kills its process every time is charged every death and is dead after
+//! its max attempts; the tasks that happened to share its pages are charged at most the two
+//! deaths that made them suspects, then each runs alone once and completes.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

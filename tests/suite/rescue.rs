@@ -48,6 +48,27 @@ fn pass_deadlines(db: &TestDb) {
 }
 
 every_backend! {
+    fn a_task_two_dead_processes_held_is_claimed_alone_one_at_a_time(db: &TestDb) {
+        enqueue_n(db, 5);
+        // Two processes die while they hold all five: each death is counted.
+        for round in 1..=2 {
+            let dying = quiet_worker(db);
+            assert_eq!(dying.claim().unwrap().len(), 5, "round {round}: a page takes them all");
+            kill_heartbeat(db, dying.node_id());
+            let report = quiet_worker(db).rescue_once().unwrap();
+            assert_eq!(report.pending, 5, "round {round}");
+            db.make_all_due();
+        }
+        assert_eq!(db.count("SELECT count(*) FROM async_task WHERE suspect = 2 AND failures = 2"), 5);
+        // Now suspects: claimed one at a time, alone, by a worker that runs none.
+        let w = quiet_worker(db);
+        let first = w.claim().unwrap();
+        assert_eq!(first.len(), 1, "one suspect, alone");
+        assert!(w.claim().unwrap().is_empty(), "not a second while the first is held");
+        drop(first);
+        assert_eq!(w.claim().unwrap().len(), 1, "the next, once the first's claim is gone");
+    }
+
     fn the_tasks_of_a_node_that_stopped_heartbeating_are_rescued_once(db: &TestDb) {
         enqueue_n(db, 3);
         let dying = quiet_worker(db);

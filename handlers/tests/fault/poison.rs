@@ -182,8 +182,8 @@ fn later(db: &Db) {
 /// One task that aborts its process, first in claim order, then 39 that write a row, drained
 /// by `drain --commit-batch 20` again and again (a cron job): whatever the claim style, each
 /// death is counted, the abort task is dead after its max attempts, each of the 39 is done
-/// exactly once (charged at most the one failure of the death it shared), and the drains
-/// stop dying once the task is dead.
+/// exactly once (charged at most the two deaths that made it a suspect), and the drains stop
+/// dying once the task is dead.
 fn abort_in_a_chunk(backend: Backend) {
     let sc = Scenario::start("abort_in_a_chunk", backend.name());
     let (test_db, db) = fault_db(backend);
@@ -222,9 +222,9 @@ fn abort_in_a_chunk(backend: Backend) {
     assert_eq!(ledger.len(), 39);
     for (state, failures, last_error) in &ledger {
         assert_eq!(state, "done", "{last_error}");
-        assert!(*failures <= 1, "charged {failures} failures: {last_error}");
+        assert!(*failures <= 2, "charged {failures} failures: {last_error}");
     }
-    let charged = ledger.iter().filter(|(_, f, _)| *f == 1).count();
+    let charged = ledger.iter().filter(|(_, f, _)| *f > 0).count();
     let mut last = sc.spawn("drain-after", &url, &args);
     last.expect_exit_0(Duration::from_secs(60));
     let mut report = Report::new();
@@ -236,8 +236,8 @@ fn abort_in_a_chunk(backend: Backend) {
         "drains",
         format!(
             "{runs} in {}: {deaths} died (SIGABRT), each death counted; the abort task dead with \
-             failures 3; the 39 done once each, {charged} of them charged the one failure of the \
-             first death; the next drain exits 0",
+             failures 3; the 39 done once each, {charged} of them charged one or two failures \
+             (the deaths they shared); the next drain exits 0",
             secs(took)
         ),
     );

@@ -23,10 +23,10 @@ CREATE UNLOGGED TABLE async_lease (
 CREATE INDEX async_lease_node_idx ON async_lease (node_id);
 ALTER TABLE async_lease SET (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 1000);
 
--- A task whose process died under it is a suspect: it may have killed the process. The
--- rescue that charges it marks it; claims leave it to a claim of its own, one suspect at a
--- time per process, so that the next death is charged to it alone (README, "Failure
--- behaviour"). Any claim of it clears the mark.
-ALTER TABLE async_task ADD COLUMN suspect boolean NOT NULL DEFAULT false;
+-- How many processes died while they held the task (each death charged by rescue): it may be
+-- what kills them. From the second, claims of pages and chunks leave it to a claim of its own,
+-- one such suspect at a time per worker, so that the next death is charged to it alone
+-- (README, "Failure behaviour").
+ALTER TABLE async_task ADD COLUMN suspect integer NOT NULL DEFAULT 0;
 CREATE INDEX async_task_suspect_idx ON async_task (priority, run_at, id)
-    WHERE state = 'pending' AND suspect;
+    WHERE state = 'pending' AND suspect >= 2;

@@ -97,7 +97,7 @@ fn mark(
     Statement::<Mysql>::new("UPDATE async_task SET state = 'running', owner = ")
         .bind::<BigInt, _>(owner)
         .sql(concat!(
-            ", claim_token = claim_token + 1, suspect = FALSE, claimed_at = ",
+            ", claim_token = claim_token + 1, claimed_at = ",
             now!(),
             ", updated_at = ",
             now!(),
@@ -218,7 +218,7 @@ pub(super) fn claim_limited(
 }
 
 /// See [`crate::driver::Driver::task_claim_suspect`]: the suspect index's first due task, in
-/// claim order, locked and stamped as any claim (which clears its mark).
+/// claim order, locked and stamped as any claim.
 pub(super) fn claim_suspect(
     conn: &mut MysqlConnection,
     owner: i64,
@@ -261,7 +261,7 @@ pub(super) fn suspects_exist(conn: &mut MysqlConnection) -> QueryResult<bool> {
     }
     let found: Found = Statement::<Mysql>::new(
         "SELECT EXISTS (SELECT 1 FROM async_task FORCE INDEX (async_task_suspect_idx)
-                        WHERE suspect AND state = 'pending') AS found",
+                        WHERE state = 'pending' AND suspect >= 2) AS found",
     )
     .get_result(conn)?;
     Ok(found.found)

@@ -132,8 +132,8 @@ pub(super) fn due_for(statement: Statement<Mysql>, due: &DueList) -> Statement<M
         .sql(concat!(" AND run_at <= ", now!(), " AND keyword IN "))
         .with(|s| list::texts(s, &due.keywords));
     let statement = match due.suspect {
-        Some(false) => statement.sql(" AND NOT suspect"),
-        Some(true) => statement.sql(" AND suspect"),
+        Some(false) => statement.sql(" AND suspect < 2"),
+        Some(true) => statement.sql(" AND suspect >= 2"),
         None => statement,
     };
     partition_mysql(statement, due.partition)

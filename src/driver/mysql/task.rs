@@ -226,9 +226,9 @@ pub(super) fn rescue_many(
         .sql(concat!(
             now!(),
             " THEN 'running past its deadline' ELSE 'the node stopped heartbeating' END),
-                suspect = CASE WHEN deadline_at < ",
+                suspect = suspect + CASE WHEN deadline_at < ",
             now!(),
-            " THEN FALSE ELSE TRUE END,
+            " THEN 0 ELSE 1 END,
                 run_at = CASE WHEN "
         ))
         .with(at_max)

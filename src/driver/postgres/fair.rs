@@ -34,8 +34,8 @@ pub(super) fn due_for(statement: Statement<Pg>, due: &Due<'_>) -> Statement<Pg> 
     // A leased task is a lock claim's until its chunk ends or rescue frees it; one probe of
     // the lease's primary key per candidate (the table holds the chunks in flight).
     let statement = match due.suspect {
-        Some(false) => statement.sql(" AND NOT t.suspect"),
-        Some(true) => statement.sql(" AND t.suspect"),
+        Some(false) => statement.sql(" AND t.suspect < 2"),
+        Some(true) => statement.sql(" AND t.suspect >= 2"),
         None => statement,
     }
     .sql(" AND NOT EXISTS (SELECT 1 FROM async_lease l WHERE l.task_id = t.id)");

@@ -225,7 +225,7 @@ pub(super) fn rescue_leases(
 ) -> QueryResult<Vec<RescuedRow>> {
     // The leases of nodes that are not live (dead, frozen, cut off, gone), and those past
     // their deadline, deleted; their tasks charged a failure as a rescued stamped claim's
-    // are. A task whose node died is marked suspect. A concurrent rescuer waits for the
+    // are; a death of its node is counted in `suspect`. A concurrent rescuer waits for the
     // DELETE and then finds the lease gone: a task is charged once.
     rescue_params(rescue)
         .sql(
@@ -247,7 +247,7 @@ pub(super) fn rescue_leases(
                 last_error = 'rescued from node ' || g.node_id || ': ' ||
                              CASE WHEN g.late THEN 'its lock-claimed chunk ran past its deadline'
                                   ELSE 'the node stopped heartbeating' END,
-                suspect = NOT g.late,
+                suspect = t.suspect + CASE WHEN g.late THEN 0 ELSE 1 END,
                 claim_token = t.claim_token + 1,
                 updated_at = now()
               FROM gone g, params p

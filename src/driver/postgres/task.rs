@@ -305,7 +305,7 @@ pub(super) fn rescue_many(
             last_error = 'rescued from node ' || COALESCE(t.owner::text, '(none)') || ': ' ||
                          CASE WHEN t.deadline_at < now() THEN 'running past its deadline'
                               ELSE 'the node stopped heartbeating' END,
-            suspect = NOT COALESCE(t.deadline_at < now(), false),
+            suspect = t.suspect + CASE WHEN t.deadline_at < now() THEN 0 ELSE 1 END,
             updated_at = now()
         FROM params p
         WHERE t.state = 'running'
@@ -372,7 +372,7 @@ pub(super) fn stamp_picked(picked: Statement<Pg>, owner: i64, timeout_ms: i64) -
         )
         .bind::<BigInt, _>(owner)
         .sql(
-", claim_token = t.claim_token + 1, suspect = false, claimed_at = now(), updated_at = now(), deadline_at = now() + ",
+", claim_token = t.claim_token + 1, claimed_at = now(), updated_at = now(), deadline_at = now() + ",
         )
         .bind::<BigInt, _>(timeout_ms)
         .sql(
@@ -385,7 +385,7 @@ pub(super) fn stamp_picked(picked: Statement<Pg>, owner: i64, timeout_ms: i64) -
 }
 
 /// See [`crate::driver::Driver::task_claim_suspect`]: the suspect index's first due task, in
-/// claim order, stamped as any claim (which clears its mark).
+/// claim order, stamped as any claim.
 pub(super) fn claim_suspect(
     conn: &mut PgConnection,
     owner: i64,
@@ -416,7 +416,7 @@ pub(super) fn suspects_exist(conn: &mut PgConnection) -> QueryResult<bool> {
         found: bool,
     }
     let found: Found = Statement::<Pg>::new(
-        "SELECT EXISTS (SELECT 1 FROM async_task WHERE state = 'pending' AND suspect) AS found",
+        "SELECT EXISTS (SELECT 1 FROM async_task WHERE state = 'pending' AND suspect >= 2) AS found",
     )
     .get_result(conn)?;
     Ok(found.found)

@@ -160,8 +160,8 @@ pub(super) fn due_for(statement: Statement<Sqlite>, due: &DueJson) -> Statement<
         .bind::<Text, _>(due.keywords.clone())
         .sql("))");
     let statement = match due.suspect {
-        Some(false) => statement.sql(" AND suspect = 0"),
-        Some(true) => statement.sql(" AND suspect = 1"),
+        Some(false) => statement.sql(" AND suspect < 2"),
+        Some(true) => statement.sql(" AND suspect >= 2"),
         None => statement,
     };
     partition_sqlite(statement, due.partition)

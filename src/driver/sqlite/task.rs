@@ -288,7 +288,7 @@ fn rescue_statement(rescue: &RescueParams) -> Statement<Sqlite> {
                                  CASE WHEN deadline_at < ",
                 now!(),
                 " THEN 'running past its deadline' ELSE 'the node stopped heartbeating' END,
-                    suspect = CASE WHEN deadline_at < ",
+                    suspect = suspect + CASE WHEN deadline_at < ",
                 now!(),
                 " THEN 0 ELSE 1 END,
                     deadline_at = NULL,
@@ -345,7 +345,7 @@ fn claim_set(prefix: &'static str, owner: i64, timeout_ms: i64) -> Statement<Sql
         // The times are uncorrelated scalar subqueries: SQLite computes each once per
         // statement, not once per claimed row.
         .sql(concat!(
-            ", claim_token = claim_token + 1, suspect = 0, claimed_at = (SELECT ",
+            ", claim_token = claim_token + 1, claimed_at = (SELECT ",
             now!(),
             "), updated_at = (SELECT ",
             now!(),
@@ -423,7 +423,7 @@ pub(super) fn claim_limited(
 }
 
 /// See [`crate::driver::Driver::task_claim_suspect`]: the suspect index's first due task, in
-/// claim order, stamped as any claim (which clears its mark).
+/// claim order, stamped as any claim.
 pub(super) fn claim_suspect(
     conn: &mut SqliteConnection,
     owner: i64,
@@ -460,7 +460,7 @@ pub(super) fn suspects_exist(conn: &mut SqliteConnection) -> QueryResult<bool> {
     }
     let found: Found = Statement::<Sqlite>::new(
         "SELECT EXISTS (SELECT 1 FROM async_task INDEXED BY async_task_suspect_idx
-                        WHERE state = 'pending' AND suspect = 1) AS found",
+                        WHERE state = 'pending' AND suspect >= 2) AS found",
     )
     .get_result(conn)?;
     Ok(found.found)
