@@ -41,7 +41,8 @@ impl Worker {
             return Ok(Vec::new());
         }
         // A suspect first, alone (see `suspects`), when one may be due.
-        let mut page: Vec<ClaimedTask> = self.claim_suspect(keywords, timeout)?.into_iter().collect();
+        let mut page: Vec<ClaimedTask> =
+            self.claim_suspect(keywords, timeout)?.into_iter().collect();
         let limit = limit - page.len();
         if limit == 0 {
             return Ok(page);

@@ -80,10 +80,7 @@ impl Worker {
         let mut tx = TaskTx::new(&mut conn, Some(&self.writer_turn)).marked(mark);
         let run = |tx: &mut TaskTx| -> Result<(), Rollback> {
             {
-                let _watch = self
-                    .services
-                    .watchdog
-                    .watch(claim.id, task.failures, None);
+                let _watch = self.services.watchdog.watch(claim.id, task.failures, None);
                 let _cancel = self.services.cancels.watch(&task.context);
                 let _timeout = timeout.map(|(lane, limit, backend)| {
                     let session = Session { mark, backend };
@@ -313,15 +310,20 @@ impl Worker {
         // for the domains with a timeout).
         let chunk_of = || match lease {
             Some(lease) => ChunkOf::Leased(lease.clone()),
-            None => ChunkOf::Stamped(chunk.iter().map(ClaimedTask::claim).collect::<Arc<[Claim]>>()),
+            None => ChunkOf::Stamped(
+                chunk
+                    .iter()
+                    .map(ClaimedTask::claim)
+                    .collect::<Arc<[Claim]>>(),
+            ),
         };
         let run = |tx: &mut TaskTx| -> Result<(), ChunkRollback> {
             for (task, handler) in chunk.iter().zip(handlers) {
                 // Each handler is watched alone: the chunk's handlers run one after another.
-                let _watch =
-                    self.services
-                        .watchdog
-                        .watch(task.context.id, task.failures, lease);
+                let _watch = self
+                    .services
+                    .watchdog
+                    .watch(task.context.id, task.failures, lease);
                 let _cancel = self.services.cancels.watch(&task.context);
                 // The transaction opens here only for a domain with a timeout.
                 let timeout = self.watched(task).map(|(lane, limit)| {

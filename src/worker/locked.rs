@@ -222,13 +222,12 @@ impl Worker {
         // deadline: one that ends before it charges the tasks nothing.
         let lease_deadline = tasks.first().map_or_else(Instant::now, |t| t.deadline);
         let timeout = self.settings.claim_timeout();
-        let claimed = self
-            .retry_until("a rolled-back chunk's claim", lease_deadline, |conn| {
-                let deadline = Instant::now() + timeout;
-                driver(conn)
-                    .task_claim_leased(self.node.id(), &ids, millis(timeout))
-                    .map(|rows| claimed_tasks(rows, self.node.id(), deadline))
-            });
+        let claimed = self.retry_until("a rolled-back chunk's claim", lease_deadline, |conn| {
+            let deadline = Instant::now() + timeout;
+            driver(conn)
+                .task_claim_leased(self.node.id(), &ids, millis(timeout))
+                .map(|rows| claimed_tasks(rows, self.node.id(), deadline))
+        });
         let claimed = match claimed {
             Ok(claimed) => claimed,
             Err(e) => {
@@ -240,10 +239,8 @@ impl Worker {
                 return vec![Outcome::Abandoned; ids.len()];
             }
         };
-        let mut outcomes: Vec<Outcome> = claimed
-            .iter()
-            .map(|task| self.execute_task(task))
-            .collect();
+        let mut outcomes: Vec<Outcome> =
+            claimed.iter().map(|task| self.execute_task(task)).collect();
         for task in tasks {
             if claimed.iter().any(|c| c.context.id == task.context.id) {
                 continue;

@@ -125,6 +125,8 @@ impl Worker {
                 .op("task claim")?
         };
         self.observers.claimed(asked);
-        Ok(claimed_tasks(rows, owner, asked + timeout).into_iter().next())
+        Ok(claimed_tasks(rows, owner, asked + timeout)
+            .into_iter()
+            .next())
     }
 }

@@ -171,7 +171,10 @@ mod tests {
         assert_eq!(hung.task, 1);
         assert!(hung.running_for > limit);
         drop(watch);
-        assert!(watchdog.run_once_at(now + limit * 100).is_none(), "it ended");
+        assert!(
+            watchdog.run_once_at(now + limit * 100).is_none(),
+            "it ended"
+        );
     }
 
     #[test]

@@ -379,7 +379,11 @@ fn a_hung_handler_past_its_domains_timeout_frees_the_rest_of_its_leased_chunk() 
         let task = db.task(nap);
         assert_eq!((task.state.as_str(), task.failures), ("pending", 1));
         assert!(task.last_error.unwrap_or_default().contains("timed out"));
-        assert_eq!(db.count("SELECT count(*) FROM async_lease"), 0, "the chunk ended");
+        assert_eq!(
+            db.count("SELECT count(*) FROM async_lease"),
+            0,
+            "the chunk ended"
+        );
         // The hung thread still sleeps; another node runs the rest of its chunk now.
         let other = Worker::new(
             &db.url,
@@ -396,7 +400,11 @@ fn a_hung_handler_past_its_domains_timeout_frees_the_rest_of_its_leased_chunk() 
         assert_eq!(db.task(id).state, "done");
         assert_eq!(db.ledger_rows(id), 1, "task {id}: exactly one effect");
     }
-    assert_eq!(db.ledger_rows(nap), 0, "the hung chunk's effects rolled back");
+    assert_eq!(
+        db.ledger_rows(nap),
+        0,
+        "the hung chunk's effects rolled back"
+    );
 }
 
 /// The README's pattern, under lock claims: the producer locks its order, then cancels the
@@ -465,7 +473,11 @@ fn a_cancel_in_the_producers_transaction_never_waits_for_a_leased_chunk() {
             locked_in.store(true, Ordering::SeqCst);
             let cancelled = outbox::cancel_by_key(&mut producer, "coupon.grant", "42");
             returned_in.store(true, Ordering::SeqCst);
-            let end = if cancelled.is_ok() { "COMMIT" } else { "ROLLBACK" };
+            let end = if cancelled.is_ok() {
+                "COMMIT"
+            } else {
+                "ROLLBACK"
+            };
             producer.batch_execute(end).unwrap();
             cancelled
         });

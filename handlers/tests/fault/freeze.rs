@@ -25,7 +25,9 @@ const MARGIN: Duration = Duration::from_secs(5);
 /// The tasks the node `node` holds: running under it, or leased by it (lock claims).
 fn held(db: &Db, node: i64) -> Vec<i64> {
     let leases = match db.backend() {
-        Backend::Postgres => format!(" UNION SELECT task_id AS n FROM async_lease WHERE node_id = {node}"),
+        Backend::Postgres => {
+            format!(" UNION SELECT task_id AS n FROM async_lease WHERE node_id = {node}")
+        }
         _ => String::new(),
     };
     db.numbers(&format!(
@@ -55,11 +57,16 @@ fn frozen_worker(backend: Backend, claim: &'static str) {
     );
     let mut frozen = sc.spawn("frozen", &url, &args);
     let mut node = None;
-    wait_until(&db, Duration::from_secs(30), "the worker to hold tasks", || {
-        frozen.assert_running("before the freeze");
-        node = node.or_else(|| db.node_id(&frozen.node_name()));
-        node.is_some_and(|n| !held(&db, n).is_empty())
-    });
+    wait_until(
+        &db,
+        Duration::from_secs(30),
+        "the worker to hold tasks",
+        || {
+            frozen.assert_running("before the freeze");
+            node = node.or_else(|| db.node_id(&frozen.node_name()));
+            node.is_some_and(|n| !held(&db, n).is_empty())
+        },
+    );
     let node = node.expect("registered");
     frozen.freeze();
     let frozen_at = Instant::now();
@@ -99,10 +106,15 @@ fn frozen_worker(backend: Backend, claim: &'static str) {
     let stopped_at = db.text(&beat);
     frozen.thaw();
     let mut exited = None;
-    wait_until(&db, Duration::from_secs(10), "the resumed worker to beat or exit", || {
-        exited = frozen.poll();
-        exited.is_some() || db.text(&beat) != stopped_at
-    });
+    wait_until(
+        &db,
+        Duration::from_secs(10),
+        "the resumed worker to beat or exit",
+        || {
+            exited = frozen.poll();
+            exited.is_some() || db.text(&beat) != stopped_at
+        },
+    );
     let resumed = match exited {
         Some(status) => {
             assert_eq!(

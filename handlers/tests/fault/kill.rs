@@ -30,7 +30,9 @@ struct Kill {
 fn held(db: &Db, node: Option<i64>) -> Vec<i64> {
     node.map(|n| {
         let leases = match db.backend() {
-            Backend::Postgres => format!(" UNION SELECT task_id AS n FROM async_lease WHERE node_id = {n}"),
+            Backend::Postgres => {
+                format!(" UNION SELECT task_id AS n FROM async_lease WHERE node_id = {n}")
+            }
             _ => String::new(),
         };
         db.numbers(&format!(
@@ -48,7 +50,10 @@ fn measure_rescues(db: &Db, kills: &mut [Kill]) {
             continue;
         }
         let Some(node) = kill.node else { continue };
-        if held(db, Some(node)).iter().all(|id| !kill.tasks.contains(id)) {
+        if held(db, Some(node))
+            .iter()
+            .all(|id| !kill.tasks.contains(id))
+        {
             kill.rescued_after = Some(kill.at.elapsed());
         }
     }

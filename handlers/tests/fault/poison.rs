@@ -92,26 +92,31 @@ fn poison_tasks(backend: Backend) {
     let mut starts = 1;
     let mut worker = Some(sc.spawn("worker-abort-1", &url, &sc.worker_args("run", &[])));
     let mut aborts: Vec<Proc> = Vec::new();
-    wait_until(&db, Duration::from_secs(60), "the abort task to be dead", || {
-        if let Some(status) = worker.as_mut().and_then(Proc::poll) {
-            let aborted = worker.take().expect("a worker");
-            assert_eq!(
-                status.signal(),
-                Some(libc::SIGABRT),
-                "{} exited with {status}, expected SIGABRT\n{}",
-                aborted.label,
-                tail(&aborted.stderr, 20)
-            );
-            aborts.push(aborted);
-            starts += 1;
-            worker = Some(sc.spawn(
-                &format!("worker-abort-{starts}"),
-                &url,
-                &sc.worker_args("run", &[]),
-            ));
-        }
-        task_rows(&db, "fault.abort")[0].0 == "dead"
-    });
+    wait_until(
+        &db,
+        Duration::from_secs(60),
+        "the abort task to be dead",
+        || {
+            if let Some(status) = worker.as_mut().and_then(Proc::poll) {
+                let aborted = worker.take().expect("a worker");
+                assert_eq!(
+                    status.signal(),
+                    Some(libc::SIGABRT),
+                    "{} exited with {status}, expected SIGABRT\n{}",
+                    aborted.label,
+                    tail(&aborted.stderr, 20)
+                );
+                aborts.push(aborted);
+                starts += 1;
+                worker = Some(sc.spawn(
+                    &format!("worker-abort-{starts}"),
+                    &url,
+                    &sc.worker_args("run", &[]),
+                ));
+            }
+            task_rows(&db, "fault.abort")[0].0 == "dead"
+        },
+    );
     let took = started.elapsed();
     assert_eq!(
         aborts.len(),

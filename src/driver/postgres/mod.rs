@@ -19,10 +19,10 @@ use diesel::{QueryResult, RunQueryDsl};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
 use super::{
-    AuditEntry, Claim, ClaimRow, ClaimState, DomainRow, DomainWrite, Driver, Due, InsertRow, TxMark,
+    AuditEntry, Claim, ClaimRow, ClaimState, DomainRow, DomainWrite, Driver, Due, InsertRow,
     KeywordStateCount, LeaseCharge, MigrationError, NodeDomainsRow, NodeStrategyRow, Pick, Picked,
     PruneBatch, PrunedBatch, RescueParams, RescuedRow, TaskFilter, TaskKey, TaskRecord, TenantRow,
-    TenantSet,
+    TenantSet, TxMark,
 };
 
 /// The channel on which enqueues of due tasks notify idle workers (the enqueue statement
@@ -376,4 +376,3 @@ impl Driver for PgConnection {
         strategy::live(self, within_ms)
     }
 }
-

@@ -28,10 +28,10 @@ use diesel::{QueryResult, RunQueryDsl};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
 use super::{
-    AuditEntry, Claim, ClaimRow, ClaimState, DomainRow, DomainWrite, Driver, Due, InsertRow, TxMark,
+    AuditEntry, Claim, ClaimRow, ClaimState, DomainRow, DomainWrite, Driver, Due, InsertRow,
     KeywordStateCount, LeaseCharge, MigrationError, NodeDomainsRow, NodeStrategyRow, Pick, Picked,
     PruneBatch, PrunedBatch, RescueParams, RescuedRow, TaskFilter, TaskKey, TaskRecord, TenantRow,
-    TenantSet,
+    TenantSet, TxMark,
 };
 use crate::db::SQLITE_BUSY_TIMEOUT;
 
