@@ -404,11 +404,16 @@ enum Mode {
     Run,
 }
 
-/// Two databases on one fleet of 4 threads: every task of the first (`stuck`) waits at a
-/// gate, the second has 60 quick `ledger` tasks. While the gate is closed the first holds
-/// at most its share of the pool's threads (2), and the second's tasks all run; once it
-/// opens, the first's tasks run too, each database's once.
-fn a_blocked_database_leaves_the_other_its_pace(db: &TestDb, config: WorkerConfig, mode: Mode) {
+/// Two databases on one fleet: every task of the first (`stuck`) waits at a gate, the second
+/// has 60 quick `ledger` tasks. While the gate is closed the first holds at most its
+/// `share` of the pool's threads, and the second's tasks all run; once it opens, the first's
+/// tasks run too, each database's once.
+fn a_blocked_database_leaves_the_other_its_pace(
+    db: &TestDb,
+    config: WorkerConfig,
+    share: usize,
+    mode: Mode,
+) {
     const QUICK: usize = 60;
     let (slow, quick) = (another(db), another(db));
     let gate = std::sync::Arc::new(Gate::default());
@@ -465,8 +470,8 @@ fn a_blocked_database_leaves_the_other_its_pace(db: &TestDb, config: WorkerConfi
             "{mode:?}: the slow database was blocked meanwhile"
         );
         assert!(
-            most <= 2,
-            "{mode:?}: the slow database took {most} of the 4 threads, past its share of 2"
+            most <= share,
+            "{mode:?}: the slow database took {most} threads, past its share of {share}"
         );
         gate.open();
         if let Mode::Run = mode {
@@ -498,9 +503,17 @@ every_backend! {
             .queue(4)
             .page_size(10)
             .claim_style(outbox::ClaimStyle::Stamp);
+        // 2 of the 4 threads each.
         for mode in [Mode::Drain, Mode::Run] {
-            a_blocked_database_leaves_the_other_its_pace(db, config.clone(), mode);
+            a_blocked_database_leaves_the_other_its_pace(db, config.clone(), 2, mode);
         }
+        // A thread per database at least, however few are asked for.
+        a_blocked_database_leaves_the_other_its_pace(
+            db,
+            config.threads(1).queue(1),
+            1,
+            Mode::Drain,
+        );
     }
 }
 
@@ -513,6 +526,6 @@ fn under_lock_claims_a_database_whose_handlers_block_takes_at_most_its_share() {
         .commit_batch(5)
         .claim_style(outbox::ClaimStyle::Lock);
     for mode in [Mode::Drain, Mode::Run] {
-        a_blocked_database_leaves_the_other_its_pace(&db, config.clone(), mode);
+        a_blocked_database_leaves_the_other_its_pace(&db, config.clone(), 2, mode);
     }
 }
