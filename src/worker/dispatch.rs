@@ -375,16 +375,33 @@ impl Dispatcher {
         self.wanted.store(least(&waiting), Ordering::SeqCst);
     }
 
-    /// Waits until some lane is worth a claim ([`Slots::worth_claiming`]), nothing is in
-    /// flight, or `stop` is set: with several domains, the claim's trigger.
-    pub(crate) fn wait_for_lane_room(&self, stop: &AtomicBool) {
-        let ready = || {
-            self.in_flight() == 0 || stop.load(Ordering::Relaxed) || self.slots().worth_claiming()
-        };
+    /// Waits until one of `lanes` is worth a claim ([`Slots::worth_claiming_for`]),
+    /// nothing is in flight, or `stop` is set: with several domains, or on a fleet's shared
+    /// pool, the claim's trigger. Returns at once when `lanes` is empty (nothing to claim
+    /// for).
+    pub(crate) fn wait_for_lane_room(&self, lanes: &[usize], stop: &AtomicBool) {
+        if lanes.is_empty() {
+            return;
+        }
+        self.wait_for_lanes(stop, |slots| {
+            lanes.iter().any(|&lane| slots.worth_claiming_for(lane))
+        });
+    }
+
+    /// Waits until nothing of `lanes` runs or waits ([`Slots::idle`]), or `stop` is set: a
+    /// database of a fleet waiting for its own tasks, not the others'.
+    pub(crate) fn wait_for_lanes_idle(&self, lanes: &[usize], stop: &AtomicBool) {
+        self.wait_for_lanes(stop, |slots| lanes.iter().all(|&lane| slots.idle(lane)));
+    }
+
+    /// Waits until `ready` holds of the slots, nothing is in flight, or `stop` is set.
+    fn wait_for_lanes(&self, stop: &AtomicBool, ready: impl Fn(&Slots) -> bool) {
+        let ready =
+            || self.in_flight() == 0 || stop.load(Ordering::Relaxed) || ready(&self.slots());
         if !ready() {
             // A unit finishing wakes this waiter only when it leaves a lane worth claiming
-            // for, or nothing in flight; a change of the domains is seen within the wait's
-            // poll.
+            // for (an idle lane not paused is one), or nothing in flight; a change of the
+            // domains is seen within the wait's poll.
             self.wait_until(LANE_ROOM, ready);
         }
     }

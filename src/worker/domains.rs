@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
 use super::config::QUEUE_PER_THREAD;
-use super::slots::{LaneSpec, Lanes};
+use super::slots::{LaneSpec, Lanes, Share};
 use crate::db::DbConnection;
 use crate::domain::{validate_domains, Domain, DomainMode, NodeDomains, DEFAULT_DOMAIN};
 use crate::driver::{driver, DomainRow};
@@ -33,12 +33,15 @@ pub(crate) struct PlanLane {
 pub(crate) struct Plan {
     pub(crate) lanes: Vec<PlanLane>,
     lane_of: HashMap<String, usize>,
+    /// The lane of the keywords no domain lists: 0, `default`'s, or on a fleet's shared
+    /// pool this database's own ([`Share`]).
+    pub(crate) home: usize,
 }
 
 impl Plan {
     /// The lane whose slots a task of `keyword` runs on.
     pub(crate) fn lane_of(&self, keyword: &str) -> usize {
-        self.lane_of.get(keyword).copied().unwrap_or(0)
+        self.lane_of.get(keyword).copied().unwrap_or(self.home)
     }
 
     /// The lane a task of `keyword` runs on, and its domain's own timeout, if any.
@@ -52,9 +55,21 @@ impl Plan {
         (lane, watch)
     }
 
-    /// Whether any domain besides `default` is in use.
-    pub(crate) fn has_domains(&self) -> bool {
-        self.lanes.len() > 1
+    /// Whether claims are sized lane by lane, each by its lane's room: when some domain
+    /// besides `default` is in use, or on a fleet's shared pool (a lane per database).
+    /// Otherwise everything runs on `default`, whose claims take the pool's room and
+    /// whose claiming thread runs tasks too (CallerRuns, and helping while it waits).
+    pub(crate) fn by_lanes(&self) -> bool {
+        self.lanes.len() > 1 || self.home != 0
+    }
+
+    /// The lanes with keywords to claim.
+    pub(crate) fn claiming(&self) -> Vec<usize> {
+        self.lanes
+            .iter()
+            .filter(|l| !l.keywords.is_empty())
+            .map(|l| l.lane)
+            .collect()
     }
 
     /// Every keyword any lane claims (none of a paused lane, nor a paused keyword).
@@ -89,10 +104,12 @@ pub(crate) struct Base {
     pub(crate) lock: bool,
     pub(crate) domains: Vec<Domain>,
     pub(crate) registered: Vec<String>,
-    /// On a [`crate::Fleet`]'s execution pool, shared by several databases: the slots are
-    /// every database's, so this database's `async_domain` rows may pause `default` (its
-    /// claims stop) but not reshape the slots; its other rows are ignored.
-    pub(crate) shared_pool: bool,
+    /// On the execution pool of a [`crate::Fleet`] of several databases, this database's
+    /// part of it: its tasks run on a lane of their own, capped at its share of the threads.
+    /// The slots are every database's, so this database's `async_domain` rows may pause
+    /// `default` (its lane: its claims stop) but not reshape the slots; its other rows are
+    /// ignored.
+    pub(crate) share: Option<Share>,
 }
 
 /// The node's domains now.
@@ -116,6 +133,7 @@ impl DomainControl {
             plan: RwLock::new(Arc::new(Plan {
                 lanes: Vec::new(),
                 lane_of: HashMap::new(),
+                home: 0,
             })),
             watching: AtomicBool::new(false),
             applied: Mutex::new(None),
@@ -156,7 +174,7 @@ impl DomainControl {
         // Held before the rows are narrowed for a shared pool: every node holds them.
         let held = held_keywords(rows);
         let shared_rows;
-        let rows = if base.shared_pool {
+        let rows = if base.share.is_some() {
             shared_rows = shared_pool_rows(rows);
             &shared_rows
         } else {
@@ -190,17 +208,17 @@ impl DomainControl {
         let lane_paused: Vec<bool> = std::iter::once(default.paused)
             .chain(in_use.iter().map(|d| d.paused || d.released))
             .collect();
+        // On a fleet's shared pool, `default` is this database's lane, capped at its share.
+        let (threads, queue) = match base.share {
+            Some(share) => (share.threads, share.queue),
+            None => (base.threads, default.queue.unwrap_or(base.queue)),
+        };
         let mut specs = vec![LaneSpec {
             name: DEFAULT_DOMAIN.to_owned(),
             mode: DomainMode::Max,
-            threads: base.threads,
-            queue: if base.lock {
-                0
-            } else {
-                default.queue.unwrap_or(base.queue)
-            },
-            // Shared slots stay open to the other databases' tasks.
-            paused: default.paused && !base.shared_pool,
+            threads,
+            queue: if base.lock { 0 } else { queue },
+            paused: default.paused,
             released: false,
             timeout_ms: millis(timeout(default.timeout)),
         }];
@@ -248,7 +266,17 @@ impl DomainControl {
                 keywords.clear();
             }
         }
-        let indexes = self.lanes.apply(specs);
+        let indexes = match base.share {
+            // No domains on a shared pool (its rows are narrowed to `default`'s): only this
+            // database's lane is set, never another database's.
+            Some(share) => {
+                debug_assert_eq!(specs.len(), 1, "no domains on a shared pool");
+                let spec = specs.swap_remove(0);
+                self.lanes.set(share.lane, spec);
+                vec![share.lane]
+            }
+            None => self.lanes.apply(specs),
+        };
         let mut lane_of = HashMap::new();
         for (d, &lane) in in_use.iter().zip(&indexes[1..]) {
             for keyword in &d.domain.keywords {
@@ -270,6 +298,7 @@ impl DomainControl {
                 })
                 .collect(),
             lane_of,
+            home: base.share.map_or(0, |share| share.lane),
         };
         let mut current = self.plan.write().unwrap_or_else(PoisonError::into_inner);
         if !current.lanes.is_empty() && **current != plan {
@@ -294,6 +323,8 @@ impl DomainControl {
             .filter_map(|(i, mut used)| {
                 match plan.lanes.iter().find(|l| l.lane == i) {
                     Some(lane) => used.keywords = lane.listed.clone(),
+                    // On a fleet's shared pool, the other lanes are the other databases'.
+                    None if self.base.share.is_some() => return None,
                     None if used.running + used.queued == 0 => return None,
                     None => {}
                 }

@@ -30,7 +30,7 @@ fn control_with(domains: Vec<Domain>, lock: bool) -> DomainControl {
         lock,
         domains,
         registered: ["a", "b", "c", "d"].map(String::from).to_vec(),
-        shared_pool: false,
+        share: None,
     };
     let lanes = Arc::new(Lanes::new(super::super::slots::Slots::new(6, 10, 60_000)));
     DomainControl::new(base, lanes).unwrap()
@@ -40,7 +40,7 @@ fn control_with(domains: Vec<Domain>, lock: bool) -> DomainControl {
 fn without_domains_default_claims_every_registered_keyword() {
     let control = control(Vec::new());
     let plan = control.plan();
-    assert!(!plan.has_domains());
+    assert!(!plan.by_lanes());
     assert_eq!(plan.lanes[0].keywords, ["a", "b", "c", "d"]);
     assert_eq!(plan.lanes[0].timeout, Duration::from_secs(60));
 }
@@ -154,6 +154,7 @@ fn a_domains_default_queue_is_8_per_thread_it_can_run_on_and_none_under_lock_cla
 fn a_paused_domains_held_keywords_are_claimed_by_no_lane_even_without_the_domain() {
     // No domain `slow` here: its keyword b is default's, but not while `slow` holds it.
     for shared_pool in [false, true] {
+        let lanes = Arc::new(Lanes::new(super::super::slots::Slots::new(6, 10, 60_000)));
         let base = Base {
             threads: 6,
             queue: 10,
@@ -162,9 +163,8 @@ fn a_paused_domains_held_keywords_are_claimed_by_no_lane_even_without_the_domain
             lock: false,
             domains: Vec::new(),
             registered: ["a", "b", "c", "d"].map(String::from).to_vec(),
-            shared_pool,
+            share: shared_pool.then(|| lanes.share_out(2, 10)[1]),
         };
-        let lanes = Arc::new(Lanes::new(super::super::slots::Slots::new(6, 10, 60_000)));
         let control = DomainControl::new(base, lanes).unwrap();
         let mut slow = row("slow");
         slow.paused = true;
@@ -203,5 +203,65 @@ fn a_paused_domain_still_publishes_its_keywords() {
         published.domains[0].keywords,
         ["a", "c", "d"],
         "a keyword paused on its own too"
+    );
+}
+
+#[test]
+fn on_a_fleets_shared_pool_each_database_sets_and_pauses_only_its_own_lane() {
+    let lanes = Arc::new(Lanes::new(super::super::slots::Slots::new(5, 4, 60_000)));
+    let shares = lanes.share_out(2, 4);
+    let controls: Vec<DomainControl> = shares
+        .iter()
+        .map(|&share| {
+            let base = Base {
+                threads: 5,
+                queue: 4,
+                task_timeout: Duration::from_secs(60),
+                commit_batch: 1,
+                lock: false,
+                domains: Vec::new(),
+                registered: ["a", "b"].map(String::from).to_vec(),
+                share: Some(share),
+            };
+            DomainControl::new(base, Arc::clone(&lanes)).unwrap()
+        })
+        .collect();
+    for (control, share) in controls.iter().zip(&shares) {
+        let plan = control.plan();
+        assert!(plan.by_lanes(), "claims sized by the database's own lane");
+        assert_eq!(plan.lane_of("a"), share.lane);
+        assert_eq!(plan.claiming(), [share.lane]);
+        let published: NodeDomains = serde_json::from_str(&control.publication()).unwrap();
+        assert_eq!(
+            published.domains.len(),
+            1,
+            "only its own lane: {published:?}"
+        );
+        assert_eq!(published.domains[0].domain, DEFAULT_DOMAIN);
+        assert_eq!(published.domains[0].threads, share.threads);
+    }
+    assert_eq!(
+        (
+            shares[0].threads,
+            shares[1].threads,
+            shares[0].queue,
+            shares[1].queue
+        ),
+        (3, 2, 2, 2)
+    );
+    // The first database's `default` paused: its lane claims nothing; the second's lane
+    // keeps its room, also when the first applies its rows again.
+    let mut paused = row(DEFAULT_DOMAIN);
+    paused.paused = true;
+    controls[0].apply(&[paused.clone()], &[]).unwrap();
+    controls[0].apply(&[paused], &[]).unwrap();
+    assert!(controls[0].plan().claiming().is_empty());
+    assert_eq!(controls[1].plan().claiming(), [shares[1].lane]);
+    let slots = lanes.lock();
+    assert_eq!(slots.room(shares[0].lane), 0);
+    assert_eq!(
+        slots.room(shares[1].lane),
+        2 + 2,
+        "its threads and its queue"
     );
 }

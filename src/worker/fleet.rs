@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::dispatch::{Dispatcher, Feed};
+use super::slots::Share;
 use super::tally::{Report, Tally};
 use super::{check_registry, new_dispatcher, Worker, WorkerConfig};
 use crate::db::{DatabaseUrl, DbPool};
@@ -19,6 +20,13 @@ use crate::registry::Registry;
 pub(super) struct Shared {
     pub(super) dispatcher: Arc<Dispatcher>,
     pub(super) stopping: Arc<AtomicBool>,
+}
+
+/// One database's place in a fleet: what its worker shares with the others, and its part
+/// of the execution pool (none when it is the only database: the pool is all its own).
+pub(super) struct Seat<'a> {
+    pub(super) shared: &'a Shared,
+    pub(super) share: Option<Share>,
 }
 
 /// What one database of a [`Fleet`] did.
@@ -35,12 +43,25 @@ pub struct DatabaseReport<T> {
 ///
 /// Each database gets a [`Worker`] of its own — a node row, a heartbeat, rescue and cron in
 /// that database, a connection pool to it, and a claim loop that claims only that
-/// database's tasks — and every worker runs its tasks on the fleet's one execution pool
-/// (`threads` threads for them all; past its queue a claim loop runs the next task itself,
-/// CallerRuns, as a single worker does). A task's handler and its completion are one
-/// transaction in the task's own database, so exactly-once holds per database as for one
-/// worker. The claim loops run side by side: a database that is unreachable or paused holds
-/// up only its own loop.
+/// database's tasks — and every worker runs its tasks on the fleet's one execution pool. A
+/// task's handler and its completion are one transaction in the task's own database, so
+/// exactly-once holds per database as for one worker. The claim loops run side by side: a
+/// database that is unreachable or paused holds up only its own loop.
+///
+/// **Each database has its share of the pool, and never more.** The pool's `threads` (one
+/// per database at least) and its `queue` are split between the databases as evenly as they
+/// go (8 threads for 3 databases: 3, 3 and 2), and at most a database's share of threads
+/// run its tasks at once, with at most its share of the queue waiting; a claim asks for
+/// what its database's share can start or queue, and the claiming threads run no tasks
+/// themselves. So a database whose handlers block (a lock held on its tables, a server that
+/// stopped answering) holds its own threads and no other's, and the other databases keep
+/// their pace, however many block. The shares are strict: a database does not borrow the
+/// threads of databases that are idle. A handler that runs cannot be taken back, so a
+/// database that borrowed threads and blocked on them would stall the others as soon as
+/// they had work, for as long as it blocks. The price is that one busy database, the others
+/// idle, runs on its share alone: give the fleet more threads, or run a process per
+/// database, where that matters. With a single database the pool is all its own, as for a
+/// [`Worker`].
 ///
 /// Every URL is of one backend (a mix is refused: the defaults, the pool's size and the
 /// claiming thread's help differ by backend), and each database is named once. A fleet has
@@ -72,7 +93,7 @@ pub struct Fleet {
 impl Fleet {
     /// Checks the URLs, connects to every database and checks that its schema is migrated,
     /// then starts a worker on each (in `urls`' order), sharing one execution pool sized by
-    /// `config`.
+    /// `config` (with a thread per database at least), each database on its share of it.
     ///
     /// Fails before any node is registered when `urls` is empty, names a database twice,
     /// mixes backends, `config` sets domains or a metrics address, or a database is
@@ -115,17 +136,33 @@ impl Fleet {
             .iter()
             .map(|url| open(url, settings.pool_size()).map_err(|e| e.on_database(url)))
             .collect::<Result<Vec<DbPool>>>()?;
+        // A thread for each database at least: a share of none would leave one waiting for
+        // the others.
+        let threads = settings.threads.max(urls.len());
         let shared = Shared {
-            dispatcher: Arc::new(new_dispatcher(first, &settings)?),
+            dispatcher: Arc::new(new_dispatcher(first, threads, &settings)?),
             stopping: Arc::default(),
+        };
+        let shares: Vec<Option<Share>> = match urls.len() {
+            1 => vec![None],
+            n => (shared.dispatcher.shared_lanes())
+                .share_out(n, settings.queue)
+                .into_iter()
+                .map(Some)
+                .collect(),
         };
         // A worker that fails to start drops those started before it: their nodes are
         // marked gone.
         let workers = urls
             .iter()
             .zip(pools)
-            .map(|(url, pool)| {
-                Worker::start(url, pool, registry.clone(), settings.clone(), Some(&shared))
+            .zip(shares)
+            .map(|((url, pool), share)| {
+                let seat = Seat {
+                    shared: &shared,
+                    share,
+                };
+                Worker::start(url, pool, registry.clone(), settings.clone(), Some(seat))
                     .map_err(|e| e.on_database(url))
             })
             .collect::<Result<Vec<Worker>>>()?;
@@ -140,7 +177,9 @@ impl Fleet {
         &self.workers
     }
 
-    /// Claims one page from each database in turn and runs it ([`Worker::run_once`]).
+    /// Claims one page from each database in turn and runs it ([`Worker::run_once`]): with
+    /// several databases, as many tasks as the database's share of the pool can start or
+    /// queue, at most.
     pub fn run_once(&self) -> Vec<DatabaseReport<Tally>> {
         self.workers
             .iter()

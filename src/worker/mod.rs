@@ -153,14 +153,14 @@ impl Worker {
         Self::start(url, pool, registry, settings, None)
     }
 
-    /// Starts the worker on `pool`; with `shared`, as one database of a [`Fleet`], on the
-    /// fleet's execution pool and stop flag.
+    /// Starts the worker on `pool`; with a `seat`, as one database of a [`Fleet`], on the
+    /// fleet's execution pool (on its share of it) and stop flag.
     fn start(
         url: &DatabaseUrl,
         pool: DbPool,
         registry: Registry,
         settings: Settings,
-        shared: Option<&fleet::Shared>,
+        seat: Option<fleet::Seat<'_>>,
     ) -> Result<Worker> {
         // What can fail on its own first, so that a failure leaves no node row behind.
         let metrics_endpoint = settings
@@ -178,9 +178,9 @@ impl Worker {
         ensure_migrated(&mut conn)?;
         let node = Arc::new(Node::register(&mut conn)?);
         drop(conn);
-        let dispatcher = match shared {
-            Some(shared) => Arc::clone(&shared.dispatcher),
-            None => Arc::new(new_dispatcher(url, &settings)?),
+        let dispatcher = match &seat {
+            Some(seat) => Arc::clone(&seat.shared.dispatcher),
+            None => Arc::new(new_dispatcher(url, settings.threads, &settings)?),
         };
         let domains = DomainControl::new(
             domains::Base {
@@ -191,12 +191,12 @@ impl Worker {
                 lock: settings.lock,
                 domains: settings.domains.clone(),
                 registered: registry.keywords().map(str::to_owned).collect(),
-                shared_pool: shared.is_some(),
+                share: seat.as_ref().and_then(|seat| seat.share),
             },
             dispatcher.shared_lanes(),
         )?;
         let timeouts = timeouts::Timeouts::new(dispatcher.shared_lanes());
-        let stopping = shared.map_or_else(Arc::default, |s| Arc::clone(&s.stopping));
+        let stopping = seat.map_or_else(Arc::default, |s| Arc::clone(&s.shared.stopping));
         let observers = Observers {
             metrics: metrics_endpoint
                 .as_ref()
@@ -437,14 +437,14 @@ impl Drop for Worker {
     }
 }
 
-/// The execution pool for `settings`' threads and queue.
-fn new_dispatcher(url: &DatabaseUrl, settings: &Settings) -> Result<Dispatcher> {
+/// The execution pool of `threads` threads for `settings`' queue.
+fn new_dispatcher(url: &DatabaseUrl, threads: usize, settings: &Settings) -> Result<Dispatcher> {
     // The claiming thread runs queued tasks while it waits for room, as one more executor,
     // on PostgreSQL and MySQL. On SQLite, whose writers take turns on one lock, a second thread
     // running tasks would mostly wait for the first.
     let caller_helps = url.backend() != crate::Backend::Sqlite;
     Dispatcher::new(
-        settings.threads,
+        threads,
         settings.queue,
         u64::try_from(settings.task_timeout.as_millis()).unwrap_or(u64::MAX),
         caller_helps,

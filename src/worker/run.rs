@@ -103,8 +103,9 @@ impl Worker {
     fn refill<'s>(&'s self, feed: &Feed<'s>, tally: &'s Mutex<Tally>) -> Result<(usize, usize)> {
         self.wait_while_capped(feed);
         let plan = self.services.domains.plan();
-        if plan.has_domains() {
-            self.dispatcher.wait_for_lane_room(&self.stopping);
+        if plan.by_lanes() {
+            self.dispatcher
+                .wait_for_lane_room(&plan.claiming(), &self.stopping);
             if !self.wait_for_connection()? {
                 return Ok((0, 0));
             }
@@ -314,7 +315,7 @@ impl Worker {
     /// chunk run in the transaction that holds its locks.
     pub fn run_once(&self) -> Result<Tally> {
         let plan = self.services.domains.plan();
-        if self.settings.lock && !plan.has_domains() {
+        if self.settings.lock && !plan.by_lanes() {
             let tally = Mutex::new(Tally::default());
             self.dispatcher.scope(|feed| {
                 self.refill_lock_style(feed, &tally, &plan.lanes[0], self.claim_limit())
@@ -322,7 +323,7 @@ impl Worker {
             })?;
             return Ok(tally.into_inner().unwrap_or_else(PoisonError::into_inner));
         }
-        if plan.has_domains() {
+        if plan.by_lanes() {
             let tally = Mutex::new(Tally::default());
             self.dispatcher
                 .scope(|feed| self.refill_lanes(feed, &tally, &plan).map(|_| ()))?;
@@ -391,17 +392,42 @@ impl Worker {
             // Whether anything was running before the claim: a task that commits a
             // follow-up after the claim looked, and finishes before the check below,
             // must still be followed by one more claim.
-            let busy_before = self.dispatcher.in_flight() > 0;
+            let busy_before = self.busy();
             let (claimed, _) = self.retry_dead_connections(|| self.refill(feed, tally))?;
             if claimed == 0 {
                 if !busy_before || self.is_stopping() {
                     break;
                 }
-                self.dispatcher
-                    .wait_for_room(feed, self.dispatcher.capacity(), &self.stopping);
+                self.wait_until_idle(feed);
             }
         }
         Ok(())
+    }
+
+    /// This database's own lane on a fleet's shared pool, when it has one.
+    fn own_lane(&self) -> Option<usize> {
+        let home = self.services.domains.plan().home;
+        (home != 0).then_some(home)
+    }
+
+    /// Whether tasks this worker handed to the pool have not finished: on a fleet's shared
+    /// pool, those of its own lane (the others' databases are not its business); otherwise
+    /// any.
+    fn busy(&self) -> bool {
+        match self.own_lane() {
+            Some(lane) => !self.dispatcher.slots().idle(lane),
+            None => self.dispatcher.in_flight() > 0,
+        }
+    }
+
+    /// Waits until what [`Worker::busy`] looks at has finished, or the worker is stopping.
+    fn wait_until_idle(&self, feed: &Feed<'_>) {
+        match self.own_lane() {
+            Some(lane) => self.dispatcher.wait_for_lanes_idle(&[lane], &self.stopping),
+            None => self
+                .dispatcher
+                .wait_for_room(feed, self.dispatcher.capacity(), &self.stopping),
+        }
     }
 
     /// Works until the stop flag is set: claims while there is work, otherwise waits for the
@@ -484,8 +510,8 @@ impl Worker {
 
 /// A page's tasks grouped by the lane their keyword runs on, in claim order within each.
 fn by_lane(plan: &Plan, page: Vec<ClaimedTask>) -> Vec<(usize, Vec<ClaimedTask>)> {
-    if !plan.has_domains() {
-        return vec![(0, page)];
+    if plan.lanes.len() <= 1 {
+        return vec![(plan.home, page)];
     }
     let mut lanes: Vec<(usize, Vec<ClaimedTask>)> = Vec::new();
     for task in page {

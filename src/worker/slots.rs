@@ -42,6 +42,30 @@ impl Lanes {
         self.bound.store(slots.bound(), Ordering::SeqCst);
         lanes
     }
+
+    /// [`Slots::share_out`], and the bound taken again.
+    pub(crate) fn share_out(&self, databases: usize, queue: usize) -> Vec<Share> {
+        let mut slots = self.lock();
+        let shares = slots.share_out(databases, queue);
+        self.bound.store(slots.bound(), Ordering::SeqCst);
+        shares
+    }
+
+    /// [`Slots::set`], and the bound taken again.
+    pub(crate) fn set(&self, lane: usize, spec: LaneSpec) {
+        let mut slots = self.lock();
+        slots.set(lane, spec);
+        self.bound.store(slots.bound(), Ordering::SeqCst);
+    }
+}
+
+/// One database's part of a [`crate::Fleet`]'s execution pool ([`Slots::share_out`]): a lane
+/// of its own, on which at most `threads` of its tasks run at once and `queue` more wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Share {
+    pub(crate) lane: usize,
+    pub(crate) threads: usize,
+    pub(crate) queue: usize,
 }
 
 /// How one lane (domain) holds slots, as configured now.
@@ -142,6 +166,54 @@ impl Slots {
             }
         }
         indexes
+    }
+
+    /// Splits the threads and the queue between the `databases` of a fleet, as evenly as
+    /// they go (the first ones get one more when they do not divide evenly, so that the
+    /// shares add up to the whole): a `MAX` lane for each database, paused until its worker
+    /// sets it ([`Slots::set`]). `default` is left paused and without a queue: in a fleet no
+    /// task runs on it. The shares never overlap, so a database whose handlers block holds
+    /// its own threads and no other's, however many others block too.
+    ///
+    /// Fewer threads than databases would leave a database without a thread: the caller
+    /// sizes the pool with one per database at least.
+    pub(crate) fn share_out(&mut self, databases: usize, queue: usize) -> Vec<Share> {
+        let default = &mut self.lanes[0].spec;
+        default.queue = 0;
+        default.paused = true;
+        let timeout_ms = default.timeout_ms;
+        let part = |whole: usize, k: usize| whole / databases + usize::from(k < whole % databases);
+        (0..databases)
+            .map(|k| {
+                let share = Share {
+                    lane: self.lanes.len(),
+                    threads: part(self.total, k),
+                    queue: part(queue, k),
+                };
+                self.lanes.push(Lane::new(LaneSpec {
+                    name: format!("database {k}"),
+                    mode: DomainMode::Max,
+                    threads: share.threads,
+                    queue: share.queue,
+                    paused: true,
+                    released: false,
+                    timeout_ms,
+                }));
+                share
+            })
+            .collect()
+    }
+
+    /// Sets lane `i`'s configuration, and no other's: how the worker of one database of a
+    /// fleet applies its own lane ([`Slots::apply`] pauses the lanes it is not given).
+    pub(crate) fn set(&mut self, i: usize, spec: LaneSpec) {
+        self.lanes[i].spec = spec;
+    }
+
+    /// Whether lane `i` has nothing running or queued.
+    pub(crate) fn idle(&self, i: usize) -> bool {
+        let lane = &self.lanes[i];
+        lane.running() + lane.queued == 0
     }
 
     fn reserved(spec: &LaneSpec) -> usize {

@@ -181,3 +181,53 @@ fn lock_room_counts_other_lanes_chunks_not_yet_started() {
     );
     assert_eq!(slots.lock_room(2), 1);
 }
+
+#[test]
+fn a_fleets_databases_share_the_threads_out_and_none_takes_anothers() {
+    // 7 threads, a queue of 5, 3 databases: 3, 2, 2 threads; 2, 2, 1 queued.
+    let mut slots = Slots::new(7, 5, 1000);
+    let shares = slots.share_out(3, 5);
+    assert_eq!(
+        shares
+            .iter()
+            .map(|s| (s.lane, s.threads, s.queue))
+            .collect::<Vec<_>>(),
+        [(1, 3, 2), (2, 2, 2), (3, 2, 1)]
+    );
+    assert_eq!(slots.bound(), 7 + 5, "the same bound as before the split");
+    assert_eq!(slots.room(0), 0, "default runs nothing in a fleet");
+    assert!(
+        shares.iter().all(|s| slots.room(s.lane) == 0),
+        "paused until set"
+    );
+    for share in &shares {
+        slots.set(
+            share.lane,
+            spec("default", DomainMode::Max, share.threads, share.queue),
+        );
+    }
+    // The first two databases' handlers block on every slot they may take.
+    for share in &shares[..2] {
+        for _ in 0..share.threads {
+            assert_eq!(slots.start(share.lane), Some(Slot::Shared));
+        }
+        assert_eq!(slots.start(share.lane), None, "at most its share");
+        assert_eq!(slots.room(share.lane), share.queue);
+        assert!(!slots.idle(share.lane));
+    }
+    // The third keeps its whole share, to claim for and to start.
+    let third = shares[2];
+    assert!(slots.idle(third.lane));
+    assert!(slots.worth_claiming_for(third.lane));
+    assert_eq!(slots.room(third.lane), third.threads + third.queue);
+    assert_eq!(slots.lock_room(third.lane), third.threads);
+    for _ in 0..third.threads {
+        assert_eq!(slots.start(third.lane), Some(Slot::Shared));
+    }
+    // Setting one lane leaves the others as they are.
+    let mut paused = spec("default", DomainMode::Max, third.threads, third.queue);
+    paused.paused = true;
+    slots.set(third.lane, paused);
+    assert_eq!(slots.room(third.lane), 0);
+    assert_eq!(slots.room(shares[0].lane), shares[0].queue);
+}

@@ -89,10 +89,12 @@ every_backend! {
         let other = another(db);
         enqueue(db, 4);
         enqueue(&other, 5);
+        // Each database's page is what its share of the pool can take: 2 threads and 3
+        // queued of 4 and 6.
         let fleet = Fleet::new(
             &[db.url.clone(), other.url.clone()],
             ledger_registry("ledger"),
-            small_config(),
+            small_config().threads(4).queue(6),
         )
         .unwrap();
         let tallies: Vec<u64> = fleet
@@ -318,4 +320,212 @@ fn a_fleet_stops_in_seconds_while_a_database_refuses_connections() {
         down.count("SELECT count(*) FROM async_node WHERE state = 'alive'"),
         1
     );
+}
+
+/// Lets handlers through once opened; counts those waiting on the pool's threads.
+#[derive(Default)]
+struct Gate {
+    /// Opened; waiting now on a pool thread; the most that waited at once there.
+    state: std::sync::Mutex<(bool, usize, usize)>,
+    changed: std::sync::Condvar,
+}
+
+impl Gate {
+    /// Waits until the gate opens; fails the task after `limit`.
+    fn pass(&self, limit: Duration) -> outbox::HandlerResult {
+        let on_pool = std::thread::current()
+            .name()
+            .is_some_and(|n| n.starts_with("outbox-task-"));
+        let mut state = self.state.lock().unwrap();
+        if on_pool {
+            state.1 += 1;
+            state.2 = state.2.max(state.1);
+        }
+        let (mut state, timeout) = self
+            .changed
+            .wait_timeout_while(state, limit, |(open, _, _)| !*open)
+            .unwrap();
+        if on_pool {
+            state.1 -= 1;
+        }
+        drop(state);
+        if timeout.timed_out() {
+            return Err(anyhow::anyhow!("the gate stayed closed").into());
+        }
+        Ok(())
+    }
+
+    fn open(&self) {
+        self.state.lock().unwrap().0 = true;
+        self.changed.notify_all();
+    }
+
+    /// Handlers waiting at the gate on the pool's threads now, and the most at once.
+    fn waiting(&self) -> (usize, usize) {
+        let state = self.state.lock().unwrap();
+        (state.1, state.2)
+    }
+}
+
+/// Opens the gate when dropped, and on a failed assertion stops the fleet too, so that it
+/// does not leave the fleet's threads waiting.
+struct Release<'a>(&'a Gate, &'a std::sync::atomic::AtomicBool);
+
+impl Drop for Release<'_> {
+    fn drop(&mut self) {
+        self.0.open();
+        if std::thread::panicking() {
+            self.1.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
+/// How long the quick database has to run its tasks while the other is blocked (they take a
+/// second or two at their pace).
+const PACE_LIMIT: Duration = Duration::from_secs(20);
+
+/// Polls `condition` every 20 ms until it holds or `limit` passes; returns whether it held.
+fn within(limit: Duration, mut condition: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if condition() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Mode {
+    Drain,
+    Run,
+}
+
+/// Two databases on one fleet: every task of the first (`stuck`) waits at a gate, the second
+/// has 60 quick `ledger` tasks. While the gate is closed the first holds at most its
+/// `share` of the pool's threads, and the second's tasks all run; once it opens, the first's
+/// tasks run too, each database's once.
+fn a_blocked_database_leaves_the_other_its_pace(
+    db: &TestDb,
+    config: WorkerConfig,
+    share: usize,
+    mode: Mode,
+) {
+    const QUICK: usize = 60;
+    let (slow, quick) = (another(db), another(db));
+    let gate = std::sync::Arc::new(Gate::default());
+    let mut registry = ledger_registry("ledger");
+    {
+        let gate = std::sync::Arc::clone(&gate);
+        registry.register(
+            "stuck",
+            move |_: &outbox::TaskContext, _: &mut outbox::TaskTx| {
+                gate.pass(Duration::from_secs(60))
+            },
+        );
+    }
+    let stuck: Vec<NewTask> = (0..20)
+        .map(|i| NewTask::new("stuck", format!("stuck-{i}")))
+        .collect();
+    enqueue_batch(&mut slow.conn(), &stuck).unwrap();
+    // A drain ends when nothing is due: the quick tasks are there from the start; `run`
+    // gets them once the slow database's handlers are waiting.
+    if let Mode::Drain = mode {
+        enqueue(&quick, QUICK);
+    }
+    let fleet = Fleet::new(
+        &[slow.url.clone(), quick.url.clone()],
+        registry,
+        config.poll_interval(Duration::from_millis(50)),
+    )
+    .unwrap();
+    let stop = fleet.stop_flag();
+    let done = "SELECT count(*) FROM async_task WHERE state = 'done'";
+    let reports = std::thread::scope(|s| {
+        let release = Release(&gate, &stop);
+        let running = s.spawn(|| match mode {
+            Mode::Drain => fleet.drain(),
+            Mode::Run => fleet.run(),
+        });
+        assert!(
+            within(PACE_LIMIT, || gate.waiting().0 >= 1),
+            "{mode:?}: no handler of the slow database ever waited"
+        );
+        if let Mode::Run = mode {
+            enqueue(&quick, QUICK);
+        }
+        let paced = within(PACE_LIMIT, || quick.count(done) == QUICK as i64);
+        let (waiting, most) = gate.waiting();
+        assert!(
+            paced,
+            "{mode:?}: with the slow database's handlers blocked ({waiting} waiting), the \
+             other ran {} of its {QUICK} tasks in {PACE_LIMIT:?}",
+            quick.count(done)
+        );
+        assert!(
+            waiting >= 1,
+            "{mode:?}: the slow database was blocked meanwhile"
+        );
+        assert!(
+            most <= share,
+            "{mode:?}: the slow database took {most} threads, past its share of {share}"
+        );
+        gate.open();
+        if let Mode::Run = mode {
+            assert!(
+                within(PACE_LIMIT, || slow.count(done) == 20),
+                "{mode:?}: the slow database's tasks ran once let through"
+            );
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        drop(release);
+        running.join().unwrap()
+    });
+    let done: Vec<u64> = reports
+        .into_iter()
+        .map(|r| r.result.unwrap().tally.done)
+        .collect();
+    assert_eq!(done, vec![20, QUICK as u64], "{mode:?}");
+    assert_eq!(
+        slow.count("SELECT count(*) FROM async_task WHERE state = 'done'"),
+        20
+    );
+    assert_each_done_once_here(&quick, QUICK as i64);
+}
+
+every_backend! {
+    fn a_database_whose_handlers_block_takes_at_most_its_share(db: &TestDb) {
+        let config = WorkerConfig::default()
+            .threads(4)
+            .queue(4)
+            .page_size(10)
+            .claim_style(outbox::ClaimStyle::Stamp);
+        // 2 of the 4 threads each.
+        for mode in [Mode::Drain, Mode::Run] {
+            a_blocked_database_leaves_the_other_its_pace(db, config.clone(), 2, mode);
+        }
+        // A thread per database at least, however few are asked for.
+        a_blocked_database_leaves_the_other_its_pace(
+            db,
+            config.threads(1).queue(1),
+            1,
+            Mode::Drain,
+        );
+    }
+}
+
+/// The same under lock claims (PostgreSQL): chunks of 5, no queue.
+#[test]
+fn under_lock_claims_a_database_whose_handlers_block_takes_at_most_its_share() {
+    let db = TestDb::postgres();
+    let config = WorkerConfig::default()
+        .threads(4)
+        .commit_batch(5)
+        .claim_style(outbox::ClaimStyle::Lock);
+    for mode in [Mode::Drain, Mode::Run] {
+        a_blocked_database_leaves_the_other_its_pace(&db, config.clone(), 2, mode);
+    }
 }

@@ -155,3 +155,58 @@ fn run_stops_in_seconds_while_a_database_refuses_connections() {
         1
     );
 }
+
+/// `outbox drain` serving two PostgreSQL databases while a session holds a lock on the
+/// first's `demo_points_ledger` table: the first's `points.credit` handlers wait for it on at
+/// most its share of the threads (2 of `--threads 4`), and the second database's tasks all
+/// run meanwhile; once the lock goes, the first's run too, each order credited once.
+#[test]
+fn drain_with_one_database_locked_runs_the_others_tasks_meanwhile() {
+    use diesel::connection::SimpleConnection;
+
+    let (locked, free) = (TestDb::postgres(), TestDb::postgres());
+    let dir = workdir();
+    for (database, orders) in [(&locked, "10"), (&free, "40")] {
+        run(outbox_on(database, dir.path()).args(["demo", "--enqueue-only", "--tasks", orders]))
+            .expect_code(0);
+    }
+    let mut holder = locked.conn();
+    holder
+        .batch_execute("BEGIN; LOCK TABLE demo_points_ledger IN ACCESS EXCLUSIVE MODE")
+        .unwrap();
+    let worker = Running::spawn(
+        outbox(dir.path())
+            .args(["drain", "--threads", "4"])
+            .args(both_urls(&locked, &free)),
+    );
+    let waiting = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                   AND wait_event_type = 'Lock' \
+                   AND query LIKE '%demo_points_ledger%'";
+    wait_until(
+        WORK_LIMIT,
+        "a points.credit handler waiting for the lock",
+        || locked.count(waiting) >= 1,
+    );
+    wait_until(
+        WORK_LIMIT,
+        "the other database's 80 tasks, while the first's table is locked",
+        || tasks_in(&free, "done") == 80,
+    );
+    assert!(
+        locked.count(waiting) >= 1,
+        "the first database's handlers were still waiting"
+    );
+    assert!(
+        locked.count(waiting) <= 2,
+        "the locked database took more than its share of the 4 threads"
+    );
+    holder.batch_execute("COMMIT").unwrap();
+    let out = worker.finish(WORK_LIMIT).expect_code(0);
+    out.stdout_has(&format!("{}: drained 20 tasks", locked.url.masked()))
+        .stdout_has(&format!("{}: drained 80 tasks", free.url.masked()));
+    for (database, orders) in [(&locked, 10), (&free, 40)] {
+        run(outbox_on(database, dir.path()).args(["demo", "--check"]))
+            .expect_code(0)
+            .stdout_has(&format!("check: all {orders} orders credited exactly once"));
+    }
+}
