@@ -50,7 +50,7 @@ pub struct WorkerArgs {
     #[arg(long, default_value_t = 1)]
     commit_batch: usize,
     /// How tasks are claimed: `stamp` writes owner, token and deadline at the claim and
-    /// completes with a second write; `lock` (PostgreSQL) locks a chunk's rows in the
+    /// completes with a second write; `lock` (PostgreSQL) leases a chunk's tasks for the
     /// transaction that runs it, one write per task, for short handlers; `auto` is lock with
     /// --commit-batch > 1 on PostgreSQL (and no --queue), stamp otherwise.
     #[arg(long = "claim", default_value_t = ClaimStyle::Auto)]

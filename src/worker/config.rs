@@ -109,7 +109,7 @@ pub struct WorkerConfig {
     ///
     /// A Rust thread cannot be killed, and a hung handler keeps its transaction open: on
     /// SQLite that transaction holds the database's only write lock, so every process
-    /// stalls; on PostgreSQL it holds a connection, its row locks and a thread. Exiting frees
+    /// stalls; on PostgreSQL it holds a connection, its locks and a thread. Exiting frees
     /// them all; the supervisor (systemd, cron) starts a fresh process and the hung task is
     /// rescued, counting a failure. Each handler is timed alone, in batched mode too.
     pub exit_on_hang: bool,
@@ -122,12 +122,12 @@ pub struct WorkerConfig {
     /// exactly-once and a failing task neither loses nor completes the others; external
     /// effects of the rolled-back chunk happen again.
     pub commit_batch: usize,
-    /// How tasks are claimed: stamped, or locked for the length of their transaction (see
+    /// How tasks are claimed: stamped, or leased for their chunk's transaction (see
     /// [`ClaimStyle`]; default [`ClaimStyle::Auto`]).
     pub claim_style: ClaimStyle,
     /// The node's task domains (none by default: every keyword is `default`'s and takes any
     /// thread). See [`crate::domain`]. Under lock claims a domain queues nothing: each
-    /// chunk is locked for a domain's free thread and starts at once.
+    /// chunk is leased for a domain's free thread and starts at once.
     pub domains: Vec<Domain>,
 
     // Watching the worker from outside (README, "Metrics and health").
@@ -262,8 +262,8 @@ impl WorkerConfig {
             .claim_style
             .locks(backend, self.commit_batch, self.queue)?;
         validate_domains(&self.domains, threads)?;
-        // A lock claim starts each chunk at once: a queued chunk would hold its locks and a
-        // connection while it waited.
+        // A lock claim starts each chunk at once: a queued chunk would hold its leases, their
+        // deadline running, while it waited.
         let queue = self
             .queue
             .unwrap_or(match (self.commit_batch > 1, self.threads, backend) {

@@ -1,5 +1,5 @@
-//! How a worker claims its tasks: by stamping them, or by locking them for the length of
-//! their transaction.
+//! How a worker claims its tasks: by stamping them, or by leasing them for their chunk's
+//! transaction.
 
 use std::fmt;
 use std::str::FromStr;
@@ -16,16 +16,14 @@ use crate::error::{Error, Result};
 ///   long as its timeout: a node that dies is found by its silent heartbeat and its tasks
 ///   are rescued, each counting a failure. Works everywhere, PgBouncer in transaction mode
 ///   included, and on SQLite.
-/// - **Lock** (PostgreSQL, one write per task): a chunk's tasks are locked with
-///   `SELECT … FOR UPDATE SKIP LOCKED` in the transaction that runs their handlers and
-///   marks them done. One row version per task, no rescue: a crash rolls the chunk back
-///   and leaves its tasks pending. The transaction, its row locks and a connection are held
-///   while the chunk's handlers run, so it suits short handlers. A process that dies
-///   mid-chunk (killed, out of memory, aborted) counts no attempt: a handler that kills its
-///   process every time is retried without end, where stamping would make it dead after
-///   its max attempts. A hung handler is caught by the watchdog
-///   ([`crate::WorkerConfig::exit_on_hang`]), which ends its transaction and counts the
-///   failure.
+/// - **Lock** (PostgreSQL, one write per task): one statement leases a chunk's tasks (a row
+///   each in the unlogged `async_lease`, with this node, the task's claim token and a
+///   deadline), without writing the task rows; the chunk's transaction runs their handlers
+///   and marks them done as it deletes the leases. One row version per task; no task row is
+///   locked while handlers run (a cancel never waits for a chunk). A process that dies,
+///   freezes or is cut off leaves its leases: rescue charges their tasks a failure, as it
+///   does a stamped claim's, and ends the frozen node's sessions. A transaction and a
+///   connection are held while the chunk's handlers run, so it suits short handlers.
 /// - **Auto** (the default): lock claims in batched mode on PostgreSQL, stamping otherwise.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
@@ -35,7 +33,7 @@ pub enum ClaimStyle {
     Auto,
     /// Claims that stamp owner, token and deadline; completion is a second write.
     Stamp,
-    /// Claims that lock the chunk's rows for its transaction; one write per task.
+    /// Claims that lease a chunk's tasks for its transaction; one write per task.
     Lock,
 }
 
@@ -53,8 +51,8 @@ impl ClaimStyle {
 impl ClaimStyle {
     /// Whether a worker with this style claims by locking, on `backend` with chunks of
     /// `commit_batch` and the `queue` set (if any). Fails, naming the setting, where lock
-    /// claims cannot run: on SQLite, or with a queue (a queued chunk would hold its row
-    /// locks and a connection while it waited).
+    /// claims cannot run: on SQLite or MySQL, or with a queue (a queued chunk would hold its
+    /// leases, their deadline running, while it waited).
     pub(crate) fn locks(
         self,
         backend: Backend,

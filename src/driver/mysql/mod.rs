@@ -392,6 +392,6 @@ impl Driver for MysqlConnection {
 
 fn lock_claims_unsupported() -> diesel::result::Error {
     diesel::result::Error::QueryBuilderError(
-        "lock claims need PostgreSQL (an unlogged lease table and named transactions)".into(),
+        "lock claims need PostgreSQL (an unlogged lease table and advisory locks)".into(),
     )
 }

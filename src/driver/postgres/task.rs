@@ -242,8 +242,9 @@ pub(super) fn release(
 }
 
 pub(super) fn cancel(conn: &mut PgConnection, id: i64) -> QueryResult<usize> {
-    // A task in a locked chunk (lock claims) is pending and locked: this waits for the chunk's
-    // transaction, then re-checks the state it left.
+    // A task in a leased chunk (lock claims) is pending, its row not locked: this does not
+    // wait for the chunk, whose completion is then fenced out. A row that another
+    // transaction is writing (a completion) is waited for, then its new state re-checked.
     Statement::<Pg>::new(
         "UPDATE async_task SET state = 'cancelled', finished_at = now(), updated_at = now()
          WHERE id = ",
