@@ -81,8 +81,8 @@ impl r2d2::ManageConnection for ConnectionManager {
     }
 
     /// A connection is dropped instead of going back to the pool when its thread panicked,
-    /// diesel or the engine marked it broken, or the reply watchdog closed it (see
-    /// [`super::reply`]).
+    /// diesel or the engine marked it broken, the reply watchdog closed it, or a statement
+    /// failed on it on MySQL (see [`super::reply`]).
     fn has_broken(&self, conn: &mut DbConnection) -> bool {
         std::thread::panicking()
             || <DbConnection as Connection>::TransactionManager::is_broken_transaction_manager(conn)

@@ -21,6 +21,16 @@
 //! a worker with a longer one. A URL sets its own with `reply_timeout=` (`90s`, `10m`; `0`
 //! or `off` for none), which is taken as given. `outbox migrate` runs without one unless
 //! the URL sets it (an index built on a large table takes as long as it takes).
+//!
+//! Why that drain's reply never came (docs/notes/2026-11-25-mysql-hang.md): InnoDB chose the
+//! chunk's `SELECT … FOR UPDATE` as a deadlock's victim after its result set had begun, so
+//! the rows ended in an error packet. MariaDB Connector/C then leaves that prepared
+//! statement, which diesel keeps in its cache, in a state that says rows are still to be
+//! read; the next `mysql_stmt_execute` of it, for the next chunk of the same size on that
+//! connection, first waits for those rows, before sending anything, for ever. An error
+//! that ends a result set after its first packets does it, whatever its cause (the test
+//! uses a lock wait timeout). So a MySQL connection on which a statement failed is not used
+//! again: the pool drops it when it comes back, the heartbeat opens a new one.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
@@ -102,6 +112,8 @@ struct Statement {
     since: Option<Instant>,
     /// The watchdog shut the socket down: the connection is dead.
     cut: bool,
+    /// A statement failed on this connection since it opened.
+    failed: bool,
 }
 
 impl Watched {
@@ -111,8 +123,8 @@ impl Watched {
 }
 
 /// The instrumentation installed on every server connection: it times each statement for
-/// the watchdog, and passes every event on to diesel's default instrumentation, if the
-/// application set one.
+/// the watchdog and notes a failed one, and passes every event on to diesel's default
+/// instrumentation, if the application set one.
 pub(crate) struct StatementClock {
     watched: Arc<Watched>,
     inner: Option<Box<dyn Instrumentation>>,
@@ -124,7 +136,11 @@ impl Instrumentation for StatementClock {
             InstrumentationEvent::StartQuery { .. } => {
                 self.watched.lock().since = Some(Instant::now());
             }
-            InstrumentationEvent::FinishQuery { .. } => self.watched.lock().since = None,
+            InstrumentationEvent::FinishQuery { error, .. } => {
+                let mut statement = self.watched.lock();
+                statement.since = None;
+                statement.failed |= error.is_some();
+            }
             _ => {}
         }
         if let Some(inner) = &mut self.inner {
@@ -169,13 +185,18 @@ pub(crate) fn watch(
     });
 }
 
-/// Whether `conn` must not be used again: the watchdog shut its socket down. A pool drops
-/// such a connection instead of handing it out again.
+/// Whether `conn` must not be used again: the watchdog shut its socket down, or it is a
+/// MySQL connection on which a statement failed (one of its cached prepared statements may
+/// wait, at its next execution, for rows that will never come; see the module's
+/// documentation). A pool drops such a connection instead of handing it out again; a
+/// connection held on its own is opened anew.
 pub(crate) fn must_not_be_reused(conn: &mut super::DbConnection) -> bool {
     use diesel::Connection;
-    conn.instrumentation()
-        .downcast_ref::<StatementClock>()
-        .is_some_and(|clock| clock.watched.lock().cut)
+    let Some(clock) = conn.instrumentation().downcast_ref::<StatementClock>() else {
+        return false;
+    };
+    let statement = clock.watched.lock();
+    statement.cut || (statement.failed && clock.watched.backend == Backend::Mysql)
 }
 
 /// The watched connections (weakly: a connection dropped is forgotten at the next look).

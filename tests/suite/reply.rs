@@ -1,5 +1,7 @@
 //! No statement waits for ever for its reply (issue 29, defect 14): a statement past its
-//! connection's reply timeout fails as on a lost connection, and the worker goes on.
+//! connection's reply timeout fails as on a lost connection, and the worker goes on; a MySQL
+//! connection on which a statement failed is not handed out again (MariaDB Connector/C left
+//! its prepared statement waiting for rows that never came: a batched drain hung for good).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
@@ -157,4 +159,59 @@ server_backends! {
             assert_eq!(db.ledger_rows(id), 1, "task {id}: its effect once");
         }
     }
+}
+
+/// The row of `test_ledger` that the root-cause test locks.
+#[cfg(feature = "mysql")]
+mod ledger {
+    diesel::table! {
+        test_ledger (id) {
+            id -> BigInt,
+            task_id -> BigInt,
+        }
+    }
+}
+
+/// The root cause of the hang: a prepared `SELECT … FOR UPDATE` whose rows ended in an error
+/// (here a lock wait timeout; in the drain, InnoDB's deadlock victim) is left by MariaDB
+/// Connector/C waiting for rows, and its next run on that connection (diesel caches it)
+/// waited for them for ever, before sending anything. The pool no longer hands such a
+/// connection out again: the same statement runs at once on a new one.
+#[cfg(feature = "mysql")]
+#[test]
+fn a_mysql_connection_whose_select_ended_in_an_error_is_not_used_again() {
+    use ledger::test_ledger;
+
+    let db = &crate::support::TestDb::mysql();
+    db.exec("INSERT INTO test_ledger (task_id, note) VALUES (7, 'locked')");
+    let locked = |conn: &mut DbConnection| -> QueryResult<Vec<i64>> {
+        let DbConnection::Mysql(conn) = conn else {
+            unreachable!("a MySQL connection")
+        };
+        test_ledger::table
+            .select(test_ledger::id)
+            .filter(test_ledger::task_id.eq(7))
+            .for_update()
+            .load(conn)
+    };
+    // One connection: a checkout gets the last one back unless the pool dropped it.
+    let pool = db.url.pool(1).unwrap();
+    let mut locker = db.conn();
+    locker
+        .batch_execute("BEGIN; SELECT id FROM test_ledger WHERE task_id = 7 FOR UPDATE")
+        .unwrap();
+    let mut conn = pool.get().unwrap();
+    conn.batch_execute("SET SESSION innodb_lock_wait_timeout = 1")
+        .unwrap();
+    let error = locked(&mut conn).expect_err("the row is locked");
+    assert!(
+        error.to_string().starts_with("Lock wait timeout"),
+        "{error}"
+    );
+    drop(conn);
+    locker.batch_execute("COMMIT").unwrap();
+    let rows = bounded("the same SELECT on the pool's connection", move || {
+        locked(&mut pool.get().unwrap())
+    });
+    assert_eq!(rows.expect("the row, unlocked now").len(), 1);
 }
