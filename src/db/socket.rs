@@ -38,6 +38,9 @@ pub(crate) enum Unfound {
     None,
     /// Several did (another thread of this process connected to the same port meanwhile).
     Several(usize),
+    /// Another connection to the same server was still being opened after [`OPENING_WAIT`]
+    /// (a server that accepts and never answers): this one was opened beside it, untold.
+    Busy,
 }
 
 impl std::fmt::Display for Unfound {
@@ -45,6 +48,10 @@ impl std::fmt::Display for Unfound {
         match self {
             Unfound::None => f.write_str("no new connected socket was found"),
             Unfound::Several(n) => write!(f, "{n} new connected sockets were found, not one"),
+            Unfound::Busy => write!(
+                f,
+                "another connection to the server was still being opened after {OPENING_WAIT:?}"
+            ),
         }
     }
 }
@@ -97,8 +104,15 @@ impl Socket {
 pub(crate) struct Opening {
     server: String,
     port: Option<u16>,
-    before: Snapshot,
+    /// None when the turn was not had within [`OPENING_WAIT`].
+    before: Option<Snapshot>,
 }
+
+/// How long a connection waits for its turn to be opened, while another to the same server
+/// is being opened, before it is opened anyway, its socket untold: one that hangs (a server
+/// that accepts and never answers) must not hold up every later one, the heartbeat's
+/// included. PostgreSQL's take at most their connect timeout (10 s by default).
+pub(crate) const OPENING_WAIT: Duration = Duration::from_secs(15);
 
 /// The servers (`host:port` as the URL writes them) that a connection is being opened to.
 static OPENING: Mutex<Vec<String>> = Mutex::new(Vec::new());
@@ -108,29 +122,53 @@ impl Opening {
     /// Waits until no other connection of this process is being opened to `url`'s server,
     /// then lists the process's sockets.
     pub(crate) fn start(url: &str) -> Opening {
+        Opening::start_within(url, OPENING_WAIT)
+    }
+
+    /// [`Opening::start`], waiting at most `wait` for the turn.
+    fn start_within(url: &str, wait: Duration) -> Opening {
         let server = server_of(url).to_owned();
+        let deadline = std::time::Instant::now() + wait;
         let mut opening = OPENING.lock().unwrap_or_else(PoisonError::into_inner);
         while opening.contains(&server) {
-            opening = OPENED.wait(opening).unwrap_or_else(PoisonError::into_inner);
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Opening {
+                    port: port_of(&server),
+                    server,
+                    before: None,
+                };
+            }
+            opening = OPENED
+                .wait_timeout(opening, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
         }
         opening.push(server.clone());
         drop(opening);
         Opening {
             port: port_of(&server),
             server,
-            before: snapshot(),
+            before: Some(snapshot()),
         }
     }
 
     /// The socket of the connection just opened (see [`opened_since`]); `default_port` is
     /// the server's when the URL names none.
     pub(crate) fn finish(self, default_port: u16) -> Result<Socket, Unfound> {
-        opened_since(&self.before, Some(self.port.unwrap_or(default_port)))
+        match &self.before {
+            Some(before) => opened_since(before, Some(self.port.unwrap_or(default_port))),
+            None => Err(Unfound::Busy),
+        }
     }
 }
 
 impl Drop for Opening {
     fn drop(&mut self) {
+        if self.before.is_none() {
+            // It never had the turn.
+            return;
+        }
         let mut opening = OPENING.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(at) = opening.iter().position(|s| *s == self.server) {
             opening.swap_remove(at);
@@ -254,6 +292,22 @@ mod tests {
         assert_eq!(port_of("[::1]"), None);
         assert_eq!(port_of("a:5432,b:5433"), None);
         assert_eq!(server_of("postgres://u@h1:1,h2:2/db"), "h1:1,h2:2");
+    }
+
+    /// A connection whose turn does not come within the wait is opened anyway, untold; the
+    /// turn passes on when the one opening ends.
+    #[test]
+    fn a_connection_waits_for_its_turn_a_bounded_time() {
+        let url = "mysql://u@turns.invalid:1/db";
+        let first = Opening::start_within(url, Duration::from_millis(100));
+        assert!(first.before.is_some());
+        let started = std::time::Instant::now();
+        let second = Opening::start_within(url, Duration::from_millis(100));
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert_eq!(second.finish(1).unwrap_err(), Unfound::Busy);
+        drop(first);
+        let third = Opening::start_within(url, Duration::from_millis(100));
+        assert!(third.before.is_some(), "the turn passed on");
     }
 
     #[test]
