@@ -20,7 +20,10 @@
 //! worker's task timeout plus [`REPLY_MARGIN`] for every connection of a process that runs
 //! a worker with a longer one. A URL sets its own with `reply_timeout=` (`90s`, `10m`; `0`
 //! or `off` for none), which is taken as given. `outbox migrate` runs without one unless
-//! the URL sets it (an index built on a large table takes as long as it takes).
+//! the URL sets it (an index built on a large table takes as long as it takes). diesel's
+//! default instrumentation (`set_default_instrumentation`) still sees every event; code that
+//! sets its own on one of these connections (`set_instrumentation`) replaces the clock, and
+//! that connection goes without it.
 //!
 //! Why that drain's reply never came (docs/notes/2026-11-25-mysql-hang.md): InnoDB chose the
 //! chunk's `SELECT … FOR UPDATE` as a deadlock's victim after its result set had begun, so
