@@ -231,7 +231,9 @@ pub enum Command {
 pub fn run(command: Command, url: &DatabaseUrl, registry: Registry) -> Result<()> {
     match command {
         Command::Migrate => {
-            let mut conn = url.connect()?;
+            // A migration's statement may rightly run long (an index built on a large
+            // table): no reply timeout unless the URL sets one.
+            let mut conn = url.clone().unless_reply_timeout_set().connect()?;
             let applied = crate::migrate::run_migrations(&mut conn)?;
             if applied.is_empty() {
                 println!("schema up to date ({})", url.masked());

@@ -1,8 +1,12 @@
 //! Connections: the backend a URL names ([`url`]), the connection enum handlers receive, the
-//! r2d2 pool ([`pool`]), and write transactions that are `IMMEDIATE` on SQLite
-//! ([`transaction`]).
+//! r2d2 pool ([`pool`]), write transactions that are `IMMEDIATE` on SQLite
+//! ([`transaction`]), and the reply timeout of server connections ([`reply`]).
 
 pub mod pool;
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+pub mod reply;
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+mod socket;
 pub mod transaction;
 pub mod url;
 
@@ -10,8 +14,12 @@ pub use multi::DbConnection;
 #[cfg(feature = "sqlite")]
 pub use pool::configure_sqlite;
 pub use pool::{ConnectionManager, DbPool, PooledConnection, SQLITE_BUSY_TIMEOUT};
+pub use reply::{DEFAULT_REPLY_TIMEOUT, REPLY_MARGIN};
 pub use transaction::write_transaction;
-pub use url::{DatabaseUrl, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DATABASE_URL};
+pub use url::{
+    DatabaseUrl, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DATABASE_URL, DEFAULT_KEEPALIVES_COUNT,
+    DEFAULT_KEEPALIVES_IDLE, DEFAULT_KEEPALIVES_INTERVAL, DEFAULT_TCP_USER_TIMEOUT,
+};
 
 #[cfg(not(any(feature = "postgres", feature = "sqlite", feature = "mysql")))]
 compile_error!(

@@ -80,9 +80,13 @@ impl r2d2::ManageConnection for ConnectionManager {
             .map_err(diesel::r2d2::Error::QueryError)
     }
 
+    /// A connection is dropped instead of going back to the pool when its thread panicked,
+    /// diesel or the engine marked it broken, the reply watchdog closed it, or a statement
+    /// failed on it on MySQL (see [`super::reply`]).
     fn has_broken(&self, conn: &mut DbConnection) -> bool {
         std::thread::panicking()
             || <DbConnection as Connection>::TransactionManager::is_broken_transaction_manager(conn)
+            || super::reply::must_not_be_reused(conn)
     }
 }
 

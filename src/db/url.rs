@@ -3,6 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use super::reply::ReplyTimeout;
 use super::{Backend, DbConnection};
 use crate::driver::driver;
 use crate::error::{Error, Result};
@@ -15,6 +16,31 @@ pub const DEFAULT_DATABASE_URL: &str = "outbox.db";
 /// minutes (the kernel's TCP retries), and a server that accepts but never answers, forever.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long a connection may be silent before TCP keepalive probes start, unless the URL
+/// sets libpq's `keepalives_idle` (PostgreSQL; on MySQL it is set on the socket).
+pub const DEFAULT_KEEPALIVES_IDLE: Duration = Duration::from_secs(30);
+
+/// Between keepalive probes, unless the URL sets libpq's `keepalives_interval`.
+pub const DEFAULT_KEEPALIVES_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Unanswered keepalive probes before the connection is dropped, unless the URL sets
+/// libpq's `keepalives_count`.
+pub const DEFAULT_KEEPALIVES_COUNT: u32 = 3;
+
+/// How long sent data, or a keepalive probe, may stay unacknowledged before the kernel drops
+/// the connection (`TCP_USER_TIMEOUT`), unless the URL sets libpq's `tcp_user_timeout`.
+///
+/// With the keepalives above, a connection whose peer is gone or cut off by a partition
+/// fails within about a minute, whether a statement was being sent, its reply awaited, or
+/// the connection sat idle: without them a statement sent before the link died waits for
+/// its reply for ever (nothing is unacknowledged, so TCP never notices), and one sent after
+/// it waits for the kernel's retransmissions, about 15 minutes.
+pub const DEFAULT_TCP_USER_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The URL query parameter that sets a connection's reply timeout (outbox's own, removed
+/// before the URL reaches the driver; see [`super::reply`]).
+pub const REPLY_TIMEOUT_PARAMETER: &str = "reply_timeout";
+
 /// A validated database URL: the backend and the string to hand to its driver.
 ///
 /// The backend follows from the text alone, and never falls back to the other one:
@@ -23,9 +49,12 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Clone, PartialEq, Eq)]
 pub struct DatabaseUrl {
     backend: Backend,
-    /// The URL for PostgreSQL (with a connect timeout), the file path for SQLite.
+    /// The URL for PostgreSQL (with libpq's timeouts and keepalives) and MySQL, without
+    /// outbox's own parameters; the file path for SQLite.
     target: String,
     original: String,
+    /// How long a statement may wait for its reply (server backends).
+    reply_timeout: ReplyTimeout,
 }
 
 impl DatabaseUrl {
@@ -36,8 +65,15 @@ impl DatabaseUrl {
     /// keyword/value string (`dbname=app host=db`, which is not a URL: write
     /// `postgres://db/app`); control characters; a path ending in `/`; an in-memory SQLite
     /// database, which the worker's pooled connections could not share; a backend this build
-    /// lacks (its cargo feature is off: `mysql` is not a default one). A PostgreSQL URL
-    /// without `connect_timeout` gets [`DEFAULT_CONNECT_TIMEOUT`].
+    /// lacks (its cargo feature is off: `mysql` is not a default one); a `reply_timeout` that
+    /// is not a duration of at least a second, `0` or `off`.
+    ///
+    /// A PostgreSQL URL gets libpq's `connect_timeout` ([`DEFAULT_CONNECT_TIMEOUT`]),
+    /// `keepalives=1`, `keepalives_idle` ([`DEFAULT_KEEPALIVES_IDLE`]), `keepalives_interval`
+    /// ([`DEFAULT_KEEPALIVES_INTERVAL`]), `keepalives_count` ([`DEFAULT_KEEPALIVES_COUNT`]) and
+    /// `tcp_user_timeout` ([`DEFAULT_TCP_USER_TIMEOUT`]), each unless it sets it itself; a
+    /// MySQL connection's socket gets the same keepalives and user timeout when it opens. A
+    /// PostgreSQL or MySQL URL may set `reply_timeout` (see [`DatabaseUrl::reply_timeout`]).
     ///
     /// ```
     /// use outbox::db::{Backend, DatabaseUrl};
@@ -63,7 +99,7 @@ impl DatabaseUrl {
         let (backend, target) = if text.starts_with("postgres://")
             || text.starts_with("postgresql://")
         {
-            (Backend::Postgres, with_connect_timeout(text))
+            (Backend::Postgres, with_libpq_defaults(text))
         } else if text.starts_with("mysql://") {
             (Backend::Mysql, text.to_owned())
         } else if let Some(path) = text
@@ -105,11 +141,67 @@ impl DatabaseUrl {
                 ));
             }
         }
+        let (target, reply_timeout) = match backend {
+            Backend::Sqlite => (target, ReplyTimeout::Default),
+            Backend::Postgres | Backend::Mysql => {
+                let timeout = match query_value(&target, REPLY_TIMEOUT_PARAMETER) {
+                    None => ReplyTimeout::Default,
+                    Some(value) => parse_reply_timeout(value).map_err(invalid)?,
+                };
+                (without_parameter(&target, REPLY_TIMEOUT_PARAMETER), timeout)
+            }
+        };
         Ok(DatabaseUrl {
             backend,
             target,
             original: text.to_owned(),
+            reply_timeout,
         })
+    }
+
+    /// How long a statement on a connection to this database may wait for its reply before
+    /// the connection is closed and the statement fails as on a lost connection; `None` for
+    /// no limit (SQLite, whose statements run in this process, or `reply_timeout=off`).
+    ///
+    /// Set by the URL's `reply_timeout` (`90s`, `10m`), or [`DatabaseUrl::with_reply_timeout`];
+    /// otherwise [`super::reply::DEFAULT_REPLY_TIMEOUT`] (6 minutes), raised to a worker's task
+    /// timeout plus [`super::reply::REPLY_MARGIN`] when a worker of this process has a longer
+    /// one (its handlers' statements run on these connections). It must outlast every
+    /// legitimate statement, a handler's included. See [`super::reply`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use outbox::db::DatabaseUrl;
+    ///
+    /// let url = DatabaseUrl::parse("postgres://app@db/app?reply_timeout=15m").unwrap();
+    /// assert_eq!(url.reply_timeout(), Some(Duration::from_secs(900)));
+    /// assert!(DatabaseUrl::parse("postgres://db/app").unwrap().reply_timeout().is_some());
+    /// assert_eq!(DatabaseUrl::parse("app.db").unwrap().reply_timeout(), None);
+    /// ```
+    pub fn reply_timeout(&self) -> Option<Duration> {
+        match self.backend {
+            Backend::Sqlite => None,
+            Backend::Postgres | Backend::Mysql => self.reply_timeout.get(),
+        }
+    }
+
+    /// This URL with its reply timeout set (`None`: no limit), whatever the URL's text says.
+    /// See [`DatabaseUrl::reply_timeout`].
+    pub fn with_reply_timeout(mut self, timeout: Option<Duration>) -> DatabaseUrl {
+        self.reply_timeout = match timeout {
+            Some(timeout) if !timeout.is_zero() => ReplyTimeout::Set(timeout),
+            _ => ReplyTimeout::Off,
+        };
+        self
+    }
+
+    /// This URL without a reply timeout unless its text sets one: for statements that may
+    /// rightly run for a long time, such as a migration's.
+    pub(crate) fn unless_reply_timeout_set(mut self) -> DatabaseUrl {
+        if self.reply_timeout == ReplyTimeout::Default {
+            self.reply_timeout = ReplyTimeout::Off;
+        }
+        self
     }
 
     /// The backend the URL selects.
@@ -160,27 +252,72 @@ impl DatabaseUrl {
         Ok(conn)
     }
 
-    /// Opens a bare connection with the backend's own driver (no session settings).
+    /// Opens a bare connection with the backend's own driver (no session settings); on a
+    /// server backend its socket is found and bounded: keepalives (MySQL: libpq sets
+    /// PostgreSQL's from the URL) and the reply timeout.
     pub(crate) fn establish(&self) -> std::result::Result<DbConnection, diesel::ConnectionError> {
         use diesel::Connection;
         match self.backend {
-            #[cfg(feature = "postgres")]
-            Backend::Postgres => {
-                diesel::pg::PgConnection::establish(&self.target).map(DbConnection::Pg)
-            }
             #[cfg(feature = "sqlite")]
             Backend::Sqlite => {
                 diesel::sqlite::SqliteConnection::establish(&self.target).map(DbConnection::Sqlite)
             }
+            #[cfg(feature = "postgres")]
+            Backend::Postgres => self.establish_bounded(|target| {
+                diesel::pg::PgConnection::establish(target).map(DbConnection::Pg)
+            }),
             #[cfg(feature = "mysql")]
-            Backend::Mysql => {
-                diesel::mysql::MysqlConnection::establish(&self.target).map(DbConnection::Mysql)
-            }
+            Backend::Mysql => self.establish_bounded(|target| {
+                diesel::mysql::MysqlConnection::establish(target).map(DbConnection::Mysql)
+            }),
             #[allow(unreachable_patterns)]
             backend => Err(diesel::ConnectionError::BadConnection(format!(
                 "this build of outbox has no {backend} backend (cargo feature `{backend}`)"
             ))),
         }
+    }
+
+    /// Opens a server connection with `open`, then finds its socket and bounds it.
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    fn establish_bounded(
+        &self,
+        open: impl FnOnce(&str) -> std::result::Result<DbConnection, diesel::ConnectionError>,
+    ) -> std::result::Result<DbConnection, diesel::ConnectionError> {
+        use super::{reply, socket};
+        let opening = socket::Opening::start(&self.target);
+        let mut conn = open(&self.target)?;
+        let socket = match opening.finish(default_port(self.backend)) {
+            Ok(socket) => Some(socket),
+            Err(unfound) => {
+                log::warn!(
+                    "{}: the new connection's socket could not be told ({unfound}): it goes \
+                     without the keepalives outbox sets on MySQL and without a reply timeout",
+                    self.masked()
+                );
+                None
+            }
+        };
+        if let (Backend::Mysql, Some(socket)) = (self.backend, &socket) {
+            if let Err(e) = socket.bound_tcp(&socket::TcpBounds {
+                idle: DEFAULT_KEEPALIVES_IDLE,
+                interval: DEFAULT_KEEPALIVES_INTERVAL,
+                count: DEFAULT_KEEPALIVES_COUNT,
+                user_timeout: DEFAULT_TCP_USER_TIMEOUT,
+            }) {
+                log::warn!("{}: TCP keepalives could not be set: {e}", self.masked());
+            }
+        }
+        reply::watch(&mut conn, socket, self.reply_timeout, self.backend);
+        Ok(conn)
+    }
+}
+
+/// The port a server backend listens on when the URL names none.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn default_port(backend: Backend) -> u16 {
+    match backend {
+        Backend::Mysql => 3306,
+        Backend::Postgres | Backend::Sqlite => 5432,
     }
 }
 
@@ -215,16 +352,79 @@ fn looks_like_keyword_value(text: &str) -> bool {
     }
 }
 
-/// `url` with libpq's `connect_timeout` set, unless it sets one.
-fn with_connect_timeout(url: &str) -> String {
-    if url.contains("connect_timeout=") {
-        return url.to_owned();
+/// `url` with libpq's connect timeout, keepalives and TCP user timeout, each unless the URL
+/// sets it.
+fn with_libpq_defaults(url: &str) -> String {
+    let defaults = [
+        (
+            "connect_timeout",
+            DEFAULT_CONNECT_TIMEOUT.as_secs().to_string(),
+        ),
+        ("keepalives", "1".to_owned()),
+        (
+            "keepalives_idle",
+            DEFAULT_KEEPALIVES_IDLE.as_secs().to_string(),
+        ),
+        (
+            "keepalives_interval",
+            DEFAULT_KEEPALIVES_INTERVAL.as_secs().to_string(),
+        ),
+        ("keepalives_count", DEFAULT_KEEPALIVES_COUNT.to_string()),
+        // libpq takes it in milliseconds.
+        (
+            "tcp_user_timeout",
+            DEFAULT_TCP_USER_TIMEOUT.as_millis().to_string(),
+        ),
+    ];
+    let mut url = url.to_owned();
+    for (key, value) in defaults {
+        if query_value(&url, key).is_none() {
+            let separator = if url.contains('?') { '&' } else { '?' };
+            url = format!("{url}{separator}{key}={value}");
+        }
     }
-    let separator = if url.contains('?') { '&' } else { '?' };
-    format!(
-        "{url}{separator}connect_timeout={}",
-        DEFAULT_CONNECT_TIMEOUT.as_secs()
-    )
+    url
+}
+
+/// The value of query parameter `key` in `url`, if it has one (the first, as given).
+fn query_value<'u>(url: &'u str, key: &str) -> Option<&'u str> {
+    let (_, query) = url.split_once('?')?;
+    query
+        .split('&')
+        .filter_map(|pair| pair.split_once('=').or(Some((pair, ""))))
+        .find(|(k, _)| *k == key)
+        .map(|(_, v)| v)
+}
+
+/// `url` without query parameter `key` (every occurrence).
+fn without_parameter(url: &str, key: &str) -> String {
+    let Some((base, query)) = url.split_once('?') else {
+        return url.to_owned();
+    };
+    let kept: Vec<&str> = query
+        .split('&')
+        .filter(|pair| pair.split('=').next() != Some(key))
+        .collect();
+    match kept.is_empty() {
+        true => base.to_owned(),
+        false => format!("{base}?{}", kept.join("&")),
+    }
+}
+
+/// A `reply_timeout` value: a duration of at least a second, or `0` / `off` for none.
+fn parse_reply_timeout(value: &str) -> std::result::Result<ReplyTimeout, String> {
+    if value == "0" || value.eq_ignore_ascii_case("off") {
+        return Ok(ReplyTimeout::Off);
+    }
+    match humantime::parse_duration(value) {
+        Ok(timeout) if timeout >= Duration::from_secs(1) => Ok(ReplyTimeout::Set(timeout)),
+        Ok(_) => Err(format!(
+            "{REPLY_TIMEOUT_PARAMETER} must be at least 1s (or 0 or off for none), not {value:?}"
+        )),
+        Err(e) => Err(format!(
+            "{REPLY_TIMEOUT_PARAMETER}={value:?} is not a duration ({e}); write it like 90s or 10m"
+        )),
+    }
 }
 
 /// Displays a URL with its password replaced by `***`, for error messages and logs.
@@ -334,23 +534,78 @@ mod tests {
     }
 
     #[test]
-    fn postgres_urls_get_a_connect_timeout_unless_they_set_one() {
+    fn postgres_urls_get_timeouts_and_keepalives_unless_they_set_them() {
+        const DEFAULTS: &str = "connect_timeout=10&keepalives=1&keepalives_idle=30\
+            &keepalives_interval=10&keepalives_count=3&tcp_user_timeout=60000";
         let target = |url: &str| DatabaseUrl::parse(url).unwrap().target;
         assert_eq!(
             target("postgres://h/db"),
-            "postgres://h/db?connect_timeout=10"
+            format!("postgres://h/db?{DEFAULTS}")
         );
         assert_eq!(
             target("postgres://h/db?sslmode=disable"),
-            "postgres://h/db?sslmode=disable&connect_timeout=10"
+            format!("postgres://h/db?sslmode=disable&{DEFAULTS}")
+        );
+        // What the URL sets stays as it is, and only that is not added; `keepalives_idle`
+        // is not taken for `keepalives`.
+        assert_eq!(
+            target("postgres://h/db?connect_timeout=3&keepalives_idle=5&tcp_user_timeout=0"),
+            "postgres://h/db?connect_timeout=3&keepalives_idle=5&tcp_user_timeout=0\
+             &keepalives=1&keepalives_interval=10&keepalives_count=3"
         );
         assert_eq!(
-            target("postgres://h/db?connect_timeout=3"),
-            "postgres://h/db?connect_timeout=3"
+            target("postgres://h/db?keepalives=0"),
+            "postgres://h/db?keepalives=0&connect_timeout=10&keepalives_idle=30\
+             &keepalives_interval=10&keepalives_count=3&tcp_user_timeout=60000"
         );
         let url = DatabaseUrl::parse("postgres://u:secret@h/db").unwrap();
         assert_eq!(url.as_str(), "postgres://u:secret@h/db");
         assert!(!format!("{url:?}").contains("secret"));
+    }
+
+    #[test]
+    fn reply_timeouts_are_read_from_server_urls_and_not_passed_on() {
+        let url = DatabaseUrl::parse("postgres://h/db?reply_timeout=90s&sslmode=disable").unwrap();
+        assert_eq!(url.reply_timeout(), Some(Duration::from_secs(90)));
+        assert!(!url.target.contains("reply_timeout"), "{}", url.target);
+        assert!(url.target.starts_with("postgres://h/db?sslmode=disable&"));
+        assert!(url.as_str().contains("reply_timeout=90s"), "kept as given");
+        let url = DatabaseUrl::parse("postgres://h/db?reply_timeout=off").unwrap();
+        assert_eq!(url.reply_timeout(), None);
+        assert!(DatabaseUrl::parse("postgres://h/db")
+            .unwrap()
+            .reply_timeout()
+            .is_some_and(|t| t >= super::super::reply::DEFAULT_REPLY_TIMEOUT));
+        for bad in ["soon", "500ms", "-1s"] {
+            let message = DatabaseUrl::parse(&format!("postgres://h/db?reply_timeout={bad}"))
+                .unwrap_err()
+                .to_string();
+            assert!(message.contains("reply_timeout"), "{message}");
+        }
+        let url = DatabaseUrl::parse("postgres://h/db")
+            .unwrap()
+            .with_reply_timeout(Some(Duration::from_secs(5)));
+        assert_eq!(url.reply_timeout(), Some(Duration::from_secs(5)));
+        assert_eq!(
+            url.clone().unless_reply_timeout_set().reply_timeout(),
+            url.reply_timeout()
+        );
+        let unset = DatabaseUrl::parse("postgres://h/db").unwrap();
+        assert_eq!(unset.unless_reply_timeout_set().reply_timeout(), None);
+    }
+
+    #[cfg(feature = "mysql")]
+    #[test]
+    fn mysql_urls_keep_their_parameters_but_the_reply_timeout() {
+        let url = DatabaseUrl::parse("mysql://u@h/db?reply_timeout=2m&ssl_mode=disabled").unwrap();
+        assert_eq!(url.target, "mysql://u@h/db?ssl_mode=disabled");
+        assert_eq!(url.reply_timeout(), Some(Duration::from_secs(120)));
+        assert_eq!(
+            DatabaseUrl::parse("mysql://u@h/db?reply_timeout=1m")
+                .unwrap()
+                .target,
+            "mysql://u@h/db"
+        );
     }
 
     #[test]

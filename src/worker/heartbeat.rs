@@ -169,6 +169,14 @@ impl Heartbeat {
             }
             Ok(())
         })();
+        // A MySQL statement that failed above may have left a prepared statement of this
+        // connection waiting for rows at its next run (see `db::reply`): a new one next time.
+        if slot
+            .as_mut()
+            .is_some_and(crate::db::reply::must_not_be_reused)
+        {
+            *slot = None;
+        }
         match &result {
             Ok(()) => {
                 *self.last_ok.lock().unwrap_or_else(PoisonError::into_inner) = Instant::now();

@@ -162,6 +162,9 @@ impl Worker {
         settings: Settings,
         seat: Option<fleet::Seat<'_>>,
     ) -> Result<Worker> {
+        // Its handlers' statements run on this process's connections, each as long as its
+        // task at most: none may be cut short by the reply timeout (see `db::reply`).
+        crate::db::reply::cover_task_timeout(settings.task_timeout);
         // What can fail on its own first, so that a failure leaves no node row behind.
         let metrics_endpoint = settings
             .metrics_addr

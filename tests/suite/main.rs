@@ -27,6 +27,7 @@ mod ops;
 mod proxy;
 mod prune;
 mod record;
+mod reply;
 mod rescue;
 mod schema;
 mod scrape;

@@ -75,6 +75,32 @@ macro_rules! sqlite_and_postgres {
     )*};
 }
 
+/// Runs each `fn name(db: &TestDb) { … }` as `name::postgres` and `name::mysql` (feature
+/// `mysql`): for what only the server backends have (connections over a network).
+#[macro_export]
+macro_rules! server_backends {
+    ($($(#[$doc:meta])* fn $name:ident($db:ident: &TestDb) $body:block)*) => {$(
+        $(#[$doc])*
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+
+            #[test]
+            fn postgres() {
+                let $db = &$crate::support::TestDb::postgres();
+                $body
+            }
+
+            #[cfg(feature = "mysql")]
+            #[test]
+            fn mysql() {
+                let $db = &$crate::support::TestDb::mysql();
+                $body
+            }
+        }
+    )*};
+}
+
 /// The URL of the test PostgreSQL server (its `postgres` database).
 pub fn pg_server_url() -> &'static str {
     static URL: OnceLock<String> = OnceLock::new();

@@ -41,21 +41,19 @@ pub(super) fn complete_many(
 ) -> QueryResult<usize> {
     let ids: Vec<i64> = claims.iter().map(|&(id, _)| id).collect();
     conn.transaction(|conn| {
-        // The tasks still held by these claims, locked: those this completion ends.
-        let held: Vec<Id> = Statement::<Mysql>::new(
-            "SELECT id FROM async_task WHERE state = 'running' AND owner = ",
-        )
-        .bind::<BigInt, _>(owner)
-        .sql(" AND id IN ")
-        .with(|s| list::ids(s, &ids))
-        .sql(" AND (id, claim_token) IN ")
-        .with(|s| list::pairs(s, claims))
-        .sql(" ORDER BY id FOR UPDATE")
-        .load(conn)?;
+        // The tasks still held by these claims, locked through the primary key: those this
+        // completion ends. A locking read the optimizer led through the state index locked
+        // the entries of every running task of this node on its way, and deadlocked with
+        // the completions of other chunks and tasks (docs/notes/2026-11-25-mysql-hang.md).
+        let held = chain::lock_by_key(conn, &ids, |s| {
+            s.sql("state = 'running' AND owner = ")
+                .bind::<BigInt, _>(owner)
+                .sql(" AND (id, claim_token) IN ")
+                .with(|s| list::pairs(s, claims))
+        })?;
         if held.is_empty() {
             return Ok(0);
         }
-        let held: Vec<i64> = held.into_iter().map(|h| h.id).collect();
         let n = Statement::<Mysql>::new(concat!(
             "UPDATE async_task SET state = 'done', finished_at = ",
             now!(),
