@@ -388,5 +388,7 @@ impl Driver for SqliteConnection {
 }
 
 fn lock_claims_unsupported() -> diesel::result::Error {
-    diesel::result::Error::QueryBuilderError("lock claims need PostgreSQL (an unlogged lease table and advisory locks)".into())
+    diesel::result::Error::QueryBuilderError(
+        "lock claims need PostgreSQL (an unlogged lease table and advisory locks)".into(),
+    )
 }
