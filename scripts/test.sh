@@ -9,7 +9,8 @@
 #
 # Runs rustfmt, clippy (the workspace, and the library with each backend feature
 # alone) and the whole test suite (unit tests, doctests, the integration suite,
-# the CLI tests with the dashboard's headless-browser test, and the fault suite;
+# the CLI tests with the dashboard's headless-browser test, and the fault suite with
+# the seeded fault harness's fixed seeds, chaos::seed_*: docs/chaos.md;
 # chromium and chromium-driver are installed if missing), with the `mysql` feature, against
 # a PostgreSQL given by OUTBOX_TEST_PG_URL, or a throwaway local cluster started by
 # scripts/pg.sh and stopped on exit, and a MySQL/MariaDB given by OUTBOX_TEST_MYSQL_URL, or a

@@ -10,7 +10,12 @@
 //!   claim's chunk) the line also names that transaction (`ID XID`), so that the suite can
 //!   tell the runs whose transaction rolled back from the one that committed.
 //! - `fault.fail`: always fails. `fault.panic`: always panics.
-//! - `fault.abort`: aborts the whole process. `fault.hang`: sleeps for an hour.
+//! - `fault.abort`: aborts the whole process. `fault.hang`: sleeps for an hour, outside SQL
+//!   (an HTTP call that never returns). `fault.hang_sql`: hangs for an hour in its
+//!   transaction: in a statement on PostgreSQL (`pg_sleep`) and MySQL (`SLEEP`), holding the
+//!   write lock on SQLite.
+//! - `fault.order`: the README's coupon: adds one to its order's `fault_orders.n` (the order
+//!   is the task's biz_id), then writes its ledger row, in the task's transaction.
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -37,6 +42,11 @@ fn pause(task: &TaskContext) -> anyhow::Result<()> {
 
 fn ledger(task: &TaskContext, tx: &mut TaskTx) -> HandlerResult {
     pause(task)?;
+    ledger_row(task, tx)
+}
+
+/// The task's `fault_ledger` row, in its transaction.
+fn ledger_row(task: &TaskContext, tx: &mut TaskTx) -> HandlerResult {
     let id = task.id();
     diesel::sql_query(format!(
         "INSERT INTO fault_ledger (task_id, early)
@@ -114,6 +124,38 @@ fn hang(_: &TaskContext, _: &mut TaskTx) -> HandlerResult {
     Ok(())
 }
 
+fn hang_sql(task: &TaskContext, tx: &mut TaskTx) -> HandlerResult {
+    pause(task)?;
+    let sleep = match tx.conn()? {
+        DbConnection::Pg(_) => "SELECT pg_sleep(3600)",
+        #[cfg(feature = "mysql")]
+        DbConnection::Mysql(_) => "SELECT SLEEP(3600)",
+        // The transaction is open (BEGIN IMMEDIATE): the write lock is held while it sleeps.
+        DbConnection::Sqlite(_) => {
+            std::thread::sleep(Duration::from_secs(3600));
+            return Ok(());
+        }
+    };
+    diesel::sql_query(sleep)
+        .execute(tx.conn()?)
+        .context("sleeping in SQL")?;
+    Ok(())
+}
+
+fn order(task: &TaskContext, tx: &mut TaskTx) -> HandlerResult {
+    pause(task)?;
+    let order: i64 = task
+        .biz_id()
+        .parse()
+        .context("an order's biz_id is its id")?;
+    diesel::sql_query(format!(
+        "UPDATE fault_orders SET n = n + 1 WHERE id = {order}"
+    ))
+    .execute(tx.conn()?)
+    .context("updating the order")?;
+    ledger_row(task, tx)
+}
+
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let mut registry = outbox_handlers::registry();
@@ -123,6 +165,8 @@ fn main() -> ExitCode {
         .register("fault.fail", fail)
         .register("fault.panic", panic)
         .register("fault.abort", abort)
-        .register("fault.hang", hang);
+        .register("fault.hang", hang)
+        .register("fault.hang_sql", hang_sql)
+        .register("fault.order", order);
     outbox_handlers::main(registry)
 }

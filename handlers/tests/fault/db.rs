@@ -53,6 +53,10 @@ impl Db {
         self.backend
     }
 
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
     fn try_with<T>(
         &self,
         f: &mut impl FnMut(&mut DbConnection) -> QueryResult<T>,
@@ -150,6 +154,27 @@ impl Db {
         // `early`: how many parents of the task were not done when its handler ran.
         self.exec(
             "CREATE TABLE fault_ledger (task_id BIGINT NOT NULL, early BIGINT NOT NULL DEFAULT 0)",
+        );
+        // The finished tasks a scenario's `prune` deleted (`save_for_prune`), and every
+        // task, pruned or not: what the ledger and the external file are checked against.
+        self.exec(
+            "CREATE TABLE fault_pruned (id BIGINT NOT NULL, keyword VARCHAR(64) NOT NULL, state VARCHAR(16) NOT NULL)",
+        );
+        self.exec(
+            "CREATE VIEW fault_tasks AS
+             SELECT id, keyword, state FROM async_task
+             UNION ALL
+             SELECT p.id, p.keyword, p.state FROM fault_pruned p
+              WHERE NOT EXISTS (SELECT 1 FROM async_task t WHERE t.id = p.id)",
+        );
+    }
+
+    /// Before a `prune`: keeps the finished tasks' ids, keywords and states, so that the
+    /// ledger rows and external lines of the tasks it deletes are still told apart.
+    pub fn save_for_prune(&self) {
+        self.exec(
+            "INSERT INTO fault_pruned (id, keyword, state)
+             SELECT id, keyword, state FROM async_task WHERE state IN ('done', 'dead', 'cancelled')",
         );
     }
 

@@ -57,8 +57,9 @@ mod logs;
 mod report;
 mod scenario;
 
-// The scenario families.
+// The scenario families, and the seeded harness.
 mod chains;
+mod chaos;
 mod connections;
 mod cron;
 mod drains;

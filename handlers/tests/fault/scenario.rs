@@ -212,6 +212,11 @@ pub struct Proc {
 }
 
 impl Proc {
+    /// Its process id.
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+
     fn pid(&self) -> i32 {
         i32::try_from(self.child.id()).expect("pid fits i32")
     }

@@ -1,0 +1,458 @@
+//! What a seed stands for: a configuration, a workload and a schedule of faults, all drawn
+//! from one random generator seeded with it, so that the same seed gives the same run.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use outbox::Backend;
+
+/// What a run stresses most: each seed draws one, then the rest of its configuration at
+/// random. Every focus is a place where two features meet and a fault hits them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Focus {
+    /// A handler that aborts its process, in batched chunks (lock claims on PostgreSQL).
+    AbortInChunk,
+    /// A worker frozen (SIGSTOP) while it holds tasks, resumed later.
+    Frozen,
+    /// A domain with a timeout, and handlers that hang outside SQL and in SQL.
+    Hang,
+    /// Many tenants with only delayed tasks, and a `drain` from cron.
+    IdleTenants,
+    /// One process serving two databases, a lock held on one's handler table.
+    SlowDatabase,
+    /// Chains whose parents die, pruned, then `retry --all`.
+    PrunedParents,
+    /// Producers that cancel an order's task in their own transaction, the order locked.
+    CancelInTransaction,
+    /// A domain paused by an operator, on workers of which only some define it.
+    PausedDomain,
+    /// Everything at random.
+    Mixed,
+}
+
+impl Focus {
+    const ALL: [Focus; 9] = [
+        Focus::AbortInChunk,
+        Focus::Frozen,
+        Focus::Hang,
+        Focus::IdleTenants,
+        Focus::SlowDatabase,
+        Focus::PrunedParents,
+        Focus::CancelInTransaction,
+        Focus::PausedDomain,
+        Focus::Mixed,
+    ];
+}
+
+/// A fault, at a time after the start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// SIGKILL of worker `n` (then restarted, as a supervisor would).
+    Kill(usize),
+    /// SIGSTOP of worker `n`, SIGCONT after the duration.
+    Freeze(usize, Duration),
+    /// SIGTERM of worker `n` (then restarted).
+    Term(usize),
+    /// Every worker session of the database ended by the server (`pg_terminate_backend`,
+    /// `KILL CONNECTION`).
+    KillSessions,
+    /// The handlers' table (`fault_ledger`) locked by the test for the duration, in the
+    /// database `n`.
+    LockLedger(usize, Duration),
+}
+
+/// An operator's action, at a time after the start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    /// `cancel` a few tasks by id.
+    Cancel,
+    /// `retry --all --state dead` and `--state cancelled`.
+    RetryAll,
+    /// `pause DOMAIN`, `resume DOMAIN` after the duration.
+    Pause(Duration),
+    /// `prune --older-than 0s`.
+    Prune,
+}
+
+/// A domain every worker (or, with [`Focus::PausedDomain`], only the first) defines.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DomainPlan {
+    pub name: &'static str,
+    pub keywords: Vec<&'static str>,
+    pub max: usize,
+    pub timeout: Option<Duration>,
+    /// Defined only by worker 0.
+    pub first_only: bool,
+}
+
+/// A tenant and its limits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantPlan {
+    pub name: String,
+    pub max_queued: Option<i64>,
+    pub max_running: Option<i64>,
+    pub weight: i64,
+}
+
+/// One seed's run.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub seed: u64,
+    pub focus: Focus,
+    pub backend: Backend,
+    pub commit_batch: usize,
+    pub claim: &'static str,
+    pub threads: usize,
+    pub workers: usize,
+    /// `run` workers, or `drain` runs started again and again (cron).
+    pub drains: bool,
+    pub strategy: &'static str,
+    pub databases: usize,
+    pub domains: Vec<DomainPlan>,
+    pub tenants: Vec<TenantPlan>,
+    /// Tasks enqueued before the workers start, by keyword: (keyword, count, sleep ms, max
+    /// attempts).
+    pub initial: Vec<(&'static str, usize, u64, i32)>,
+    /// Parent → child chains of fault.ledger tasks, some parents failing.
+    pub chains: usize,
+    /// Producer transactions while the faults run; a fifth of them roll back.
+    pub producer_batches: usize,
+    /// Idle tenants, each with one task delayed an hour.
+    pub idle_tenants: usize,
+    pub cron: bool,
+    pub faults: Vec<(Duration, Fault)>,
+    pub operations: Vec<(Duration, Operation)>,
+    /// How long the faults and operations go on.
+    pub window: Duration,
+}
+
+impl Plan {
+    /// The plan of `seed`. `mysql`: whether MySQL may be drawn (the feature is on).
+    pub fn from_seed(seed: u64, mysql: bool) -> Plan {
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let focus = Focus::ALL[rng.usize(..Focus::ALL.len())];
+        let backend = match (focus, rng.u8(..8)) {
+            // Where a server's sessions, a second database or row locks matter: PostgreSQL
+            // (lock claims) or MySQL.
+            (Focus::Frozen | Focus::SlowDatabase | Focus::CancelInTransaction, n) => {
+                if mysql && n < 2 {
+                    Backend::Mysql
+                } else {
+                    Backend::Postgres
+                }
+            }
+            (_, 0..=3) => Backend::Postgres,
+            (_, 4..=5) => Backend::Sqlite,
+            (_, _) if mysql => Backend::Mysql,
+            _ => Backend::Sqlite,
+        };
+        let batched = match focus {
+            Focus::AbortInChunk | Focus::CancelInTransaction | Focus::Hang => true,
+            _ => rng.bool(),
+        };
+        let commit_batch = if batched { rng.usize(4..=20) } else { 1 };
+        let claim = match (backend, batched, rng.u8(..4)) {
+            (Backend::Postgres, true, 0) => "stamp",
+            (Backend::Postgres, true, _) => "lock",
+            _ => "auto",
+        };
+        let threads = rng.usize(1..=4);
+        let workers = match focus {
+            Focus::Frozen | Focus::PausedDomain => 2,
+            Focus::SlowDatabase => 1,
+            _ => rng.usize(1..=3),
+        };
+        let drains = match focus {
+            Focus::IdleTenants | Focus::AbortInChunk => true,
+            Focus::Frozen | Focus::PausedDomain | Focus::Hang => false,
+            _ => rng.u8(..4) == 0,
+        };
+        let strategy = match (focus, rng.u8(..8)) {
+            (Focus::Mixed, 0) => "id_hash",
+            (Focus::Mixed, 1) => "least_count",
+            (Focus::Mixed, 2) => "weight",
+            _ => "default",
+        };
+        let databases = if focus == Focus::SlowDatabase { 2 } else { 1 };
+
+        let mut domains = Vec::new();
+        match focus {
+            Focus::Hang => domains.push(DomainPlan {
+                name: "slow",
+                keywords: vec!["fault.hang", "fault.hang_sql", "fault.external"],
+                max: 1,
+                timeout: Some(Duration::from_secs(1)),
+                first_only: false,
+            }),
+            Focus::PausedDomain => domains.push(DomainPlan {
+                name: "held",
+                keywords: vec!["fault.external"],
+                max: 1,
+                timeout: None,
+                first_only: true,
+            }),
+            _ if databases == 1 && rng.u8(..3) == 0 => domains.push(DomainPlan {
+                name: "mail",
+                keywords: vec!["fault.external"],
+                // A MAX over the node's threads is refused at start.
+                max: rng.usize(1..=2).min(threads),
+                timeout: rng.bool().then_some(Duration::from_secs(1)),
+                first_only: false,
+            }),
+            _ => {}
+        }
+
+        let mut tenants = Vec::new();
+        if focus == Focus::Mixed || rng.u8(..3) == 0 {
+            for i in 0..rng.usize(1..=3) {
+                tenants.push(TenantPlan {
+                    name: format!("t{i}"),
+                    max_queued: rng.bool().then(|| rng.i64(40..=120)),
+                    max_running: rng.bool().then(|| rng.i64(1..=3)),
+                    weight: rng.i64(1..=4),
+                });
+            }
+        }
+
+        let mut initial = vec![
+            ("fault.ledger", rng.usize(100..=300), rng.u64(0..=5), 20),
+            ("fault.external", rng.usize(30..=100), rng.u64(0..=5), 20),
+        ];
+        let poison = |rng: &mut fastrand::Rng,
+                      initial: &mut Vec<(&'static str, usize, u64, i32)>| {
+            initial.push(("fault.fail", rng.usize(1..=3), 0, rng.i32(2..=3)));
+            if rng.bool() {
+                initial.push(("fault.panic", 1, 0, 2));
+            }
+        };
+        match focus {
+            Focus::AbortInChunk => {
+                // First in claim order, so that it lands in the first chunks.
+                initial.insert(0, ("fault.abort", 1, 0, 3));
+            }
+            Focus::Hang => {
+                initial.push(("fault.hang", 1, 0, 2));
+                initial.push(("fault.hang_sql", 1, 0, 2));
+            }
+            Focus::Frozen => initial[0].2 = 20,
+            // Work left in every database for the whole lock.
+            Focus::SlowDatabase => {
+                initial[0].1 = rng.usize(600..=900);
+                initial[0].2 = rng.u64(5..=10);
+            }
+            Focus::PausedDomain => {
+                // Enough of the paused domain's tasks, slow enough, to still be there.
+                initial[1].1 = rng.usize(200..=300);
+                initial[1].2 = 20;
+            }
+            Focus::Mixed => {
+                poison(&mut rng, &mut initial);
+                if rng.u8(..4) == 0 {
+                    initial.push(("fault.abort", 1, 0, 2));
+                }
+            }
+            _ => {
+                if rng.bool() {
+                    poison(&mut rng, &mut initial);
+                }
+            }
+        }
+        if focus == Focus::CancelInTransaction {
+            initial.push(("fault.order", rng.usize(20..=40), 30, 20));
+        }
+        if databases > 1 {
+            // The external file names tasks by id, which two databases share.
+            for entry in &mut initial {
+                if entry.0 == "fault.external" {
+                    entry.0 = "fault.ledger";
+                }
+            }
+        }
+        let chains = match focus {
+            Focus::PrunedParents => rng.usize(5..=10),
+            Focus::Mixed => rng.usize(0..=5),
+            _ => 0,
+        };
+        let idle_tenants = if focus == Focus::IdleTenants {
+            rng.usize(60..=200)
+        } else {
+            0
+        };
+        let window = Duration::from_millis(rng.u64(6_000..=10_000));
+        let at = |rng: &mut fastrand::Rng| {
+            Duration::from_millis(rng.u64(500..window.as_millis() as u64))
+        };
+        let mut faults = Vec::new();
+        match focus {
+            Focus::Frozen => faults.push((
+                Duration::from_millis(rng.u64(300..=1000)),
+                // Longer than --dead-after (1.5 s) and the margin the check allows (5 s): the
+                // others must have run what it held before it resumes.
+                Fault::Freeze(0, Duration::from_millis(rng.u64(9_000..=12_000))),
+            )),
+            Focus::SlowDatabase => faults.push((
+                Duration::from_millis(200),
+                Fault::LockLedger(0, Duration::from_millis(rng.u64(5_000..=7_000))),
+            )),
+            _ => {}
+        }
+        if !drains {
+            for _ in 0..rng.usize(0..=3) {
+                let worker = rng.usize(..workers);
+                let fault = match rng.u8(..6) {
+                    0 | 1 => Fault::Kill(worker),
+                    2 => Fault::Term(worker),
+                    3 => Fault::Freeze(worker, Duration::from_millis(rng.u64(500..=3_000))),
+                    _ if backend != Backend::Sqlite => Fault::KillSessions,
+                    _ => Fault::Kill(worker),
+                };
+                faults.push((at(&mut rng), fault));
+            }
+        }
+        faults.sort_by_key(|(at, _)| *at);
+        let mut operations = Vec::new();
+        match focus {
+            Focus::PrunedParents => {
+                operations.push((window / 2, Operation::Prune));
+                operations.push((window * 3 / 4, Operation::RetryAll));
+            }
+            // Once the nodes have published their domains (a heartbeat is 500 ms).
+            Focus::PausedDomain => operations.push((
+                Duration::from_millis(rng.u64(1_000..=1_500)),
+                Operation::Pause(Duration::from_millis(rng.u64(3_000..=5_000))),
+            )),
+            _ => {
+                if rng.u8(..3) == 0 {
+                    operations.push((at(&mut rng), Operation::Cancel));
+                }
+                if rng.u8(..4) == 0 {
+                    operations.push((at(&mut rng), Operation::RetryAll));
+                }
+            }
+        }
+        operations.sort_by_key(|(at, _)| *at);
+        Plan {
+            seed,
+            focus,
+            backend,
+            commit_batch,
+            claim,
+            threads,
+            workers,
+            drains,
+            strategy,
+            databases,
+            domains,
+            tenants,
+            initial,
+            chains,
+            producer_batches: rng.usize(5..=20),
+            idle_tenants,
+            cron: rng.u8(..4) == 0,
+            faults,
+            operations,
+            window,
+        }
+    }
+
+    /// The plan, in a few lines for the report.
+    pub fn describe(&self) -> Vec<(String, String)> {
+        let mut lines = Vec::new();
+        lines.push((
+            "seed".into(),
+            format!("{} (focus {:?})", self.seed, self.focus),
+        ));
+        lines.push((
+            "configuration".into(),
+            format!(
+                "{}; {}; claim {}; {} thread(s); {} {} worker(s); strategy {}; {} database(s)",
+                self.backend.name(),
+                if self.commit_batch > 1 {
+                    format!("batched, --commit-batch {}", self.commit_batch)
+                } else {
+                    "strict".to_owned()
+                },
+                self.claim,
+                self.threads,
+                self.workers,
+                if self.drains { "drain" } else { "run" },
+                self.strategy,
+                self.databases
+            ),
+        ));
+        let mut text = String::new();
+        for d in &self.domains {
+            let _ = write!(
+                text,
+                "{} {:?} MAX {}{}{}; ",
+                d.name,
+                d.keywords,
+                d.max,
+                d.timeout
+                    .map_or(String::new(), |t| format!(" timeout {t:?}")),
+                if d.first_only { " (worker 0 only)" } else { "" }
+            );
+        }
+        lines.push((
+            "domains".into(),
+            if text.is_empty() { "none".into() } else { text },
+        ));
+        let tenants: Vec<String> = self
+            .tenants
+            .iter()
+            .map(|t| {
+                format!(
+                    "{} (max_queued {:?}, max_running {:?}, weight {})",
+                    t.name, t.max_queued, t.max_running, t.weight
+                )
+            })
+            .collect();
+        lines.push(("tenants".into(), format!("{tenants:?}")));
+        lines.push((
+            "workload".into(),
+            format!(
+                "{:?}; {} chain(s); {} producer batch(es); {} idle tenant(s); cron {}",
+                self.initial, self.chains, self.producer_batches, self.idle_tenants, self.cron
+            ),
+        ));
+        lines.push(("faults".into(), format!("{:?}", self.faults)));
+        lines.push(("operations".into(), format!("{:?}", self.operations)));
+        lines
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `OUTBOX_CHAOS_LIST=N cargo test … -- --ignored chaos::plan::tests::list --nocapture`:
+    /// the focus, backend and claim style of seeds 1 to N, to pick seeds by what they stress.
+    #[test]
+    #[ignore = "prints plans on demand"]
+    fn list() {
+        let n: u64 =
+            std::env::var("OUTBOX_CHAOS_LIST").map_or(100, |v| v.parse().expect("a number"));
+        for seed in 1..=n {
+            let p = Plan::from_seed(seed, true);
+            println!(
+                "{seed}: {:?} {} batch {} claim {} workers {} drains {} dbs {}",
+                p.focus,
+                p.backend.name(),
+                p.commit_batch,
+                p.claim,
+                p.workers,
+                p.drains,
+                p.databases
+            );
+        }
+    }
+
+    #[test]
+    fn a_seed_gives_the_same_plan_every_time() {
+        for seed in [1, 2, 3, 42, 1000] {
+            let a = format!("{:?}", Plan::from_seed(seed, true));
+            let b = format!("{:?}", Plan::from_seed(seed, true));
+            assert_eq!(a, b);
+        }
+    }
+}
