@@ -29,9 +29,9 @@ use diesel::sql_types::{BigInt, HasSqlType, Text};
 use diesel::QueryResult;
 
 pub use rows::{
-    AuditEntry, Claim, ClaimRow, ClaimState, DomainRow, DomainWrite, InsertRow, KeywordStateCount,
-    LeaseCharge, NodeDomainsRow, Passes, Pick, Picked, PruneBatch, PrunedBatch, RescueParams,
-    RescuedRow, TaskFilter, TaskKey, TaskRecord, TenantRow, TenantSet, TxMark,
+    AuditEntry, ChunkRuns, Claim, ClaimRow, ClaimState, DomainRow, DomainWrite, InsertRow,
+    KeywordStateCount, LeaseCharge, NodeDomainsRow, Passes, Pick, Picked, PruneBatch, PrunedBatch,
+    RescueParams, RescuedRow, TaskFilter, TaskKey, TaskRecord, TenantRow, TenantSet, TxMark,
 };
 
 pub use strategy_sql::{Due, NodeStrategyRow};
@@ -144,21 +144,23 @@ pub trait Driver {
     fn task_claim_plan(&mut self, due: &Due<'_>, limit: i64) -> QueryResult<Vec<String>>;
 
     /// Leases up to `limit` due pending tasks of `due` for `owner` (a lock claim; PostgreSQL
-    /// only), chosen as [`Driver::task_claim_page`] chooses: a row of `async_lease` per task,
-    /// naming `chunk` (the run of the [`TxMark`] the chunk's transaction holds) and a deadline
-    /// `timeout_ms` from now, committed by this statement alone; the task rows are not
-    /// written and stay pending. A leased task is taken by no other claim.
+    /// only), chosen as [`Driver::task_claim_page`] chooses: a row of `async_lease` per task
+    /// with a deadline `timeout_ms` from now, committed by this statement alone; the task rows
+    /// are not written and stay pending. A leased task is taken by no other claim. The page
+    /// is cut, in claim order, into chunks of `chunk.per` tasks; the i-th chunk's leases
+    /// name the run `chunk.first + i` (that of the [`TxMark`] its transaction will hold).
+    /// Returns the page and, for each of its rows, its chunk's run.
     #[allow(clippy::too_many_arguments)]
     fn task_lease_page(
         &mut self,
         owner: i64,
-        chunk: i64,
+        chunk: ChunkRuns,
         due: &Due<'_>,
         except: &[String],
         pick: &Pick<'_>,
         limit: i64,
         timeout_ms: i64,
-    ) -> QueryResult<Picked>;
+    ) -> QueryResult<(Picked, Vec<i64>)>;
 
     /// The plan of the lease statement (`EXPLAIN`), one line per row (PostgreSQL only).
     fn task_lease_plan(&mut self, due: &Due<'_>, limit: i64) -> QueryResult<Vec<String>>;

@@ -22,6 +22,14 @@ pub struct TxMark {
     pub run: i64,
 }
 
+/// How a lease claim cuts its page into chunks: `per` tasks each, the first chunk's run
+/// `first`, the next ones' following it (see [`super::Driver::task_lease_page`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkRuns {
+    pub first: i64,
+    pub per: i64,
+}
+
 /// What ends a lock claim's chunk for one of its tasks that ran past its timeout (see
 /// [`super::Driver::task_charge_leased`]).
 #[derive(Debug, Clone, Copy)]

@@ -31,7 +31,7 @@ use super::watchdog::Hung;
 use super::{millis, Worker};
 use crate::db::transaction::{is_connection_error, mark_broken, DiscardBroken};
 use crate::db::{DbConnection, DbPool};
-use crate::driver::{driver, Due, LeaseCharge, TxMark};
+use crate::driver::{driver, ChunkRuns, Due, LeaseCharge, TxMark};
 use crate::error::{OpContext, Result};
 use crate::task::ClaimedTask;
 
@@ -54,15 +54,20 @@ static RUNS: AtomicU64 = AtomicU64::new(1);
 
 /// The next transaction's run, for its mark.
 pub(super) fn next_run() -> i64 {
-    i64::try_from(RUNS.fetch_add(1, Ordering::Relaxed) & 0x7fff_ffff).unwrap_or(0)
+    reserve_runs(1)
+}
+
+/// `n` runs in a row, for the chunks of one lease claim; returns the first.
+fn reserve_runs(n: usize) -> i64 {
+    let n = u64::try_from(n.max(1)).unwrap_or(u64::MAX);
+    i64::try_from(RUNS.fetch_add(n, Ordering::Relaxed) & 0x7fff_ffff).unwrap_or(0)
 }
 
 impl Worker {
-    /// Leases chunks of up to `commit_batch` due tasks, at most `limit` tasks in all, and
-    /// hands each to the pool as it is leased; stops at the first chunk that comes back
-    /// short with one participant of the fair claim in it (nothing more is due; a chunk
-    /// shared by several comes back short when one of them had less than its share), unless
-    /// the claim's ring of tenants stopped before it came round (then it goes on from there,
+    /// Leases up to `limit` due tasks in one statement, cut into chunks of `commit_batch`,
+    /// and hands each chunk to the pool; claims again while the page came back full, or
+    /// short only because a participant of the fair claim had less than its share, or the
+    /// claim's ring of tenants stopped before it came round (then it goes on from there,
     /// [`super::fairness::FairClaims::goes_on`]). Returns how many tasks it leased.
     pub(super) fn refill_locked<'s>(
         &'s self,
@@ -74,32 +79,34 @@ impl Worker {
         self.ensure_heartbeat_fresh()?;
         let mut claimed = 0;
         while claimed < limit && !self.is_stopping() {
-            let want = self.settings.commit_batch.min(limit - claimed);
+            let want = limit - claimed;
             let goes_on = || self.services.limits.fair.goes_on(&lane.keywords);
-            let chunk = match self.lease_chunk(lane, want) {
-                Ok(Some(chunk)) => chunk,
-                // The claim's ring of tenants stopped short: it goes on from there.
-                Ok(None) if goes_on() => continue,
-                Ok(None) => break,
+            let (chunks, shared) = match self.lease_page(lane, want) {
+                Ok(page) => page,
                 // What was leased is running: report it; the next claim meets the error.
                 Err(e) if claimed > 0 => {
-                    log::debug!("leasing a chunk failed after {claimed} tasks: {e}");
+                    log::debug!("leasing failed after {claimed} tasks: {e}");
                     break;
                 }
                 Err(e) => return Err(e),
             };
-            let n = chunk.tasks.len();
-            let shared = participants(&chunk.tasks).len() >= 2;
+            let n: usize = chunks.iter().map(|c| c.tasks.len()).sum();
             claimed += n;
-            let record = self.recorder(n, tally);
-            self.dispatcher.submit(feed, lane.lane, move || {
-                super::record::record_or_unwind(
-                    self,
-                    n as u64,
-                    || self.execute_leased(chunk),
-                    &record,
-                )
-            });
+            for chunk in chunks {
+                let size = chunk.tasks.len();
+                let record = self.recorder(size, tally);
+                self.dispatcher.submit(feed, lane.lane, move || {
+                    super::record::record_or_unwind(
+                        self,
+                        size as u64,
+                        || self.execute_leased(chunk),
+                        &record,
+                    )
+                });
+            }
+            if n == 0 && !goes_on() {
+                break;
+            }
             if n < want && !shared && !goes_on() {
                 break;
             }
@@ -107,16 +114,19 @@ impl Worker {
         Ok(claimed)
     }
 
-    /// Leases up to `want` due tasks of `lane` for a chunk; `None` when none is due.
-    fn lease_chunk(&self, lane: &PlanLane, want: usize) -> Result<Option<LeasedChunk>> {
+    /// Leases up to `want` due tasks of `lane` in one statement, cut into chunks of
+    /// `commit_batch` in claim order, each with the run its transaction will hold; and
+    /// whether the page was shared by several participants of the fair claim.
+    fn lease_page(&self, lane: &PlanLane, want: usize) -> Result<(Vec<LeasedChunk>, bool)> {
         let keywords = &lane.keywords;
         if keywords.is_empty() {
-            return Ok(None);
+            return Ok((Vec::new(), false));
         }
         let mut conn = self.pool.get().op("task lease")?;
-        let mark = TxMark {
-            node: self.node.id(),
-            run: next_run(),
+        let per = self.settings.commit_batch.max(1);
+        let runs = ChunkRuns {
+            first: reserve_runs(want.div_ceil(per)),
+            per: i64::try_from(per).unwrap_or(i64::MAX),
         };
         let limit = i64::try_from(want).unwrap_or(i64::MAX);
         let limits = &self.services.limits;
@@ -129,10 +139,10 @@ impl Worker {
         };
         let asked = Instant::now();
         let deadline = asked + lane.timeout;
-        let leased = driver(&mut conn)
+        let (leased, chunk_of) = driver(&mut conn)
             .task_lease_page(
                 self.node.id(),
-                mark.run,
+                runs,
                 &due,
                 &limited,
                 &pick.as_pick(),
@@ -141,7 +151,14 @@ impl Worker {
             )
             .discard_broken(&mut conn)
             .op("task lease")?;
+        drop(conn);
         self.observers.claimed(asked);
+        let runs_of: std::collections::HashMap<i64, i64> = leased
+            .rows
+            .iter()
+            .zip(&chunk_of)
+            .map(|(row, &run)| (row.id, run))
+            .collect();
         let tasks = claimed_tasks(leased.rows, self.node.id(), deadline);
         let took = Took {
             page: &tasks,
@@ -153,7 +170,24 @@ impl Worker {
             limit: want,
         };
         limits.fair.picked(keywords, &pick, took);
-        Ok((!tasks.is_empty()).then_some(LeasedChunk { mark, tasks }))
+        let shared = participants(&tasks).len() >= 2;
+        // The chunks in the order of their runs (claim order), each task in claim order.
+        let mut chunks: Vec<LeasedChunk> = Vec::new();
+        for task in tasks {
+            let run = runs_of[&task.context.id];
+            match chunks.iter_mut().find(|c| c.mark.run == run) {
+                Some(chunk) => chunk.tasks.push(task),
+                None => chunks.push(LeasedChunk {
+                    mark: TxMark {
+                        node: self.node.id(),
+                        run,
+                    },
+                    tasks: vec![task],
+                }),
+            }
+        }
+        chunks.sort_by_key(|c| c.mark.run);
+        Ok((chunks, shared))
     }
 
     /// Runs a leased chunk's handlers in one transaction and marks the tasks done in it.

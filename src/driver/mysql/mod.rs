@@ -31,10 +31,10 @@ use diesel::{QueryResult, RunQueryDsl};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
 use super::{
-    AuditEntry, Claim, ClaimRow, ClaimState, DomainRow, DomainWrite, Driver, Due, InsertRow,
-    KeywordStateCount, LeaseCharge, MigrationError, NodeDomainsRow, NodeStrategyRow, Pick, Picked,
-    PruneBatch, PrunedBatch, RescueParams, RescuedRow, TaskFilter, TaskKey, TaskRecord, TenantRow,
-    TenantSet, TxMark,
+    AuditEntry, ChunkRuns, Claim, ClaimRow, ClaimState, DomainRow, DomainWrite, Driver, Due,
+    InsertRow, KeywordStateCount, LeaseCharge, MigrationError, NodeDomainsRow, NodeStrategyRow,
+    Pick, Picked, PruneBatch, PrunedBatch, RescueParams, RescuedRow, TaskFilter, TaskKey,
+    TaskRecord, TenantRow, TenantSet, TxMark,
 };
 
 const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/mysql");
@@ -182,13 +182,13 @@ impl Driver for MysqlConnection {
     fn task_lease_page(
         &mut self,
         _: i64,
-        _: i64,
+        _: ChunkRuns,
         _: &Due<'_>,
         _: &[String],
         _: &Pick<'_>,
         _: i64,
         _: i64,
-    ) -> QueryResult<Picked> {
+    ) -> QueryResult<(Picked, Vec<i64>)> {
         Err(lock_claims_unsupported())
     }
 

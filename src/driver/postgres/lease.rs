@@ -16,8 +16,8 @@ use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 
 use super::task::{picked, plan_lines, stamp_picked, PickedRow, RESCUE_CHARGE};
 use crate::driver::{
-    rescue_params, ClaimRow, Due, LeaseCharge, Passes, Pick, Picked, RescueParams, RescuedRow,
-    TxMark,
+    rescue_params, ChunkRuns, ClaimRow, Due, LeaseCharge, Passes, Pick, Picked, RescueParams,
+    RescuedRow, TxMark,
 };
 
 /// The advisory lock class of a transaction's node (`'obn'`, then 1): two-key advisory
@@ -34,21 +34,32 @@ pub(super) fn key(n: i64) -> i32 {
 }
 use crate::sql::Statement;
 
+/// A leased row and its chunk's run.
+#[derive(QueryableByName)]
+struct LeasedRow {
+    #[diesel(embed)]
+    picked: PickedRow,
+    #[diesel(sql_type = Integer)]
+    chunk: i32,
+}
+
 /// See [`crate::driver::Driver::task_lease_page`].
 #[allow(clippy::too_many_arguments)]
 pub(super) fn lease_page(
     conn: &mut PgConnection,
     owner: i64,
-    chunk: i64,
+    chunk: ChunkRuns,
     due: &Due<'_>,
     except: &[String],
     pick: &Pick<'_>,
     limit: i64,
     timeout_ms: i64,
-) -> QueryResult<Picked> {
-    let rows: Vec<PickedRow> =
+) -> QueryResult<(Picked, Vec<i64>)> {
+    let rows: Vec<LeasedRow> =
         lease_statement("", owner, chunk, due, except, pick, limit, timeout_ms).load(conn)?;
-    picked(conn, rows, except, pick, limit)
+    let chunks = rows.iter().map(|r| i64::from(r.chunk)).collect();
+    let rows = rows.into_iter().map(|r| r.picked).collect();
+    Ok((picked(conn, rows, except, pick, limit)?, chunks))
 }
 
 /// See [`crate::driver::Driver::task_lease_plan`].
@@ -64,7 +75,19 @@ pub(super) fn lease_plan(
     };
     plan_lines(
         conn,
-        lease_statement("EXPLAIN (COSTS OFF) ", 0, 0, due, &[], &fair, limit, 0),
+        lease_statement(
+            "EXPLAIN (COSTS OFF) ",
+            0,
+            ChunkRuns {
+                first: 0,
+                per: limit,
+            },
+            due,
+            &[],
+            &fair,
+            limit,
+            0,
+        ),
     )
 }
 
@@ -73,14 +96,16 @@ pub(super) fn lease_plan(
 fn lease_statement(
     prefix: &'static str,
     owner: i64,
-    chunk: i64,
+    chunk: ChunkRuns,
     due: &Due<'_>,
     except: &[String],
     pick: &Pick<'_>,
     limit: i64,
     timeout_ms: i64,
 ) -> Statement<Pg> {
-    // The fair choice (`fair::pick`) locks its candidates as it reads them (`SKIP LOCKED`:
+    // The page is cut into chunks in the order `picked` yields it (claim order), numbered
+    // without a sort of its own. The fair choice (`fair::pick`) locks its candidates as it
+    // reads them (`SKIP LOCKED`:
     // two claims never wait on each other), only for this statement: the lease, not the row
     // lock, holds the task from here on. `ON CONFLICT` stands where the snapshot is older
     // than a lease another claim has just committed. The statement writes no WAL (the lease
@@ -93,18 +118,25 @@ fn lease_statement(
                 SELECT t.id, ",
         )
         .bind::<BigInt, _>(owner)
-        .sql(", t.claim_token, ")
-        .bind::<Integer, _>(key(chunk))
-        .sql(", now() + ")
+        .sql(
+            ", t.claim_token,
+                       ((",
+        )
+        .bind::<BigInt, _>(chunk.first)
+        .sql(" + (p.rn - 1) / ")
+        .bind::<BigInt, _>(chunk.per.max(1))
+        .sql(") % 2147483648)::integer, now() + ")
         .bind::<BigInt, _>(timeout_ms)
         .sql(
             " * interval '1 millisecond'
-                  FROM async_task t JOIN picked ON picked.id = t.id
+                  FROM (SELECT id, row_number() OVER () AS rn FROM picked) p
+                  JOIN async_task t ON t.id = p.id
                 ON CONFLICT (task_id) DO NOTHING
-                RETURNING task_id
+                RETURNING task_id, chunk
             )
             SELECT t.id, t.keyword, t.biz_id, t.biz_data::text AS biz_data, t.tenant,
-                   t.failures, t.max_attempts, t.claim_token, t.priority::integer AS priority",
+                   t.failures, t.max_attempts, t.claim_token, t.priority::integer AS priority,
+                   leased.chunk",
         );
     super::fair::crowded(statement, except, pick).sql(
         "

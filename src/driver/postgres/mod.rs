@@ -19,10 +19,10 @@ use diesel::{QueryResult, RunQueryDsl};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
 use super::{
-    AuditEntry, Claim, ClaimRow, ClaimState, DomainRow, DomainWrite, Driver, Due, InsertRow,
-    KeywordStateCount, LeaseCharge, MigrationError, NodeDomainsRow, NodeStrategyRow, Pick, Picked,
-    PruneBatch, PrunedBatch, RescueParams, RescuedRow, TaskFilter, TaskKey, TaskRecord, TenantRow,
-    TenantSet, TxMark,
+    AuditEntry, ChunkRuns, Claim, ClaimRow, ClaimState, DomainRow, DomainWrite, Driver, Due,
+    InsertRow, KeywordStateCount, LeaseCharge, MigrationError, NodeDomainsRow, NodeStrategyRow,
+    Pick, Picked, PruneBatch, PrunedBatch, RescueParams, RescuedRow, TaskFilter, TaskKey,
+    TaskRecord, TenantRow, TenantSet, TxMark,
 };
 
 /// The channel on which enqueues of due tasks notify idle workers (the enqueue statement
@@ -154,13 +154,13 @@ impl Driver for PgConnection {
     fn task_lease_page(
         &mut self,
         owner: i64,
-        chunk: i64,
+        chunk: ChunkRuns,
         due: &Due<'_>,
         except: &[String],
         pick: &Pick<'_>,
         limit: i64,
         timeout_ms: i64,
-    ) -> QueryResult<Picked> {
+    ) -> QueryResult<(Picked, Vec<i64>)> {
         lease::lease_page(self, owner, chunk, due, except, pick, limit, timeout_ms)
     }
 

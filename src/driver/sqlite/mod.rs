@@ -28,10 +28,10 @@ use diesel::{QueryResult, RunQueryDsl};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
 use super::{
-    AuditEntry, Claim, ClaimRow, ClaimState, DomainRow, DomainWrite, Driver, Due, InsertRow,
-    KeywordStateCount, LeaseCharge, MigrationError, NodeDomainsRow, NodeStrategyRow, Pick, Picked,
-    PruneBatch, PrunedBatch, RescueParams, RescuedRow, TaskFilter, TaskKey, TaskRecord, TenantRow,
-    TenantSet, TxMark,
+    AuditEntry, ChunkRuns, Claim, ClaimRow, ClaimState, DomainRow, DomainWrite, Driver, Due,
+    InsertRow, KeywordStateCount, LeaseCharge, MigrationError, NodeDomainsRow, NodeStrategyRow,
+    Pick, Picked, PruneBatch, PrunedBatch, RescueParams, RescuedRow, TaskFilter, TaskKey,
+    TaskRecord, TenantRow, TenantSet, TxMark,
 };
 use crate::db::SQLITE_BUSY_TIMEOUT;
 
@@ -179,13 +179,13 @@ impl Driver for SqliteConnection {
     fn task_lease_page(
         &mut self,
         _: i64,
-        _: i64,
+        _: ChunkRuns,
         _: &Due<'_>,
         _: &[String],
         _: &Pick<'_>,
         _: i64,
         _: i64,
-    ) -> QueryResult<Picked> {
+    ) -> QueryResult<(Picked, Vec<i64>)> {
         Err(lock_claims_unsupported())
     }
 
