@@ -65,5 +65,6 @@ else
     export OUTBOX_CHAOS_MINUTES=${minutes:-30}
     test_name=chaos::from_env
 fi
-exec cargo test --workspace --locked --features outbox-handlers/mysql --test fault -- \
+# Not exec: the EXIT trap stops the servers this script started.
+cargo test --workspace --locked --features outbox-handlers/mysql --test fault -- \
     --ignored --exact "$test_name" --nocapture
