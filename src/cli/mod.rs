@@ -144,9 +144,12 @@ pub struct DatabaseArgs {
     /// Database URL: postgres://… or postgresql://… for PostgreSQL; sqlite://PATH or a file
     /// path for SQLite. The backend is chosen from the scheme alone. `run` and `drain` take
     /// it repeated, to serve several databases of one backend (DATABASE_URL is one URL).
+    // `hide_env_values`: help names DATABASE_URL but never shows its value, which may hold
+    // a password.
     #[arg(
         long,
         env = "DATABASE_URL",
+        hide_env_values = true,
         default_value = DEFAULT_DATABASE_URL,
         global = true,
         action = clap::ArgAction::Append
