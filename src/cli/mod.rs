@@ -43,6 +43,7 @@ pub use args::WorkerArgs;
 pub use domain::{DomainArgs, PauseArgs};
 pub use enqueue::EnqueueArgs;
 pub use observe::ObserveArgs;
+pub use out::printable;
 pub use progress::{Progress, ProgressStyle};
 pub use prune::PruneArgs;
 pub use schedules::SchedulesArgs;
@@ -63,6 +64,7 @@ pub use show::ShowArgs;
 use crate::db::{DatabaseUrl, DEFAULT_DATABASE_URL};
 use crate::error::{Error, Result};
 use crate::registry::Registry;
+use out::say;
 
 /// Runs the CLI with the process's arguments and `registry`'s handlers; returns the exit code.
 ///
@@ -103,8 +105,9 @@ pub fn finish(result: Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            // Every variant's message already includes its cause.
-            eprintln!("outbox: {e}");
+            // Every variant's message already includes its cause; it may quote a biz_id or a
+            // server's text, escaped for the terminal as all output for people.
+            eprintln!("outbox: {}", printable(&e.to_string()));
             ExitCode::from(exit_code(&e))
         }
     }
@@ -239,9 +242,9 @@ pub fn run(command: Command, url: &DatabaseUrl, registry: Registry) -> Result<()
             let mut conn = url.clone().unless_reply_timeout_set().connect()?;
             let applied = crate::migrate::run_migrations(&mut conn)?;
             if applied.is_empty() {
-                println!("schema up to date ({})", url.masked());
+                say!("schema up to date ({})", url.masked());
             } else {
-                println!(
+                say!(
                     "applied {} migration(s): {}",
                     applied.len(),
                     applied.join(", ")
