@@ -46,7 +46,7 @@ pub(super) fn run(url: &DatabaseUrl, args: AuditArgs) -> crate::Result<()> {
             .iter()
             .map(|record| serde_json::to_string(record).expect("a record serialises"));
         let cursor = serde_json::json!({"next_before_id": page.next_before_id}).to_string();
-        out::lines(records.chain([cursor]));
+        out::json_lines(records.chain([cursor]));
         return Ok(());
     }
     if page.records.is_empty() {

@@ -3,6 +3,7 @@
 
 use clap::Args;
 
+use super::out::say;
 use crate::cancel::Filter;
 use crate::db::{DatabaseUrl, DbConnection};
 use crate::error::{Error, Result};
@@ -78,9 +79,9 @@ pub(super) fn run(url: &DatabaseUrl, args: CancelArgs) -> Result<()> {
             serde_json::json!({"id": result.id, "cancelled": result.cancelled, "state": result.state.as_str()})
         );
     } else if result.cancelled {
-        println!("cancelled task {}", result.id);
+        say!("cancelled task {}", result.id);
     } else {
-        println!(
+        say!(
             "task {} is already {}; nothing written",
             result.id,
             result.state.as_str()
@@ -107,12 +108,12 @@ fn run_matching(url: &DatabaseUrl, args: CancelArgs) -> Result<()> {
             serde_json::json!({"cancelled": outcome.changed, "matched": outcome.matched, "dry_run": outcome.dry_run})
         );
     } else if args.dry_run {
-        println!(
+        say!(
             "{} unfinished task(s) match; nothing written (--dry-run)",
             outcome.matched
         );
     } else {
-        println!("cancelled {} task(s)", outcome.changed);
+        say!("cancelled {} task(s)", outcome.changed);
     }
     Ok(())
 }

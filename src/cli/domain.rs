@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand};
 
+use super::out::say;
 use super::parse_duration;
 use crate::db::{DatabaseUrl, DbConnection};
 use crate::domain::admin::{self, Changed, DomainChange, DomainView, Target};
@@ -173,7 +174,7 @@ fn report(changed: &Changed, json: bool, what: &str) {
             .setting
             .as_ref()
             .map_or_else(String::new, |s| format!(", version {}", s.version));
-        println!("{target} {name} {done}{version}; {nodes}");
+        say!("{target} {name} {done}{version}; {nodes}");
     } else {
         let state = match changed.action {
             "domain.set" => "already set so",
@@ -181,7 +182,7 @@ fn report(changed: &Changed, json: bool, what: &str) {
             "domain.pause" | "keyword.pause" => "already paused",
             _ => "not paused",
         };
-        println!("{target} {name} is {state}; nothing written");
+        say!("{target} {name} is {state}; nothing written");
     }
 }
 
@@ -205,19 +206,20 @@ fn list(url: &DatabaseUrl, json: bool) -> Result<()> {
         return Ok(());
     }
     if domains.is_empty() {
-        println!("no domains: no row in async_domain, and no live node has published its own");
+        say!("no domains: no row in async_domain, and no live node has published its own");
     } else {
         print_table(&domains);
     }
     if !paused.is_empty() {
-        println!("\nkeywords paused on their own: {}", paused.join(", "));
+        say!();
+        say!("keywords paused on their own: {}", paused.join(", "));
     }
     Ok(())
 }
 
 /// The domains as a table (also under `outbox stats`).
 pub(super) fn print_table(domains: &[DomainView]) {
-    println!(
+    say!(
         "{:<24} {:<12} {:>5} {:>7} {:>8} {:>8} {:>7} {:>7} {:>6} {:>5}  {:<8} keywords",
         "domain",
         "mode",
@@ -245,7 +247,7 @@ pub(super) fn print_table(domains: &[DomainView]) {
             "active"
         };
         let queue = d.queue.map_or_else(|| "-".to_owned(), |q| q.to_string());
-        println!(
+        say!(
             "{:<24} {:<12} {:>5} {:>7} {:>8} {:>8} {:>7} {:>7} {:>6} {:>5}  {:<8} {}",
             d.domain,
             mode,

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use clap::Args;
 
+use super::out::say;
 use crate::cancel::state_of;
 use crate::db::DatabaseUrl;
 use crate::driver::driver;
@@ -73,7 +74,7 @@ pub(super) fn run(url: &DatabaseUrl, args: EnqueueArgs) -> crate::Result<()> {
             serde_json::json!({"id": result.id, "created": result.created, "state": state.as_str(), "keyword": task.keyword(), "biz_id": task.biz_id()})
         );
     } else if result.created {
-        println!(
+        say!(
             "created task {} ({} {}), {}",
             result.id,
             task.keyword(),
@@ -81,7 +82,7 @@ pub(super) fn run(url: &DatabaseUrl, args: EnqueueArgs) -> crate::Result<()> {
             state.as_str()
         );
     } else {
-        println!(
+        say!(
             "task {} already exists for {} {}; nothing written",
             result.id,
             task.keyword(),

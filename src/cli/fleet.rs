@@ -65,7 +65,7 @@ fn finish(verb: &str, reports: Vec<DatabaseReport<Report>>, json: bool) -> Resul
                 };
                 match failure {
                     None => failure = Some(error),
-                    Some(_) => eprintln!("outbox: {error}"),
+                    Some(_) => eprintln!("outbox: {}", super::printable(&error.to_string())),
                 }
             }
         }

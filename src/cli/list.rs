@@ -47,7 +47,7 @@ pub(super) fn run(url: &DatabaseUrl, args: ListArgs) -> crate::Result<()> {
             .iter()
             .map(|task| serde_json::to_string(task).expect("a task serialises"));
         let cursor = serde_json::json!({"next_after_id": page.next_after_id}).to_string();
-        out::lines(tasks.chain([cursor]));
+        out::json_lines(tasks.chain([cursor]));
     } else {
         out::lines(page_lines(&page, args.after_id.is_some()));
     }
@@ -71,10 +71,10 @@ fn page_lines(page: &Page, continued: bool) -> Vec<String> {
                 t.id.to_string(),
                 t.state.to_string(),
                 t.keyword.clone(),
-                table::cell(&t.biz_id, 32),
+                table::name(&t.biz_id, 32),
                 t.tenant
                     .as_deref()
-                    .map_or("-".to_owned(), |t| table::cell(t, 24)),
+                    .map_or("-".to_owned(), |t| table::name(t, 24)),
                 t.failures.to_string(),
                 table::age(t.age_secs),
                 t.last_error

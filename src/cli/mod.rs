@@ -43,6 +43,7 @@ pub use args::WorkerArgs;
 pub use domain::{DomainArgs, PauseArgs};
 pub use enqueue::EnqueueArgs;
 pub use observe::ObserveArgs;
+pub use out::printable;
 pub use progress::{Progress, ProgressStyle};
 pub use prune::PruneArgs;
 pub use schedules::SchedulesArgs;
@@ -63,6 +64,7 @@ pub use show::ShowArgs;
 use crate::db::{DatabaseUrl, DEFAULT_DATABASE_URL};
 use crate::error::{Error, Result};
 use crate::registry::Registry;
+use out::say;
 
 /// Runs the CLI with the process's arguments and `registry`'s handlers; returns the exit code.
 ///
@@ -103,8 +105,9 @@ pub fn finish(result: Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            // Every variant's message already includes its cause.
-            eprintln!("outbox: {e}");
+            // Every variant's message already includes its cause; it may quote a biz_id or a
+            // server's text, escaped for the terminal as all output for people.
+            eprintln!("outbox: {}", printable(&e.to_string()));
             ExitCode::from(exit_code(&e))
         }
     }
@@ -144,9 +147,12 @@ pub struct DatabaseArgs {
     /// Database URL: postgres://… or postgresql://… for PostgreSQL; sqlite://PATH or a file
     /// path for SQLite. The backend is chosen from the scheme alone. `run` and `drain` take
     /// it repeated, to serve several databases of one backend (DATABASE_URL is one URL).
+    // `hide_env_values`: help names DATABASE_URL but never shows its value, which may hold
+    // a password.
     #[arg(
         long,
         env = "DATABASE_URL",
+        hide_env_values = true,
         default_value = DEFAULT_DATABASE_URL,
         global = true,
         action = clap::ArgAction::Append
@@ -236,9 +242,9 @@ pub fn run(command: Command, url: &DatabaseUrl, registry: Registry) -> Result<()
             let mut conn = url.clone().unless_reply_timeout_set().connect()?;
             let applied = crate::migrate::run_migrations(&mut conn)?;
             if applied.is_empty() {
-                println!("schema up to date ({})", url.masked());
+                say!("schema up to date ({})", url.masked());
             } else {
-                println!(
+                say!(
                     "applied {} migration(s): {}",
                     applied.len(),
                     applied.join(", ")

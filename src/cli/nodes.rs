@@ -37,7 +37,7 @@ pub(super) fn run(url: &DatabaseUrl, args: NodesArgs) -> crate::Result<()> {
     ensure_migrated(&mut conn)?;
     let nodes = nodes(&mut conn, &query)?;
     if args.json {
-        out::lines(
+        out::json_lines(
             nodes
                 .iter()
                 .map(|node| serde_json::to_string(node).expect("a node serialises")),

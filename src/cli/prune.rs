@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use clap::Args;
 
+use super::out::say;
 use crate::db::DatabaseUrl;
 use crate::migrate::ensure_migrated;
 use crate::prune::{prune, PruneParams, PruneReport, DEFAULT_PRUNE_BATCH};
@@ -47,7 +48,7 @@ pub(super) fn run(url: &DatabaseUrl, args: PruneArgs) -> crate::Result<()> {
             })
         );
     } else {
-        println!("{}", summary(&report));
+        say!("{}", summary(&report));
     }
     Ok(())
 }

@@ -6,6 +6,7 @@ use std::io::{BufRead, IsTerminal, Write};
 use clap::Args;
 
 use super::filter::FilterArgs;
+use super::out::say;
 use crate::db::DatabaseUrl;
 use crate::error::{Error, Result};
 use crate::ops::{retry_matching, retry_task, validate_retry, Filter};
@@ -75,22 +76,24 @@ fn run_one(url: &DatabaseUrl, id: i64, json: bool) -> Result<()> {
             })
         );
     } else if result.retried && result.state == TaskState::Blocked {
-        println!(
+        say!(
             "task {} is blocked again, until its parents are done",
             result.id
         );
     } else if result.retried {
-        println!("task {} is pending again", result.id);
+        say!("task {} is pending again", result.id);
     } else if result.parent_pruned {
-        println!(
+        say!(
             "task {} is {} and stays so: {PARENT_PRUNED}, so the outcome it depended on is \
              gone; nothing written",
-            result.id, result.state
+            result.id,
+            result.state
         );
     } else {
-        println!(
+        say!(
             "task {} is {}: only a dead or cancelled task is retried; nothing written",
-            result.id, result.state
+            result.id,
+            result.state
         );
     }
     Ok(())
@@ -129,20 +132,20 @@ fn run_matching(url: &DatabaseUrl, args: &RetryArgs) -> Result<()> {
             serde_json::to_string(&outcome).expect("an outcome serialises")
         );
     } else if outcome.matched == 0 && outcome.skipped == 0 {
-        println!("no dead or cancelled task matches; nothing written");
+        say!("no dead or cancelled task matches; nothing written");
     } else if outcome.matched == 0 {
-        println!(
+        say!(
             "no dead or cancelled task can be retried{}; nothing written",
             skipped_note(outcome.skipped)
         );
     } else if outcome.dry_run {
-        println!(
+        say!(
             "{} dead or cancelled task(s) match{}; nothing written (--dry-run)",
             outcome.matched,
             skipped_note(outcome.skipped)
         );
     } else {
-        println!(
+        say!(
             "retried {} task(s){}",
             outcome.changed,
             skipped_note(outcome.skipped)

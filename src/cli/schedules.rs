@@ -4,6 +4,7 @@
 use chrono::{DateTime, SecondsFormat, Utc};
 use clap::Args;
 
+use super::out::say;
 use crate::db::DatabaseUrl;
 use crate::migrate::ensure_migrated;
 use crate::schedule::{list, ScheduleInfo};
@@ -31,16 +32,16 @@ pub(super) fn run(url: &DatabaseUrl, args: SchedulesArgs) -> crate::Result<()> {
         return Ok(());
     }
     if schedules.is_empty() {
-        println!("no schedules: no node has run one yet");
+        say!("no schedules: no node has run one yet");
         return Ok(());
     }
     let header = format!(
         "{:<32} {:<28} {:<21} {:<20} {}",
         "keyword", "expression", "last tick", "last task", "next tick"
     );
-    println!("{}", header.trim_end());
+    say!("{}", header.trim_end());
     for s in &schedules {
-        println!(
+        say!(
             "{:<32} {:<28} {:<21} {:<20} {}",
             s.keyword,
             s.expression,

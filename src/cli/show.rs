@@ -24,7 +24,7 @@ pub(super) fn run(url: &DatabaseUrl, args: ShowArgs) -> crate::Result<()> {
     ensure_migrated(&mut conn)?;
     let detail = show_task(&mut conn, args.id)?;
     if args.json {
-        out::lines([serde_json::to_string(&detail).expect("a task serialises")]);
+        out::json_lines([serde_json::to_string(&detail).expect("a task serialises")]);
     } else {
         out::lines(detail_lines(&detail));
     }

@@ -3,6 +3,7 @@
 
 use clap::Args;
 
+use super::out::say;
 use crate::db::DatabaseUrl;
 use crate::domain::admin;
 use crate::migrate::ensure_migrated;
@@ -37,30 +38,44 @@ pub(super) fn run(url: &DatabaseUrl, registry: &Registry, args: StatsArgs) -> cr
         return Ok(());
     }
     if stats.is_empty() {
-        println!("no tasks");
+        say!("no tasks");
     } else {
         print_keywords(&stats);
     }
     // Nothing to show when no live node published its domains and no row sets one.
     if !domains.is_empty() {
-        println!();
+        say!();
         super::domain::print_table(&domains);
     }
     Ok(())
 }
 
 fn print_keywords(stats: &[KeywordStats]) {
-    println!(
+    say!(
         "{:<32} {:>8} {:>8} {:>8} {:>10} {:>8} {:>9} {:>12}",
-        "keyword", "blocked", "pending", "running", "done", "dead", "cancelled", "oldest due"
+        "keyword",
+        "blocked",
+        "pending",
+        "running",
+        "done",
+        "dead",
+        "cancelled",
+        "oldest due"
     );
     for s in stats {
         let oldest = s
             .oldest_due_secs
             .map_or_else(|| "-".to_owned(), |secs| format!("{secs:.1}s"));
-        println!(
+        say!(
             "{:<32} {:>8} {:>8} {:>8} {:>10} {:>8} {:>9} {:>12}",
-            s.keyword, s.blocked, s.pending, s.running, s.done, s.dead, s.cancelled, oldest
+            s.keyword,
+            s.blocked,
+            s.pending,
+            s.running,
+            s.done,
+            s.dead,
+            s.cancelled,
+            oldest
         );
     }
     let unserved: Vec<&str> = stats
@@ -69,8 +84,9 @@ fn print_keywords(stats: &[KeywordStats]) {
         .map(|s| s.keyword.as_str())
         .collect();
     if !unserved.is_empty() {
-        println!(
-            "\nno handler in this binary for: {} (their tasks stay pending)",
+        say!();
+        say!(
+            "no handler in this binary for: {} (their tasks stay pending)",
             unserved.join(", ")
         );
     }

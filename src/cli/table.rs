@@ -1,4 +1,7 @@
-//! Aligned tables for people: each column as wide as its widest cell.
+//! Aligned tables for people: each column as wide as its widest cell, each cell escaped for
+//! the terminal ([`super::printable`]).
+
+use super::printable;
 
 /// How a column's cells line up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -8,10 +11,14 @@ pub(super) enum Align {
 }
 
 /// `header` and `rows` as aligned columns separated by two spaces; the last column is never
-/// padded (it may hold long text).
+/// padded (it may hold long text). Cells are escaped before they are measured.
 pub(super) fn render(header: &[(&str, Align)], rows: &[Vec<String>]) -> Vec<String> {
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|row| row.iter().map(|c| printable(c).into_owned()).collect())
+        .collect();
     let mut widths: Vec<usize> = header.iter().map(|(h, _)| h.chars().count()).collect();
-    for row in rows {
+    for row in &rows {
         for (width, cell) in widths.iter_mut().zip(row) {
             *width = (*width).max(cell.chars().count());
         }
@@ -39,20 +46,32 @@ pub(super) fn render(header: &[(&str, Align)], rows: &[Vec<String>]) -> Vec<Stri
         out.trim_end().to_owned()
     };
     let mut lines = vec![line(header.iter().map(|(h, _)| *h).collect())];
-    for row in rows {
+    for row in &rows {
         lines.push(line(row.iter().map(String::as_str).collect()));
     }
     lines
 }
 
-/// A cell of free text: its first line, cut to `max` characters (`…` marks a cut).
+/// A cell of free text (an error): its first line, escaped, cut to `max` characters (`…`
+/// marks a cut).
 pub(super) fn cell(text: &str, max: usize) -> String {
     let first = text.lines().next().unwrap_or("");
-    let cut = first.chars().count() > max || first.len() < text.trim_end().len();
-    if !cut {
-        return first.to_owned();
+    let more = first.len() < text.trim_end().len();
+    cut(&printable(first), max, more)
+}
+
+/// A cell of a name (a biz_id, a tenant): the whole of it escaped, a newline included, cut to
+/// `max` characters.
+pub(super) fn name(text: &str, max: usize) -> String {
+    cut(&printable(text), max, false)
+}
+
+/// `text` cut to `max` characters, `…` marking the cut (or `more` text after it).
+fn cut(text: &str, max: usize, more: bool) -> String {
+    if text.chars().count() <= max && !more {
+        return text.to_owned();
     }
-    let kept: String = first.chars().take(max.saturating_sub(1)).collect();
+    let kept: String = text.chars().take(max.saturating_sub(1)).collect();
     format!("{kept}…")
 }
 
@@ -99,6 +118,21 @@ mod tests {
         assert_eq!(cell("short", 10), "short");
         assert_eq!(cell("a very long message", 7), "a very…");
         assert_eq!(cell("first\nsecond", 20), "first…");
+        assert_eq!(cell("\x1b]0;x\x07 boom\nat", 20), r"\x1b]0;x\x07 boom…");
+        assert_eq!(name("a\nb", 20), r"a\nb");
+        assert_eq!(name("order\x1b[2J-42", 10), r"order\x1b…");
+    }
+
+    #[test]
+    fn cells_are_escaped_before_they_are_measured() {
+        let lines = render(
+            &[("biz_id", Align::Left), ("n", Align::Right)],
+            &[
+                vec!["a\x07".into(), "1".into()],
+                vec!["bcdef".into(), "2".into()],
+            ],
+        );
+        assert_eq!(lines, ["biz_id  n", r"a\x07   1", "bcdef   2"]);
     }
 
     #[test]

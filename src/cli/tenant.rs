@@ -2,6 +2,7 @@
 
 use clap::{Args, Subcommand};
 
+use super::out::say;
 use crate::db::DatabaseUrl;
 use crate::migrate::ensure_migrated;
 use crate::tenant::{remove_tenant, set_tenant, tenants, Tenant, TenantLimits};
@@ -108,7 +109,7 @@ pub(super) fn run(url: &DatabaseUrl, args: TenantArgs) -> crate::Result<()> {
                     serde_json::to_string(&row).expect("a tenant serialises")
                 );
             } else {
-                println!("{}", line(&row));
+                say!("{}", line(&row));
             }
         }
         TenantCommand::List { json } => {
@@ -119,16 +120,16 @@ pub(super) fn run(url: &DatabaseUrl, args: TenantArgs) -> crate::Result<()> {
                     serde_json::to_string(&rows).expect("tenants serialise")
                 );
             } else if rows.is_empty() {
-                println!("no tenants with a row: every tenant is unlimited");
+                say!("no tenants with a row: every tenant is unlimited");
             } else {
                 for row in &rows {
-                    println!("{}", line(row));
+                    say!("{}", line(row));
                 }
             }
         }
         TenantCommand::Remove { tenant } => {
             remove_tenant(&mut conn, &tenant, &super::actor())?;
-            println!("tenant {tenant:?} removed: unlimited");
+            say!("tenant {tenant:?} removed: unlimited");
         }
     }
     Ok(())

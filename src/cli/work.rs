@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use clap::Args;
 
+use super::out::say;
 use super::progress::{Progress, ProgressStyle};
 use super::WorkerArgs;
 use crate::db::DatabaseUrl;
@@ -78,7 +79,7 @@ pub(super) fn print_report(verb: &str, report: &Report, json: bool) {
         println!("{}", report_json(report));
         return;
     }
-    println!(
+    say!(
         "{verb} {} tasks in {:.2}s ({:.0} tasks/s): {} done, {} retried, {} dead",
         t.claimed,
         report.elapsed.as_secs_f64(),
@@ -88,9 +89,11 @@ pub(super) fn print_report(verb: &str, report: &Report, json: bool) {
         t.dead
     );
     if t.lost + t.released + t.abandoned > 0 {
-        println!(
+        say!(
             "  {} lost their claim, {} released to pending, {} left to rescue",
-            t.lost, t.released, t.abandoned
+            t.lost,
+            t.released,
+            t.abandoned
         );
     }
 }

@@ -5,6 +5,7 @@
 pub mod pool;
 #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
 pub mod reply;
+pub(crate) mod secret;
 #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
 mod socket;
 pub mod transaction;

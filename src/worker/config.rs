@@ -138,7 +138,9 @@ pub struct WorkerConfig {
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// A command run by `sh -c` when a task becomes dead, with the task in its environment
     /// (`OUTBOX_TASK_ID`, `OUTBOX_KEYWORD`, `OUTBOX_BIZ_ID`, `OUTBOX_TENANT`,
-    /// `OUTBOX_ERROR`; never the payload), off the worker's threads (none by default).
+    /// `OUTBOX_ERROR`; never the payload), off the worker's threads (none by default). It
+    /// inherits the worker's environment without `DATABASE_URL`, `PGPASSWORD`, `MYSQL_PWD`
+    /// or any variable whose value holds the database's password.
     pub on_dead: Option<String>,
     /// How long the `on_dead` command may run before it is killed (default
     /// [`super::on_dead::DEFAULT_ON_DEAD_TIMEOUT`], 30 s).

@@ -174,6 +174,7 @@ impl Worker {
             Some(command) => Some(Arc::new(on_dead::DeadHook::start(
                 command.clone(),
                 settings.on_dead_timeout,
+                url.secrets(),
             )?)),
             None => None,
         };

@@ -4,7 +4,10 @@
 //! The worker's threads only put the task on a bounded queue (never waiting: when the
 //! queue is full the hook is skipped and logged); one thread of its own runs the commands
 //! one after another, each through `sh -c`, with the task in its environment — never the
-//! payload — and kills one that outlives its timeout. A hook that fails, hangs or floods
+//! payload — and kills one that outlives its timeout. It inherits the worker's environment
+//! but for the database's secrets: `DATABASE_URL`, `PGPASSWORD`, `MYSQL_PWD` and any other
+//! variable whose value holds the database's password are removed (see
+//! [`withheld_variables`]). A hook that fails, hangs or floods
 //! never delays a task. Its standard output is discarded; its standard error goes to the
 //! worker's. When the worker stops, the queued hooks still run, for at most one more
 //! timeout; those left then are logged and dropped.
@@ -15,6 +18,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::db::secret::Secrets;
 use crate::error::{Error, Result};
 
 /// How long a dead-task hook may run before it is killed, by default.
@@ -23,6 +27,8 @@ pub const DEFAULT_ON_DEAD_TIMEOUT: Duration = Duration::from_secs(30);
 pub const ON_DEAD_QUEUE: usize = 1024;
 /// How often a running hook is checked for its exit.
 const POLL: Duration = Duration::from_millis(10);
+/// Variables never passed to a hook: they name the database or hold its password.
+const SECRET_VARIABLES: [&str; 3] = ["DATABASE_URL", "PGPASSWORD", "MYSQL_PWD"];
 
 /// A task that became dead, as its hook's environment shows it.
 #[derive(Debug, Clone)]
@@ -61,13 +67,15 @@ pub(crate) struct DeadHook {
 }
 
 impl DeadHook {
-    /// Starts the runner of `command` (run by `sh -c`), each run killed after `timeout`.
-    pub(crate) fn start(command: String, timeout: Duration) -> Result<DeadHook> {
+    /// Starts the runner of `command` (run by `sh -c`), each run killed after `timeout`,
+    /// without `secrets` (the database's password) in its environment.
+    pub(crate) fn start(command: String, timeout: Duration, secrets: Secrets) -> Result<DeadHook> {
         let (sender, receiver) = mpsc::sync_channel(ON_DEAD_QUEUE);
         let give_up_at = Arc::new(Mutex::new(None));
         let runner = Runner {
             command,
             timeout,
+            secrets,
             give_up_at: Arc::clone(&give_up_at),
         };
         let thread = std::thread::Builder::new()
@@ -143,6 +151,7 @@ impl Drop for DeadHook {
 struct Runner {
     command: String,
     timeout: Duration,
+    secrets: Secrets,
     give_up_at: Arc<Mutex<Option<Instant>>>,
 }
 
@@ -168,8 +177,12 @@ impl Runner {
     /// Runs the hook for one task, killing it past the timeout; logs how it ended.
     fn run(&self, task: &DeadTask) {
         let started = Instant::now();
-        let child = hook_command(&self.command)
-            .arg(&self.command)
+        let mut hook = hook_command(&self.command);
+        hook.arg(&self.command);
+        for name in withheld_variables(&self.secrets) {
+            hook.env_remove(name);
+        }
+        let child = hook
             .envs(task.environment())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -199,6 +212,18 @@ impl Runner {
             Err(e) => log::error!("task {}: could not wait for the on-dead hook: {e}", task.id),
         }
     }
+}
+
+/// The variables of this process's environment a hook must not inherit: [`SECRET_VARIABLES`]
+/// and any whose value holds one of `secrets`.
+fn withheld_variables(secrets: &Secrets) -> Vec<std::ffi::OsString> {
+    let mut withheld: Vec<std::ffi::OsString> = SECRET_VARIABLES.iter().map(Into::into).collect();
+    for (name, value) in std::env::vars_os() {
+        if secrets.found_in(&value.to_string_lossy()) {
+            withheld.push(name);
+        }
+    }
+    withheld
 }
 
 /// `sh -c command` in a process group of its own, so that a timeout kills whatever it

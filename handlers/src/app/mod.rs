@@ -60,7 +60,7 @@ pub fn main(registry: Registry) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("outbox: {e:#}");
+            eprintln!("outbox: {}", outbox::cli::printable(&format!("{e:#}")));
             // The library's errors keep their exit codes (2 for bad usage).
             let code = e
                 .downcast_ref::<outbox::Error>()

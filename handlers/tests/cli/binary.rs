@@ -184,6 +184,22 @@ impl Finished {
         self
     }
 
+    /// Fails the test, showing the output, if stdout or stderr holds `needle`.
+    pub fn output_lacks(&self, needle: &str) -> &Finished {
+        assert!(
+            !self.stdout.contains(needle) && !self.stderr.contains(needle),
+            "the output of {} holds {needle:?}\n--- stdout\n{}--- stderr\n{}",
+            self.what,
+            self.stdout,
+            self.stderr
+        );
+        self
+    }
+
+    pub fn stderr(&self) -> &str {
+        &self.stderr
+    }
+
     pub fn stderr_has(&self, needle: &str) -> &Finished {
         assert!(
             self.stderr.contains(needle),

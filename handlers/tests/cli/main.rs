@@ -7,7 +7,8 @@
 //! command fails its test instead of hanging the suite.
 //!
 //! Layout: one module per command family (`usage`, `demo`, `enqueue`, `work`, `prune`,
-//! `bench`, `domain`, `ops_tasks`, `ops_fleet`, `strategy`; `producers`: the SQL contract
+//! `bench`, `domain`, `ops_tasks`, `ops_fleet`, `strategy`; `secrets`: no password in any
+//! output; `terminal`: control characters escaped; `producers`: the SQL contract
 //! held by a Python producer), so a test's full name is, e.g.,
 //! `demo::demo_on_postgres`; the modules they share are listed below.
 
@@ -36,8 +37,10 @@ mod ops_tasks;
 mod producers;
 mod prune;
 mod schedules;
+mod secrets;
 mod shards;
 mod strategy;
+mod terminal;
 mod usage;
 mod web;
 mod work;
