@@ -32,6 +32,7 @@ mod driver;
 pub mod enqueue;
 pub mod error;
 pub mod handler;
+mod http;
 pub mod metrics;
 pub mod migrate;
 pub mod ops;

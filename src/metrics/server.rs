@@ -1,12 +1,25 @@
-//! The HTTP endpoint: `/metrics` and `/healthz` on a blocking server (`tiny_http`) with one
-//! thread of its own, which answers one request at a time.
+//! The HTTP endpoint: `/metrics` and `/healthz`, served by the crate's one HTTP server
+//! ([`crate::http`]: a connection cap, header and idle timeouts, accept errors retried) on a
+//! one-thread tokio runtime of its own. `/healthz` reads two atomics and never waits for
+//! anything; `/metrics` renders on the runtime's one blocking thread (its table figures may
+//! need a query), so a scrape never holds up a health check.
+//!
+//! It answers whatever `Host` a request names: Prometheus scrapes by address, an
+//! orchestrator probes by address or by a service name, and the endpoint only reads. (The
+//! dashboard, which can change things, checks `Host`: `src/web/guard.rs`.)
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
+use axum::extract::State;
+use axum::http::{header, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
 use prometheus_client::registry::Registry;
-use tiny_http::{Header, Method, Request, Response, Server};
+use tokio::sync::watch;
 
 use super::gauges::{Gauges, Live, TableSample};
 use super::Metrics;
@@ -14,11 +27,15 @@ use crate::error::{Error, Result};
 
 /// The content type of the Prometheus text format.
 const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
+/// The content type of every other answer.
+const PLAIN_TEXT: &str = "text/plain; charset=utf-8";
+/// How long a stopping endpoint lets the answers under way finish.
+const STOP_GRACE: Duration = Duration::from_secs(1);
 
 /// A running metrics endpoint; dropping it stops the server and waits for its thread.
 pub(crate) struct MetricsServer {
-    server: Arc<Server>,
     addr: SocketAddr,
+    stop: watch::Sender<bool>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -33,7 +50,7 @@ struct Endpoint {
 /// A metrics endpoint bound to its address, not serving yet: bound before the worker
 /// registers its node, so that an address in use leaves nothing behind.
 pub(crate) struct BoundServer {
-    server: Server,
+    listener: std::net::TcpListener,
     addr: SocketAddr,
 }
 
@@ -41,19 +58,15 @@ impl BoundServer {
     /// Binds `addr`. Fails with [`Error::MetricsServer`] naming the address when it cannot
     /// be bound (in use, not an address of this machine, a privileged port).
     pub(crate) fn bind(addr: SocketAddr) -> Result<BoundServer> {
-        let server = Server::http(addr).map_err(|e| Error::MetricsServer {
+        let failed = |e: std::io::Error| Error::MetricsServer {
             addr: addr.to_string(),
             reason: e.to_string(),
-        })?;
-        let bound = server
-            .server_addr()
-            .to_ip()
-            .ok_or_else(|| Error::MetricsServer {
-                addr: addr.to_string(),
-                reason: "not bound to an IP address".into(),
-            })?;
+        };
+        let listener = std::net::TcpListener::bind(addr).map_err(failed)?;
+        listener.set_nonblocking(true).map_err(failed)?;
+        let bound = listener.local_addr().map_err(failed)?;
         Ok(BoundServer {
-            server,
+            listener,
             addr: bound,
         })
     }
@@ -66,41 +79,83 @@ impl BoundServer {
         table: TableSample,
     ) -> Result<MetricsServer> {
         let BoundServer {
-            server,
+            listener,
             addr: bound,
         } = self;
-        let server = Arc::new(server);
-        let (live, table) = (Arc::new(live), Arc::new(table));
+        let live = Arc::new(live);
+        let table = Arc::new(table);
         let mut gauges = Registry::with_prefix("outbox");
         gauges.register_collector(Box::new(Gauges {
             live: Arc::clone(&live),
             table: Arc::clone(&table),
         }));
-        let endpoint = Endpoint {
+        let endpoint = Arc::new(Endpoint {
             metrics,
             live,
             table,
             gauges,
-        };
-        let serving = Arc::clone(&server);
+        });
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .max_blocking_threads(1)
+            .thread_name("outbox-metrics")
+            .enable_io()
+            .enable_time()
+            .build()
+            .map_err(|source| Error::Thread {
+                thread: "metrics runtime",
+                source,
+            })?;
+        let app = Router::new()
+            .route("/metrics", get(scrape))
+            .route("/healthz", get(health))
+            .fallback(no_such_path)
+            .method_not_allowed_fallback(wrong_method)
+            .with_state(endpoint);
+        let (stop, stopped) = watch::channel(false);
         let thread = std::thread::Builder::new()
             .name("outbox-metrics".into())
-            .spawn(move || {
-                for request in serving.incoming_requests() {
-                    endpoint.answer(request);
-                }
-            })
+            .spawn(move || serve(runtime, listener, app, stopped))
             .map_err(|source| Error::Thread {
                 thread: "metrics",
                 source,
             })?;
         log::info!("metrics on http://{bound}/metrics, health on http://{bound}/healthz");
         Ok(MetricsServer {
-            server,
             addr: bound,
+            stop,
             thread: Some(thread),
         })
     }
+}
+
+fn serve(
+    runtime: tokio::runtime::Runtime,
+    listener: std::net::TcpListener,
+    app: Router,
+    mut stopped: watch::Receiver<bool>,
+) {
+    runtime.block_on(async move {
+        let listener = match tokio::net::TcpListener::from_std(listener) {
+            Ok(listener) => listener,
+            Err(e) => {
+                log::error!("metrics: cannot serve: {e}");
+                return;
+            }
+        };
+        let mut asked = stopped.clone();
+        let shutdown = async move {
+            let _ = asked.wait_for(|stop| *stop).await;
+        };
+        let serving = crate::http::serve("metrics", listener, app, shutdown);
+        tokio::pin!(serving);
+        tokio::select! {
+            () = serving.as_mut() => return,
+            _ = stopped.wait_for(|stop| *stop) => {}
+        }
+        let _ = tokio::time::timeout(STOP_GRACE, serving).await;
+    });
+    // A scrape's table read still under way is not waited for.
+    runtime.shutdown_background();
 }
 
 impl MetricsServer {
@@ -112,39 +167,74 @@ impl MetricsServer {
 
 impl Drop for MetricsServer {
     fn drop(&mut self) {
-        self.server.unblock();
+        let _ = self.stop.send(true);
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
     }
 }
 
-impl Endpoint {
-    fn answer(&self, request: Request) {
-        let path = request.url().split('?').next().unwrap_or("");
-        let (status, content_type, body) = match (request.method(), path) {
-            (Method::Get | Method::Head, "/metrics") => (200, PROMETHEUS_TEXT, self.render()),
-            (Method::Get | Method::Head, "/healthz") => self.health(),
-            (Method::Get | Method::Head, _) => (
-                404,
-                "text/plain; charset=utf-8",
-                "not found: try /metrics or /healthz\n".to_owned(),
-            ),
-            _ => (
-                405,
-                "text/plain; charset=utf-8",
-                "method not allowed: GET /metrics or /healthz\n".to_owned(),
-            ),
-        };
-        let header = Header::from_bytes("Content-Type", content_type).expect("a valid header");
-        let response = Response::from_string(body)
-            .with_status_code(status)
-            .with_header(header);
-        if let Err(e) = request.respond(response) {
-            log::debug!("metrics: could not answer a request: {e}");
-        }
+/// `GET /metrics`: the whole exposition, rendered on the blocking thread.
+async fn scrape(State(endpoint): State<Arc<Endpoint>>) -> Response {
+    match tokio::task::spawn_blocking(move || endpoint.render()).await {
+        Ok(text) => ([(header::CONTENT_TYPE, PROMETHEUS_TEXT)], text).into_response(),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            [(header::CONTENT_TYPE, PLAIN_TEXT)],
+            format!("the metrics could not be rendered: {e}\n"),
+        )
+            .into_response(),
     }
+}
 
+/// `GET /healthz`: 200 while the heartbeat is fresh, 503 once it is not.
+async fn health(State(endpoint): State<Arc<Endpoint>>) -> Response {
+    let live = &endpoint.live;
+    let age = (live.heartbeat_age)();
+    let node = (live.node_id)();
+    let (status, body) = if live.healthy() {
+        (
+            StatusCode::OK,
+            format!("ok: node {node} heartbeat {:.1}s ago\n", age.as_secs_f64()),
+        )
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "stale: node {node} last heartbeat {:.1}s ago, dead after {:.1}s\n",
+                age.as_secs_f64(),
+                live.dead_after.as_secs_f64()
+            ),
+        )
+    };
+    (status, [(header::CONTENT_TYPE, PLAIN_TEXT)], body).into_response()
+}
+
+async fn no_such_path(method: Method) -> Response {
+    if method == Method::GET || method == Method::HEAD {
+        let body = "not found: try /metrics or /healthz\n";
+        (
+            StatusCode::NOT_FOUND,
+            [(header::CONTENT_TYPE, PLAIN_TEXT)],
+            body,
+        )
+            .into_response()
+    } else {
+        wrong_method().await
+    }
+}
+
+async fn wrong_method() -> Response {
+    let body = "method not allowed: GET /metrics or /healthz\n";
+    (
+        StatusCode::METHOD_NOT_ALLOWED,
+        [(header::CONTENT_TYPE, PLAIN_TEXT)],
+        body,
+    )
+        .into_response()
+}
+
+impl Endpoint {
     /// The whole exposition: counters and histograms, then the gauges.
     fn render(&self) -> String {
         self.table.refresh_if_stale();
@@ -153,28 +243,5 @@ impl Endpoint {
         // Writing to a String cannot fail.
         let _ = prometheus_client::encoding::prometheus_text::encode(&mut text, &self.gauges);
         text
-    }
-
-    fn health(&self) -> (u16, &'static str, String) {
-        let age = (self.live.heartbeat_age)();
-        let node = (self.live.node_id)();
-        let dead_after = self.live.dead_after;
-        if self.live.healthy() {
-            (
-                200,
-                "text/plain; charset=utf-8",
-                format!("ok: node {node} heartbeat {:.1}s ago\n", age.as_secs_f64()),
-            )
-        } else {
-            (
-                503,
-                "text/plain; charset=utf-8",
-                format!(
-                    "stale: node {node} last heartbeat {:.1}s ago, dead after {:.1}s\n",
-                    age.as_secs_f64(),
-                    dead_after.as_secs_f64()
-                ),
-            )
-        }
     }
 }

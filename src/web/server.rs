@@ -1,6 +1,8 @@
 //! The server: a tokio runtime of its own on a thread of its own, the routes, and the state
 //! every request shares. Database work runs on the runtime's blocking threads through a
-//! small pool, so a slow query never holds up the other requests.
+//! small pool, so a slow query never holds up the other requests. Connections are served by
+//! the crate's one HTTP server, with its bounds ([`crate::http`]: a connection cap, header
+//! and idle timeouts, accept errors retried).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -172,11 +174,7 @@ fn serve(
         let shutdown = async move {
             let _ = asked.wait_for(|stop| *stop).await;
         };
-        let serving = tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(shutdown)
-                .await
-        });
+        let serving = tokio::spawn(crate::http::serve("web", listener, app, shutdown));
         let _ = stopped.wait_for(|stop| *stop).await;
         if tokio::time::timeout(STOP_GRACE, serving).await.is_err() {
             log::warn!("web: requests still under way {STOP_GRACE:?} after stop; dropped");

@@ -32,6 +32,7 @@ mod rescue;
 mod schema;
 mod scrape;
 mod shards;
+mod siege;
 mod signals;
 mod strategy;
 mod task_tx;

@@ -70,7 +70,9 @@ pub fn get(addr: SocketAddr, path: &str) -> (u16, String) {
         .unwrap_or_else(|| panic!("no status in {head:?}"));
     if path == "/metrics" && status == 200 {
         assert!(
-            head.contains("Content-Type: text/plain; version=0.0.4"),
+            // Header names are case-insensitive (hyper writes them in lower case).
+            head.to_ascii_lowercase()
+                .contains("content-type: text/plain; version=0.0.4"),
             "the Prometheus text format's content type: {head}"
         );
     }

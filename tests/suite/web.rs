@@ -10,6 +10,7 @@ use outbox::web::{Dashboard, WebConfig};
 use outbox::{enqueue, HandlerError, NewTask, Registry, TaskContext, TaskTx, TenantLimits};
 
 use crate::http::{get, post_form, request, Response};
+use crate::siege;
 use crate::TestDb;
 
 /// A request's extra headers.
@@ -398,4 +399,34 @@ every_backend! {
         web.stop();
         assert!(std::net::TcpStream::connect(addr).is_err(), "still listening on {addr}");
     }
+}
+
+/// The dashboard's bounds (`crate::http` in the library): a connection that sends no header
+/// is closed after the header timeout (10 s); idle connections and a client that pipelines
+/// requests and never reads hold up no one else's page.
+#[test]
+fn silent_connections_are_closed_and_hold_up_no_page() {
+    let db = TestDb::sqlite();
+    seed(&db);
+    let web = start(&db, false);
+    let addr = web.local_addr();
+    let mut idle = siege::idle(addr, 300);
+    let pipelining = siege::pipelining(addr, "/tasks");
+    for _ in 0..3 {
+        assert_eq!(
+            siege::answered_within(addr, "/", Duration::from_secs(1)),
+            Ok(200)
+        );
+    }
+    // The header timeout is 10 s; 20 s is the test's bound.
+    assert!(
+        siege::closed_by_server_within(&mut idle[0], Duration::from_secs(20)),
+        "a connection that sent nothing for 20 s is still open"
+    );
+    drop((idle, pipelining));
+    assert_eq!(
+        siege::answered_within(addr, "/", Duration::from_secs(1)),
+        Ok(200)
+    );
+    web.stop();
 }

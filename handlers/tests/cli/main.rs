@@ -20,6 +20,9 @@ mod scrape;
 // The dashboard's tests' HTTP client, shared with the suite's.
 #[path = "../../../tests/suite/http.rs"]
 mod http;
+// Misbehaving clients, for the HTTP servers' bounds.
+#[path = "../../../tests/suite/siege.rs"]
+mod siege;
 
 // Support: running the binary, looking into databases, driving a browser.
 mod binary;

@@ -1,7 +1,9 @@
 //! `--metrics-addr` on a real `outbox run` process, scraped while it works; an address in
-//! use; `--on-dead` checked; a drain's progress off a terminal.
+//! use; `--on-dead` checked; a drain's progress off a terminal; the endpoint's bounds
+//! against idle connections, a client that never reads, and the process out of files.
 
 use std::net::{SocketAddr, TcpListener};
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -9,6 +11,7 @@ use crate::binary::{outbox_on, run, wait_until, workdir, Running, STOP_LIMIT, WO
 use crate::db::tasks_in;
 use crate::every_backend;
 use crate::scrape::{get, parse, Exposition};
+use crate::siege;
 
 /// A port free now (the system's choice; the listener is closed before the worker binds it).
 fn free_addr() -> SocketAddr {
@@ -120,4 +123,92 @@ fn a_metrics_address_in_use_fails_naming_it_and_bad_flags_are_usage_errors() {
     .stderr_has("on-dead-timeout must be at least 100ms");
     // Nothing was left behind by the refused starts.
     assert_eq!(db.count("SELECT count(*) FROM async_node"), 0);
+}
+
+/// A running `outbox run --metrics-addr` on SQLite, its endpoint answering.
+fn serving_worker(db: &crate::support::TestDb, dir: &std::path::Path) -> (Running, SocketAddr) {
+    let addr = free_addr();
+    let mut worker = Running::spawn(outbox_on(db, dir).args([
+        "run",
+        "--poll-interval",
+        "50ms",
+        "--metrics-addr",
+        &addr.to_string(),
+    ]));
+    wait_until(WORK_LIMIT, "the endpoint to answer", || {
+        if let Some(status) = worker.exited() {
+            panic!("outbox run exited with {status}");
+        }
+        try_scrape(addr).is_some()
+    });
+    (worker, addr)
+}
+
+#[test]
+fn healthz_answers_within_a_second_under_idle_connections_and_a_client_that_never_reads() {
+    let db = crate::support::TestDb::sqlite();
+    let dir = workdir();
+    let (worker, addr) = serving_worker(&db, dir.path());
+    let pid = worker.pid();
+    let threads_before = siege::threads(pid);
+    let idle = siege::idle(addr, 300);
+    let pipelining = siege::pipelining(addr, "/metrics");
+    for _ in 0..3 {
+        assert_eq!(
+            siege::answered_within(addr, "/healthz", Duration::from_secs(1)),
+            Ok(200)
+        );
+    }
+    // A connection is a task, not a thread.
+    let threads = siege::threads(pid);
+    assert!(
+        threads <= threads_before + 2,
+        "{threads} threads, {threads_before} before"
+    );
+    drop((idle, pipelining));
+    assert_eq!(
+        siege::answered_within(addr, "/healthz", Duration::from_secs(1)),
+        Ok(200)
+    );
+    assert_eq!(
+        siege::answered_within(addr, "/metrics", Duration::from_secs(5)),
+        Ok(200)
+    );
+    sigterm(pid);
+    worker.finish(STOP_LIMIT).expect_code(0);
+}
+
+#[test]
+fn the_endpoint_accepts_again_after_the_process_ran_out_of_files() {
+    let db = crate::support::TestDb::sqlite();
+    let dir = workdir();
+    let (worker, addr) = serving_worker(&db, dir.path());
+    let pid = worker.pid();
+    // The process may open three more files, then accept fails (EMFILE).
+    let prlimit = |soft: &str| {
+        let status = std::process::Command::new("prlimit")
+            .args(["--pid", &pid.to_string(), &format!("--nofile={soft}:")])
+            .status()
+            .expect("run prlimit (util-linux)");
+        assert!(status.success(), "prlimit --nofile={soft}: {status}");
+    };
+    let soft_before = siege::open_file_limit(pid);
+    let limit = siege::open_files(pid) + 3;
+    prlimit(&limit.to_string());
+    let held = siege::idle(addr, 20);
+    wait_until(WORK_LIMIT, "the worker to run out of files", || {
+        siege::open_files(pid) >= limit
+    });
+    // Out of files, the endpoint does not answer.
+    assert!(siege::answered_within(addr, "/healthz", Duration::from_secs(1)).is_err());
+    drop(held);
+    prlimit(&soft_before);
+    wait_until(WORK_LIMIT, "the endpoint to answer again", || {
+        siege::answered_within(addr, "/healthz", Duration::from_secs(1)) == Ok(200)
+    });
+    sigterm(pid);
+    worker
+        .finish(STOP_LIMIT)
+        .expect_code(0)
+        .stderr_has("metrics: cannot accept a connection");
 }

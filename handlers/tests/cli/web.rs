@@ -12,9 +12,12 @@ use std::process::{Child, ExitStatus};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use crate::binary::{entries, outbox, outbox_on, run, workdir, DOWN_PG_URL, STOP_LIMIT};
+use crate::binary::{
+    entries, outbox, outbox_on, run, wait_until, workdir, DOWN_PG_URL, STOP_LIMIT,
+};
 use crate::db::count_at;
 use crate::every_backend;
+use crate::siege;
 use crate::support::TestDb;
 use crate::webdriver::{png_size, Browser, WIDTH};
 
@@ -105,6 +108,37 @@ every_backend! {
         let status = web.stop();
         assert_eq!(status.code(), Some(0), "{status}");
     }
+}
+
+/// 600 idle connections, more than the cap of 512: the process holds the cap's, on the
+/// threads it had, and leaves the others in the listen backlog (128 deep: past it, the
+/// kernel drops a new connection's SYNs); once they leave, a page answers within a second.
+#[test]
+fn idle_connections_past_the_cap_are_left_waiting_not_held() {
+    let db = TestDb::sqlite();
+    let dir = workdir();
+    let mut web = WebProcess::start(&db, dir.path(), &["--addr", "127.0.0.1:0"]);
+    let pid = web.child.id();
+    assert_eq!(
+        siege::answered_within(web.addr, "/", Duration::from_secs(5)),
+        Ok(200)
+    );
+    let threads = siege::threads(pid);
+    let idle = siege::idle(web.addr, 600);
+    // Every connection is accepted, or the cap's are and the rest wait.
+    let mut counts = (0, 0);
+    wait_until(STOP_LIMIT, "600 connections accepted or waiting", || {
+        counts = siege::accepted_and_waiting(pid, web.addr.port());
+        counts.0 + counts.1 >= 600
+    });
+    assert_eq!(counts, (512, 88), "(accepted, waiting)");
+    let now = siege::threads(pid);
+    assert!(now <= threads + 2, "{now} threads, {threads} before");
+    drop(idle);
+    wait_until(STOP_LIMIT, "a page within a second again", || {
+        siege::answered_within(web.addr, "/", Duration::from_secs(1)) == Ok(200)
+    });
+    assert_eq!(web.stop().code(), Some(0));
 }
 
 #[test]
