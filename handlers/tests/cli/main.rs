@@ -35,6 +35,7 @@ mod ops_fleet;
 mod ops_tasks;
 mod producers;
 mod prune;
+mod roles;
 mod schedules;
 mod shards;
 mod strategy;

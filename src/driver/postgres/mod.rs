@@ -69,8 +69,8 @@ impl Driver for PgConnection {
         Ok(applied)
     }
 
-    fn migrations_pending(&mut self) -> Result<usize, MigrationError> {
-        Ok(self.pending_migrations(MIGRATIONS)?.len())
+    fn migrations_known(&self) -> Result<Vec<String>, MigrationError> {
+        super::migration_versions::<diesel::pg::Pg>(&MIGRATIONS)
     }
 
     fn task_payload_len(&self, _json: &str, value: &serde_json::Value) -> usize {
