@@ -23,8 +23,8 @@ use crate::error::{Error, Result};
 
 /// Applies every pending migration and returns the versions it applied.
 ///
-/// Concurrent callers are serialised — a session advisory lock on PostgreSQL, `GET_LOCK` on
-/// MySQL, an exclusive
+/// Concurrent callers are serialised — a transaction-scoped advisory lock on PostgreSQL (one
+/// transaction for them all: nothing applied when one fails), `GET_LOCK` on MySQL, an exclusive
 /// transaction on SQLite — so that five processes starting at once leave one correct schema
 /// and no errors: the first applies, the others find nothing pending.
 pub fn run_migrations(conn: &mut DbConnection) -> Result<Vec<String>> {

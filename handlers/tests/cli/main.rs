@@ -33,6 +33,7 @@ mod enqueue;
 mod metrics;
 mod ops_fleet;
 mod ops_tasks;
+mod pgbouncer;
 mod producers;
 mod prune;
 mod roles;
