@@ -10,7 +10,8 @@
 # Runs rustfmt, clippy (the workspace, and the library with each backend feature
 # alone) and the whole test suite (unit tests, doctests, the integration suite,
 # the CLI tests with the dashboard's headless-browser test, and the fault suite with
-# the seeded fault harness's fixed seeds, chaos::seed_*: docs/chaos.md;
+# the seeded fault harness's fixed seeds, chaos::seed_*: docs/chaos.md; the CLI tests through
+# a real PgBouncer, scripts/pgbouncer.sh, and under a role without DDL rights;
 # chromium and chromium-driver are installed if missing), with the `mysql` feature, against
 # a PostgreSQL given by OUTBOX_TEST_PG_URL, or a throwaway local cluster started by
 # scripts/pg.sh and stopped on exit, and a MySQL/MariaDB given by OUTBOX_TEST_MYSQL_URL, or a
@@ -73,6 +74,9 @@ mysql_started=
 # One trap for both servers from here on (installed before the start, so that a half-started
 # server is cleaned up too).
 stop_servers() {
+    # The PgBouncers the CLI tests start (handlers/tests/cli/pgbouncer.rs, by
+    # scripts/pgbouncer.sh, which installs Debian's package if missing) are this run's.
+    "$repo_root/scripts/pgbouncer.sh" stop || true
     [[ -z $mysql_started ]] || "$repo_root/scripts/mysql.sh" stop || true
     [[ -z $pg_started ]] || "$repo_root/scripts/pg.sh" stop || true
 }
@@ -96,6 +100,12 @@ fi
 # pip's output and any failure come before cargo's. The test would build it too: never skipped.
 step "Python venv for the SQL producer tests (scripts/producers.sh ensure)"
 "$repo_root/scripts/producers.sh" ensure >/dev/null
+
+# PgBouncer (transaction and session mode) in front of the test cluster, for the CLI tests
+# that run every command through it; started here so that an install's output comes first.
+step "PgBouncer in front of the test cluster (scripts/pgbouncer.sh start transaction|session)"
+"$repo_root/scripts/pgbouncer.sh" start transaction >/dev/null
+"$repo_root/scripts/pgbouncer.sh" start session >/dev/null
 
 step "cargo fmt"
 cargo fmt --all -- --check

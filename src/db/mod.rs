@@ -14,7 +14,10 @@ pub mod url;
 pub use multi::DbConnection;
 #[cfg(feature = "sqlite")]
 pub use pool::configure_sqlite;
-pub use pool::{ConnectionManager, DbPool, PooledConnection, SQLITE_BUSY_TIMEOUT};
+pub use pool::{
+    statement_cache, ConnectionManager, DbPool, PooledConnection, SQLITE_BUSY_TIMEOUT,
+    STATEMENT_CACHE_ENV,
+};
 pub use reply::{DEFAULT_REPLY_TIMEOUT, REPLY_MARGIN};
 pub use transaction::write_transaction;
 pub use url::{

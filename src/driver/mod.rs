@@ -58,6 +58,17 @@ use crate::task::TaskState;
 /// An error of the migration harness.
 pub type MigrationError = Box<dyn std::error::Error + Send + Sync>;
 
+/// The versions of the migrations of `source`, as diesel records them once applied.
+fn migration_versions<DB: Backend>(
+    source: &impl diesel::migration::MigrationSource<DB>,
+) -> Result<Vec<String>, MigrationError> {
+    Ok(source
+        .migrations()?
+        .iter()
+        .map(|m| m.name().version().to_string())
+        .collect())
+}
+
 /// The database interface of the engine.
 pub trait Driver {
     /// Applies the session settings every connection needs (SQLite: WAL, busy timeout).
@@ -73,8 +84,9 @@ pub trait Driver {
     /// returns the versions applied.
     fn migrations_run(&mut self) -> Result<Vec<String>, MigrationError>;
 
-    /// How many migrations this build has that the database lacks.
-    fn migrations_pending(&mut self) -> Result<usize, MigrationError>;
+    /// The versions of the migrations this build has (as `__diesel_schema_migrations` stores
+    /// them).
+    fn migrations_known(&self) -> Result<Vec<String>, MigrationError>;
 
     /// The size of a payload as this backend stores it, in bytes: what the schema bounds
     /// (SQLite: the JSON text itself; PostgreSQL: jsonb's text form of `value`).

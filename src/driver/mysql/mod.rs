@@ -93,8 +93,8 @@ impl Driver for MysqlConnection {
         Ok(applied)
     }
 
-    fn migrations_pending(&mut self) -> Result<usize, MigrationError> {
-        Ok(self.pending_migrations(MIGRATIONS)?.len())
+    fn migrations_known(&self) -> Result<Vec<String>, MigrationError> {
+        super::migration_versions::<diesel::mysql::Mysql>(&MIGRATIONS)
     }
 
     /// The JSON text as given: the column is `JSON` (MariaDB: `LONGTEXT` checked by

@@ -35,7 +35,15 @@ const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/postgres");
 const MIGRATION_LOCK_KEY: i64 = 0x6f7574626f78;
 
 impl Driver for PgConnection {
+    /// Turns diesel's prepared-statement cache off when [`crate::db::statement_cache`] says so
+    /// (PgBouncer in transaction mode: README, "Behind PgBouncer").
     fn connection_configure(&mut self) -> QueryResult<()> {
+        if !crate::db::statement_cache() {
+            diesel::Connection::set_prepared_statement_cache_size(
+                self,
+                diesel::connection::CacheSize::Disabled,
+            );
+        }
         Ok(())
     }
 
@@ -57,20 +65,34 @@ impl Driver for PgConnection {
         }
     }
 
+    /// In one transaction holding a transaction-scoped advisory lock: a second process waits
+    /// instead of racing, and behind PgBouncer in transaction mode the lock is held by the
+    /// server connection that runs the migrations (a session lock would be taken on one server
+    /// connection and released on another, or never). diesel's harness runs each migration in
+    /// a savepoint inside it; PostgreSQL's DDL is transactional, so a failure applies nothing.
     fn migrations_run(&mut self) -> Result<Vec<String>, MigrationError> {
-        self.batch_execute(&format!("SELECT pg_advisory_lock({MIGRATION_LOCK_KEY})"))?;
-        let applied = self
-            .run_pending_migrations(MIGRATIONS)
-            .map(|v| v.iter().map(ToString::to_string).collect::<Vec<_>>());
-        let unlocked =
-            self.batch_execute(&format!("SELECT pg_advisory_unlock({MIGRATION_LOCK_KEY})"));
-        let applied = applied?;
-        unlocked?;
-        Ok(applied)
+        let mut applied = Err(MigrationError::from("not run"));
+        diesel::Connection::transaction(self, |conn| -> QueryResult<()> {
+            conn.batch_execute(&format!(
+                "SELECT pg_advisory_xact_lock({MIGRATION_LOCK_KEY})"
+            ))?;
+            applied = conn
+                .run_pending_migrations(MIGRATIONS)
+                .map(|v| v.iter().map(ToString::to_string).collect());
+            match &applied {
+                Ok(_) => Ok(()),
+                Err(_) => Err(diesel::result::Error::RollbackTransaction),
+            }
+        })
+        .or_else(|e| match e {
+            diesel::result::Error::RollbackTransaction => Ok(()),
+            other => Err(other),
+        })?;
+        applied
     }
 
-    fn migrations_pending(&mut self) -> Result<usize, MigrationError> {
-        Ok(self.pending_migrations(MIGRATIONS)?.len())
+    fn migrations_known(&self) -> Result<Vec<String>, MigrationError> {
+        super::migration_versions::<diesel::pg::Pg>(&MIGRATIONS)
     }
 
     fn task_payload_len(&self, _json: &str, value: &serde_json::Value) -> usize {

@@ -88,8 +88,8 @@ impl Driver for SqliteConnection {
         applied
     }
 
-    fn migrations_pending(&mut self) -> Result<usize, MigrationError> {
-        Ok(self.pending_migrations(MIGRATIONS)?.len())
+    fn migrations_known(&self) -> Result<Vec<String>, MigrationError> {
+        super::migration_versions::<diesel::sqlite::Sqlite>(&MIGRATIONS)
     }
 
     fn task_payload_len(&self, json: &str, _value: &serde_json::Value) -> usize {

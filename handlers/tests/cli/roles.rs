@@ -1,0 +1,191 @@
+//! A role that cannot change the schema (README, "Database roles"): created with exactly the
+//! README's grants, it runs `run`, `drain` (strict and batched), `enqueue` and the operator
+//! commands, every task done once; `migrate` under it fails and says whose job that is.
+
+use std::path::Path;
+use std::process::Command;
+
+use crate::binary::{outbox, run, wait_until, workdir, Running, STOP_LIMIT, WORK_LIMIT};
+use crate::db::tasks_in;
+use crate::support::TestDb;
+use crate::work::sigterm;
+
+/// The SQL block of README's "Database roles" whose first line contains `marker`.
+fn readme_grants(marker: &str) -> String {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
+        .expect("README.md");
+    let section = &readme[readme
+        .find("### Database roles")
+        .expect("README has a \"Database roles\" section")..];
+    section
+        .split("```sql\n")
+        .skip(1)
+        .map(|block| &block[..block.find("```").expect("closed block")])
+        .find(|block| block.lines().next().is_some_and(|l| l.contains(marker)))
+        .unwrap_or_else(|| panic!("no sql block for {marker} in \"Database roles\""))
+        .to_owned()
+}
+
+/// A name unique to this test process, for a role (roles are server-wide).
+fn role_name() -> String {
+    format!("outbox_worker_{}", std::process::id())
+}
+
+/// `db`'s URL, connecting as `role` (the test servers trust their loopback users).
+fn url_as(db: &TestDb, role: &str) -> String {
+    let (scheme, rest) = db.url_text.split_once("://").expect("server url");
+    let host = &rest[rest.find('@').expect("user in url") + 1..];
+    format!("{scheme}://{role}@{host}")
+}
+
+fn outbox_as(url: &str, cwd: &Path) -> Command {
+    let mut cmd = outbox(cwd);
+    cmd.env("DATABASE_URL", url);
+    cmd
+}
+
+/// The commands every test below runs under the role, on a database where the owner has run
+/// `demo --enqueue-only --tasks 20` (40 tasks) and granted the role the demo's tables.
+fn work_and_operate_as(db: &TestDb, url: &str) {
+    let dir = workdir();
+    let as_role = |args: &[&str]| {
+        run(outbox_as(url, dir.path()).args(args)).expect_code(0);
+    };
+
+    // A long-lived worker does the demo's 40 tasks and stops on SIGTERM.
+    let mut worker =
+        Running::spawn(outbox_as(url, dir.path()).args(["run", "--poll-interval", "50ms"]));
+    let pid = worker.pid();
+    wait_until(
+        WORK_LIMIT,
+        "outbox run under the role to finish 40 tasks",
+        || {
+            if let Some(status) = worker.exited() {
+                panic!("outbox run under the role exited on its own with {status}");
+            }
+            tasks_in(db, "done") == 40
+        },
+    );
+    sigterm(pid);
+    worker
+        .finish(STOP_LIMIT)
+        .expect_code(0)
+        .stdout_has("ran 40 tasks");
+
+    // More orders (the owner's: demo makes its tables), drained in strict then batched mode.
+    let owner = |args: &[&str]| {
+        let mut cmd = outbox(dir.path());
+        cmd.env("DATABASE_URL", &db.url_text);
+        run(cmd.args(args)).expect_code(0);
+    };
+    owner(&["demo", "--enqueue-only", "--tasks", "20"]);
+    run(outbox_as(url, dir.path()).arg("drain"))
+        .expect_code(0)
+        .stdout_has("40 done");
+    owner(&["demo", "--enqueue-only", "--tasks", "20"]);
+    run(outbox_as(url, dir.path()).args(["drain", "--commit-batch", "10"]))
+        .expect_code(0)
+        .stdout_has("40 done");
+    assert_eq!(tasks_in(db, "done"), 120);
+
+    // enqueue and the operator commands.
+    run(outbox_as(url, dir.path()).args(["enqueue", "mail.send", "role-1"]))
+        .expect_code(0)
+        .stdout_has("created task");
+    let id = db
+        .count("SELECT id FROM async_task WHERE keyword = 'mail.send'")
+        .to_string();
+    for args in [
+        &["stats"][..],
+        &["list", "--json"],
+        &["show", &id],
+        &["cancel", &id],
+        &["retry", &id],
+        &["cancel", "--keyword", "mail.send", "--biz-id", "role-1"],
+        &["pause", "default"],
+        &["resume", "default"],
+        &["domain", "list"],
+        &["tenant", "set", "acme", "--max-queued", "10"],
+        &["tenant", "list"],
+        &["nodes"],
+        &["schedules"],
+        &["audit"],
+        &["prune", "--older-than", "7d"],
+    ] {
+        as_role(args);
+    }
+    assert_eq!(tasks_in(db, "cancelled"), 1);
+    owner(&["demo", "--check"]);
+
+    // migrate changes the schema: not for this role, and it says so.
+    run(outbox_as(url, dir.path()).arg("migrate"))
+        .expect_code(1)
+        .stderr_has("run it as the tables' owner");
+}
+
+#[test]
+fn a_role_with_the_readme_grants_works_but_cannot_migrate_on_postgres() {
+    let db = TestDb::postgres();
+    let dir = workdir();
+    let mut owner = outbox(dir.path());
+    owner.env("DATABASE_URL", &db.url_text);
+    run(owner.args(["demo", "--enqueue-only", "--tasks", "20"])).expect_code(0);
+
+    let role = role_name();
+    let server = crate::support::pg_server_url();
+    let mut admin = outbox::DatabaseUrl::parse(server)
+        .expect("url")
+        .connect()
+        .expect("admin connection");
+    diesel::connection::SimpleConnection::batch_execute(
+        &mut admin,
+        &format!("DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN"),
+    )
+    .expect("create role");
+    // Before PostgreSQL 15 every role may create in `public`: not this one.
+    db.exec("REVOKE CREATE ON SCHEMA public FROM PUBLIC");
+    db.exec(&readme_grants("CREATE ROLE outbox_worker").replace("outbox_worker", &role));
+    // The application's own tables, which its handlers write.
+    db.exec(&format!(
+        "GRANT SELECT, INSERT, UPDATE, DELETE ON demo_order, demo_points_ledger, demo_coupon TO {role}; \
+         GRANT USAGE ON SEQUENCE demo_points_ledger_id_seq, demo_coupon_id_seq TO {role}"
+    ));
+
+    work_and_operate_as(&db, &url_as(&db, &role));
+
+    drop(db);
+    let _ = diesel::connection::SimpleConnection::batch_execute(
+        &mut admin,
+        &format!("DROP ROLE IF EXISTS {role}"),
+    );
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn a_user_with_the_readme_grants_works_but_cannot_migrate_on_mysql() {
+    let db = TestDb::mysql();
+    let dir = workdir();
+    let mut owner = outbox(dir.path());
+    owner.env("DATABASE_URL", &db.url_text);
+    run(owner.args(["demo", "--enqueue-only", "--tasks", "20"])).expect_code(0);
+
+    let user = role_name();
+    let database = db.url_text.rsplit('/').next().expect("database name");
+    db.exec(&format!(
+        "DROP USER IF EXISTS '{user}'@'%'; CREATE USER '{user}'@'%'"
+    ));
+    db.exec(
+        &readme_grants("CREATE USER 'outbox_worker'")
+            .replace("outbox_worker", &user)
+            .replace("app.", &format!("{database}.")),
+    );
+    for table in ["demo_order", "demo_points_ledger", "demo_coupon"] {
+        db.exec(&format!(
+            "GRANT SELECT, INSERT, UPDATE, DELETE ON {database}.{table} TO '{user}'@'%'"
+        ));
+    }
+
+    work_and_operate_as(&db, &url_as(&db, &user));
+
+    db.exec(&format!("DROP USER IF EXISTS '{user}'@'%'"));
+}
