@@ -14,15 +14,13 @@ pub mod url;
 pub use multi::DbConnection;
 #[cfg(feature = "sqlite")]
 pub use pool::configure_sqlite;
-pub use pool::{
-    statement_cache, ConnectionManager, DbPool, PooledConnection, SQLITE_BUSY_TIMEOUT,
-    STATEMENT_CACHE_ENV,
-};
+pub use pool::{ConnectionManager, DbPool, PooledConnection, SQLITE_BUSY_TIMEOUT};
 pub use reply::{DEFAULT_REPLY_TIMEOUT, REPLY_MARGIN};
 pub use transaction::write_transaction;
 pub use url::{
     DatabaseUrl, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DATABASE_URL, DEFAULT_KEEPALIVES_COUNT,
     DEFAULT_KEEPALIVES_IDLE, DEFAULT_KEEPALIVES_INTERVAL, DEFAULT_TCP_USER_TIMEOUT,
+    REPLY_TIMEOUT_PARAMETER, STATEMENT_CACHE_PARAMETER,
 };
 
 #[cfg(not(any(feature = "postgres", feature = "sqlite", feature = "mysql")))]

@@ -15,27 +15,6 @@ pub const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long taking a connection from the pool may wait before it fails.
 pub const DEFAULT_CHECKOUT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The environment variable that turns PostgreSQL's prepared-statement cache off: `off`.
-pub const STATEMENT_CACHE_ENV: &str = "OUTBOX_STATEMENT_CACHE";
-
-/// Whether PostgreSQL connections cache their prepared statements: yes, unless the
-/// environment variable [`STATEMENT_CACHE_ENV`] (`OUTBOX_STATEMENT_CACHE`) is `off`, read
-/// once per process.
-///
-/// diesel names each cached statement (`__diesel_stmt_N`) on its connection. Behind PgBouncer
-/// in transaction mode (1.18, Debian's; 1.21+ can track them) a client's statements run on
-/// whichever server connection is free, where that name belongs to another client or to no
-/// one: "prepared statement \"__diesel_stmt_1\" already exists". Off, every statement is
-/// sent with its text in one round trip (an unnamed statement, parsed and planned each time):
-/// measured, strict drains 35 % slower and batched ones 13 % (README, "Behind PgBouncer").
-/// SQLite and MySQL are not affected.
-pub fn statement_cache() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| {
-        std::env::var(STATEMENT_CACHE_ENV).map_or(true, |v| !v.eq_ignore_ascii_case("off"))
-    })
-}
-
 /// A pool of [`DbConnection`]s.
 pub type DbPool = r2d2::Pool<ConnectionManager>;
 

@@ -55,10 +55,10 @@ fn through(db: &TestDb, mode: &str) -> String {
 /// cache off, as README says; session mode needs nothing.
 fn outbox_at(url: &str, mode: &str, cwd: &Path) -> Command {
     let mut cmd = outbox(cwd);
-    cmd.env("DATABASE_URL", url);
-    if mode == "transaction" {
-        cmd.env(outbox::db::STATEMENT_CACHE_ENV, "off");
-    }
+    match mode {
+        "transaction" => cmd.env("DATABASE_URL", format!("{url}?statement_cache=off")),
+        _ => cmd.env("DATABASE_URL", url),
+    };
     cmd
 }
 

@@ -35,15 +35,7 @@ const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/postgres");
 const MIGRATION_LOCK_KEY: i64 = 0x6f7574626f78;
 
 impl Driver for PgConnection {
-    /// Turns diesel's prepared-statement cache off when [`crate::db::statement_cache`] says so
-    /// (PgBouncer in transaction mode: README, "Behind PgBouncer").
     fn connection_configure(&mut self) -> QueryResult<()> {
-        if !crate::db::statement_cache() {
-            diesel::Connection::set_prepared_statement_cache_size(
-                self,
-                diesel::connection::CacheSize::Disabled,
-            );
-        }
         Ok(())
     }
 
