@@ -7,6 +7,10 @@
 #   scripts/pg.sh restart [fast|immediate]  restart on the same port
 #   scripts/pg.sh ensure-libpq           install libpq-dev if its header is missing
 #   scripts/pg.sh bindir                 print the server's bin dir (psql, pgbench…)
+#   scripts/pg.sh standby PORT           a streaming standby of the cluster on 127.0.0.1:PORT
+#                                        (pg_basebackup -R), started; print its URL
+#   scripts/pg.sh halt [fast|immediate]  stop the server, keeping its files (failover)
+#   scripts/pg.sh promote                promote a standby to primary (pg_ctl promote)
 #
 # The cluster lives entirely in a state dir (data dir, socket dir, log, port
 # file), by default ${TMPDIR:-/tmp}/outbox-pg-<uid>-<hash of repo path>, so two
@@ -26,7 +30,7 @@ die() {
 }
 
 usage() {
-    sed -n '4,9s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2
+    sed -n '4,13s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2
     exit 2
 }
 
@@ -346,8 +350,13 @@ cmd_start() {
         --locale=C --no-sync >>"$log_file" 2>&1 ||
         fail_with_log "initdb failed"
     printf '%s\n' "$mode" >"$mode_file"
+    start_on_free_port "$mode"
+}
 
-    local attempt opts
+# Starts the cluster in $data_dir on a free port and prints its URL; retries on another port
+# when one is taken between the pick and the bind.
+start_on_free_port() {
+    local mode=$1 port attempt opts
     for ((attempt = 1; attempt <= 5; attempt++)); do
         port=$(pick_port) || die "could not find a free port in 20000-40000 after 50 tries"
         printf '%s\n' "$port" >"$port_file"
@@ -366,6 +375,85 @@ cmd_start() {
         break
     done
     fail_with_log "pg_ctl start failed"
+}
+
+# Prepares an empty state dir for a new cluster (as cmd_start does) and locks it.
+fresh_state_dir() {
+    if ((${#sock_dir} + 18 > 107)); then
+        die "socket path under $sock_dir would be too long; set OUTBOX_PG_DIR to a shorter path"
+    fi
+    if [[ -e $state_dir && ! -f $marker_file && -n $(ls -A "$state_dir" 2>/dev/null) ]]; then
+        die "$state_dir exists, is not empty and was not created by pg.sh; refusing to use it"
+    fi
+    mkdir -p "$state_dir"
+    touch "$marker_file"
+    lock_state
+    if server_running; then
+        die "a cluster already runs in $data_dir; run '$0 stop' first"
+    fi
+    rm -rf "$data_dir" "$sock_dir" "$port_file" "$mode_file" "$log_file"
+    mkdir -p "$sock_dir"
+    : >"$log_file"
+    if [[ -n $pg_user ]]; then
+        chown -R "$pg_user" "$state_dir"
+        run_pg test -w "$state_dir" -a -x "$state_dir" 2>/dev/null ||
+            die "user $pg_user cannot access $state_dir (a parent directory is not traversable?); set OUTBOX_PG_DIR or TMPDIR elsewhere, e.g. /tmp"
+    fi
+    chmod 0700 "$sock_dir"
+}
+
+# A hot standby of the (non-durable) cluster on 127.0.0.1:$1, in this state dir: a base
+# backup with -R (standby.signal and primary_conninfo, streaming as $PG_ROLE, which initdb
+# made a superuser; initdb's pg_hba.conf lets 127.0.0.1 replicate), started on a port of
+# its own. It is not a synchronous standby until the primary names it in
+# synchronous_standby_names (ALTER SYSTEM there: a setting in the copy would make the
+# promoted standby wait for a standby it does not have).
+cmd_standby() {
+    (($# == 1)) && [[ $1 =~ ^[0-9]+$ ]] || usage
+    local primary_port=$1
+    ensure_server
+    pick_pg_user
+    fresh_state_dir
+    log "pg_basebackup -R from 127.0.0.1:$primary_port into $data_dir"
+    run_pg "$bindir/pg_basebackup" -h 127.0.0.1 -p "$primary_port" -U "$PG_ROLE" \
+        -D "$data_dir" -R -X stream -c fast --no-sync >>"$log_file" 2>&1 ||
+        fail_with_log "pg_basebackup failed"
+    # The copy has the primary's postmaster.opts and pid file of no use here.
+    rm -f "$data_dir/postmaster.opts" "$data_dir/postmaster.pid"
+    printf '%s\n' nondurable >"$mode_file"
+    start_on_free_port nondurable
+}
+
+# Stops the server, keeping its files (`stop` deletes them): an `immediate` halt is a crash
+# of the primary, for a failover.
+cmd_halt() {
+    local how=${1:-fast}
+    (($# <= 1)) || usage
+    case $how in
+    fast | immediate) ;;
+    *) usage ;;
+    esac
+    [[ -f $marker_file ]] || die "no cluster in $state_dir"
+    find_bindir || die "PostgreSQL binaries not found"
+    pick_pg_user
+    lock_state
+    server_running || die "the cluster in $data_dir is not running"
+    log "stopping postgres ($how) in $data_dir, keeping its files"
+    run_pg "$bindir/pg_ctl" stop -w -t 60 -m "$how" -D "$data_dir" ||
+        fail_with_log "pg_ctl stop -m $how failed"
+}
+
+# Promotes a standby (`standby`) to a primary, waiting until it accepts writes.
+cmd_promote() {
+    (($# == 0)) || usage
+    [[ -f $marker_file ]] || die "no cluster in $state_dir"
+    find_bindir || die "PostgreSQL binaries not found"
+    pick_pg_user
+    lock_state
+    server_running || die "the cluster in $data_dir is not running"
+    log "promoting the standby in $data_dir"
+    run_pg "$bindir/pg_ctl" promote -w -t 60 -D "$data_dir" ||
+        fail_with_log "pg_ctl promote failed"
 }
 
 cmd_stop() {
@@ -437,6 +525,9 @@ main() {
     stop) cmd_stop "$@" ;;
     url) cmd_url "$@" ;;
     restart) cmd_restart "$@" ;;
+    standby) cmd_standby "$@" ;;
+    halt) cmd_halt "$@" ;;
+    promote) cmd_promote "$@" ;;
     ensure-libpq) ensure_libpq ;;
     bindir) ensure_server && find_bindir && echo "$bindir" ;;
     -h | --help | help) usage ;;
