@@ -25,6 +25,34 @@ pub struct Cluster {
 
 impl Cluster {
     pub fn start(sc: &Scenario, backend: Backend) -> Cluster {
+        Cluster::from_script(sc, backend, &["start"])
+    }
+
+    /// A hot standby of `primary` (PostgreSQL), streaming from it: `pg.sh standby PORT`
+    /// (`pg_basebackup -R`), on a state dir and a port of its own.
+    pub fn standby_of(sc: &Scenario, primary: &Cluster) -> Cluster {
+        assert_eq!(
+            primary.backend,
+            Backend::Postgres,
+            "standbys are PostgreSQL's"
+        );
+        let port = primary.port().to_string();
+        Cluster::from_script(sc, Backend::Postgres, &["standby", &port])
+    }
+
+    /// The port the server listens on (127.0.0.1).
+    pub fn port(&self) -> u16 {
+        let authority = self.server_url.rsplit_once('@').expect("URL user").1;
+        let host_port = authority.split('/').next().expect("URL host");
+        host_port
+            .rsplit_once(':')
+            .and_then(|(_, port)| port.parse().ok())
+            .unwrap_or_else(|| panic!("no port in {}", self.server_url))
+    }
+
+    /// A server started by `pg.sh ARGS` (or `mysql.sh`) on a new state dir, which prints
+    /// its URL.
+    fn from_script(sc: &Scenario, backend: Backend, args: &[&str]) -> Cluster {
         let dir = tempfile::Builder::new()
             .prefix(&format!("outbox-fault-{}-", backend.name()))
             .tempdir()
@@ -34,7 +62,7 @@ impl Cluster {
             backend,
             server_url: String::new(),
         };
-        cluster.server_url = cluster.script(sc, &["start"]).trim().to_owned();
+        cluster.server_url = cluster.script(sc, args).trim().to_owned();
         assert!(
             cluster
                 .server_url

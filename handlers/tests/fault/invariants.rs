@@ -407,6 +407,44 @@ pub fn check_and_publish_after_crash(
     figures
 }
 
+/// [`check_and_publish_after_crash`] for a failover (the primary stopped `-m immediate`, its
+/// standby promoted): a crash for the claims the standby had not received, whatever the
+/// claim style; `lock_claims`: the scenario's workers take lock claims whatever
+/// `OUTBOX_FAULT_CLAIM` says (batched mode's default on PostgreSQL), so an extra external run
+/// in a transaction that rolled back is accepted ([`Figures::explain_rolled_back`]).
+pub fn check_and_publish_failover(
+    sc: &Scenario,
+    db: &Db,
+    mut report: Report,
+    lost_claims: &HashSet<i64>,
+    lock_claims: bool,
+) -> Figures {
+    let mut figures = Figures::collect(db, &sc.external_file());
+    figures.explain_lost_claims(lost_claims);
+    if lock_claims || sc.locks() {
+        figures.explain_rolled_back(db, true);
+    }
+    figures.add_to(&mut report);
+    let mut violations = figures.violations();
+    if figures.dead != 0 {
+        violations.push(format!(
+            "{} task(s) dead, none expected in this scenario",
+            figures.dead
+        ));
+    }
+    report.add(
+        "invariants",
+        if violations.is_empty() {
+            "OK".to_owned()
+        } else {
+            format!("VIOLATED: {}", violations.join("; "))
+        },
+    );
+    sc.publish(&report);
+    assert!(violations.is_empty(), "{}", violations.join("\n"));
+    figures
+}
+
 /// [`check_and_publish`] for the seeded harness: cancelled tasks are finished (its operators
 /// and producers cancel), and on PostgreSQL an extra external run in a transaction that rolled
 /// back is accepted whatever the claim style (its workers' styles vary by seed).

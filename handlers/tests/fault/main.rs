@@ -19,9 +19,12 @@
 //! cluster of their own), `sigterm_mid_batch_*`, `poison_tasks_*` (fail, panic, abort),
 //! `poison_hang_*`, `sigterm_past_the_shutdown_timeout`, `overlapping_drains`,
 //! `concurrent_migrations_*`, `chains_of_three_with_kills`,
-//! `cron_fleet_runs_every_tick_exactly_once`, and the claim strategies' fleets
+//! `cron_fleet_runs_every_tick_exactly_once`, the claim strategies' fleets
 //! `strategy_{id_hash,weight,least_count}` (three real nodes each: the distribution, then a
-//! kill and a join).
+//! kill and a join), and `failover::primary_stopped_and_standby_promoted_{strict,batched}` (a
+//! primary and its synchronous standby, clusters of their own, the primary stopped `-m
+//! immediate` and the standby promoted; batched mode takes its default lock claims in every
+//! run, and neither runs again in the lock-claims run).
 //!
 //! MySQL (feature `mysql`; MariaDB from scripts/mysql.sh): every scenario above but the claim
 //! strategies' fleets also runs as `NAME_mysql`, with the same assertions; the server restart
@@ -42,7 +45,7 @@
 //! tails are printed and the directory is kept.
 //!
 //! Layout: one module per scenario family (`kill`, `freeze`, `chains`, `connections`, `restart`,
-//! `sigterm`, `poison`, `drains`, `migrations`, `cron`), so a test's full name is, e.g.,
+//! `sigterm`, `poison`, `drains`, `migrations`, `cron`, `failover`), so a test's full name is, e.g.,
 //! `kill::kill_9_during_a_run`; the modules they share are listed below.
 
 #[path = "../../../tests/suite/support.rs"]
@@ -63,6 +66,7 @@ mod chaos;
 mod connections;
 mod cron;
 mod drains;
+mod failover;
 mod freeze;
 mod kill;
 mod migrations;
