@@ -79,8 +79,9 @@ impl Rescuer {
                 }
                 self.ending_failed.store(false, Ordering::Relaxed);
             }
-            // A role that may not signal the other nodes' sessions (not the same role, nor a
-            // member of pg_signal_backend): the rescue itself still holds.
+            // The statement leaves out the sessions this role may not end (another role's,
+            // unless a member of it or of pg_signal_backend); an error here is the server's
+            // (a lost connection): the rescue itself still holds.
             Err(e) if !self.ending_failed.swap(true, Ordering::Relaxed) => {
                 log::warn!("rescue: could not end the sessions of nodes no longer live: {e}");
             }

@@ -189,3 +189,65 @@ fn a_user_with_the_readme_grants_works_but_cannot_migrate_on_mysql() {
 
     db.exec(&format!("DROP USER IF EXISTS '{user}'@'%'"));
 }
+
+/// A rescue under a role that may not end another role's sessions ends the stale sessions it
+/// may (its own role's) and leaves the others: one it may not end used to fail the whole
+/// statement, so that none was ended.
+#[test]
+fn a_rescue_ends_the_stale_sessions_its_role_may_end_and_only_those() {
+    use diesel::connection::SimpleConnection;
+    let db = TestDb::postgres();
+    let dir = workdir();
+    let role = role_name();
+    let server = crate::support::pg_server_url();
+    let mut admin = outbox::DatabaseUrl::parse(server)
+        .expect("url")
+        .connect()
+        .expect("admin connection");
+    admin
+        .batch_execute(&format!(
+            "DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN"
+        ))
+        .expect("create role");
+    db.exec("REVOKE CREATE ON SCHEMA public FROM PUBLIC");
+    db.exec(&readme_grants("CREATE ROLE outbox_worker").replace("outbox_worker", &role));
+    let url = url_as(&db, &role);
+
+    // Two nodes gone for an hour, each with a transaction still open that holds its marks
+    // (as a frozen worker's): one of the tables' owner, one of the restricted role.
+    db.exec(
+        "INSERT INTO async_node (id, name, state, heartbeat_at) VALUES \
+         (900001, 'ghost-owner', 'gone', now() - interval '1 hour'), \
+         (900002, 'ghost-role', 'gone', now() - interval '1 hour')",
+    );
+    let hold = |url: &str, node: i64| {
+        let mut conn = outbox::DatabaseUrl::parse(url)
+            .expect("url")
+            .connect()
+            .expect("connection");
+        conn.batch_execute(&format!(
+            "BEGIN; SELECT pg_advisory_xact_lock_shared(1868721665, {node}), \
+             pg_advisory_xact_lock_shared(1868722689, 7)"
+        ))
+        .expect("marks taken");
+        conn
+    };
+    let mut owners = hold(&db.url_text, 900001);
+    let mut roles = hold(&url, 900002);
+
+    // A drain's rescue pass, as the restricted role.
+    run(outbox_as(&url, dir.path()).arg("drain"))
+        .expect_code(0)
+        .output_lacks("could not end the sessions");
+    assert!(
+        roles.batch_execute("SELECT 1").is_err(),
+        "the role's own stale session was not ended"
+    );
+    assert!(
+        owners.batch_execute("SELECT 1").is_ok(),
+        "the owner's session was ended by a role that may not"
+    );
+    drop(owners);
+    drop(db);
+    let _ = admin.batch_execute(&format!("DROP ROLE IF EXISTS {role}"));
+}

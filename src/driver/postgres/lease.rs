@@ -290,9 +290,16 @@ pub(super) fn rescue_leases(
 }
 
 /// The sessions holding the advisory locks of the engine's transactions (`pg_locks`), in
-/// this database, but this session: `marks(pid, node, run)`.
+/// this database, but this session: `marks(pid, node, run, may_end)`. `may_end`: this role
+/// may end the session (`pg_terminate_backend` refuses, with an error that would end the
+/// whole statement, another role's session unless this one is a member of it, or of
+/// `pg_signal_backend` for a session that is not a superuser's).
 const MARKS: &str = "WITH marks AS (
-        SELECT n.pid, n.objid::bigint AS node, r.objid::bigint AS run
+        SELECT n.pid, n.objid::bigint AS node, r.objid::bigint AS run,
+               COALESCE((SELECT pg_has_role(s.usesysid, 'MEMBER')
+                                OR (pg_has_role('pg_signal_backend', 'MEMBER') AND NOT u.rolsuper)
+                           FROM pg_stat_activity s JOIN pg_roles u ON u.oid = s.usesysid
+                          WHERE s.pid = n.pid), false) AS may_end
           FROM pg_locks n JOIN pg_locks r ON r.pid = n.pid
          WHERE n.locktype = 'advisory' AND n.objsubid = 2 AND n.granted
            AND n.database = (SELECT oid FROM pg_database WHERE datname = current_database())
@@ -312,8 +319,8 @@ pub(super) fn end_stale_sessions(conn: &mut PgConnection, dead_after_ms: i64) ->
     let ended: Ended = Statement::<Pg>::new(MARKS)
         .sql(
             "
-        SELECT count(*) FILTER (WHERE pg_terminate_backend(m.pid)) AS n
-          FROM (SELECT DISTINCT pid, node, run FROM marks) m
+        SELECT count(*) FILTER (WHERE CASE WHEN m.may_end THEN pg_terminate_backend(m.pid) END) AS n
+          FROM (SELECT DISTINCT pid, node, run, may_end FROM marks) m
          WHERE NOT EXISTS (SELECT 1 FROM async_node a
                             WHERE a.id & 2147483647 = m.node AND a.state = 'alive'
                               AND a.heartbeat_at >= now() - ",
@@ -339,8 +346,8 @@ pub(super) fn end_session(conn: &mut PgConnection, mark: TxMark) -> QueryResult<
     let ended: Ended = Statement::<Pg>::new(MARKS)
         .sql(
             "
-        SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) AS n
-          FROM (SELECT DISTINCT pid FROM marks WHERE node = ",
+        SELECT count(*) FILTER (WHERE CASE WHEN may_end THEN pg_terminate_backend(pid) END) AS n
+          FROM (SELECT DISTINCT pid, may_end FROM marks WHERE node = ",
         )
         .bind::<BigInt, _>(i64::from(key(mark.node)))
         .sql(" AND run = ")
