@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The standard benchmark set (README "Performance"):
+# The standard benchmark set (docs/guide/src/performance.md, "Performance"):
 #
 #   scripts/bench.sh [--quick] [--out FILE]
 #   scripts/bench.sh --peers [--rounds N] [--out FILE]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The PostgreSQL cost of a task, without the worker (README "Performance"):
+# The PostgreSQL cost of a task, without the worker (docs/guide/src/performance.md, "Performance"):
 #
 #   scripts/pg-cycle.sh [--tasks N] [--clients C]
 #

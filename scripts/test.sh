@@ -7,19 +7,18 @@
 #            (≥ 50 kills, more restarts; tens of minutes) instead of the short one
 #   ARGS     passed to the main `cargo test`, e.g. scripts/test.sh -- --nocapture
 #
-# Runs rustfmt, clippy (the workspace, and the library with each backend feature
-# alone) and the whole test suite (unit tests, doctests, the integration suite,
-# the CLI tests with the dashboard's headless-browser test, and the fault suite with
-# the seeded fault harness's fixed seeds, chaos::seed_*: docs/chaos.md; the CLI tests through
-# a real PgBouncer, scripts/pgbouncer.sh, and under a role without DDL rights;
-# chromium and chromium-driver are installed if missing), with the `mysql` feature, against
-# a PostgreSQL given by OUTBOX_TEST_PG_URL, or a throwaway local cluster started by
-# scripts/pg.sh and stopped on exit, and a MySQL/MariaDB given by OUTBOX_TEST_MYSQL_URL, or a
-# throwaway MariaDB started by scripts/mysql.sh and stopped on exit (the SQL producer tests'
-# Python venv is built by scripts/producers.sh);
-# then, if that passed, the fault suite's PostgreSQL scenarios once more with lock
-# claims (OUTBOX_FAULT_CLAIM=lock: --claim lock --commit-batch 20; about 75 s in the
-# short profile).
+# Runs the documentation's link check (scripts/doc-links.py), rustfmt, clippy (the workspace, and
+# the library with each backend feature alone) and the whole test suite (unit tests, doctests, the
+# integration suite, the CLI tests with the dashboard's headless-browser test, and the fault suite
+# with the seeded fault harness's fixed seeds, chaos::seed_*: docs/guide/src/fault-harness.md; the
+# CLI tests through a real PgBouncer, scripts/pgbouncer.sh, and under a role without DDL rights;
+# chromium and chromium-driver are installed if missing), with the `mysql` feature, against a
+# PostgreSQL given by OUTBOX_TEST_PG_URL, or a throwaway local cluster started by scripts/pg.sh and
+# stopped on exit, and a MySQL/MariaDB given by OUTBOX_TEST_MYSQL_URL, or a throwaway MariaDB
+# started by scripts/mysql.sh and stopped on exit (the SQL producer tests' Python venv is built by
+# scripts/producers.sh); then, if that passed, the fault suite's PostgreSQL scenarios once more with
+# lock claims (OUTBOX_FAULT_CLAIM=lock: --claim lock --commit-batch 20; about 75 s in the short
+# profile).
 set -euo pipefail
 
 # Work from the repo root whatever the caller's cwd, so cargo finds the
@@ -106,6 +105,11 @@ step "Python venv for the SQL producer tests (scripts/producers.sh ensure)"
 step "PgBouncer in front of the test cluster (scripts/pgbouncer.sh start transaction|session)"
 "$repo_root/scripts/pgbouncer.sh" start transaction >/dev/null
 "$repo_root/scripts/pgbouncer.sh" start session >/dev/null
+
+# Every relative link and #anchor of README.md and the guide resolves, every guide chapter is
+# a doctest, and every docs/….md path the code and scripts name exists (seconds, no build).
+step "documentation links (scripts/doc-links.py)"
+python3 "$repo_root/scripts/doc-links.py"
 
 step "cargo fmt"
 cargo fmt --all -- --check

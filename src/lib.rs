@@ -68,10 +68,73 @@ pub use tenant::{remove_tenant, set_tenant, tenants, Tenant, TenantLimits};
 pub use worker::{
     ClaimStyle, CronPass, Report, RescueReport, ScheduledTick, Tally, Worker, WorkerConfig,
 };
-// A worker serving several databases (README, "Sharding: beyond one database server").
+// A worker serving several databases (docs/guide/src/sharding.md).
 pub use worker::{DatabaseReport, Fleet};
 
 /// Every Rust block of the README compiles (and runs, unless marked `no_run`) as a doctest.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
+
+/// Every Rust block of the guide (`docs/guide/src/`, one item per chapter, in the order of its
+/// `SUMMARY.md`) compiles, and runs unless marked `no_run`, as a doctest;
+/// `scripts/doc-links.py` checks that no chapter is missing here.
+#[cfg(doctest)]
+mod guide {
+    #[doc = include_str!("../docs/guide/src/introduction.md")]
+    pub struct Introduction;
+    #[doc = include_str!("../docs/guide/src/getting-started.md")]
+    pub struct GettingStarted;
+    #[doc = include_str!("../docs/guide/src/producing.md")]
+    pub struct Producing;
+    #[doc = include_str!("../docs/guide/src/handlers.md")]
+    pub struct Handlers;
+    #[doc = include_str!("../docs/guide/src/running.md")]
+    pub struct Running;
+    #[doc = include_str!("../docs/guide/src/configuration.md")]
+    pub struct Configuration;
+    #[doc = include_str!("../docs/guide/src/isolation.md")]
+    pub struct Isolation;
+    #[doc = include_str!("../docs/guide/src/domains.md")]
+    pub struct Domains;
+    #[doc = include_str!("../docs/guide/src/tenants.md")]
+    pub struct Tenants;
+    #[doc = include_str!("../docs/guide/src/cancel.md")]
+    pub struct Cancel;
+    #[doc = include_str!("../docs/guide/src/scheduling.md")]
+    pub struct Scheduling;
+    #[doc = include_str!("../docs/guide/src/cron.md")]
+    pub struct Cron;
+    #[doc = include_str!("../docs/guide/src/chains.md")]
+    pub struct Chains;
+    #[doc = include_str!("../docs/guide/src/claims.md")]
+    pub struct Claims;
+    #[doc = include_str!("../docs/guide/src/operations.md")]
+    pub struct Operations;
+    #[doc = include_str!("../docs/guide/src/operator-commands.md")]
+    pub struct OperatorCommands;
+    #[doc = include_str!("../docs/guide/src/metrics.md")]
+    pub struct Metrics;
+    #[doc = include_str!("../docs/guide/src/dashboard.md")]
+    pub struct Dashboard;
+    #[doc = include_str!("../docs/guide/src/pruning.md")]
+    pub struct Pruning;
+    #[doc = include_str!("../docs/guide/src/failure.md")]
+    pub struct Failure;
+    #[doc = include_str!("../docs/guide/src/fault-harness.md")]
+    pub struct FaultHarness;
+    #[doc = include_str!("../docs/guide/src/backends.md")]
+    pub struct Backends;
+    #[doc = include_str!("../docs/guide/src/postgresql.md")]
+    pub struct Postgresql;
+    #[doc = include_str!("../docs/guide/src/sqlite.md")]
+    pub struct Sqlite;
+    #[doc = include_str!("../docs/guide/src/mysql.md")]
+    pub struct Mysql;
+    #[doc = include_str!("../docs/guide/src/sharding.md")]
+    pub struct Sharding;
+    #[doc = include_str!("../docs/guide/src/performance.md")]
+    pub struct Performance;
+    #[doc = include_str!("../docs/guide/src/notes.md")]
+    pub struct Notes;
+}

@@ -35,7 +35,7 @@ pub fn run_migrations(conn: &mut DbConnection) -> Result<Vec<String>> {
         let denied = text.contains("permission denied") || text.contains("command denied");
         Error::Migration {
             operation: if denied {
-                "migrate (it changes the schema: run it as the tables' owner; README, \"Database roles\")"
+                "migrate (it changes the schema: run it as the tables' owner; docs/guide/src/postgresql.md, \"Database roles\")"
             } else {
                 "migrate"
             },
@@ -52,9 +52,9 @@ pub fn run_migrations(conn: &mut DbConnection) -> Result<Vec<String>> {
 /// this at start so that a missing `outbox migrate` is named as such, not as a missing table.
 ///
 /// It only reads: diesel's own check (`MigrationHarness::pending_migrations`) first creates
-/// `__diesel_schema_migrations` when it is missing, which a role without the right to change
-/// the schema may not do (README, "Database roles"). A database without that table has every
-/// migration pending.
+/// `__diesel_schema_migrations` when it is missing, which a role without the right to change the
+/// schema may not do (docs/guide/src/postgresql.md, "Database roles"). A database without that
+/// table has every migration pending.
 pub fn ensure_migrated(conn: &mut DbConnection) -> Result<()> {
     let check = |source| Error::Migration {
         operation: "migration check",

@@ -19,7 +19,7 @@
 //!   prunes do not wait for one another and a row being retried at that moment is left
 //!   alone; it goes at the next prune.
 //! - SQLite has no such index (every completion would have to update it; see
-//!   `docs/performance.md`), so prune walks the table by id, oldest first: each batch reads the next
+//!   `docs/notes/performance.md`), so prune walks the table by id, oldest first: each batch reads the next
 //!   window of `batch_size` tasks after where the previous one stopped and deletes the old
 //!   finished ones among them. The walk stops at the first window with no task created
 //!   before the cutoff (ids follow creation time). A batch thus never reads more than

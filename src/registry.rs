@@ -27,7 +27,7 @@ use crate::task::{validate_keyword, NewTask, DEFAULT_MAX_PAYLOAD_BYTES};
 #[derive(Clone, Default)]
 pub struct Registry {
     handlers: BTreeMap<String, Arc<dyn Handler>>,
-    /// The cron schedules of registered keywords (README, "Cron schedules").
+    /// The cron schedules of registered keywords (docs/guide/src/cron.md).
     schedules: BTreeMap<String, Schedule>,
 }
 

@@ -72,8 +72,8 @@ impl TenantLimits {
         self
     }
 
-    /// Sets the tenant's weight: its share of each claim against the other tenants with
-    /// tasks due (README, "Fair claiming"). At least 1; a tenant without a row weighs 1.
+    /// Sets the tenant's weight: its share of each claim against the other tenants with tasks due
+    /// (docs/guide/src/tenants.md, "Fair claiming"). At least 1; a tenant without a row weighs 1.
     pub fn weight(mut self, weight: i32) -> Self {
         self.0.weight = Some(weight);
         self

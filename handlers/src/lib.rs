@@ -5,7 +5,7 @@
 //! &mut TaskTx) -> HandlerResult` (`tx.conn()?` is the connection inside the task's
 //! transaction), and register it in [`registry`] below. To run it on a cron schedule as
 //! well, register it with `registry.schedule("report.daily", "0 0 3 * * *", report::handle)`
-//! (six fields with seconds; README, "Cron schedules"); operators can schedule any
+//! (six fields with seconds; docs/guide/src/cron.md, "Cron schedules"); operators can schedule any
 //! registered keyword without code with `outbox run --crontab FILE`.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]

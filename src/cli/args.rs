@@ -56,7 +56,7 @@ pub struct WorkerArgs {
     #[arg(long = "claim", default_value_t = ClaimStyle::Auto)]
     claim_style: ClaimStyle,
     /// Task domains from a TOML file: `[[domain]]` tables with `name`, `keywords`, one of
-    /// `max` / `reserved`, and optionally `queue` and `timeout` (README, "Domains").
+    /// `max` / `reserved`, and optionally `queue` and `timeout` (docs/guide/src/domains.md).
     #[arg(long, value_name = "FILE")]
     domains: Option<std::path::PathBuf>,
     /// A task domain: NAME:KEYWORD,…:max=N or reserved=N, then optionally :queue=N and
@@ -68,8 +68,7 @@ pub struct WorkerArgs {
     pub(super) json: bool,
     /// Cron schedules for registered keywords, one per line: the six cron fields (seconds
     /// first; `TZ=Area/City` before them for a time zone), the keyword (`KEYWORD?fill=2h` to
-    /// backfill after an outage), optional JSON data; `#` comments (README, "Cron
-    /// schedules").
+    /// backfill after an outage), optional JSON data; `#` comments (docs/guide/src/cron.md).
     #[arg(long, value_name = "FILE")]
     crontab: Option<std::path::PathBuf>,
     /// Metrics, health and the dead-task hook.

@@ -274,7 +274,7 @@ pub fn run(command: Command, url: &DatabaseUrl, registry: Registry) -> Result<()
 }
 
 /// Runs one of the library's commands on `urls`: `drain` and `run` serve every database
-/// given (README, "Sharding: beyond one database server"); the other commands take exactly
+/// given (docs/guide/src/sharding.md); the other commands take exactly
 /// one.
 pub fn run_on(command: Command, urls: &[DatabaseUrl], registry: Registry) -> Result<()> {
     match (command, urls) {

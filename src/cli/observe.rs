@@ -1,5 +1,5 @@
 //! The flags that watch a worker from outside: the metrics endpoint and the dead-task hook
-//! (README, "Metrics and health").
+//! (docs/guide/src/metrics.md).
 
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -44,7 +44,7 @@ where
 ///
 /// SQLite has one writer at a time. Threads of one process that collide on its lock are put
 /// to sleep by SQLite's busy handler (1, 2, 5, 10… ms) instead of being handed the lock when
-/// it frees, which slows a drain several times over (`docs/performance.md`). Taking turns on
+/// it frees, which slows a drain several times over (`docs/notes/performance.md`). Taking turns on
 /// a mutex first hands the lock over at once; the busy timeout still arbitrates between
 /// processes. The turn is held only while a write transaction is open (or an engine write
 /// runs), never while a handler works outside the database, so such handlers run at once on

@@ -45,13 +45,13 @@ pub const REPLY_TIMEOUT_PARAMETER: &str = "reply_timeout";
 /// The URL query parameter that turns a PostgreSQL connection's prepared-statement cache off:
 /// `statement_cache=off` (outbox's own, removed before the URL reaches libpq).
 ///
-/// diesel names each cached statement (`__diesel_stmt_N`) on its connection. Behind PgBouncer
-/// in transaction mode (1.18, Debian's; 1.21+ can track them) a client's statements run on
-/// whichever server connection is free, where that name belongs to another client or to no
-/// one: "prepared statement \"__diesel_stmt_1\" already exists". Off, every statement is
-/// sent with its text in one round trip (an unnamed statement, parsed and planned each time):
-/// measured, strict drains 35 % slower and batched ones 13 % (README, "Behind PgBouncer").
-/// On by default; PostgreSQL URLs only.
+/// diesel names each cached statement (`__diesel_stmt_N`) on its connection. Behind PgBouncer in
+/// transaction mode (1.18, Debian's; 1.21+ can track them) a client's statements run on whichever
+/// server connection is free, where that name belongs to another client or to no one: "prepared
+/// statement \"__diesel_stmt_1\" already exists". Off, every statement is sent with its text in one
+/// round trip (an unnamed statement, parsed and planned each time): measured, strict drains 35 %
+/// slower and batched ones 13 % (docs/guide/src/postgresql.md, "Behind PgBouncer"). On by default;
+/// PostgreSQL URLs only.
 pub const STATEMENT_CACHE_PARAMETER: &str = "statement_cache";
 
 /// A validated database URL: the backend and the string to hand to its driver.

@@ -103,20 +103,19 @@ pub trait Driver {
         f: &mut dyn FnMut(&mut dyn Driver) -> QueryResult<()>,
     ) -> QueryResult<()>;
 
-    /// Links each `(child, parent)` of `links` in `async_task_parent`, whose trigger blocks
-    /// the child on an unfinished parent, or cancels it with a dead or cancelled one (README,
-    /// "Chains"); returns the links inserted.
+    /// Links each `(child, parent)` of `links` in `async_task_parent`, whose trigger blocks the
+    /// child on an unfinished parent, or cancels it with a dead or cancelled one
+    /// (docs/guide/src/chains.md); returns the links inserted.
     fn task_link_parents(&mut self, links: &[(i64, i64)]) -> QueryResult<usize>;
 
     /// The ids of the existing tasks among `keys` (a JSON array of `{"k":…, "b":…}`).
     fn task_find_many(&mut self, keys_json: &str) -> QueryResult<Vec<TaskKey>>;
 
-    /// Claims up to `limit` due pending tasks of `due` for `owner`, in one statement:
-    /// state running, owner set, claim token bumped, deadline `timeout_ms` from now. The page
-    /// is shared fairly between the tasks without a tenant and the tenants, by weight, the
-    /// tenants visited in tenant order after [`Pick::Fair`]'s `after` (README, "Fair
-    /// claiming"). Tasks of
-    /// the tenants `except` (those with a `max_running`) are left to
+    /// Claims up to `limit` due pending tasks of `due` for `owner`, in one statement: state
+    /// running, owner set, claim token bumped, deadline `timeout_ms` from now. The page is shared
+    /// fairly between the tasks without a tenant and the tenants, by weight, the tenants visited in
+    /// tenant order after [`Pick::Fair`]'s `after` (docs/guide/src/tenants.md, "Fair claiming").
+    /// Tasks of the tenants `except` (those with a `max_running`) are left to
     /// [`Driver::task_claim_limited`].
     ///
     /// With [`Pick::Solo`] (PostgreSQL), the claim takes one participant's tasks only, in a

@@ -1,5 +1,5 @@
-//! The ring of tenants that a fair claim walks (README, "Fair claiming"), in what every
-//! backend writes alike: how far one statement walks, and where a walk that goes on over
+//! The ring of tenants that a fair claim walks (docs/guide/src/tenants.md, "Fair claiming"), in
+//! what every backend writes alike: how far one statement walks, and where a walk that goes on over
 //! several claims stops.
 //!
 //! A claim visits the tenants with pending tasks in tenant order from where this node's last

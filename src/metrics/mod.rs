@@ -1,4 +1,4 @@
-//! Prometheus metrics and a health check for a worker (README, "Metrics and health").
+//! Prometheus metrics and a health check for a worker (docs/guide/src/metrics.md).
 //!
 //! A worker started with [`crate::WorkerConfig::metrics_addr`] (`outbox run --metrics-addr
 //! 127.0.0.1:9187`) serves, on a thread of its own:
@@ -12,16 +12,24 @@
 //!
 //! | name | type | labels | what |
 //! |---|---|---|---|
-//! | `outbox_tasks_finished_total` | counter | `keyword`, `outcome` | attempts this node ended: `done`, `retried` (failed, will run again), `dead` |
-//! | `outbox_tasks_rescued_total` | counter | `keyword`, `to` | tasks this node's rescue passes took from dead nodes or past their deadline, `to` `pending` or `dead` |
-//! | `outbox_claim_latency_seconds` | histogram | | one claim statement, from asking to the claimed rows |
-//! | `outbox_completion_latency_seconds` | histogram | `keyword` | a task from its claim to its outcome recorded (queue wait, handler, commit) |
+//! | `outbox_tasks_finished_total` | counter | `keyword`, `outcome` | attempts this node ended:
+//! `done`, `retried` (failed, will run again), `dead` |
+//! | `outbox_tasks_rescued_total` | counter | `keyword`, `to` | tasks this node's rescue passes
+//! took from dead nodes or past their deadline, `to` `pending` or `dead` |
+//! | `outbox_claim_latency_seconds` | histogram | | one claim statement, from asking to the claimed
+//! rows |
+//! | `outbox_completion_latency_seconds` | histogram | `keyword` | a task from its claim to its
+//! outcome recorded (queue wait, handler, commit) |
 //! | `outbox_queue_depth` | gauge | `keyword` | pending tasks due now, in the whole table |
-//! | `outbox_oldest_due_age_seconds` | gauge | `keyword` | how long the oldest due pending task has waited (0: none due) |
+//! | `outbox_oldest_due_age_seconds` | gauge | `keyword` | how long the oldest due pending task has
+//! waited (0: none due) |
 //! | `outbox_tasks` | gauge | `keyword`, `state` | tasks in the table per state |
-//! | `outbox_domain_threads`, `…_reserved_threads`, `…_borrowed_threads`, `…_running`, `…_queued`, `…_stuck` | gauge | `domain` | this node's slot use per domain, as `outbox stats` shows it |
-//! | `outbox_node_heartbeat_age_seconds` | gauge | `node` | time since this node's last successful heartbeat |
-//! | `outbox_metrics_sample_age_seconds` | gauge | | age of the table's figures served (they are read at most every few seconds) |
+//! | `outbox_domain_threads`, `…_reserved_threads`, `…_borrowed_threads`, `…_running`, `…_queued`,
+//! `…_stuck` | gauge | `domain` | this node's slot use per domain, as `outbox stats` shows it |
+//! | `outbox_node_heartbeat_age_seconds` | gauge | `node` | time since this node's last successful
+//! heartbeat |
+//! | `outbox_metrics_sample_age_seconds` | gauge | | age of the table's figures served (they are
+//! read at most every few seconds) |
 //!
 //! The counters and histograms are atomic additions on the worker's threads (no lock, no
 //! allocation per task). The table's figures (`outbox_queue_depth`, `outbox_tasks`,

@@ -1,5 +1,5 @@
 //! Cron schedules: a handler registered with a schedule runs at each of its ticks, as the
-//! task `(keyword, "cron:<tick in UTC>")` (README, "Cron schedules").
+//! task `(keyword, "cron:<tick in UTC>")` (docs/guide/src/cron.md).
 //!
 //! Every live node that has the schedule enqueues each tick as it comes due, by the database
 //! clock; the task's unique `(keyword, biz_id)` makes it one task per tick across the fleet,
@@ -88,7 +88,10 @@ pub enum ScheduleError {
     },
 
     /// The backfill window is longer than [`MAX_BACKFILL`].
-    #[error("schedule of keyword {keyword:?}: backfill of {backfill:?} is longer than the most, {max:?}")]
+    #[error(
+        "schedule of keyword {keyword:?}: backfill of {backfill:?} is longer than the most,
+    #{max:?}"
+    )]
     InvalidBackfill {
         /// The keyword.
         keyword: String,

@@ -128,8 +128,8 @@ impl Worker {
         Ok(page)
     }
 
-    /// One claim statement: fair (README, "Fair claiming"), its ring of tenants starting
-    /// after where the last one left off, or solo while one participant is alone.
+    /// One claim statement: fair (docs/guide/src/tenants.md, "Fair claiming"), its ring of tenants
+    /// starting after where the last one left off, or solo while one participant is alone.
     fn claim_fair(
         &self,
         keywords: &[String],

@@ -39,7 +39,7 @@ pub const SQLITE_DEFAULT_QUEUE: usize = 128;
 /// The default number of execution threads on PostgreSQL: four per core, at most
 /// [`MAX_DEFAULT_THREADS`]. A task spends most of its time waiting for round trips and for
 /// its commit's WAL flush, and commits that wait together share one flush: in strict mode 8
-/// threads on 2 cores drained 1.3 × as fast as 4 with the same CPU (`docs/performance.md`).
+/// threads on 2 cores drained 1.3 × as fast as 4 with the same CPU (`docs/notes/performance.md`).
 /// The cap keeps a worker on a large machine within a database's connections (each thread
 /// holds one while it runs a task).
 pub fn default_threads() -> usize {
@@ -130,7 +130,7 @@ pub struct WorkerConfig {
     /// chunk is leased for a domain's free thread and starts at once.
     pub domains: Vec<Domain>,
 
-    // Watching the worker from outside (README, "Metrics and health").
+    // Watching the worker from outside (docs/guide/src/metrics.md).
     /// Where to serve Prometheus metrics (`/metrics`) and the health check (`/healthz`),
     /// on a thread of the worker's own (none by default; port 0 picks a free port, see
     /// [`crate::Worker::metrics_addr`]). The worker fails to start when it cannot listen

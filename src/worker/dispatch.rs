@@ -23,7 +23,7 @@ use super::slots::{Lanes, Slot, Slots};
 /// scope's [`Feed`] until work comes. A rayon thread that runs out of jobs spins on
 /// `sched_yield` for a while before it sleeps; with a task every few hundred microseconds it
 /// would spin most of the time, taking the CPU the database (often on the same machine)
-/// needs (`docs/performance.md`).
+/// needs (`docs/notes/performance.md`).
 pub(crate) struct Dispatcher {
     pool: rayon::ThreadPool,
     threads: usize,

@@ -1,7 +1,7 @@
-//! What a node remembers between its fair claims (README, "Fair claiming"), per keyword set
-//! (a domain's lane claims its own keywords): where the ring of tenants stopped, each
-//! participant's pass, whether claims go solo while one participant is alone, and whether
-//! the last claim left tenants unvisited that the next must go on to at once.
+//! What a node remembers between its fair claims (docs/guide/src/tenants.md, "Fair claiming"), per
+//! keyword set (a domain's lane claims its own keywords): where the ring of tenants stopped, each
+//! participant's pass, whether claims go solo while one participant is alone, and whether the last
+//! claim left tenants unvisited that the next must go on to at once.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};

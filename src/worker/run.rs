@@ -343,7 +343,7 @@ impl Worker {
     /// backoff) is run by this drain too.
     pub fn drain(&self) -> Result<Report> {
         self.retry_dead_connections(|| self.rescue_once())?;
-        // The cron ticks due now (README, "Cron schedules").
+        // The cron ticks due now (docs/guide/src/cron.md).
         self.retry_dead_connections(|| self.schedule_once())?;
         self.drain_at_most(u64::MAX)
     }
@@ -436,7 +436,7 @@ impl Worker {
     /// capped exponential backoff, logging once when it starts and once when it ends.
     ///
     /// Meanwhile a thread of its own enqueues the registry's cron ticks as they come due
-    /// (README, "Cron schedules").
+    /// (docs/guide/src/cron.md).
     pub fn run(&self) -> Result<Report> {
         self.with_cron_timer(|| self.claim_until_stopped())?
     }

@@ -1,4 +1,5 @@
-//! Suspects: the tasks processes were running when they died (README, "Failure behaviour").
+//! Suspects: the tasks processes were running when they died (docs/guide/src/failure.md, "Failure
+//! behaviour").
 //!
 //! A process that dies (abort, OOM, a segfault, `kill -9`) cannot say which of its tasks
 //! killed it: rescue charges every one of them a failure, and counts the death in their

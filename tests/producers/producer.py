@@ -1,5 +1,5 @@
-"""A producer in another language, held to the README's SQL contract ("Enqueue from another
-language"): every task is one plain INSERT into async_task, written in the producer's own
+"""A producer in another language, held to the guide's SQL contract (docs/guide/src/producing.md,
+"Enqueue from another language"): every task is one plain INSERT into async_task, written in the producer's own
 business transaction together with a row of its own `orders` table.
 
     producer.py postgres URL

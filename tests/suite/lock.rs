@@ -412,13 +412,13 @@ fn a_hung_handler_past_its_domains_timeout_frees_the_rest_of_its_leased_chunk() 
     );
 }
 
-/// The README's pattern, under lock claims: the producer locks its order, then cancels the
-/// order's coupon task in the same transaction, while a leased chunk runs that very task's
-/// handler, which then waits for the order's row. The cancel does not wait for the chunk
-/// (no task row is locked while handlers run), so there is no cycle to break: the producer
-/// commits, and the chunk's completion is fenced out, its effects rolled back. (Locking the
-/// task's row for the chunk made the producer wait first, and PostgreSQL then ended the
-/// producer's transaction: `deadlock detected`.)
+/// The guide's pattern (docs/guide/src/cancel.md), under lock claims: the producer locks its order,
+/// then cancels the order's coupon task in the same transaction, while a leased chunk runs that
+/// very task's handler, which then waits for the order's row. The cancel does not wait for the
+/// chunk (no task row is locked while handlers run), so there is no cycle to break: the producer
+/// commits, and the chunk's completion is fenced out, its effects rolled back. (Locking the task's
+/// row for the chunk made the producer wait first, and PostgreSQL then ended the producer's
+/// transaction: `deadlock detected`.)
 #[test]
 fn a_cancel_in_the_producers_transaction_never_waits_for_a_leased_chunk() {
     use diesel::connection::SimpleConnection;

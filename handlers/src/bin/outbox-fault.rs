@@ -14,7 +14,7 @@
 //!   (an HTTP call that never returns). `fault.hang_sql`: hangs for an hour in its
 //!   transaction: in a statement on PostgreSQL (`pg_sleep`) and MySQL (`SLEEP`), holding the
 //!   write lock on SQLite.
-//! - `fault.order`: the README's coupon: adds one to its order's `fault_orders.n` (the order
+//! - `fault.order`: the demo's coupon: adds one to its order's `fault_orders.n` (the order
 //!   is the task's biz_id), then writes its ledger row, in the task's transaction.
 
 use std::io::Write;

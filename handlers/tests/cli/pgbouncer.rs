@@ -1,7 +1,7 @@
-//! Behind a real PgBouncer (README, "Behind PgBouncer"), in transaction and in session mode:
-//! `migrate` from five processes at once, `demo`, `drain` in strict and batched mode, `run`
-//! (`--no-listen` in transaction mode) and the operator commands, every task done exactly
-//! once. PgBouncer is Debian's, started by `scripts/pgbouncer.sh` in front of the test
+//! Behind a real PgBouncer (docs/guide/src/postgresql.md, "Behind PgBouncer"), in transaction and
+//! in session mode: `migrate` from five processes at once, `demo`, `drain` in strict and batched
+//! mode, `run` (`--no-listen` in transaction mode) and the operator commands, every task done
+//! exactly once. PgBouncer is Debian's, started by `scripts/pgbouncer.sh` in front of the test
 //! cluster (and installed if missing).
 
 use std::path::{Path, PathBuf};
@@ -52,7 +52,7 @@ fn through(db: &TestDb, mode: &str) -> String {
 }
 
 /// `outbox` on `url` behind the PgBouncer in `mode`: in transaction mode with the statement
-/// cache off, as README says; session mode needs nothing.
+/// cache off, as docs/guide/src/postgresql.md says; session mode needs nothing.
 fn outbox_at(url: &str, mode: &str, cwd: &Path) -> Command {
     let mut cmd = outbox(cwd);
     match mode {

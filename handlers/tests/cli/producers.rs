@@ -1,9 +1,9 @@
-//! The SQL producer contract (README, "Enqueue from another language"), held by a real
-//! producer in another language: `tests/producers/producer.py` (Python; `psycopg` on
-//! PostgreSQL, the standard `sqlite3` module on SQLite, `PyMySQL` on MySQL) writes its tasks
-//! with plain INSERTs in its own business transactions; then `outbox-fault drain` runs them
-//! (`fault.ledger`: one `fault_ledger` row in the task's transaction) and the test checks
-//! every effect.
+//! The SQL producer contract (docs/guide/src/producing.md, "Enqueue from another language"), held
+//! by a real producer in another language: `tests/producers/producer.py` (Python; `psycopg` on
+//! PostgreSQL, the standard `sqlite3` module on SQLite, `PyMySQL` on MySQL) writes its tasks with
+//! plain INSERTs in its own business transactions; then `outbox-fault drain` runs them
+//! (`fault.ledger`: one `fault_ledger` row in the task's transaction) and the test checks every
+//! effect.
 //!
 //! The Python virtual environment is built by `scripts/producers.sh ensure` (which
 //! `scripts/test.sh` also runs first); the test calls it itself, so it is never skipped: without
@@ -213,7 +213,7 @@ every_backend! {
 
 /// The producer on MySQL with `CLIENT_FOUND_ROWS`, the default of Connector/J and of diesel,
 /// under which a duplicate's `ON DUPLICATE KEY UPDATE` reports one affected row as a created
-/// row does: the README's statements still tell the two apart and give the task's id.
+/// row does: the guide's statements still tell the two apart and give the task's id.
 #[cfg(feature = "mysql")]
 #[test]
 fn a_python_producer_with_client_found_rows_holds_the_sql_contract() {

@@ -1,6 +1,7 @@
-//! A role that cannot change the schema (README, "Database roles"): created with exactly the
-//! README's grants, it runs `run`, `drain` (strict and batched), `enqueue` and the operator
-//! commands, every task done once; `migrate` under it fails and says whose job that is.
+//! A role that cannot change the schema (the guide's "Database roles": docs/guide/src/postgresql.md
+//! and docs/guide/src/mysql.md): created with exactly the guide's grants, it runs `run`, `drain`
+//! (strict and batched), `enqueue` and the operator commands, every task done once; `migrate` under
+//! it fails and says whose job that is.
 
 use std::path::Path;
 use std::process::Command;
@@ -10,13 +11,14 @@ use crate::db::tasks_in;
 use crate::support::TestDb;
 use crate::work::sigterm;
 
-/// The SQL block of README's "Database roles" whose first line contains `marker`.
-fn readme_grants(marker: &str) -> String {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
-        .expect("README.md");
-    let section = &readme[readme
-        .find("### Database roles")
-        .expect("README has a \"Database roles\" section")..];
+/// The SQL block of the "Database roles" section of the guide's `chapter` (a file of
+/// `docs/guide/src/`) whose first line contains `marker`.
+fn guide_grants(chapter: &str, marker: &str) -> String {
+    let path = format!("{}/../docs/guide/src/{chapter}", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let section = &text[text
+        .find("## Database roles")
+        .unwrap_or_else(|| panic!("{path} has no \"Database roles\" section"))..];
     section
         .split("```sql\n")
         .skip(1)
@@ -26,9 +28,10 @@ fn readme_grants(marker: &str) -> String {
         .to_owned()
 }
 
-/// A name unique to this test process, for a role (roles are server-wide).
-fn role_name() -> String {
-    format!("outbox_worker_{}", std::process::id())
+/// A name unique to this test process and `test`, for a role (roles are server-wide, and the
+/// tests of one process run side by side).
+fn role_name(test: &str) -> String {
+    format!("outbox_{test}_{}", std::process::id())
 }
 
 /// `db`'s URL, connecting as `role` (the test servers trust their loopback users).
@@ -124,14 +127,14 @@ fn work_and_operate_as(db: &TestDb, url: &str) {
 }
 
 #[test]
-fn a_role_with_the_readme_grants_works_but_cannot_migrate_on_postgres() {
+fn a_role_with_the_guide_grants_works_but_cannot_migrate_on_postgres() {
     let db = TestDb::postgres();
     let dir = workdir();
     let mut owner = outbox(dir.path());
     owner.env("DATABASE_URL", &db.url_text);
     run(owner.args(["demo", "--enqueue-only", "--tasks", "20"])).expect_code(0);
 
-    let role = role_name();
+    let role = role_name("worker");
     let server = crate::support::pg_server_url();
     let mut admin = outbox::DatabaseUrl::parse(server)
         .expect("url")
@@ -144,7 +147,9 @@ fn a_role_with_the_readme_grants_works_but_cannot_migrate_on_postgres() {
     .expect("create role");
     // Before PostgreSQL 15 every role may create in `public`: not this one.
     db.exec("REVOKE CREATE ON SCHEMA public FROM PUBLIC");
-    db.exec(&readme_grants("CREATE ROLE outbox_worker").replace("outbox_worker", &role));
+    db.exec(
+        &guide_grants("postgresql.md", "CREATE ROLE outbox_worker").replace("outbox_worker", &role),
+    );
     // The application's own tables, which its handlers write.
     db.exec(&format!(
         "GRANT SELECT, INSERT, UPDATE, DELETE ON demo_order, demo_points_ledger, demo_coupon TO {role}; \
@@ -162,20 +167,20 @@ fn a_role_with_the_readme_grants_works_but_cannot_migrate_on_postgres() {
 
 #[cfg(feature = "mysql")]
 #[test]
-fn a_user_with_the_readme_grants_works_but_cannot_migrate_on_mysql() {
+fn a_user_with_the_guide_grants_works_but_cannot_migrate_on_mysql() {
     let db = TestDb::mysql();
     let dir = workdir();
     let mut owner = outbox(dir.path());
     owner.env("DATABASE_URL", &db.url_text);
     run(owner.args(["demo", "--enqueue-only", "--tasks", "20"])).expect_code(0);
 
-    let user = role_name();
+    let user = role_name("worker");
     let database = db.url_text.rsplit('/').next().expect("database name");
     db.exec(&format!(
         "DROP USER IF EXISTS '{user}'@'%'; CREATE USER '{user}'@'%'"
     ));
     db.exec(
-        &readme_grants("CREATE USER 'outbox_worker'")
+        &guide_grants("mysql.md", "CREATE USER 'outbox_worker'")
             .replace("outbox_worker", &user)
             .replace("app.", &format!("{database}.")),
     );
@@ -198,7 +203,7 @@ fn a_rescue_ends_the_stale_sessions_its_role_may_end_and_only_those() {
     use diesel::connection::SimpleConnection;
     let db = TestDb::postgres();
     let dir = workdir();
-    let role = role_name();
+    let role = role_name("rescuer");
     let server = crate::support::pg_server_url();
     let mut admin = outbox::DatabaseUrl::parse(server)
         .expect("url")
@@ -210,7 +215,9 @@ fn a_rescue_ends_the_stale_sessions_its_role_may_end_and_only_those() {
         ))
         .expect("create role");
     db.exec("REVOKE CREATE ON SCHEMA public FROM PUBLIC");
-    db.exec(&readme_grants("CREATE ROLE outbox_worker").replace("outbox_worker", &role));
+    db.exec(
+        &guide_grants("postgresql.md", "CREATE ROLE outbox_worker").replace("outbox_worker", &role),
+    );
     let url = url_as(&db, &role);
 
     // Two nodes gone for an hour, each with a transaction still open that holds its marks

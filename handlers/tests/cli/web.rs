@@ -1,6 +1,7 @@
 //! `outbox web`: the dashboard as the binary serves it — its start-up errors and exit codes,
-//! SIGTERM, and the end-to-end test in a real headless browser (load the overview, open a
-//! dead task, click retry, see it pending), which also takes the README's screenshots.
+//! SIGTERM, and the end-to-end test in a real headless browser (load the overview, open a dead
+//! task, click retry, see it pending), which also takes the guide's screenshots
+//! (docs/guide/src/screenshots/).
 //!
 //! The screenshots are written to `target/…/tmp/screenshots/` on every run; with
 //! `OUTBOX_UPDATE_SCREENSHOTS=1`, the SQLite run also writes them to `docs/screenshots/`.
@@ -207,7 +208,7 @@ fn a_missing_or_unreachable_database_fails_before_listening() {
     .stderr_has(DOWN_PG_URL);
 }
 
-/// Where a run's screenshots go; also `docs/screenshots/` when asked to update them.
+/// Where a run's screenshots go; also `docs/guide/src/screenshots/` when asked to update them.
 fn save_screenshot(backend: &str, name: &str, png: &[u8]) {
     let (width, height) = png_size(png);
     assert_eq!(width, WIDTH, "{name}: {width}x{height}");
@@ -220,8 +221,8 @@ fn save_screenshot(backend: &str, name: &str, png: &[u8]) {
     std::fs::create_dir_all(&dir).expect("screenshot dir");
     std::fs::write(dir.join(format!("{backend}-{name}.png")), png).expect("write screenshot");
     if backend == "sqlite" && std::env::var_os("OUTBOX_UPDATE_SCREENSHOTS").is_some() {
-        let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/screenshots");
-        std::fs::create_dir_all(&docs).expect("docs/screenshots");
+        let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/guide/src/screenshots");
+        std::fs::create_dir_all(&docs).expect("docs/guide/src/screenshots");
         std::fs::write(docs.join(format!("{name}.png")), png).expect("write screenshot");
     }
 }

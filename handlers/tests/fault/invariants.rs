@@ -151,9 +151,9 @@ impl Figures {
         f
     }
 
-    /// Accepts a silent second run of the tasks in `lost_claims`: a claim commits without
-    /// waiting for its WAL flush (README, "Choices"), so a server crash can lose it; the task
-    /// then runs again with no `last_error`, and the worker that ran it first logs that its
+    /// Accepts a silent second run of the tasks in `lost_claims`: a claim commits without waiting
+    /// for its WAL flush (docs/guide/src/failure.md, "Choices"), so a server crash can lose it; the
+    /// task then runs again with no `last_error`, and the worker that ran it first logs that its
     /// claim was taken over. Only for scenarios that crash the server.
     fn explain_lost_claims(&mut self, lost_claims: &HashSet<i64>) {
         let before = self.external_dup_unexplained.len();

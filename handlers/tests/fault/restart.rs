@@ -122,8 +122,8 @@ fn restarted_mid_run(backend: Backend, how: &'static str) {
         resumed.iter().all(|&n| n > 0),
         "a worker did no task after the last restart (done per worker: {resumed:?})"
     );
-    // README: "PostgreSQL restarts: [...] no task is charged a failure for it"; the same on
-    // MySQL.
+    // docs/guide/src/failure.md: "PostgreSQL restarts: [...] no task is charged a failure for it";
+    // the same on MySQL.
     assert!(
         figures.charged.is_empty(),
         "tasks charged a failure by the restart: {:?}",

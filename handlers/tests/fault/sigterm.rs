@@ -288,11 +288,10 @@ fn sigterm_mid_batch_mysql() {
 // SIGTERM while a handler hangs: the shutdown timeout
 // ---------------------------------------------------------------------------------------------
 
-/// README: "running handlers get `--shutdown-timeout`; [...] past the timeout the process
-/// exits (status 1) and rescue recovers what was still running". Checked for `drain` and
-/// `run`, each holding a hung handler when SIGTERMed. With lock claims the exit ends the
-/// hung chunk's transaction and leaves its lease, for rescue, as a stamped claim's task is
-/// left running.
+/// docs/guide/src/failure.md: "running handlers get `--shutdown-timeout`; [...] past the timeout
+/// the process exits (status 1) and rescue recovers what was still running". Checked for `drain`
+/// and `run`, each holding a hung handler when SIGTERMed. With lock claims the exit ends the hung
+/// chunk's transaction and leaves its lease, for rescue, as a stamped claim's task is left running.
 #[test]
 fn sigterm_past_the_shutdown_timeout() {
     past_the_shutdown_timeout(Backend::Postgres);

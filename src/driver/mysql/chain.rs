@@ -1,4 +1,4 @@
-//! Chains on MySQL (README, "Chains"): what the other backends' triggers on `async_task`
+//! Chains on MySQL (docs/guide/src/chains.md): what the other backends' triggers on `async_task`
 //! do when a parent finishes, done by the driver in the transaction of the change. MySQL
 //! forbids a trigger to change the table whose statement fired it (error 1442), so a
 //! parent's completion cannot release its children from a trigger on `async_task` (linking

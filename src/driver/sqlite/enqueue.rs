@@ -14,7 +14,7 @@ pub(super) fn insert_many(
     rows: &[InsertRow<'_>],
 ) -> QueryResult<Vec<TaskKey>> {
     // Bind parameters rather than one JSON document as on PostgreSQL: SQLite would parse
-    // each row's JSON object again for every field it reads (docs/performance.md).
+    // each row's JSON object again for every field it reads (docs/notes/performance.md).
     // Statements of INSERT_CHUNK rows, then of powers of two for the
     // rest, so that a connection caches at most eighteen prepared statements (nine
     // sizes, two shapes: see `insert_statement`) and a bulk enqueue parses no SQL;
@@ -82,7 +82,7 @@ fn insert_chunks(
 ///
 /// Rows that share their tenant, priority, max attempts and delay (a bulk enqueue, usually)
 /// bind those once, with `run_at` computed once per statement: three parameters per row
-/// instead of seven (docs/performance.md).
+/// instead of seven (docs/notes/performance.md).
 /// Otherwise each row binds all seven. `WHERE true` tells the parser that `ON CONFLICT`
 /// belongs to the INSERT, not to the SELECT's join.
 struct InsertStatement<'r, 'a> {

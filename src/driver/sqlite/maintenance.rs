@@ -101,7 +101,7 @@ struct Window {
 /// Deletes the finished tasks older than the cutoff among the next `limit` tasks by id.
 ///
 /// SQLite has no index on `finished_at` (every completion would have to update it; see
-/// `docs/performance.md`), so prune walks the rowid from the oldest task, where old finished
+/// `docs/notes/performance.md`), so prune walks the rowid from the oldest task, where old finished
 /// tasks are: each batch reads one window of `limit` rows by rowid range, in the caller's
 /// `IMMEDIATE` transaction, so that no batch holds the write lock for longer than it takes
 /// to read `limit` rows, and the next batch resumes after it. The walk ends at the end of the

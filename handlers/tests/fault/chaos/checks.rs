@@ -209,10 +209,10 @@ impl Checks {
         }
     }
 
-    /// The README's cancel, in a producer's transaction: an order locked (its row updated),
-    /// then its coupon task cancelled by key, then commit. The order is one whose task is
-    /// about to run (the third unfinished, in claim order): its handler, once it runs, waits
-    /// for the producer's lock on the order.
+    /// The guide's cancel (docs/guide/src/cancel.md), in a producer's transaction: an order locked
+    /// (its row updated), then its coupon task cancelled by key, then commit. The order is one
+    /// whose task is about to run (the third unfinished, in claim order): its handler, once it
+    /// runs, waits for the producer's lock on the order.
     pub fn cancel_order(&mut self, db: &Db) {
         let next = db.numbers(
             "SELECT id AS n FROM async_task WHERE keyword = 'fault.order'

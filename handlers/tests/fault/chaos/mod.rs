@@ -679,13 +679,12 @@ macro_rules! fixed_seeds {
     };
 }
 
-// Each found its defect of the liveness issue before that defect's fix (run against the
-// commit before it; docs/chaos.md): 28 a handler that aborts its process in a lock-claimed
-// chunk; 4 a frozen worker holding its chunks (and a `cancel` waiting on them); 8 a handler
-// hung outside SQL past its domain's timeout; 12 idle tenants that ended a `drain` with due
-// work left; 18 one database's blocked handlers stalling the other's; 7 a cancel in the
-// producer's transaction deadlocking with a chunk; 19 a pause not held by a node without
-// the domain.
+// Each found its defect of the liveness issue before that defect's fix (run against the commit
+// before it; docs/guide/src/fault-harness.md): 28 a handler that aborts its process in a
+// lock-claimed chunk; 4 a frozen worker holding its chunks (and a `cancel` waiting on them); 8 a
+// handler hung outside SQL past its domain's timeout; 12 idle tenants that ended a `drain` with due
+// work left; 18 one database's blocked handlers stalling the other's; 7 a cancel in the producer's
+// transaction deadlocking with a chunk; 19 a pause not held by a node without the domain.
 fixed_seeds! {
     seed_28 = 28;
     seed_4 = 4;
