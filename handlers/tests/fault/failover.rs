@@ -27,7 +27,7 @@ use crate::{by_profile, work_limit, COMMAND_LIMIT, LEFT_AFTER_LAST_FAULT};
 /// delay that doubles from 200 ms up to half the checkout timeout (5 s), each attempt trying
 /// the hosts in turn (the standby, read-only, is skipped until promoted); a claim waits in
 /// its checkout meanwhile. Measured 0.01–0.3 s after a 3 s outage, 1.0–1.4 s after a 15 s one
-/// (README, "Failover"); a wide margin for a loaded two-core machine.
+/// (guide: backends, PostgreSQL, "Failover"); a wide margin for a loaded two-core machine.
 const FIND_LIMIT: Duration = Duration::from_secs(15);
 
 /// How old every worker's last heartbeat on the standby is when it is promoted: twice the
