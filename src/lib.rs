@@ -40,6 +40,7 @@ pub mod prune;
 pub mod registry;
 pub mod retry;
 pub mod schedule;
+pub mod schema;
 mod sql;
 pub mod stats;
 pub mod strategy;

@@ -1,14 +1,18 @@
 //! The operator's reads and bulk changes (`outbox list`, `show`, `retry` by filter, `nodes`,
-//! `audit`), behind a trait of their own: each backend implements it in its `ops.rs`.
+//! `audit`), behind a trait of their own: each backend implements it in its `ops.rs`. What
+//! means the same on every backend and needs no dialect (a task's chain links) is written
+//! once here instead, with diesel's query builder on [`DbConnection`] and `crate::schema`.
 //!
 //! Times travel as UTC text of the shape `YYYY-MM-DD HH:MM:SS.SSS` on every backend, with
 //! the database clock (`db_now`) in every row, so that ages are the database's.
 
 use diesel::backend::Backend;
+use diesel::prelude::*;
 use diesel::sql_types::{BigInt, HasSqlType, Integer, Nullable, Text};
 use diesel::{QueryResult, QueryableByName};
 
 use crate::db::DbConnection;
+use crate::schema::{async_task, async_task_parent};
 use crate::sql::Statement;
 use crate::task::TaskState;
 
@@ -92,17 +96,13 @@ pub struct TaskDetailRow {
 }
 
 /// A task at the other end of a chain link.
-#[derive(Debug, Clone, QueryableByName)]
+#[derive(Debug, Clone, Queryable, Selectable)]
+#[diesel(table_name = async_task)]
 pub struct TaskLinkRow {
-    #[diesel(sql_type = BigInt)]
     pub id: i64,
-    #[diesel(sql_type = Text)]
     pub keyword: String,
-    #[diesel(sql_type = Text)]
     pub biz_id: String,
-    #[diesel(sql_type = Text)]
     pub state: String,
-    #[diesel(sql_type = Nullable<Text>)]
     pub last_error: Option<String>,
 }
 
@@ -158,13 +158,6 @@ pub trait OpsDriver {
     /// Every column of the task `id` (`None`: no such task).
     fn task_detail(&mut self, id: i64) -> QueryResult<Option<TaskDetailRow>>;
 
-    /// The parents of the task `id` (`async_task_parent`), by id; a pruned parent is left
-    /// out.
-    fn task_parents(&mut self, id: i64) -> QueryResult<Vec<TaskLinkRow>>;
-
-    /// Up to `limit` children of the task `id`, by id, and how many it has in all.
-    fn task_children(&mut self, id: i64, limit: i64) -> QueryResult<(Vec<TaskLinkRow>, i64)>;
-
     /// Puts every dead or cancelled task that `select` matches back to pending (blocked
     /// while a parent is not done), as [`super::Driver::task_retry`] does one, in one
     /// statement; with `dry_run`, only counts them. Returns how many. `select.states` is a
@@ -188,6 +181,38 @@ pub trait OpsDriver {
         before_id: Option<i64>,
         limit: i64,
     ) -> QueryResult<Vec<AuditRow>>;
+}
+
+/// The parents of the task `id` (`async_task_parent`), by id; a pruned parent is left out.
+/// The same on every backend: written once, with the query builder.
+pub(crate) fn task_parents(conn: &mut DbConnection, id: i64) -> QueryResult<Vec<TaskLinkRow>> {
+    async_task_parent::table
+        .inner_join(async_task::table.on(async_task::id.eq(async_task_parent::parent_id)))
+        .filter(async_task_parent::child_id.eq(id))
+        .order(async_task::id)
+        .select(TaskLinkRow::as_select())
+        .load(conn)
+}
+
+/// Up to `limit` children of the task `id`, by id, and how many it has in all. The same on
+/// every backend: written once, with the query builder.
+pub(crate) fn task_children(
+    conn: &mut DbConnection,
+    id: i64,
+    limit: i64,
+) -> QueryResult<(Vec<TaskLinkRow>, i64)> {
+    let children = async_task_parent::table
+        .inner_join(async_task::table.on(async_task::id.eq(async_task_parent::child_id)))
+        .filter(async_task_parent::parent_id.eq(id))
+        .order(async_task::id)
+        .limit(limit)
+        .select(TaskLinkRow::as_select())
+        .load(conn)?;
+    let total = async_task_parent::table
+        .filter(async_task_parent::parent_id.eq(id))
+        .count()
+        .get_result(conn)?;
+    Ok((children, total))
 }
 
 /// The operator's driver behind a connection.

@@ -5,7 +5,7 @@ use serde::Serialize;
 
 use super::{state_of, state_text, time, TaskSummary};
 use crate::db::DbConnection;
-use crate::driver::ops::{ops_driver, OpsDriver, TaskLinkRow};
+use crate::driver::ops::{ops_driver, task_children, task_parents, TaskLinkRow};
 use crate::error::{Error, OpContext, Result};
 use crate::task::TaskState;
 
@@ -91,19 +91,18 @@ pub struct TaskDetail {
 /// # }
 /// ```
 pub fn show_task(conn: &mut DbConnection, id: i64) -> Result<TaskDetail> {
-    let driver = ops_driver(conn);
-    let row = driver
+    let row = ops_driver(conn)
         .task_detail(id)
         .op("task show")?
         .ok_or_else(|| Error::TaskNotFound {
             task: id.to_string(),
         })?;
-    let parents: Vec<TaskLink> = links(driver.task_parents(id))?;
+    let parents: Vec<TaskLink> = links(task_parents(conn, id))?;
     let limit = i64::try_from(SHOW_CHILDREN_LIMIT).expect("a small limit");
-    let (children, children_total) = driver.task_children(id, limit).op("task show")?;
+    let (children, children_total) = task_children(conn, id, limit).op("task show")?;
     let biz_data = serde_json::from_str(&row.biz_data).unwrap_or(serde_json::Value::Null);
     let task = TaskSummary::from(row.list);
-    let error_chain = error_chain(driver, &task, &parents)?;
+    let error_chain = error_chain(conn, &task, &parents)?;
     Ok(TaskDetail {
         biz_data,
         claim_token: row.claim_token,
@@ -141,7 +140,7 @@ fn ended_by(parents: &[TaskLink]) -> Option<&TaskLink> {
 }
 
 fn error_chain(
-    driver: &mut dyn OpsDriver,
+    conn: &mut DbConnection,
     task: &TaskSummary,
     parents: &[TaskLink],
 ) -> Result<Vec<TaskLink>> {
@@ -167,7 +166,7 @@ fn error_chain(
         let id = parent.id;
         chain.push(parent);
         if follow {
-            next = ended_by(&links(driver.task_parents(id))?).cloned();
+            next = ended_by(&links(task_parents(conn, id))?).cloned();
         }
     }
     Ok(chain)

@@ -6,6 +6,7 @@ mod support;
 
 mod batched;
 mod cancel;
+mod catalogue;
 mod chain;
 mod claim;
 mod connect;

@@ -9,7 +9,7 @@ use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
 use super::operate::{retry_ids, Id, CHUNK};
 use crate::driver::ops::{
     page_of, retry_states, where_selected, AuditRow, NodeRow, OpsDriver, TaskDetailRow,
-    TaskLinkRow, TaskListRow, TaskPageAt, TaskSelect, PARENT_PRUNED,
+    TaskListRow, TaskPageAt, TaskSelect, PARENT_PRUNED,
 };
 use crate::sql::Statement;
 
@@ -66,35 +66,6 @@ impl OpsDriver for MysqlConnection {
         .bind::<BigInt, _>(id)
         .get_result(self)
         .optional()
-    }
-
-    fn task_parents(&mut self, id: i64) -> QueryResult<Vec<TaskLinkRow>> {
-        Statement::<Mysql>::new(
-            "SELECT t.id, t.keyword, t.biz_id, t.state, t.last_error
-               FROM async_task_parent l JOIN async_task t ON t.id = l.parent_id
-              WHERE l.child_id = ",
-        )
-        .bind::<BigInt, _>(id)
-        .sql(" ORDER BY t.id")
-        .load(self)
-    }
-
-    fn task_children(&mut self, id: i64, limit: i64) -> QueryResult<(Vec<TaskLinkRow>, i64)> {
-        let children = Statement::<Mysql>::new(
-            "SELECT t.id, t.keyword, t.biz_id, t.state, t.last_error
-               FROM async_task_parent l JOIN async_task t ON t.id = l.child_id
-              WHERE l.parent_id = ",
-        )
-        .bind::<BigInt, _>(id)
-        .sql(" ORDER BY t.id LIMIT ")
-        .bind::<BigInt, _>(limit)
-        .load(self)?;
-        let total: Count = Statement::<Mysql>::new(
-            "SELECT count(*) AS n FROM async_task_parent WHERE parent_id = ",
-        )
-        .bind::<BigInt, _>(id)
-        .get_result(self)?;
-        Ok((children, total.n))
     }
 
     fn task_retry_matching(&mut self, select: &TaskSelect<'_>, dry_run: bool) -> QueryResult<i64> {
