@@ -111,6 +111,12 @@ step "PgBouncer in front of the test cluster (scripts/pgbouncer.sh start transac
 step "documentation links (scripts/doc-links.py)"
 python3 "$repo_root/scripts/doc-links.py"
 
+# Every public item documented, no broken or private intra-doc link (the library with all its
+# features, as docs.rs shows it; the handlers crate's library, whose `outbox` binary would
+# collide with the library's page).
+step "cargo doc (RUSTDOCFLAGS=-D warnings)"
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --locked --lib -p outbox -p outbox-handlers --all-features
+
 step "cargo fmt"
 cargo fmt --all -- --check
 
