@@ -7,7 +7,8 @@
 #            (≥ 50 kills, more restarts; tens of minutes) instead of the short one
 #   ARGS     passed to the main `cargo test`, e.g. scripts/test.sh -- --nocapture
 #
-# Runs the documentation's link check (scripts/doc-links.py), rustfmt, clippy (the workspace, and
+# Runs the documentation's link check (scripts/doc-links.py), rustdoc with -D warnings, `cargo
+# package -p outbox` (the published crate builds), rustfmt, clippy (the workspace, and
 # the library with each backend feature alone) and the whole test suite (unit tests, doctests, the
 # integration suite, the CLI tests with the dashboard's headless-browser test, and the fault suite
 # with the seeded fault harness's fixed seeds, chaos::seed_*: docs/guide/src/fault-harness.md; the
@@ -110,6 +111,18 @@ step "PgBouncer in front of the test cluster (scripts/pgbouncer.sh start transac
 # a doctest, and every docs/….md path the code and scripts name exists (seconds, no build).
 step "documentation links (scripts/doc-links.py)"
 python3 "$repo_root/scripts/doc-links.py"
+
+# Every public item documented, no broken or private intra-doc link (the library with all its
+# features, as docs.rs shows it; the handlers crate's library, whose `outbox` binary would
+# collide with the library's page).
+step "cargo doc (RUSTDOCFLAGS=-D warnings)"
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --locked --lib -p outbox -p outbox-handlers --all-features
+
+# The crate as crates.io would receive it (Cargo.toml's `include`) builds on its own: its
+# migrations, build script and licences are in it. `--allow-dirty`: a developer's run
+# checks the working tree as it is (about a minute: the packaged crate is built once more).
+step "cargo package -p outbox"
+cargo package -p outbox --locked --allow-dirty
 
 step "cargo fmt"
 cargo fmt --all -- --check

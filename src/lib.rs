@@ -17,11 +17,65 @@
 //!   idempotent by `biz_id`.
 //!
 //! Backends: PostgreSQL (`postgres://…`, any number of worker processes on any number of
-//! machines) and SQLite (a file, one machine), chosen by the URL scheme, never one in place of
-//! the other. Each is a cargo feature (`postgres`, `sqlite`; both by default), so that an
-//! SQLite-only build needs no libpq.
+//! machines), SQLite (a file, one machine) and MySQL/MariaDB (`mysql://…`), chosen by the URL
+//! scheme, never one in place of the other. Each is a cargo feature (`postgres`, `sqlite`, both
+//! by default; `mysql`), so that an SQLite-only build needs no libpq.
+//!
+//! ## A tour
+//!
+//! - **Producing**: [`DatabaseUrl`] parses a URL and [`DatabaseUrl::connect`] opens a
+//!   [`DbConnection`]; [`run_migrations`] creates the tables; [`enqueue()`] and
+//!   [`enqueue_batch`] write [`NewTask`]s in the caller's transaction ([`write_transaction`]).
+//! - **Handling**: a [`Handler`] is a function of a [`TaskContext`] (keyword, biz_id, payload)
+//!   and a [`TaskTx`] (the task's transaction); it returns a [`HandlerResult`], a
+//!   [`HandlerError`] saying whether to retry ([`Backoff`]) or give up. A [`Registry`] maps
+//!   keywords to handlers and cron schedules ([`schedule`]).
+//! - **Running**: a [`Worker`] ([`WorkerConfig`]: threads, claims, timeouts, [`Strategy`])
+//!   drains what is due ([`Worker::drain`]) or runs until a signal ([`Worker::run`]); a
+//!   [`Fleet`] serves several databases. [`cli`] is the `outbox` command line as a library, for
+//!   a binary that adds its own handlers.
+//! - **Isolation**: [`domain`] shares a node's threads between sets of keywords; [`tenant`]
+//!   quotas ([`set_tenant`]) bound a tenant's queued and running tasks; [`cancel()`] and
+//!   [`retry()`] are the operator's levers.
+//! - **Operations**: [`stats`], [`ops`] (list, show, nodes, audit), [`prune`], [`metrics`]
+//!   (Prometheus), and with the `web` feature the dashboard (`web`).
+//! - **Testing handlers**: with the `testing` feature, `testing` runs a handler against a
+//!   scratch database and drains it.
+//!
+//! ```no_run
+//! use outbox::{DatabaseUrl, HandlerResult, Registry, TaskContext, TaskTx, Worker, WorkerConfig};
+//!
+//! fn send_mail(task: &TaskContext, _tx: &mut TaskTx) -> HandlerResult {
+//!     println!("mail for order {}", task.biz_id());
+//!     Ok(())
+//! }
+//!
+//! fn main() -> outbox::Result<()> {
+//!     let url = DatabaseUrl::parse("app.db")?; // or postgres://…, mysql://…
+//!     outbox::run_migrations(&mut url.connect()?)?;
+//!     let mut registry = Registry::new();
+//!     registry.register("mail.send", send_mail);
+//!     let worker = Worker::new(&url, registry, WorkerConfig::default())?;
+//!     let report = worker.drain()?; // or worker.run(): until SIGINT or SIGTERM
+//!     println!("{report:?}");
+//!     Ok(())
+//! }
+//! ```
+//!
+//! ## The guide
+//!
+//! The manual is the guide in `docs/guide/` of the repository (an mdBook; every Rust block in
+//! it is a doctest of this crate): `getting-started.md`, `producing.md` (Rust, the SQL
+//! contract, other languages), `handlers.md`, `running.md` (cron, a fleet, systemd, embedding,
+//! testing), `configuration.md` (every flag and its default), `isolation.md`, `scheduling.md`,
+//! `operations.md`, `failure.md` (failure behaviour and guarantees), `backends.md` and
+//! `performance.md`, all under `docs/guide/src/`.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
+// rust-version 1.95 (Cargo.toml; 1.80 before) lets clippy suggest `Option::is_none_or` and
+// `is_multiple_of`, newer than 1.80. The three places it names (src/worker/claim.rs,
+// fairness.rs) are code, left for a change of their own rather than one of the docs.
+#![allow(clippy::unnecessary_map_or, clippy::manual_is_multiple_of)]
 
 pub mod backoff;
 pub mod cancel;

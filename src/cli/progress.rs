@@ -18,7 +18,7 @@ const BAR_INTERVAL: Duration = Duration::from_millis(100);
 pub enum ProgressStyle {
     /// A bar redrawn in place, on a terminal.
     Bar,
-    /// A line at the start and one every [`LINE_INTERVAL`], for logs.
+    /// A line at the start and one every `LINE_INTERVAL`, for logs.
     Lines,
     /// Nothing (`--json`: standard output holds the summary object alone).
     Quiet,

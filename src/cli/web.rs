@@ -24,7 +24,7 @@ pub struct WebArgs {
     /// otherwise).
     #[arg(long)]
     allow_actions: bool,
-    /// Who the audit names for the changes made on the dashboard (default: web@<host>).
+    /// Who the audit names for the changes made on the dashboard (default: web@HOST, HOST being this machine's name).
     #[arg(long, value_name = "NAME")]
     user: Option<String>,
     /// Also answer to this host name (the one in the browser's address bar, a reverse

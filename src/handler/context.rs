@@ -25,7 +25,7 @@ pub struct TaskContext {
 }
 
 impl TaskContext {
-    /// Whether the task was cancelled while its handler runs ([`crate::cancel`]): the worker
+    /// Whether the task was cancelled while its handler runs ([`crate::cancel()`]): the worker
     /// checks at each heartbeat, so it turns true within one heartbeat of the cancel. A long
     /// handler may poll it and stop early; whatever it then returns, its completion is fenced
     /// out and its in-database effects roll back. (Under lock claims a cancel waits for the

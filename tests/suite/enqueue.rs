@@ -122,9 +122,9 @@ every_backend! {
                 0..=255 => (Some("acme".to_owned()), 3, Some(4), 3600),
                 256..=511 => (None, 0, None, 0),
                 _ => (
-                    (i % 2 == 0).then(|| format!("t{}", i % 5)),
+                    i.is_multiple_of(2).then(|| format!("t{}", i % 5)),
                     (i % 3) as i16,
-                    (i % 4 != 0).then_some((i % 4) as i32),
+                    (!i.is_multiple_of(4)).then_some((i % 4) as i32),
                     (i % 7) as u64 * 60,
                 ),
             }

@@ -5,6 +5,8 @@ mod bench;
 mod bench_metrics;
 mod bench_strategy;
 mod demo;
+#[cfg(test)]
+mod reference;
 
 use std::process::ExitCode;
 

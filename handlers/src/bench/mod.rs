@@ -1,5 +1,5 @@
 //! Benchmarks (`outbox bench`): drain throughput against a reference measured in the same
-//! run, on the same database, with the same number of connections ([`reference`]); and the
+//! run, on the same database, with the same number of connections (`reference`); and the
 //! latency from a producer's commit to the handler's start ([`latency`]).
 //!
 //! Every measurement runs on a scratch database that the benchmark creates and drops: a

@@ -46,6 +46,7 @@ mod secrets;
 mod shards;
 mod strategy;
 mod terminal;
+mod transcripts;
 mod usage;
 mod web;
 mod work;

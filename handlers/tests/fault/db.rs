@@ -195,7 +195,7 @@ impl Db {
 fn log_retry(what: &str, error: &str) {
     static LAST: Mutex<Option<Instant>> = Mutex::new(None);
     let mut last = LAST.lock().unwrap_or_else(PoisonError::into_inner);
-    if last.map_or(true, |t| t.elapsed() > Duration::from_secs(1)) {
+    if last.is_none_or(|t| t.elapsed() > Duration::from_secs(1)) {
         let what: String = what.chars().take(60).collect();
         eprintln!("(test query `{what}…` failed, retrying: {})", error.trim());
         *last = Some(Instant::now());

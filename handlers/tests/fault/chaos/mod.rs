@@ -785,7 +785,7 @@ fn soak() {
         let batch: Vec<NewTask> = (0..20)
             .map(|_| {
                 enqueued += 1;
-                let keyword = if enqueued % 4 == 0 {
+                let keyword = if enqueued.is_multiple_of(4) {
                     "fault.external"
                 } else {
                     "fault.ledger"
