@@ -45,7 +45,7 @@ use super::view::views;
 use super::{validate_name, DomainMode, DEFAULT_DOMAIN};
 use crate::db::transaction::depth;
 use crate::db::{write_transaction, DbConnection};
-use crate::driver::{driver, AuditEntry, DomainWrite, Driver};
+use crate::driver::{driver, keyword_paused, AuditEntry, DomainWrite, Driver};
 use crate::error::{Error, OpContext, Result};
 
 /// What an operator's change applied to.
@@ -82,12 +82,12 @@ pub struct Changed {
 /// Every domain known from `async_domain` or from the live nodes, `default` first, then by
 /// name: configuration as the table overrides the nodes', slot use summed over the nodes.
 pub fn list(conn: &mut DbConnection) -> Result<Vec<DomainView>> {
-    Ok(views(&Fleet::read(driver(conn))?))
+    Ok(views(&Fleet::read(conn)?))
 }
 
 /// The keywords paused on their own, by name.
 pub fn paused_keywords(conn: &mut DbConnection) -> Result<Vec<String>> {
-    driver(conn).keyword_paused().op("keyword pause list")
+    keyword_paused(conn).op("keyword pause list")
 }
 
 /// Creates or changes the domain `name`'s row, audited as `actor`'s `domain.set`.
@@ -106,8 +106,8 @@ pub fn set(
     actor: &str,
 ) -> Result<Changed> {
     change.validate(name)?;
-    locked(conn, |driver| {
-        let fleet = Fleet::read(driver)?;
+    locked(conn, |conn| {
+        let fleet = Fleet::read(conn)?;
         let current = fleet.setting(name).cloned();
         let mut proposed = change.apply(current.as_ref().unwrap_or(&DomainSetting::empty(name)));
         fleet.hold(&mut proposed);
@@ -139,7 +139,7 @@ pub fn set(
         }
         let mut detail = change.detail();
         detail["nodes"] = nodes.into();
-        write(driver, &proposed, actor, "domain.set", detail, nodes)
+        write(driver(conn), &proposed, actor, "domain.set", detail, nodes)
     })
 }
 
@@ -149,14 +149,22 @@ pub fn set(
 /// domain; `default`, which holds no reserved threads, is an [`Error::InvalidDomain`].
 pub fn release(conn: &mut DbConnection, name: &str, actor: &str) -> Result<Changed> {
     validate_release(name)?;
-    locked(conn, |driver| {
-        let fleet = Fleet::read(driver)?;
+    locked(conn, |conn| {
+        let fleet = Fleet::read(conn)?;
         if !fleet.is_domain(name) {
             return Err(Error::DomainNotFound {
                 name: name.to_owned(),
             });
         }
-        flag(driver, &fleet, name, "domain.release", true, true, actor)
+        flag(
+            driver(conn),
+            &fleet,
+            name,
+            "domain.release",
+            true,
+            true,
+            actor,
+        )
     })
 }
 
@@ -199,8 +207,8 @@ fn pause_or_resume(
     pause: bool,
 ) -> Result<Changed> {
     validate_name(name)?;
-    locked(conn, |driver| {
-        let fleet = Fleet::read(driver)?;
+    locked(conn, |conn| {
+        let fleet = Fleet::read(conn)?;
         if fleet.is_domain(name) {
             let (action, released) = if pause {
                 // Pausing keeps a release as it is.
@@ -209,7 +217,7 @@ fn pause_or_resume(
             } else {
                 ("domain.resume", false)
             };
-            return flag(driver, &fleet, name, action, pause, released, actor);
+            return flag(driver(conn), &fleet, name, action, pause, released, actor);
         }
         if !fleet.is_keyword(name) {
             return Err(Error::DomainNotFound {
@@ -229,9 +237,13 @@ fn pause_or_resume(
             affected: 1,
         };
         let n = if pause {
-            driver.keyword_pause(name, &audit).op("keyword pause")?
+            driver(conn)
+                .keyword_pause(name, &audit)
+                .op("keyword pause")?
         } else {
-            driver.keyword_resume(name, &audit).op("keyword resume")?
+            driver(conn)
+                .keyword_resume(name, &audit)
+                .op("keyword resume")?
         };
         Ok(Changed {
             target: Target::Keyword,
@@ -341,11 +353,10 @@ fn write(
 /// Runs `f` in a write transaction (a savepoint when the caller has one open) that first
 /// takes the domains' lock ([`Driver::domain_lock`]), so that what `f` reads and checks is
 /// still so when it writes.
-fn locked<T>(conn: &mut DbConnection, f: impl FnOnce(&mut dyn Driver) -> Result<T>) -> Result<T> {
+fn locked<T>(conn: &mut DbConnection, f: impl FnOnce(&mut DbConnection) -> Result<T>) -> Result<T> {
     let body = |conn: &mut DbConnection| -> Result<T> {
-        let driver = driver(conn);
-        driver.domain_lock().op("domain lock")?;
-        f(driver)
+        driver(conn).domain_lock().op("domain lock")?;
+        f(conn)
     };
     if depth(conn) == Some(0) {
         write_transaction(conn, body)

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use super::view::{parse_mode, DomainSetting};
 use super::{validate_domains, Domain, NodeDomains, DEFAULT_DOMAIN};
-use crate::driver::Driver;
+use crate::db::DbConnection;
+use crate::driver::{domain_rows, keyword_paused, node_domains};
 use crate::error::{Error, OpContext, Result};
 
 /// How recent a node's heartbeat must be for `domain list`, `stats` and the checks of a
@@ -31,17 +32,15 @@ pub(crate) struct Fleet {
 }
 
 impl Fleet {
-    pub(crate) fn read(driver: &mut dyn Driver) -> Result<Fleet> {
-        let settings = driver
-            .domain_rows()
+    pub(crate) fn read(conn: &mut DbConnection) -> Result<Fleet> {
+        let settings = domain_rows(conn)
             .op("domain list")?
             .into_iter()
             .map(DomainSetting::from)
             .collect();
-        let paused_keywords = driver.keyword_paused().op("keyword pause list")?;
+        let paused_keywords = keyword_paused(conn).op("keyword pause list")?;
         let within = i64::try_from(LIVE_WITHIN.as_millis()).unwrap_or(i64::MAX);
-        let nodes = driver
-            .node_domains(within)
+        let nodes = node_domains(conn, within)
             .op("node list")?
             .into_iter()
             .filter_map(|row| {

@@ -6,8 +6,15 @@ use diesel::backend::Backend;
 use diesel::sql_types::{BigInt, Bool, Integer, Nullable};
 use diesel::sql_types::{HasSqlType, Text};
 
+use chrono::NaiveDateTime;
+use diesel::prelude::*;
+
+use super::clock::time_text;
+use super::DomainRow;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 use super::DomainWrite;
+use crate::db::DbConnection;
+use crate::schema::async_pause;
 use crate::sql::Statement;
 
 /// The columns of a [`DomainRow`], with `updated_at` as the expression given (the rest the
@@ -36,30 +43,6 @@ pub(super) const DOMAIN_COLUMNS_SQLITE: &str = domain_columns!("updated_at");
 /// A [`DomainRow`]'s columns on MySQL: `updated_at` (a UTC `DATETIME(3)`) as text.
 #[cfg(feature = "mysql")]
 pub(super) const DOMAIN_COLUMNS_MYSQL: &str = domain_columns!("CAST(updated_at AS CHAR)");
-
-/// Every row of `async_domain`, by name, on PostgreSQL.
-#[cfg(feature = "postgres")]
-pub(super) const DOMAIN_ROWS_PG: &str = concat!(
-    "SELECT ",
-    domain_columns!("to_char(updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.MS')"),
-    " FROM async_domain ORDER BY name"
-);
-
-/// Every row of `async_domain`, by name, on SQLite.
-#[cfg(feature = "sqlite")]
-pub(super) const DOMAIN_ROWS_SQLITE: &str = concat!(
-    "SELECT ",
-    domain_columns!("updated_at"),
-    " FROM async_domain ORDER BY name"
-);
-
-/// Every row of `async_domain`, by name, on MySQL.
-#[cfg(feature = "mysql")]
-pub(super) const DOMAIN_ROWS_MYSQL: &str = concat!(
-    "SELECT ",
-    domain_columns!("CAST(updated_at AS CHAR)"),
-    " FROM async_domain ORDER BY name"
-);
 
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 /// The upsert of a whole `async_domain` row, returning its `columns` (the same SQL on both
@@ -137,5 +120,69 @@ where
     Statement::new("DELETE FROM async_pause WHERE keyword = ").bind::<Text, _>(keyword.to_owned())
 }
 
-/// The keywords paused on their own.
-pub(super) const KEYWORD_PAUSED: &str = "SELECT keyword FROM async_pause ORDER BY keyword";
+/// Every row of `async_domain`, by name. The same on every backend: written once, with the
+/// query builder.
+pub(crate) fn domain_rows(conn: &mut DbConnection) -> QueryResult<Vec<DomainRow>> {
+    use crate::schema::async_domain::dsl::*;
+    let rows: Vec<DomainTuple> = async_domain
+        .order(name)
+        .select((
+            name,
+            keywords,
+            mode,
+            threads,
+            queue,
+            timeout_ms,
+            paused,
+            released,
+            held_keywords,
+            version,
+            updated_at,
+            updated_by,
+        ))
+        .load(conn)?;
+    Ok(rows.into_iter().map(DomainRow::from).collect())
+}
+
+/// An `async_domain` row as [`domain_rows`] loads it.
+type DomainTuple = (
+    String,
+    Option<String>,
+    Option<String>,
+    Option<i32>,
+    Option<i32>,
+    Option<i64>,
+    bool,
+    bool,
+    Option<String>,
+    i64,
+    NaiveDateTime,
+    String,
+);
+
+impl From<DomainTuple> for DomainRow {
+    fn from(t: DomainTuple) -> Self {
+        DomainRow {
+            name: t.0,
+            keywords: t.1,
+            mode: t.2,
+            threads: t.3,
+            queue: t.4,
+            timeout_ms: t.5,
+            paused: t.6,
+            released: t.7,
+            held_keywords: t.8,
+            version: t.9,
+            updated_at: time_text(t.10),
+            updated_by: t.11,
+        }
+    }
+}
+
+/// The keywords paused on their own (`async_pause`), by name. Written once.
+pub(crate) fn keyword_paused(conn: &mut DbConnection) -> QueryResult<Vec<String>> {
+    async_pause::table
+        .order(async_pause::keyword)
+        .select(async_pause::keyword)
+        .load(conn)
+}

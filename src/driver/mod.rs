@@ -10,9 +10,11 @@
 //! The items here are `pub` only so that the sealed [`crate::EnqueueConnection`] can name
 //! them; the module itself is private.
 
+mod clock;
 mod domain_sql;
 #[cfg(feature = "mysql")]
 mod mysql;
+mod node_sql;
 pub(crate) mod ops;
 #[cfg(feature = "postgres")]
 mod postgres;
@@ -34,18 +36,23 @@ pub use rows::{
     RescueParams, RescuedRow, TaskFilter, TaskKey, TaskRecord, TenantRow, TenantSet, TxMark,
 };
 
-pub use strategy_sql::{Due, NodeStrategyRow};
+pub(crate) use domain_sql::{domain_rows, keyword_paused};
+pub(crate) use node_sql::{
+    node_domains, node_mark_gone, task_cancelled_among, task_count_due, tenant_run_limited,
+};
+pub use strategy_sql::Due;
+pub(crate) use strategy_sql::{node_strategies, node_strategy_publish};
 
-use domain_sql::{keyword_pause_delete, KEYWORD_PAUSED};
+use domain_sql::keyword_pause_delete;
 // MySQL has no `ON CONFLICT … RETURNING`: its upsert and pause are its own.
+#[cfg(feature = "mysql")]
+use domain_sql::DOMAIN_COLUMNS_MYSQL;
+#[cfg(feature = "postgres")]
+use domain_sql::DOMAIN_COLUMNS_PG;
+#[cfg(feature = "sqlite")]
+use domain_sql::DOMAIN_COLUMNS_SQLITE;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 use domain_sql::{domain_upsert, keyword_pause_insert};
-#[cfg(feature = "mysql")]
-use domain_sql::{DOMAIN_COLUMNS_MYSQL, DOMAIN_ROWS_MYSQL};
-#[cfg(feature = "postgres")]
-use domain_sql::{DOMAIN_COLUMNS_PG, DOMAIN_ROWS_PG};
-#[cfg(feature = "sqlite")]
-use domain_sql::{DOMAIN_COLUMNS_SQLITE, DOMAIN_ROWS_SQLITE};
 
 use task_sql::claim_state;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
@@ -271,9 +278,6 @@ pub trait Driver {
     /// Writes one row of `async_audit`.
     fn audit_insert(&mut self, audit: &AuditEntry<'_>) -> QueryResult<usize>;
 
-    /// Those of the tasks `ids` that are cancelled.
-    fn task_cancelled_among(&mut self, ids: &[i64]) -> QueryResult<Vec<i64>>;
-
     /// Where a task stands now: its state, owner and claim token (`None`: no such task).
     fn task_get_claim(&mut self, id: i64) -> QueryResult<Option<ClaimState>>;
 
@@ -316,9 +320,6 @@ pub trait Driver {
         tenants: &[(String, i64)],
     ) -> QueryResult<Option<(String, i64)>>;
 
-    /// The tenants that have a `max_running`.
-    fn tenant_run_limited(&mut self) -> QueryResult<Vec<String>>;
-
     /// Registers a worker process; returns its node id.
     fn node_register(&mut self, name: &str) -> QueryResult<i64>;
 
@@ -335,19 +336,6 @@ pub trait Driver {
     /// Cancels the statement the connection `pid` runs now (MySQL's `KILL QUERY`); whether
     /// it was sent. Does nothing on PostgreSQL and SQLite.
     fn backend_cancel(&mut self, pid: i32) -> QueryResult<bool>;
-
-    /// Every row of `async_domain`, by name.
-    fn domain_rows(&mut self) -> QueryResult<Vec<DomainRow>>;
-
-    /// The keywords paused on their own (`async_pause`).
-    fn keyword_paused(&mut self) -> QueryResult<Vec<String>>;
-
-    /// The nodes marked alive whose last heartbeat is at most `within_ms` old, with what
-    /// they published, by id.
-    fn node_domains(&mut self, within_ms: i64) -> QueryResult<Vec<NodeDomainsRow>>;
-
-    /// Marks a node gone (clean exit).
-    fn node_mark_gone(&mut self, node_id: i64) -> QueryResult<usize>;
 
     /// Deletes one batch of rows of stopped nodes (see [`crate::prune`]); returns how many.
     fn node_prune_batch(
@@ -388,27 +376,6 @@ pub trait Driver {
     /// Deletes `keyword`'s row of `async_pause` and writes `audit`, in one transaction;
     /// returns the rows deleted: 0, and no audit, when it was not paused.
     fn keyword_resume(&mut self, keyword: &str, audit: &AuditEntry<'_>) -> QueryResult<usize>;
-
-    // Progress (`drain`'s bar).
-    /// Pending tasks of `keywords` due now, of every tenant.
-    fn task_count_due(&mut self, keywords: &[String]) -> QueryResult<i64>;
-
-    // Claim strategies (see `crate::strategy`).
-
-    /// Publishes a live node's claim strategy, weight and the tasks it holds now (claimed,
-    /// not finished); returns the rows touched: 0 when the node is marked gone or its row
-    /// was deleted.
-    fn node_strategy_publish(
-        &mut self,
-        node_id: i64,
-        strategy: &str,
-        weight: i32,
-        running: i64,
-    ) -> QueryResult<usize>;
-
-    /// The nodes marked alive whose last heartbeat is at most `within_ms` old, with the
-    /// strategy, weight and tasks held they last published, by id.
-    fn node_strategies(&mut self, within_ms: i64) -> QueryResult<Vec<NodeStrategyRow>>;
 }
 
 /// Appends the fence of a claimed task to an `UPDATE async_task SET …` statement.

@@ -6,13 +6,15 @@
 //! Times travel as UTC text of the shape `YYYY-MM-DD HH:MM:SS.SSS` on every backend, with
 //! the database clock (`db_now`) in every row, so that ages are the database's.
 
-use diesel::backend::Backend;
+use chrono::NaiveDateTime;
+use diesel::dsl::count_star;
 use diesel::prelude::*;
 use diesel::sql_types::{BigInt, HasSqlType, Integer, Nullable, Text};
 use diesel::{QueryResult, QueryableByName};
 
-use crate::db::DbConnection;
-use crate::schema::{async_task, async_task_parent};
+use super::clock::{time_text, DbNow};
+use crate::db::{Backend, DbConnection};
+use crate::schema::{async_node, async_task, async_task_parent};
 use crate::sql::Statement;
 use crate::task::TaskState;
 
@@ -107,22 +109,15 @@ pub struct TaskLinkRow {
 }
 
 /// A row of `async_node`, with its running tasks counted.
-#[derive(Debug, Clone, QueryableByName)]
+#[derive(Debug, Clone)]
 pub struct NodeRow {
-    #[diesel(sql_type = Text)]
     pub db_now: String,
-    #[diesel(sql_type = BigInt)]
     pub id: i64,
-    #[diesel(sql_type = Text)]
     pub name: String,
     /// `alive` or `gone`.
-    #[diesel(sql_type = Text)]
     pub state: String,
-    #[diesel(sql_type = Text)]
     pub started_at: String,
-    #[diesel(sql_type = Text)]
     pub heartbeat_at: String,
-    #[diesel(sql_type = BigInt)]
     pub running: i64,
 }
 
@@ -170,9 +165,6 @@ pub trait OpsDriver {
     /// pruned.
     fn task_count_parent_pruned(&mut self, select: &TaskSelect<'_>) -> QueryResult<i64>;
 
-    /// Up to `limit` nodes, most recent heartbeat first, with their running tasks counted.
-    fn node_list(&mut self, limit: i64) -> QueryResult<Vec<NodeRow>>;
-
     /// Up to `limit` rows of `async_audit`, newest first, before `before_id`, of the actions
     /// equal to `action` or starting with `action` followed by a dot.
     fn audit_list(
@@ -215,6 +207,60 @@ pub(crate) fn task_children(
     Ok((children, total))
 }
 
+/// Up to `limit` nodes, most recent heartbeat first, with their running tasks counted. The
+/// same on every backend: written once, with the query builder.
+pub(crate) fn node_list(conn: &mut DbConnection, limit: i64) -> QueryResult<Vec<NodeRow>> {
+    let nodes: Vec<(
+        NaiveDateTime,
+        i64,
+        String,
+        String,
+        NaiveDateTime,
+        NaiveDateTime,
+    )> = async_node::table
+        .order((async_node::heartbeat_at.desc(), async_node::id.desc()))
+        .limit(limit)
+        .select((
+            DbNow,
+            async_node::id,
+            async_node::name,
+            async_node::state,
+            async_node::started_at,
+            async_node::heartbeat_at,
+        ))
+        .load(conn)?;
+    let ids: Vec<i64> = nodes.iter().map(|n| n.1).collect();
+    let mut running = async_task::table
+        .filter(async_task::owner.eq_any(ids))
+        .filter(async_task::state.eq(TaskState::Running.as_str()))
+        .group_by(async_task::owner)
+        .select((async_task::owner, count_star()))
+        .into_boxed();
+    if conn.backend() != Backend::Postgres {
+        // SQLite and MySQL count through their lease index (every running task has a
+        // deadline); PostgreSQL through the claim index, as before.
+        running = running.filter(async_task::deadline_at.is_not_null());
+    }
+    let running: Vec<(Option<i64>, i64)> = running.load(conn)?;
+    Ok(nodes
+        .into_iter()
+        .map(
+            |(db_now, id, name, state, started_at, heartbeat_at)| NodeRow {
+                db_now: time_text(db_now),
+                id,
+                name,
+                state,
+                started_at: time_text(started_at),
+                heartbeat_at: time_text(heartbeat_at),
+                running: running
+                    .iter()
+                    .find(|(owner, _)| *owner == Some(id))
+                    .map_or(0, |(_, n)| *n),
+            },
+        )
+        .collect())
+}
+
 /// The operator's driver behind a connection.
 pub(crate) fn ops_driver(conn: &mut DbConnection) -> &mut dyn OpsDriver {
     match conn {
@@ -236,7 +282,7 @@ pub(super) fn where_selected<DB>(
     ago: fn(Statement<DB>, i64) -> Statement<DB>,
 ) -> Statement<DB>
 where
-    DB: Backend + HasSqlType<Text>,
+    DB: diesel::backend::Backend + HasSqlType<Text>,
     String: diesel::serialize::ToSql<Text, DB>,
 {
     if !select.states.is_empty() {
@@ -276,7 +322,7 @@ where
 /// Appends the cursor's condition, the order and the limit of a listing page.
 pub(super) fn page_of<DB>(statement: Statement<DB>, page: &TaskPageAt) -> Statement<DB>
 where
-    DB: Backend + HasSqlType<BigInt>,
+    DB: diesel::backend::Backend + HasSqlType<BigInt>,
     i64: diesel::serialize::ToSql<BigInt, DB>,
 {
     let statement = match (page.after_id, page.newest_first) {

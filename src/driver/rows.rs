@@ -285,13 +285,10 @@ pub struct DomainRow {
 
 /// A live node's published domains (`async_node.domains`, JSON of
 /// [`crate::domain::NodeDomains`]; NULL before its first heartbeat).
-#[derive(Debug, Clone, diesel::QueryableByName)]
+#[derive(Debug, Clone, diesel::Queryable)]
 pub struct NodeDomainsRow {
-    #[diesel(sql_type = BigInt)]
     pub id: i64,
-    #[diesel(sql_type = Text)]
     pub name: String,
-    #[diesel(sql_type = Nullable<Text>)]
     pub domains: Option<String>,
 }
 

@@ -6,10 +6,13 @@
 //! rows are one type.
 
 use chrono::{DateTime, NaiveDateTime, Utc};
-use diesel::sql_types::{BigInt, Nullable, Text};
+use diesel::prelude::*;
 use diesel::QueryResult;
 
+use super::clock::{self, DbNow};
 use crate::db::DbConnection;
+use crate::schedule::tick_biz_id;
+use crate::schema::{async_schedule, async_task};
 
 /// The shape of a time as both backends pass it.
 const TIME_FORMAT: &str = "%Y-%m-%d %H:%M:%S%.3f";
@@ -28,47 +31,30 @@ pub fn time_of(text: &str) -> Option<DateTime<Utc>> {
 
 /// The database clock, and one schedule's row if it has one (`keyword` is `None` when the
 /// read found no row at all: the line only carries the clock).
-#[derive(Debug, Clone, diesel::QueryableByName)]
+#[derive(Debug, Clone)]
 pub struct ScheduleRow {
-    #[diesel(sql_type = Text)]
     pub db_now: String,
-    #[diesel(sql_type = Nullable<Text>)]
     pub keyword: Option<String>,
-    #[diesel(sql_type = Nullable<Text>)]
     pub since: Option<String>,
-    #[diesel(sql_type = Nullable<Text>)]
     pub last_tick: Option<String>,
 }
 
 /// One schedule's row for the listing, with its last tick's task and the database clock.
-#[derive(Debug, Clone, diesel::QueryableByName)]
+#[derive(Debug, Clone)]
 pub struct ScheduleListRow {
-    #[diesel(sql_type = Text)]
     pub db_now: String,
-    #[diesel(sql_type = Text)]
     pub keyword: String,
-    #[diesel(sql_type = Text)]
     pub expression: String,
-    #[diesel(sql_type = Text)]
     pub since: String,
-    #[diesel(sql_type = Nullable<Text>)]
     pub last_tick: Option<String>,
-    #[diesel(sql_type = Text)]
     pub updated_at: String,
-    #[diesel(sql_type = Text)]
     pub updated_by: String,
-    #[diesel(sql_type = Nullable<BigInt>)]
     pub task_id: Option<i64>,
-    #[diesel(sql_type = Nullable<Text>)]
     pub task_state: Option<String>,
 }
 
 /// The database operations of cron schedules.
 pub trait ScheduleDriver {
-    /// The database clock, and the rows of those of `keywords` that have one: at least one
-    /// row, whose `keyword` is `None` when none has.
-    fn schedule_read(&mut self, keywords: &[String]) -> QueryResult<Vec<ScheduleRow>>;
-
     /// Inserts the row of a schedule seen for the first time (`since` now, no tick yet);
     /// nothing when it exists. Returns the rows inserted.
     fn schedule_insert(
@@ -88,10 +74,106 @@ pub trait ScheduleDriver {
         tick: &str,
         node: &str,
     ) -> QueryResult<usize>;
+}
 
-    /// Every schedule's row, by keyword, with its last tick's task (id and state, if it is
-    /// still there) and the database clock.
-    fn schedule_list(&mut self) -> QueryResult<Vec<ScheduleListRow>>;
+/// The database clock, and the rows of those of `keywords` that have one: at least one row,
+/// whose `keyword` is `None` when none has. The same on every backend: written once, with
+/// the query builder.
+pub(crate) fn schedule_read(
+    conn: &mut DbConnection,
+    keywords: &[String],
+) -> QueryResult<Vec<ScheduleRow>> {
+    let db_now = clock::time_text(diesel::select(DbNow).get_result(conn)?);
+    let rows: Vec<(String, NaiveDateTime, Option<NaiveDateTime>)> = async_schedule::table
+        .filter(async_schedule::keyword.eq_any(keywords))
+        .select((
+            async_schedule::keyword,
+            async_schedule::since,
+            async_schedule::last_tick,
+        ))
+        .load(conn)?;
+    if rows.is_empty() {
+        return Ok(vec![ScheduleRow {
+            db_now,
+            keyword: None,
+            since: None,
+            last_tick: None,
+        }]);
+    }
+    Ok(rows
+        .into_iter()
+        .map(|(keyword, since, last_tick)| ScheduleRow {
+            db_now: db_now.clone(),
+            keyword: Some(keyword),
+            since: Some(clock::time_text(since)),
+            last_tick: last_tick.map(clock::time_text),
+        })
+        .collect())
+}
+
+/// Every schedule's row, by keyword, with its last tick's task (id and state, if it is
+/// still there) and the database clock. Written once: the tick's biz_id is made here, as
+/// the cron makes it, rather than in each backend's date formatting.
+pub(crate) fn schedule_list(conn: &mut DbConnection) -> QueryResult<Vec<ScheduleListRow>> {
+    let db_now = clock::time_text(diesel::select(DbNow).get_result(conn)?);
+    let rows: Vec<(
+        String,
+        String,
+        NaiveDateTime,
+        Option<NaiveDateTime>,
+        NaiveDateTime,
+        String,
+    )> = async_schedule::table
+        .order(async_schedule::keyword)
+        .select((
+            async_schedule::keyword,
+            async_schedule::expression,
+            async_schedule::since,
+            async_schedule::last_tick,
+            async_schedule::updated_at,
+            async_schedule::updated_by,
+        ))
+        .load(conn)?;
+    let ticks: Vec<(String, String)> = rows
+        .iter()
+        .filter_map(|r| Some((r.0.clone(), tick_biz_id(r.3?.and_utc()))))
+        .collect();
+    let tasks: Vec<(i64, String, String, String)> = if ticks.is_empty() {
+        Vec::new()
+    } else {
+        async_task::table
+            .filter(async_task::keyword.eq_any(ticks.iter().map(|t| t.0.as_str())))
+            .filter(async_task::biz_id.eq_any(ticks.iter().map(|t| t.1.as_str())))
+            .select((
+                async_task::id,
+                async_task::keyword,
+                async_task::biz_id,
+                async_task::state,
+            ))
+            .load(conn)?
+    };
+    Ok(rows
+        .into_iter()
+        .map(
+            |(keyword, expression, since, last_tick, updated_at, updated_by)| {
+                let biz_id = last_tick.map(|t| tick_biz_id(t.and_utc()));
+                let task = tasks
+                    .iter()
+                    .find(|t| t.1 == keyword && Some(&t.2) == biz_id.as_ref());
+                ScheduleListRow {
+                    db_now: db_now.clone(),
+                    keyword,
+                    expression,
+                    since: clock::time_text(since),
+                    last_tick: last_tick.map(clock::time_text),
+                    updated_at: clock::time_text(updated_at),
+                    updated_by,
+                    task_id: task.map(|t| t.0),
+                    task_state: task.map(|t| t.3.clone()),
+                }
+            },
+        )
+        .collect())
 }
 
 /// The schedule driver behind a connection.

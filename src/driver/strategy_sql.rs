@@ -1,7 +1,8 @@
 //! The claim strategies' SQL (see [`crate::strategy`]): the filter a partitioned node's
 //! claim adds to its due-task predicate on each backend, and the nodes' published strategies.
 
-use diesel::sql_types::{BigInt, Integer, Text};
+use diesel::prelude::*;
+use diesel::sql_types::BigInt;
 
 #[cfg(feature = "mysql")]
 use diesel::mysql::Mysql;
@@ -10,6 +11,9 @@ use diesel::pg::Pg;
 #[cfg(feature = "sqlite")]
 use diesel::sqlite::Sqlite;
 
+use super::clock::db_ago;
+use crate::db::DbConnection;
+use crate::schema::async_node;
 use crate::sql::Statement;
 use crate::strategy::Partition;
 
@@ -41,16 +45,52 @@ impl<'a> Due<'a> {
 }
 
 /// A live node's strategy, weight and tasks held, as it published them at its last beat.
-#[derive(Debug, Clone, PartialEq, Eq, diesel::QueryableByName)]
+#[derive(Debug, Clone, PartialEq, Eq, Queryable)]
 pub struct NodeStrategyRow {
-    #[diesel(sql_type = BigInt)]
     pub id: i64,
-    #[diesel(sql_type = Text)]
     pub strategy: String,
-    #[diesel(sql_type = Integer)]
     pub weight: i32,
-    #[diesel(sql_type = BigInt)]
     pub running: i64,
+}
+
+/// Publishes a live node's claim strategy, weight and the tasks it holds now (claimed, not
+/// finished); returns the rows touched: 0 when the node is marked gone or its row was
+/// deleted. The same on every backend: written once, with the query builder.
+pub(crate) fn node_strategy_publish(
+    conn: &mut DbConnection,
+    node_id: i64,
+    strategy: &str,
+    weight: i32,
+    running: i64,
+) -> QueryResult<usize> {
+    diesel::update(async_node::table)
+        .filter(async_node::id.eq(node_id))
+        .filter(async_node::state.eq("alive"))
+        .set((
+            async_node::strategy.eq(strategy),
+            async_node::weight.eq(weight),
+            async_node::running.eq(running),
+        ))
+        .execute(conn)
+}
+
+/// The nodes marked alive whose last heartbeat is at most `within_ms` old, with the
+/// strategy, weight and tasks held they last published, by id. Written once.
+pub(crate) fn node_strategies(
+    conn: &mut DbConnection,
+    within_ms: i64,
+) -> QueryResult<Vec<NodeStrategyRow>> {
+    async_node::table
+        .filter(async_node::state.eq("alive"))
+        .filter(async_node::heartbeat_at.ge(db_ago(within_ms)))
+        .order(async_node::id)
+        .select((
+            async_node::id,
+            async_node::strategy,
+            async_node::weight,
+            async_node::running,
+        ))
+        .load(conn)
 }
 
 /// Appends to a PostgreSQL claim's due-task predicate on `t` the tasks `partition` lets this

@@ -8,7 +8,7 @@ use serde::Serialize;
 use super::list::check_limit;
 use super::{age_secs, time_or_epoch};
 use crate::db::DbConnection;
-use crate::driver::ops::{ops_driver, NodeRow};
+use crate::driver::ops::{node_list, NodeRow};
 use crate::error::{OpContext, Result};
 use crate::worker::{DEFAULT_DEAD_AFTER_BEATS, DEFAULT_HEARTBEAT};
 
@@ -120,7 +120,7 @@ impl NodeQuery {
 /// ```
 pub fn nodes(conn: &mut DbConnection, query: &NodeQuery) -> Result<Vec<NodeInfo>> {
     let limit = check_limit(query.limit)?;
-    let rows = ops_driver(conn).node_list(limit).op("node list")?;
+    let rows = node_list(conn, limit).op("node list")?;
     Ok(rows
         .into_iter()
         .map(|row| info(row, query.live_within))

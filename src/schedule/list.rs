@@ -5,7 +5,7 @@ use serde::Serialize;
 
 use super::Schedule;
 use crate::db::DbConnection;
-use crate::driver::schedule::{schedule_driver, time_of, ScheduleListRow};
+use crate::driver::schedule::{schedule_list, time_of, ScheduleListRow};
 use crate::error::{OpContext, Result};
 use crate::task::TaskState;
 
@@ -49,7 +49,7 @@ pub struct ScheduleInfo {
 /// # }
 /// ```
 pub fn list(conn: &mut DbConnection) -> Result<Vec<ScheduleInfo>> {
-    let rows = schedule_driver(conn).schedule_list().op("schedule list")?;
+    let rows = schedule_list(conn).op("schedule list")?;
     Ok(rows.into_iter().map(info).collect())
 }
 

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::db::DbConnection;
-use crate::driver::driver;
+use crate::driver::task_cancelled_among;
 use crate::error::{OpContext, Result};
 use crate::handler::TaskContext;
 
@@ -45,9 +45,7 @@ impl CancelWatch {
         if ids.is_empty() {
             return Ok(());
         }
-        let cancelled = driver(conn)
-            .task_cancelled_among(&ids)
-            .op("task cancel check")?;
+        let cancelled = task_cancelled_among(conn, &ids).op("task cancel check")?;
         let running = self.lock();
         for id in cancelled {
             if let Some(flag) = running.get(&id) {

@@ -28,7 +28,7 @@ use chrono::{DateTime, Utc};
 use super::Worker;
 use crate::db::transaction::mark_broken;
 use crate::db::{write_transaction, DbConnection};
-use crate::driver::schedule::{schedule_driver, time_of, time_text, ScheduleRow};
+use crate::driver::schedule::{schedule_driver, schedule_read, time_of, time_text, ScheduleRow};
 use crate::enqueue::{enqueue_batch, Enqueued};
 use crate::error::{Error, OpContext, Result};
 use crate::schedule::{tick_biz_id, Schedule, MAX_TICKS};
@@ -91,9 +91,7 @@ impl Worker {
 
     fn pass(&self, conn: &mut DbConnection, schedules: &[(&str, &Schedule)]) -> Result<CronPass> {
         let keywords: Vec<String> = schedules.iter().map(|(k, _)| (*k).to_owned()).collect();
-        let rows = schedule_driver(conn)
-            .schedule_read(&keywords)
-            .op("schedule read")?;
+        let rows = schedule_read(conn, &keywords).op("schedule read")?;
         let now = rows
             .first()
             .and_then(|r| time_of(&r.db_now))

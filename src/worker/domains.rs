@@ -11,7 +11,7 @@ use super::config::QUEUE_PER_THREAD;
 use super::slots::{LaneSpec, Lanes, Share};
 use crate::db::DbConnection;
 use crate::domain::{validate_domains, Domain, DomainMode, NodeDomains, DEFAULT_DOMAIN};
-use crate::driver::{driver, DomainRow};
+use crate::driver::{domain_rows, keyword_paused, DomainRow};
 use crate::error::{Error, OpContext, Result};
 
 /// One lane's claim: the keywords its claim asks for (registered here, not paused) and the
@@ -154,8 +154,8 @@ impl DomainControl {
 
     /// Reads `async_domain` and `async_pause` again and applies them if they changed.
     pub(crate) fn refresh(&self, conn: &mut DbConnection) -> Result<()> {
-        let rows = driver(conn).domain_rows().op("domain read")?;
-        let paused = driver(conn).keyword_paused().op("domain read")?;
+        let rows = domain_rows(conn).op("domain read")?;
+        let paused = keyword_paused(conn).op("domain read")?;
         let mut applied = self.applied.lock().unwrap_or_else(PoisonError::into_inner);
         if applied.as_ref() == Some(&(rows.clone(), paused.clone())) {
             return Ok(());

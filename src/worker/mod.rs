@@ -64,7 +64,7 @@ use services::Services;
 
 use crate::db::transaction::{DiscardBroken, WriterTurn};
 use crate::db::{DatabaseUrl, DbPool};
-use crate::driver::{driver, Due};
+use crate::driver::{driver, node_mark_gone, task_count_due, Due};
 use crate::error::{Error, OpContext, Result};
 use crate::migrate::ensure_migrated;
 use crate::registry::Registry;
@@ -363,8 +363,7 @@ impl Worker {
     /// Marks this node gone, waiting at most `wait` for a connection.
     fn mark_gone_within(&self, wait: Duration) -> Result<()> {
         let mut conn = self.pool.get_timeout(wait).op("node mark gone")?;
-        driver(&mut conn)
-            .node_mark_gone(self.node.id())
+        node_mark_gone(&mut conn, self.node.id())
             .discard_broken(&mut conn)
             .op("node mark gone")?;
         Ok(())
@@ -386,8 +385,7 @@ impl Worker {
     /// started now runs (not counting the tasks it makes due as it goes). For progress.
     pub fn due_count(&self) -> Result<u64> {
         let mut conn = self.pool.get().op("task count due")?;
-        let n = driver(&mut conn)
-            .task_count_due(&self.keywords)
+        let n = task_count_due(&mut conn, &self.keywords)
             .discard_broken(&mut conn)
             .op("task count due")?;
         Ok(u64::try_from(n).unwrap_or(0))

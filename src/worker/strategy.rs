@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::config::{WorkerConfig, MAX_TASK_TIMEOUT};
 use crate::db::DbConnection;
-use crate::driver::driver;
+use crate::driver::{node_strategies, node_strategy_publish};
 use crate::error::{Error, OpContext, Result};
 use crate::strategy::{
     least_count_room, partition_of, Member, Partition, Strategy, DEFAULT_WEIGHT, MAX_WEIGHT,
@@ -127,21 +127,19 @@ impl StrategyControl {
     pub(crate) fn refresh(&self, conn: &mut DbConnection, node_id: i64) -> Result<()> {
         let s = self.settings;
         let held = self.held.load(Ordering::Relaxed);
-        driver(conn)
-            .node_strategy_publish(
-                node_id,
-                s.strategy.as_str(),
-                i32::try_from(s.weight).unwrap_or(i32::MAX),
-                i64::try_from(held).unwrap_or(i64::MAX),
-            )
-            .op("node strategy publish")?;
+        node_strategy_publish(
+            conn,
+            node_id,
+            s.strategy.as_str(),
+            i32::try_from(s.weight).unwrap_or(i32::MAX),
+            i64::try_from(held).unwrap_or(i64::MAX),
+        )
+        .op("node strategy publish")?;
         if s.strategy == Strategy::Default {
             return Ok(());
         }
         let within = i64::try_from(self.live_within.as_millis()).unwrap_or(i64::MAX);
-        let nodes = driver(conn)
-            .node_strategies(within)
-            .op("node strategy read")?;
+        let nodes = node_strategies(conn, within).op("node strategy read")?;
         let view = match s.strategy {
             Strategy::LeastCount => View {
                 partition: None,

@@ -7,7 +7,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 
 use super::fairness::FairClaims;
 use crate::db::DbConnection;
-use crate::driver::driver;
+use crate::driver::tenant_run_limited;
 use crate::error::{OpContext, Result};
 
 /// The tenants whose tasks are claimed apart, within their `max_running`.
@@ -40,7 +40,7 @@ impl RunLimits {
 
     /// Reads them again.
     pub(crate) fn refresh(&self, conn: &mut DbConnection) -> Result<()> {
-        let now = driver(conn).tenant_run_limited().op("tenant limits read")?;
+        let now = tenant_run_limited(conn).op("tenant limits read")?;
         let mut tenants = self.tenants.write().unwrap_or_else(PoisonError::into_inner);
         if *tenants.as_ref() != *now.as_slice() {
             log::info!("tenants with a max_running: {now:?}");

@@ -6,9 +6,7 @@ use diesel::sql_types::{BigInt, Text};
 use diesel::{QueryResult, RunQueryDsl};
 
 use super::list;
-use crate::driver::{
-    counts_by_state, state_literals, KeywordStateCount, NodeDomainsRow, PruneBatch, PrunedBatch,
-};
+use crate::driver::{counts_by_state, state_literals, KeywordStateCount, PruneBatch, PrunedBatch};
 use crate::sql::Statement;
 
 pub(super) fn count_by_keyword_state(
@@ -28,23 +26,6 @@ pub(super) fn count_by_keyword_state(
          FROM async_task GROUP BY keyword, state ORDER BY keyword, state"
     ))
     .load(conn)
-}
-
-/// Pending tasks of `keywords` due now.
-pub(super) fn count_due(conn: &mut MysqlConnection, keywords: &[String]) -> QueryResult<i64> {
-    #[derive(diesel::QueryableByName)]
-    struct N {
-        #[diesel(sql_type = BigInt)]
-        n: i64,
-    }
-    let row: N = Statement::<Mysql>::new(concat!(
-        "SELECT count(*) AS n FROM async_task WHERE state = 'pending' AND run_at <= ",
-        now!(),
-        " AND keyword IN "
-    ))
-    .with(|s| list::texts(s, keywords))
-    .get_result(conn)?;
-    Ok(row.n)
 }
 
 /// Registers a node; its id is the insert's (`LAST_INSERT_ID()`, this connection's).
@@ -77,16 +58,6 @@ pub(super) fn node_heartbeat(
     .sql(" WHERE id = ")
     .bind::<BigInt, _>(node_id)
     .sql(" AND state = 'alive'")
-    .execute(conn)
-}
-
-pub(super) fn node_mark_gone(conn: &mut MysqlConnection, node_id: i64) -> QueryResult<usize> {
-    Statement::<Mysql>::new(concat!(
-        "UPDATE async_node SET state = 'gone', heartbeat_at = ",
-        now!(),
-        " WHERE id = "
-    ))
-    .bind::<BigInt, _>(node_id)
     .execute(conn)
 }
 
@@ -190,27 +161,6 @@ pub(super) fn prune_nodes(
     )
     .bind::<BigInt, _>(limit)
     .execute(conn)
-}
-
-/// A keyword, as a query returns it.
-#[derive(diesel::QueryableByName)]
-pub(super) struct Keyword {
-    #[diesel(sql_type = Text)]
-    pub(super) keyword: String,
-}
-
-pub(super) fn node_domains(
-    conn: &mut MysqlConnection,
-    within_ms: i64,
-) -> QueryResult<Vec<NodeDomainsRow>> {
-    Statement::<Mysql>::new(concat!(
-        "SELECT id, name, domains FROM async_node WHERE state = 'alive' AND heartbeat_at >= ",
-        now!(),
-        " - INTERVAL "
-    ))
-    .bind::<BigInt, _>(within_ms)
-    .sql(" * 1000 MICROSECOND ORDER BY id")
-    .load(conn)
 }
 
 /// This connection's id (`CONNECTION_ID()`), what `KILL QUERY` names.

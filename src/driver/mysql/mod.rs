@@ -21,7 +21,6 @@ mod maintenance;
 mod operate;
 mod ops;
 mod schedule;
-mod strategy;
 mod task;
 mod tenant;
 
@@ -32,9 +31,9 @@ use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
 use super::{
     AuditEntry, ChunkRuns, Claim, ClaimRow, ClaimState, DomainRow, DomainWrite, Driver, Due,
-    InsertRow, KeywordStateCount, LeaseCharge, MigrationError, NodeDomainsRow, NodeStrategyRow,
-    Pick, Picked, PruneBatch, PrunedBatch, RescueParams, RescuedRow, TaskFilter, TaskKey,
-    TaskRecord, TenantRow, TenantSet, TxMark,
+    InsertRow, KeywordStateCount, LeaseCharge, MigrationError, Pick, Picked, PruneBatch,
+    PrunedBatch, RescueParams, RescuedRow, TaskFilter, TaskKey, TaskRecord, TenantRow, TenantSet,
+    TxMark,
 };
 
 const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/mysql");
@@ -173,10 +172,6 @@ impl Driver for MysqlConnection {
         operate::audit(self, audit)
     }
 
-    fn task_cancelled_among(&mut self, ids: &[i64]) -> QueryResult<Vec<i64>> {
-        task::cancelled_among(self, ids)
-    }
-
     // Lock claims are PostgreSQL's (the worker refuses the setting on other backends
     // before any of these could run).
     fn task_lease_page(
@@ -266,10 +261,6 @@ impl Driver for MysqlConnection {
         maintenance::count_by_keyword_state(self)
     }
 
-    fn task_count_due(&mut self, keywords: &[String]) -> QueryResult<i64> {
-        maintenance::count_due(self, keywords)
-    }
-
     fn task_prune_batch(&mut self, batch: &PruneBatch<'_>) -> QueryResult<PrunedBatch> {
         maintenance::prune_tasks(self, batch)
     }
@@ -298,10 +289,6 @@ impl Driver for MysqlConnection {
         tenant::over_max_queued(self, tenants)
     }
 
-    fn tenant_run_limited(&mut self) -> QueryResult<Vec<String>> {
-        tenant::run_limited(self)
-    }
-
     fn node_register(&mut self, name: &str) -> QueryResult<i64> {
         maintenance::node_register(self, name)
     }
@@ -316,26 +303,6 @@ impl Driver for MysqlConnection {
 
     fn backend_cancel(&mut self, pid: i32) -> QueryResult<bool> {
         maintenance::kill_query(self, pid)
-    }
-
-    fn domain_rows(&mut self) -> QueryResult<Vec<DomainRow>> {
-        diesel::sql_query(super::DOMAIN_ROWS_MYSQL).load(self)
-    }
-
-    fn keyword_paused(&mut self) -> QueryResult<Vec<String>> {
-        Ok(diesel::sql_query(super::KEYWORD_PAUSED)
-            .load::<maintenance::Keyword>(self)?
-            .into_iter()
-            .map(|k| k.keyword)
-            .collect())
-    }
-
-    fn node_domains(&mut self, within_ms: i64) -> QueryResult<Vec<NodeDomainsRow>> {
-        maintenance::node_domains(self, within_ms)
-    }
-
-    fn node_mark_gone(&mut self, node_id: i64) -> QueryResult<usize> {
-        maintenance::node_mark_gone(self, node_id)
     }
 
     fn node_prune_batch(
@@ -373,20 +340,6 @@ impl Driver for MysqlConnection {
 
     fn keyword_resume(&mut self, keyword: &str, audit: &AuditEntry<'_>) -> QueryResult<usize> {
         domain::resume(self, keyword, audit)
-    }
-
-    fn node_strategy_publish(
-        &mut self,
-        node_id: i64,
-        strategy: &str,
-        weight: i32,
-        running: i64,
-    ) -> QueryResult<usize> {
-        strategy::publish(self, node_id, strategy, weight, running)
-    }
-
-    fn node_strategies(&mut self, within_ms: i64) -> QueryResult<Vec<NodeStrategyRow>> {
-        strategy::live(self, within_ms)
     }
 }
 

@@ -142,14 +142,6 @@ pub(super) fn cancel(conn: &mut MysqlConnection, id: i64) -> QueryResult<usize> 
     })
 }
 
-pub(super) fn cancelled_among(conn: &mut MysqlConnection, ids: &[i64]) -> QueryResult<Vec<i64>> {
-    let rows: Vec<Id> =
-        Statement::<Mysql>::new("SELECT id FROM async_task WHERE state = 'cancelled' AND id IN ")
-            .with(|s| list::ids(s, ids))
-            .load(conn)?;
-    Ok(rows.into_iter().map(|r| r.id).collect())
-}
-
 pub(super) fn get_claim(conn: &mut MysqlConnection, id: i64) -> QueryResult<Option<ClaimState>> {
     claim_state::<Mysql>(id).get_result(conn).optional()
 }

@@ -125,16 +125,3 @@ pub(super) fn over_max_queued(
     .optional()?;
     Ok(full.map(|f| (f.tenant, f.lim)))
 }
-
-pub(super) fn run_limited(conn: &mut MysqlConnection) -> QueryResult<Vec<String>> {
-    #[derive(QueryableByName)]
-    struct Name {
-        #[diesel(sql_type = Text)]
-        tenant: String,
-    }
-    let names: Vec<Name> = Statement::<Mysql>::new(
-        "SELECT tenant FROM async_tenant WHERE max_running IS NOT NULL ORDER BY tenant",
-    )
-    .load(conn)?;
-    Ok(names.into_iter().map(|n| n.tenant).collect())
-}

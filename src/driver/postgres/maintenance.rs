@@ -4,9 +4,7 @@ use diesel::pg::{Pg, PgConnection};
 use diesel::sql_types::{BigInt, Text};
 use diesel::{QueryResult, RunQueryDsl};
 
-use crate::driver::{
-    counts_by_state, state_literals, KeywordStateCount, NodeDomainsRow, PruneBatch, PrunedBatch,
-};
+use crate::driver::{counts_by_state, state_literals, KeywordStateCount, PruneBatch, PrunedBatch};
 use crate::sql::Statement;
 
 pub(super) fn count_by_keyword_state(
@@ -20,23 +18,6 @@ pub(super) fn count_by_keyword_state(
          FROM async_task GROUP BY keyword, state ORDER BY keyword, state",
     )
     .load(conn)
-}
-
-/// Pending tasks of `keywords` due now, read through the claim's index.
-pub(super) fn count_due(conn: &mut PgConnection, keywords: &[String]) -> QueryResult<i64> {
-    #[derive(diesel::QueryableByName)]
-    struct N {
-        #[diesel(sql_type = BigInt)]
-        n: i64,
-    }
-    let row: N = Statement::<Pg>::new(
-        "SELECT count(*) AS n FROM async_task
-         WHERE state = 'pending' AND run_at <= now() AND keyword = ANY(",
-    )
-    .bind::<diesel::sql_types::Array<Text>, _>(keywords.to_vec())
-    .sql(")")
-    .get_result(conn)?;
-    Ok(row.n)
 }
 
 #[derive(diesel::QueryableByName)]
@@ -117,12 +98,6 @@ pub(super) fn node_heartbeat(
         .execute(conn)
 }
 
-pub(super) fn node_mark_gone(conn: &mut PgConnection, node_id: i64) -> QueryResult<usize> {
-    Statement::<Pg>::new("UPDATE async_node SET state = 'gone', heartbeat_at = now() WHERE id = ")
-        .bind::<BigInt, _>(node_id)
-        .execute(conn)
-}
-
 /// Deletes up to `limit` rows of stopped nodes. FOR UPDATE re-checks the conditions on a row
 /// that a heartbeat is updating at that moment (after waiting for it), so a node that beats
 /// just now stays.
@@ -147,24 +122,4 @@ pub(super) fn prune_nodes(
     .bind::<BigInt, _>(silent_ms)
     .bind::<BigInt, _>(limit)
     .execute(conn)
-}
-
-/// A keyword, as a query returns it.
-#[derive(diesel::QueryableByName)]
-pub(super) struct Keyword {
-    #[diesel(sql_type = Text)]
-    pub(super) keyword: String,
-}
-
-pub(super) fn node_domains(
-    conn: &mut PgConnection,
-    within_ms: i64,
-) -> QueryResult<Vec<NodeDomainsRow>> {
-    Statement::<Pg>::new(
-        "SELECT id, name, domains FROM async_node WHERE state = 'alive' \
-         AND heartbeat_at >= now() - make_interval(secs => ",
-    )
-    .bind::<BigInt, _>(within_ms)
-    .sql(" / 1000.0) ORDER BY id")
-    .load(conn)
 }

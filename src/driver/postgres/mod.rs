@@ -9,20 +9,19 @@ mod operate;
 mod ops;
 mod payload;
 mod schedule;
-mod strategy;
 mod task;
 mod tenant;
 
 use diesel::connection::{AnsiTransactionManager, SimpleConnection, TransactionManager};
 use diesel::pg::PgConnection;
-use diesel::{QueryResult, RunQueryDsl};
+use diesel::QueryResult;
 use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
 
 use super::{
     AuditEntry, ChunkRuns, Claim, ClaimRow, ClaimState, DomainRow, DomainWrite, Driver, Due,
-    InsertRow, KeywordStateCount, LeaseCharge, MigrationError, NodeDomainsRow, NodeStrategyRow,
-    Pick, Picked, PruneBatch, PrunedBatch, RescueParams, RescuedRow, TaskFilter, TaskKey,
-    TaskRecord, TenantRow, TenantSet, TxMark,
+    InsertRow, KeywordStateCount, LeaseCharge, MigrationError, Pick, Picked, PruneBatch,
+    PrunedBatch, RescueParams, RescuedRow, TaskFilter, TaskKey, TaskRecord, TenantRow, TenantSet,
+    TxMark,
 };
 
 /// The channel on which enqueues of due tasks notify idle workers (the enqueue statement
@@ -161,10 +160,6 @@ impl Driver for PgConnection {
         operate::audit(self, audit)
     }
 
-    fn task_cancelled_among(&mut self, ids: &[i64]) -> QueryResult<Vec<i64>> {
-        task::cancelled_among(self, ids)
-    }
-
     fn task_lease_page(
         &mut self,
         owner: i64,
@@ -261,10 +256,6 @@ impl Driver for PgConnection {
         maintenance::count_by_keyword_state(self)
     }
 
-    fn task_count_due(&mut self, keywords: &[String]) -> QueryResult<i64> {
-        maintenance::count_due(self, keywords)
-    }
-
     fn task_prune_batch(&mut self, batch: &PruneBatch<'_>) -> QueryResult<PrunedBatch> {
         maintenance::prune_tasks(self, batch)
     }
@@ -293,10 +284,6 @@ impl Driver for PgConnection {
         tenant::over_max_queued(self, tenants)
     }
 
-    fn tenant_run_limited(&mut self) -> QueryResult<Vec<String>> {
-        tenant::run_limited(self)
-    }
-
     fn node_register(&mut self, name: &str) -> QueryResult<i64> {
         maintenance::node_register(self, name)
     }
@@ -311,26 +298,6 @@ impl Driver for PgConnection {
 
     fn backend_cancel(&mut self, _pid: i32) -> QueryResult<bool> {
         Ok(false)
-    }
-
-    fn domain_rows(&mut self) -> QueryResult<Vec<DomainRow>> {
-        diesel::sql_query(super::DOMAIN_ROWS_PG).load(self)
-    }
-
-    fn keyword_paused(&mut self) -> QueryResult<Vec<String>> {
-        Ok(diesel::sql_query(super::KEYWORD_PAUSED)
-            .load::<maintenance::Keyword>(self)?
-            .into_iter()
-            .map(|k| k.keyword)
-            .collect())
-    }
-
-    fn node_domains(&mut self, within_ms: i64) -> QueryResult<Vec<NodeDomainsRow>> {
-        maintenance::node_domains(self, within_ms)
-    }
-
-    fn node_mark_gone(&mut self, node_id: i64) -> QueryResult<usize> {
-        maintenance::node_mark_gone(self, node_id)
     }
 
     fn node_prune_batch(
@@ -374,19 +341,5 @@ impl Driver for PgConnection {
 
     fn keyword_resume(&mut self, keyword: &str, audit: &AuditEntry<'_>) -> QueryResult<usize> {
         domain::resume(self, keyword, audit)
-    }
-
-    fn node_strategy_publish(
-        &mut self,
-        node_id: i64,
-        strategy: &str,
-        weight: i32,
-        running: i64,
-    ) -> QueryResult<usize> {
-        strategy::publish(self, node_id, strategy, weight, running)
-    }
-
-    fn node_strategies(&mut self, within_ms: i64) -> QueryResult<Vec<NodeStrategyRow>> {
-        strategy::live(self, within_ms)
     }
 }

@@ -5,8 +5,8 @@ use diesel::sql_types::{BigInt, Integer, Text};
 use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
 
 use crate::driver::ops::{
-    page_of, retry_states, where_selected, AuditRow, NodeRow, OpsDriver, TaskDetailRow,
-    TaskListRow, TaskPageAt, TaskSelect, PARENT_PRUNED,
+    page_of, retry_states, where_selected, AuditRow, OpsDriver, TaskDetailRow, TaskListRow,
+    TaskPageAt, TaskSelect, PARENT_PRUNED,
 };
 use crate::sql::Statement;
 
@@ -153,24 +153,6 @@ impl OpsDriver for PgConnection {
         .sql(PARENT_PRUNED)
         .get_result(self)?;
         Ok(count.n)
-    }
-
-    fn node_list(&mut self, limit: i64) -> QueryResult<Vec<NodeRow>> {
-        Statement::<Pg>::new(concat!(
-            "SELECT ",
-            utc_text!("now()"),
-            " AS db_now, n.id, n.name, n.state, ",
-            utc_text!("n.started_at"),
-            " AS started_at, ",
-            utc_text!("n.heartbeat_at"),
-            " AS heartbeat_at,
-                (SELECT count(*) FROM async_task t
-                  WHERE t.owner = n.id AND t.state = 'running') AS running
-               FROM async_node n
-              ORDER BY n.heartbeat_at DESC, n.id DESC LIMIT "
-        ))
-        .bind::<BigInt, _>(limit)
-        .load(self)
     }
 
     fn audit_list(

@@ -254,20 +254,6 @@ pub(super) fn cancel(conn: &mut PgConnection, id: i64) -> QueryResult<usize> {
     .execute(conn)
 }
 
-pub(super) fn cancelled_among(conn: &mut PgConnection, ids: &[i64]) -> QueryResult<Vec<i64>> {
-    #[derive(diesel::QueryableByName)]
-    struct Id {
-        #[diesel(sql_type = BigInt)]
-        id: i64,
-    }
-    let rows: Vec<Id> =
-        Statement::<Pg>::new("SELECT id FROM async_task WHERE state = 'cancelled' AND id = ANY(")
-            .bind::<Array<BigInt>, _>(ids.to_vec())
-            .sql(")")
-            .load(conn)?;
-    Ok(rows.into_iter().map(|r| r.id).collect())
-}
-
 pub(super) fn get_claim(conn: &mut PgConnection, id: i64) -> QueryResult<Option<ClaimState>> {
     claim_state::<Pg>(id).get_result(conn).optional()
 }

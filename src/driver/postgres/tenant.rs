@@ -139,19 +139,6 @@ pub(super) fn over_max_queued(
     Ok(full.map(|f| (f.tenant, f.lim)))
 }
 
-pub(super) fn run_limited(conn: &mut PgConnection) -> QueryResult<Vec<String>> {
-    #[derive(QueryableByName)]
-    struct Name {
-        #[diesel(sql_type = Text)]
-        tenant: String,
-    }
-    let names: Vec<Name> = Statement::<Pg>::new(
-        "SELECT tenant FROM async_tenant WHERE max_running IS NOT NULL ORDER BY tenant",
-    )
-    .load(conn)?;
-    Ok(names.into_iter().map(|n| n.tenant).collect())
-}
-
 /// See [`crate::driver::Driver::task_claim_limited`].
 pub(super) fn claim_limited(
     conn: &mut PgConnection,

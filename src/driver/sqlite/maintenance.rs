@@ -4,9 +4,7 @@ use diesel::sql_types::{BigInt, Text};
 use diesel::sqlite::{Sqlite, SqliteConnection};
 use diesel::{QueryResult, RunQueryDsl};
 
-use crate::driver::{
-    counts_by_state, state_literals, KeywordStateCount, NodeDomainsRow, PruneBatch, PrunedBatch,
-};
+use crate::driver::{counts_by_state, state_literals, KeywordStateCount, PruneBatch, PrunedBatch};
 use crate::sql::Statement;
 
 pub(super) fn count_by_keyword_state(
@@ -23,25 +21,6 @@ pub(super) fn count_by_keyword_state(
          FROM async_task GROUP BY keyword, state ORDER BY keyword, state"
     ))
     .load(conn)
-}
-
-/// Pending tasks of `keywords` due now.
-pub(super) fn count_due(conn: &mut SqliteConnection, keywords: &[String]) -> QueryResult<i64> {
-    #[derive(diesel::QueryableByName)]
-    struct N {
-        #[diesel(sql_type = BigInt)]
-        n: i64,
-    }
-    let keywords = serde_json::to_string(keywords).expect("strings serialize");
-    let row: N = Statement::<Sqlite>::new(concat!(
-        "SELECT count(*) AS n FROM async_task WHERE state = 'pending' AND run_at <= ",
-        now!(),
-        " AND keyword IN (SELECT value FROM json_each("
-    ))
-    .bind::<Text, _>(keywords)
-    .sql("))")
-    .get_result(conn)?;
-    Ok(row.n)
 }
 
 pub(super) fn node_register(conn: &mut SqliteConnection, name: &str) -> QueryResult<i64> {
@@ -71,16 +50,6 @@ pub(super) fn node_heartbeat(
     .sql(" WHERE id = ")
     .bind::<BigInt, _>(node_id)
     .sql(" AND state = 'alive'")
-    .execute(conn)
-}
-
-pub(super) fn node_mark_gone(conn: &mut SqliteConnection, node_id: i64) -> QueryResult<usize> {
-    Statement::<Sqlite>::new(concat!(
-        "UPDATE async_node SET state = 'gone', heartbeat_at = ",
-        now!(),
-        " WHERE id = "
-    ))
-    .bind::<BigInt, _>(node_id)
     .execute(conn)
 }
 
@@ -181,24 +150,4 @@ pub(super) fn prune_nodes(
     .bind::<BigInt, _>(silent_ms)
     .bind::<BigInt, _>(limit)
     .execute(conn)
-}
-
-/// A keyword, as a query returns it.
-#[derive(diesel::QueryableByName)]
-pub(super) struct Keyword {
-    #[diesel(sql_type = Text)]
-    pub(super) keyword: String,
-}
-
-pub(super) fn node_domains(
-    conn: &mut SqliteConnection,
-    within_ms: i64,
-) -> QueryResult<Vec<NodeDomainsRow>> {
-    Statement::<Sqlite>::new(
-        "SELECT id, name, domains FROM async_node WHERE state = 'alive' \
-         AND heartbeat_at >= strftime('%Y-%m-%d %H:%M:%f', 'now', ",
-    )
-    .bind::<Text, _>(format!("-{:.3} seconds", within_ms as f64 / 1000.0))
-    .sql(") ORDER BY id")
-    .load(conn)
 }

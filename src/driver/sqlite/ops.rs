@@ -5,8 +5,8 @@ use diesel::sqlite::{Sqlite, SqliteConnection};
 use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
 
 use crate::driver::ops::{
-    page_of, retry_states, where_selected, AuditRow, NodeRow, OpsDriver, TaskDetailRow,
-    TaskListRow, TaskPageAt, TaskSelect, PARENT_PRUNED,
+    page_of, retry_states, where_selected, AuditRow, OpsDriver, TaskDetailRow, TaskListRow,
+    TaskPageAt, TaskSelect, PARENT_PRUNED,
 };
 use crate::sql::Statement;
 
@@ -113,21 +113,6 @@ impl OpsDriver for SqliteConnection {
         .sql(PARENT_PRUNED)
         .get_result(self)?;
         Ok(count.n)
-    }
-
-    fn node_list(&mut self, limit: i64) -> QueryResult<Vec<NodeRow>> {
-        // The running tasks through the lease index (every running task has a deadline).
-        Statement::<Sqlite>::new(concat!(
-            "SELECT ",
-            now!(),
-            " AS db_now, n.id, n.name, n.state, n.started_at, n.heartbeat_at,
-                (SELECT count(*) FROM async_task t WHERE t.owner = n.id
-                    AND t.deadline_at IS NOT NULL AND t.state = 'running') AS running
-               FROM async_node n
-              ORDER BY n.heartbeat_at DESC, n.id DESC LIMIT "
-        ))
-        .bind::<BigInt, _>(limit)
-        .load(self)
     }
 
     fn audit_list(

@@ -4,24 +4,10 @@ use diesel::sql_types::Text;
 use diesel::sqlite::{Sqlite, SqliteConnection};
 use diesel::{QueryResult, RunQueryDsl};
 
-use crate::driver::schedule::{ScheduleDriver, ScheduleListRow, ScheduleRow};
+use crate::driver::schedule::ScheduleDriver;
 use crate::sql::Statement;
 
 impl ScheduleDriver for SqliteConnection {
-    fn schedule_read(&mut self, keywords: &[String]) -> QueryResult<Vec<ScheduleRow>> {
-        let keywords = serde_json::to_string(keywords).expect("strings serialise");
-        Statement::<Sqlite>::new(concat!(
-            "SELECT ",
-            now!(),
-            " AS db_now, s.keyword, s.since, s.last_tick
-               FROM (SELECT 1) AS one
-               LEFT JOIN async_schedule s ON s.keyword IN (SELECT value FROM json_each("
-        ))
-        .bind::<Text, _>(keywords)
-        .sql("))")
-        .load(self)
-    }
-
     fn schedule_insert(
         &mut self,
         keyword: &str,
@@ -60,19 +46,5 @@ impl ScheduleDriver for SqliteConnection {
             .bind::<Text, _>(tick.to_owned())
             .sql(")")
             .execute(self)
-    }
-
-    fn schedule_list(&mut self) -> QueryResult<Vec<ScheduleListRow>> {
-        Statement::<Sqlite>::new(concat!(
-            "SELECT ",
-            now!(),
-            " AS db_now, s.keyword, s.expression, s.since, s.last_tick, s.updated_at,
-                    s.updated_by, t.id AS task_id, t.state AS task_state
-               FROM async_schedule s
-               LEFT JOIN async_task t ON t.keyword = s.keyword
-                AND t.biz_id = 'cron:' || strftime('%Y-%m-%dT%H:%M:%SZ', s.last_tick)
-              ORDER BY s.keyword"
-        ))
-        .load(self)
     }
 }

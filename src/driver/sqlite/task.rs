@@ -204,23 +204,6 @@ pub(super) fn cancel(conn: &mut SqliteConnection, id: i64) -> QueryResult<usize>
     .execute(conn)
 }
 
-pub(super) fn cancelled_among(conn: &mut SqliteConnection, ids: &[i64]) -> QueryResult<Vec<i64>> {
-    #[derive(diesel::QueryableByName)]
-    struct Id {
-        #[diesel(sql_type = BigInt)]
-        id: i64,
-    }
-    let ids = serde_json::to_string(ids).expect("ids serialise");
-    let rows: Vec<Id> = Statement::<Sqlite>::new(
-        "SELECT id FROM async_task WHERE state = 'cancelled'
-         AND id IN (SELECT value FROM json_each(",
-    )
-    .bind::<Text, _>(ids)
-    .sql("))")
-    .load(conn)?;
-    Ok(rows.into_iter().map(|r| r.id).collect())
-}
-
 pub(super) fn get_claim(conn: &mut SqliteConnection, id: i64) -> QueryResult<Option<ClaimState>> {
     claim_state::<Sqlite>(id).get_result(conn).optional()
 }

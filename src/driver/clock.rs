@@ -1,0 +1,128 @@
+//! The database clock in queries written once with the query builder: each backend says
+//! "now" and "so long ago" in its own words, and its time columns load as a UTC
+//! `NaiveDateTime` (see `crate::schema`), shown as text in one shape.
+//!
+//! `diesel::dsl::now` is `CURRENT_TIMESTAMP`, which is whole seconds on SQLite and the
+//! session's local time on MySQL; these are the expressions the per-backend SQL uses
+//! (PostgreSQL `now()`, SQLite `strftime(…, 'now')` text with milliseconds, MySQL
+//! `UTC_TIMESTAMP(3)`), so a query written with them compares as the hand-written one did.
+
+use chrono::NaiveDateTime;
+use diesel::expression::{
+    is_aggregate, AppearsOnTable, AsExpression, Expression, SelectableExpression, ValidGrouping,
+};
+use diesel::query_builder::{AstPass, QueryFragment, QueryId};
+use diesel::sql_types::{BigInt, Timestamp};
+use diesel::QueryResult;
+
+#[cfg(feature = "mysql")]
+use diesel::mysql::Mysql;
+#[cfg(feature = "postgres")]
+use diesel::pg::Pg;
+#[cfg(feature = "sqlite")]
+use diesel::sqlite::Sqlite;
+
+use crate::db::DbConnection;
+
+/// The backend of [`DbConnection`]: each of its queries is rendered by the backend of the
+/// connection it runs on.
+type DbBackend = <DbConnection as diesel::Connection>::Backend;
+
+/// The shape of a time as text, on every backend: UTC, `YYYY-MM-DD HH:MM:SS.SSS`.
+const TIME_FORMAT: &str = "%Y-%m-%d %H:%M:%S%.3f";
+
+/// A time loaded from a `Timestamp` column as the text the rows carry.
+pub(crate) fn time_text(t: NaiveDateTime) -> String {
+    t.format(TIME_FORMAT).to_string()
+}
+
+/// The database clock now (`Timestamp`).
+#[derive(Debug, Clone, Copy, QueryId)]
+pub(crate) struct DbNow;
+
+/// The database clock `ms` milliseconds ago (`Timestamp`).
+#[derive(Debug, Clone, Copy, QueryId)]
+pub(crate) struct DbAgo {
+    ms: <i64 as AsExpression<BigInt>>::Expression,
+}
+
+/// The database clock `ms` milliseconds ago.
+pub(crate) fn db_ago(ms: i64) -> DbAgo {
+    DbAgo {
+        ms: AsExpression::<BigInt>::as_expression(ms),
+    }
+}
+
+macro_rules! clock_expression {
+    ($ty:ty) => {
+        impl Expression for $ty {
+            type SqlType = Timestamp;
+        }
+        impl<QS> AppearsOnTable<QS> for $ty {}
+        impl<QS> SelectableExpression<QS> for $ty {}
+        impl<GB> ValidGrouping<GB> for $ty {
+            type IsAggregate = is_aggregate::Never;
+        }
+        impl QueryFragment<DbBackend> for $ty {
+            fn walk_ast<'b>(&'b self, pass: AstPass<'_, 'b, DbBackend>) -> QueryResult<()> {
+                DbBackend::walk_variant_ast(self, pass)
+            }
+        }
+    };
+}
+clock_expression!(DbNow);
+clock_expression!(DbAgo);
+
+#[cfg(feature = "postgres")]
+impl QueryFragment<Pg> for DbNow {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        out.push_sql("now()");
+        Ok(())
+    }
+}
+
+#[cfg(feature = "sqlite")]
+impl QueryFragment<Sqlite> for DbNow {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Sqlite>) -> QueryResult<()> {
+        out.push_sql("strftime('%Y-%m-%d %H:%M:%f', 'now')");
+        Ok(())
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl QueryFragment<Mysql> for DbNow {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Mysql>) -> QueryResult<()> {
+        out.push_sql("UTC_TIMESTAMP(3)");
+        Ok(())
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl QueryFragment<Pg> for DbAgo {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        out.push_sql("(now() - ");
+        self.ms.walk_ast(out.reborrow())?;
+        out.push_sql(" * interval '1 millisecond')");
+        Ok(())
+    }
+}
+
+#[cfg(feature = "sqlite")]
+impl QueryFragment<Sqlite> for DbAgo {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Sqlite>) -> QueryResult<()> {
+        out.push_sql("strftime('%Y-%m-%d %H:%M:%f', 'now', printf('-%.3f seconds', ");
+        self.ms.walk_ast(out.reborrow())?;
+        out.push_sql(" / 1000.0))");
+        Ok(())
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl QueryFragment<Mysql> for DbAgo {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Mysql>) -> QueryResult<()> {
+        out.push_sql("(UTC_TIMESTAMP(3) - INTERVAL ");
+        self.ms.walk_ast(out.reborrow())?;
+        out.push_sql(" * 1000 MICROSECOND)");
+        Ok(())
+    }
+}
