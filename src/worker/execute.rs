@@ -241,15 +241,19 @@ impl Worker {
     /// Whether this node still holds `task`'s claim (running, under this claim's token).
     fn holds(&self, task: &ClaimedTask) -> bool {
         let claim = task.claim();
+        // A check that cannot be made (the pool's connection lost with the chunk's, a read
+        // that fails) runs the task: its completion is fenced all the same, while a task
+        // skipped here would wait, running under this live node, for its chunk's deadline.
         let Ok(mut conn) = self.pool.get() else {
-            return false;
+            return true;
         };
-        matches!(
-            driver(&mut conn).task_get_claim(claim.id),
-            Ok(Some(c)) if c.state == "running"
-                && c.owner == Some(claim.owner)
-                && c.claim_token == claim.token
-        )
+        match driver(&mut conn).task_get_claim(claim.id) {
+            Ok(Some(c)) => {
+                c.state == "running" && c.owner == Some(claim.owner) && c.claim_token == claim.token
+            }
+            Ok(None) => false,
+            Err(_) => true,
+        }
     }
 
     /// The mark of a new transaction of this node on PostgreSQL (see
