@@ -158,7 +158,7 @@ impl Db {
         // The finished tasks a scenario's `prune` deleted (`save_for_prune`), and every
         // task, pruned or not: what the ledger and the external file are checked against.
         self.exec(
-            "CREATE TABLE fault_pruned (id BIGINT NOT NULL, keyword VARCHAR(64) NOT NULL, state VARCHAR(16) NOT NULL)",
+            "CREATE TABLE fault_pruned (id BIGINT NOT NULL, keyword VARCHAR(64) NOT NULL, state VARCHAR(16) NOT NULL, completed_xmin BIGINT)",
         );
         self.exec(
             "CREATE VIEW fault_tasks AS
@@ -171,11 +171,21 @@ impl Db {
 
     /// Before a `prune`: keeps the finished tasks' ids, keywords and states, so that the
     /// ledger rows and external lines of the tasks it deletes are still told apart.
+    /// On PostgreSQL with the row's `xmin` too: the transaction that completed it, which
+    /// tells an external effect's run in it from one in a transaction that did not.
     pub fn save_for_prune(&self) {
-        self.exec(
-            "INSERT INTO fault_pruned (id, keyword, state)
-             SELECT id, keyword, state FROM async_task WHERE state IN ('done', 'dead', 'cancelled')",
-        );
+        if self.backend() == outbox::Backend::Postgres {
+            self.exec(
+                "INSERT INTO fault_pruned (id, keyword, state, completed_xmin)
+                 SELECT id, keyword, state, CAST(CAST(xmin AS text) AS BIGINT) FROM async_task
+                  WHERE state IN ('done', 'dead', 'cancelled')",
+            );
+        } else {
+            self.exec(
+                "INSERT INTO fault_pruned (id, keyword, state)
+                 SELECT id, keyword, state FROM async_task WHERE state IN ('done', 'dead', 'cancelled')",
+            );
+        }
     }
 
     /// Enqueues `tasks` with the library, in batches.

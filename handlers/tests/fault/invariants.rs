@@ -181,12 +181,18 @@ impl Figures {
             return;
         }
         let status = xact_status(db, &xids);
-        // The done rows' xmin: a 32-bit transaction id, the low half of the full one.
+        // The done rows' xmin: a 32-bit transaction id, the low half of the full one (of the
+        // pruned ones, as saved before the prune).
         let completed_in: HashMap<i64, u64> = db
             .with("completing transactions", |c| {
                 diesel::sql_query(
                     "SELECT id AS n, CAST(CAST(xmin AS text) AS BIGINT) AS m FROM async_task
-                     WHERE keyword = 'fault.external' AND state = 'done'",
+                     WHERE keyword = 'fault.external' AND state = 'done'
+                     UNION ALL
+                     SELECT DISTINCT p.id AS n, p.completed_xmin AS m FROM fault_pruned p
+                     WHERE p.keyword = 'fault.external' AND p.state = 'done'
+                       AND p.completed_xmin IS NOT NULL
+                       AND NOT EXISTS (SELECT 1 FROM async_task t WHERE t.id = p.id)",
                 )
                 .load::<IdXmin>(c)
             })

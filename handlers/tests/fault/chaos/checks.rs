@@ -535,6 +535,7 @@ impl Sampler {
         checks: &mut Checks,
         i: usize,
         locked: Option<usize>,
+        stopping: bool,
     ) {
         checks.samples += 1;
         for tenant in &plan.tenants {
@@ -594,7 +595,7 @@ impl Sampler {
         let finished = db
             .count("SELECT count(*) FROM async_task WHERE state IN ('done', 'dead', 'cancelled')");
         let waiting = due_waiting(db) > 0;
-        if finished != self.finished || !waiting || locked == Some(i) {
+        if finished != self.finished || !waiting || locked == Some(i) || stopping {
             self.finished = finished;
             self.since = Some(Instant::now());
         } else if let Some(since) = self.since {

@@ -51,6 +51,8 @@ struct Slot {
     proc: Option<Proc>,
     starts: usize,
     frozen_until: Option<Instant>,
+    /// Sent SIGTERM and not yet exited: it claims nothing more, on any of its databases.
+    stopping: bool,
 }
 
 /// Runs the plan of `seed` and checks it; panics naming every violated invariant.
@@ -87,6 +89,7 @@ pub fn run_seed(seed: u64) {
             proc: None,
             starts: 0,
             frozen_until: None,
+            stopping: false,
         })
         .collect();
     let urls: Vec<&str> = databases.iter().map(|d| d.url.as_str()).collect();
@@ -202,6 +205,9 @@ pub fn run_seed(seed: u64) {
                 pause = None;
             }
         }
+        // While a worker stops (SIGTERM: no more claims, its tasks in flight waited for), the
+        // others' pace is not judged: a stopping process claims for none of its databases.
+        let stopping = slots.iter().any(|s| s.stopping);
         for (i, database) in databases.iter().enumerate() {
             samplers[i].sample(
                 &plan,
@@ -209,6 +215,7 @@ pub fn run_seed(seed: u64) {
                 &mut checks,
                 i,
                 lock_holder.as_ref().map(|(d, _, _)| *d),
+                stopping,
             );
         }
         if !in_window && lock_holder.is_none() && pause.is_none() {
@@ -434,6 +441,7 @@ fn supervise(
             }
         }
         let _ = in_window;
+        slot.stopping = false;
         slot.starts += 1;
         let label = format!("w{i}-{}", slot.starts);
         slot.proc = Some(sc.spawn(&label, urls[0], &worker_args(sc, plan, i, urls, crontab)));
@@ -468,6 +476,7 @@ fn apply_fault(
                 .as_ref()
                 .expect("running")
                 .signal(libc::SIGTERM);
+            slots[i].stopping = true;
             timeline.push(format!("{}: worker {i} SIGTERM", secs(now)));
         }
         Fault::Freeze(i, d) if running(&mut slots[i]) => {
@@ -685,6 +694,9 @@ macro_rules! fixed_seeds {
 // handler hung outside SQL past its domain's timeout; 12 idle tenants that ended a `drain` with due
 // work left; 18 one database's blocked handlers stalling the other's; 7 a cancel in the producer's
 // transaction deadlocking with a chunk; 19 a pause not held by a node without the domain.
+// 307 (found by `--seeds 20 --first 300`, on MySQL): a stamped chunk rolled back by its
+// sessions' end, whose rerun skipped a task when the check that it still held it failed on a
+// lost connection, leaving it running under a live node until its deadline.
 fixed_seeds! {
     seed_28 = 28;
     seed_4 = 4;
@@ -693,6 +705,7 @@ fixed_seeds! {
     seed_18 = 18;
     seed_7 = 7;
     seed_19 = 19;
+    seed_307 = 307;
 }
 
 /// `scripts/chaos.sh`: the seed `OUTBOX_CHAOS_SEED`, or `OUTBOX_CHAOS_SEEDS` random seeds
