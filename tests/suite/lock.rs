@@ -535,3 +535,21 @@ impl Drop for SetOnDrop {
         self.0.store(true, Ordering::SeqCst);
     }
 }
+
+/// A lease is found by its task only: a chunk's completion deletes its leases by task id
+/// (and node), and an index by node let the planner, whose statistics of this churning table
+/// are often young, read every lease of the node and every dead version of them for each
+/// chunk: most of the server's time in a 50,000-task drain (migration 000016).
+#[test]
+fn the_lease_table_is_indexed_by_task_only() {
+    let db = &TestDb::postgres();
+    let indexes = db.count(
+        "SELECT count(*) FROM pg_indexes WHERE tablename = 'async_lease'
+            AND indexname <> 'async_lease_pkey'",
+    );
+    assert_eq!(indexes, 0, "an index of async_lease besides its primary key");
+    assert_eq!(
+        db.count("SELECT count(*) FROM pg_indexes WHERE indexname = 'async_lease_pkey'"),
+        1
+    );
+}
