@@ -172,6 +172,13 @@ every_backend! {
         accepted(db, "a 64 KiB payload", ", biz_data", &format!("'k', 'sql', {}", json(limit - 2)));
         refused(db, "a payload over 64 KiB", ", biz_data", &format!("'k', 'sql-big', {}", json(limit - 1)));
         refused(db, "a 70 KB payload", ", biz_data", &format!("'k', 'sql-70k', {}", json(70_000)));
+        // An UPDATE is held to the same bound (on PostgreSQL by a trigger after the update,
+        // which locks no row: migration 000017).
+        let grow = format!("UPDATE async_task SET biz_data = {} WHERE biz_id = 'sql'", json(70_000));
+        assert!(
+            diesel::RunQueryDsl::execute(diesel::sql_query(grow), &mut db.conn()).is_err(),
+            "an UPDATE made a payload over 64 KiB"
+        );
 
         // PostgreSQL stores jsonb, whose text form has a space after each ',' and ':': the
         // API measures that form there, so both agree on a payload that is short as written.
@@ -350,16 +357,17 @@ every_backend! {
 sqlite_and_postgres! {
     fn migration_000005_keeps_every_task_and_the_id_counter(db: &TestDb) {
         // Back to version 4, with tasks in several states; the newest is deleted (pruned), so
-        // the id counter is ahead of the largest id. The columns of migrations 000014 and
-        // 000010 go first (000005 rebuilds the table as it was at version 4), and come back
-        // after.
-        let downs = match db.backend() {
-            Backend::Postgres => [
+        // the id counter is ahead of the largest id. The later migrations go first (000005
+        // rebuilds the table as it was at version 4), and come back after.
+        let downs: &[&str] = match db.backend() {
+            Backend::Postgres => &[
+                include_str!("../../migrations/postgres/2026-11-26-000017_payload_check_after_update/down.sql"),
+                include_str!("../../migrations/postgres/2026-11-26-000016_lease_by_task/down.sql"),
                 include_str!("../../migrations/postgres/2026-11-25-000015_lease_claims/down.sql"),
                 include_str!("../../migrations/postgres/2026-11-24-000010_task_chains/down.sql"),
                 include_str!("../../migrations/postgres/2026-11-24-000005_task_rules/down.sql"),
             ],
-            Backend::Sqlite => [
+            Backend::Sqlite => &[
                 include_str!("../../migrations/sqlite/2026-11-25-000015_lease_claims/down.sql"),
                 include_str!("../../migrations/sqlite/2026-11-24-000010_task_chains/down.sql"),
                 include_str!("../../migrations/sqlite/2026-11-24-000005_task_rules/down.sql"),
@@ -369,7 +377,7 @@ sqlite_and_postgres! {
         for down in downs {
             db.exec(down);
         }
-        db.exec("DELETE FROM __diesel_schema_migrations WHERE version IN ('20261124000005', '20261124000010', '20261125000015')");
+        db.exec("DELETE FROM __diesel_schema_migrations WHERE version IN ('20261124000005', '20261124000010', '20261125000015', '20261126000016', '20261126000017')");
         let mut conn = db.conn();
         for i in 0..5 {
             enqueue(&mut conn, &NewTask::new("k", i.to_string()).tenant("t").payload(&serde_json::json!({"i": i}))).unwrap();
@@ -378,7 +386,7 @@ sqlite_and_postgres! {
         db.exec("DELETE FROM async_task WHERE biz_id = '4'");
 
         let applied = outbox::run_migrations(&mut conn).unwrap();
-        assert_eq!(applied.len(), 3, "{applied:?}");
+        assert_eq!(applied.len(), downs.len(), "{applied:?}");
         assert_eq!(db.count("SELECT count(*) FROM async_task"), 4);
         assert_eq!(db.count("SELECT count(*) FROM async_task WHERE state = 'done' AND biz_id = '1' AND tenant = 't'"), 1);
         let next = enqueue(&mut conn, &NewTask::new("k", "next")).unwrap();
