@@ -116,10 +116,10 @@ pub(super) fn ring_end(
     Ok(end.map_or((None, 0), |e| (Some(e.tenant), e.n)))
 }
 
-/// `WITH RECURSIVE …, picked AS (SELECT id, weight …` (left open) choosing at most `limit`
-/// pending tasks due for `due`, locked, fairly across tenants as the module says; the
-/// ring starts after `after` (`""`: at the first tenant) and ends before it passes `lap`
-/// (see [`ring`]). Tenants in `except` (those with a
+/// `WITH RECURSIVE …, picked AS (SELECT id, claim_token, weight …` (left open) choosing at
+/// most `limit` pending tasks due for `due`, locked, fairly across tenants as the module
+/// says; the ring starts after `after` (`""`: at the first tenant) and ends before it passes
+/// `lap` (see [`ring`]). Tenants in `except` (those with a
 /// `max_running`, claimed apart) are left out. Each participant's rank starts from its pass
 /// in `passes` (what this node's claims have served it, over its weight).
 pub(super) fn picked(
@@ -183,7 +183,7 @@ pub(super) fn picked(
             "::numeric * weight / sum(weight) OVER ())::bigint AS k FROM share
             ), candidate AS (
                 SELECT q.tenant, q.weight, q.pos, q.pass, c.* FROM quota q CROSS JOIN LATERAL (
-                    SELECT t.id, t.priority, t.run_at FROM async_task t
+                    SELECT t.id, t.claim_token, t.priority, t.run_at FROM async_task t
                      WHERE t.tenant = q.tenant AND ",
         )
         .with(|s| due_for(s, due))
@@ -193,7 +193,7 @@ pub(super) fn picked(
                  WHERE q.tenant IS NOT NULL
                 UNION ALL
                 SELECT q.tenant, q.weight, q.pos, q.pass, c.* FROM quota q CROSS JOIN LATERAL (
-                    SELECT t.id, t.priority, t.run_at FROM async_task t
+                    SELECT t.id, t.claim_token, t.priority, t.run_at FROM async_task t
                      WHERE t.tenant IS NULL AND ",
         )
         .with(|s| due_for(s, due))
@@ -202,8 +202,8 @@ pub(super) fn picked(
                      ORDER BY t.priority, t.run_at, t.id LIMIT q.k FOR UPDATE SKIP LOCKED) c
                  WHERE q.tenant IS NULL
             ), picked AS (
-                SELECT id, weight FROM (
-                    SELECT id, priority, run_at, pos, weight, pass + row_number() OVER (
+                SELECT id, claim_token, weight FROM (
+                    SELECT id, claim_token, priority, run_at, pos, weight, pass + row_number() OVER (
                                PARTITION BY tenant ORDER BY priority, run_at, id)::float8 / weight AS turn
                       FROM candidate) ranked
                  ORDER BY priority, turn, run_at, pos, id
@@ -212,7 +212,8 @@ pub(super) fn picked(
         .bind::<BigInt, _>(limit)
 }
 
-/// What a claim takes (see [`Pick`]): `WITH …, picked AS (SELECT id …` left open.
+/// What a claim takes (see [`Pick`]): `WITH …, picked AS (SELECT id, claim_token …` left
+/// open.
 pub(super) fn pick(
     prefix: &'static str,
     due: &Due<'_>,
@@ -229,10 +230,10 @@ pub(super) fn pick(
 }
 
 /// One participant's first due tasks, locked: the statement of a claim before it, when that
-/// claim found no other participant (`WITH picked AS (SELECT id …`, left open).
+/// claim found no other participant (`WITH picked AS (SELECT id, claim_token …`, left open).
 fn solo(prefix: &'static str, due: &Due<'_>, tenant: Option<&str>, limit: i64) -> Statement<Pg> {
-    let statement =
-        Statement::<Pg>::new(prefix).sql("WITH picked AS (SELECT t.id FROM async_task t WHERE ");
+    let statement = Statement::<Pg>::new(prefix)
+        .sql("WITH picked AS (SELECT t.id, t.claim_token FROM async_task t WHERE ");
     solo_scan(statement, due, tenant, limit)
 }
 

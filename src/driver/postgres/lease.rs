@@ -105,21 +105,22 @@ fn lease_statement(
 ) -> Statement<Pg> {
     // The page is cut into chunks in the order `picked` yields it (claim order), numbered
     // without a sort of its own. The fair choice (`fair::pick`) locks its candidates as it
-    // reads them (`SKIP LOCKED`:
-    // two claims never wait on each other), only for this statement: the lease, not the row
-    // lock, holds the task from here on. `ON CONFLICT` stands where the snapshot is older
-    // than a lease another claim has just committed. The statement writes no WAL (the lease
-    // table is unlogged), and its commit waits for no flush either way.
+    // reads them (`SKIP LOCKED`: two claims never wait on each other), only for this
+    // statement: the lease, not the row lock, holds the task from here on. The lease's token
+    // is the locked row's, as `picked` read it (no second look-up of the task). `ON
+    // CONFLICT` stands where the snapshot is older than a lease another claim has just
+    // committed. Of WAL, the statement writes only its row locks (the lease table is
+    // unlogged), and its commit waits for no flush.
     let statement = super::fair::pick(prefix, due, except, pick, limit)
         .sql(
             "
             ), leased AS (
                 INSERT INTO async_lease (task_id, node_id, token, chunk, deadline_at)
-                SELECT t.id, ",
+                SELECT p.id, ",
         )
         .bind::<BigInt, _>(owner)
         .sql(
-            ", t.claim_token,
+            ", p.claim_token,
                        ((",
         )
         .bind::<BigInt, _>(chunk.first)
@@ -129,8 +130,7 @@ fn lease_statement(
         .bind::<BigInt, _>(timeout_ms)
         .sql(
             " * interval '1 millisecond'
-                  FROM (SELECT id, row_number() OVER () AS rn FROM picked) p
-                  JOIN async_task t ON t.id = p.id
+                  FROM (SELECT id, claim_token, row_number() OVER () AS rn FROM picked) p
                 ON CONFLICT (task_id) DO NOTHING
                 RETURNING task_id, chunk
             )
