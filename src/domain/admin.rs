@@ -36,11 +36,11 @@
 use diesel::Connection;
 use serde::Serialize;
 
+pub use super::census::LIVE_WITHIN;
 pub use super::change::DomainChange;
-pub use super::fleet::LIVE_WITHIN;
 pub use super::view::{DomainSetting, DomainView};
 
-use super::fleet::Fleet;
+use super::census::Census;
 use super::view::views;
 use super::{validate_name, DomainMode, DEFAULT_DOMAIN};
 use crate::db::transaction::depth;
@@ -82,7 +82,7 @@ pub struct Changed {
 /// Every domain known from `async_domain` or from the live nodes, `default` first, then by
 /// name: configuration as the table overrides the nodes', slot use summed over the nodes.
 pub fn list(conn: &mut DbConnection) -> Result<Vec<DomainView>> {
-    Ok(views(&Fleet::read(conn)?))
+    Ok(views(&Census::read(conn)?))
 }
 
 /// The keywords paused on their own, by name.
@@ -107,11 +107,11 @@ pub fn set(
 ) -> Result<Changed> {
     change.validate(name)?;
     locked(conn, |conn| {
-        let fleet = Fleet::read(conn)?;
-        let current = fleet.setting(name).cloned();
+        let census = Census::read(conn)?;
+        let current = census.setting(name).cloned();
         let mut proposed = change.apply(current.as_ref().unwrap_or(&DomainSetting::empty(name)));
-        fleet.hold(&mut proposed);
-        if fleet.nodes_with(name) == 0 && !proposed.is_complete() {
+        census.hold(&mut proposed);
+        if census.nodes_with(name) == 0 && !proposed.is_complete() {
             let what = if current.is_some() {
                 "is on no live node and its row does not define it"
             } else {
@@ -123,11 +123,11 @@ pub fn set(
             });
         }
         if let Some(keywords) = &change.keywords {
-            fleet.check_keywords_free(name, keywords)?;
+            census.check_keywords_free(name, keywords)?;
         }
         let touches_threads = change.keywords.is_some() || change.mode.is_some();
-        fleet.check_nodes(&proposed, touches_threads)?;
-        let nodes = fleet.nodes_applying(&proposed);
+        census.check_nodes(&proposed, touches_threads)?;
+        let nodes = census.nodes_applying(&proposed);
         if current.as_ref().is_some_and(|c| c.same_as(&proposed)) {
             return Ok(unchanged(
                 Target::Domain,
@@ -150,15 +150,15 @@ pub fn set(
 pub fn release(conn: &mut DbConnection, name: &str, actor: &str) -> Result<Changed> {
     validate_release(name)?;
     locked(conn, |conn| {
-        let fleet = Fleet::read(conn)?;
-        if !fleet.is_domain(name) {
+        let census = Census::read(conn)?;
+        if !census.is_domain(name) {
             return Err(Error::DomainNotFound {
                 name: name.to_owned(),
             });
         }
         flag(
             driver(conn),
-            &fleet,
+            &census,
             name,
             "domain.release",
             true,
@@ -208,18 +208,18 @@ fn pause_or_resume(
 ) -> Result<Changed> {
     validate_name(name)?;
     locked(conn, |conn| {
-        let fleet = Fleet::read(conn)?;
-        if fleet.is_domain(name) {
+        let census = Census::read(conn)?;
+        if census.is_domain(name) {
             let (action, released) = if pause {
                 // Pausing keeps a release as it is.
-                let released = fleet.setting(name).is_some_and(|s| s.released);
+                let released = census.setting(name).is_some_and(|s| s.released);
                 ("domain.pause", released)
             } else {
                 ("domain.resume", false)
             };
-            return flag(driver(conn), &fleet, name, action, pause, released, actor);
+            return flag(driver(conn), &census, name, action, pause, released, actor);
         }
-        if !fleet.is_keyword(name) {
+        if !census.is_keyword(name) {
             return Err(Error::DomainNotFound {
                 name: name.to_owned(),
             });
@@ -251,7 +251,7 @@ fn pause_or_resume(
             action,
             changed: n > 0,
             setting: None,
-            nodes: fleet.nodes_serving(name),
+            nodes: census.nodes_serving(name),
         })
     })
 }
@@ -259,20 +259,20 @@ fn pause_or_resume(
 /// Sets a domain's `paused` and `released`, writing its row only if they change.
 fn flag(
     driver: &mut dyn Driver,
-    fleet: &Fleet,
+    census: &Census,
     name: &str,
     action: &'static str,
     paused: bool,
     released: bool,
     actor: &str,
 ) -> Result<Changed> {
-    let current = fleet.setting(name).cloned();
+    let current = census.setting(name).cloned();
     let mut proposed = current
         .clone()
         .unwrap_or_else(|| DomainSetting::empty(name));
     (proposed.paused, proposed.released) = (paused, released);
-    fleet.hold(&mut proposed);
-    let nodes = fleet.nodes_applying(&proposed);
+    census.hold(&mut proposed);
+    let nodes = census.nodes_applying(&proposed);
     let same = match &current {
         Some(c) => c.same_as(&proposed),
         // No row is neither paused nor released.

@@ -13,9 +13,9 @@
 //! `outbox pause`).
 
 pub mod admin;
+mod census;
 mod change;
 mod file;
-mod fleet;
 mod view;
 
 use std::collections::HashMap;

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
-use super::fleet::Fleet;
+use super::census::Census;
 use super::{DomainMode, DEFAULT_DOMAIN};
 use crate::driver::DomainRow;
 
@@ -201,11 +201,11 @@ impl DomainView {
     }
 }
 
-/// Every domain of `fleet`, `default` first, then by name: see [`DomainView`].
-pub(crate) fn views(fleet: &Fleet) -> Vec<DomainView> {
+/// Every domain of `census`, `default` first, then by name: see [`DomainView`].
+pub(crate) fn views(census: &Census) -> Vec<DomainView> {
     let mut views: BTreeMap<&str, DomainView> = BTreeMap::new();
     let mut node_keywords: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
-    for node in &fleet.nodes {
+    for node in &census.nodes {
         for used in &node.published.domains {
             let view = views
                 .entry(&used.domain)
@@ -233,7 +233,7 @@ pub(crate) fn views(fleet: &Fleet) -> Vec<DomainView> {
         }
     }
     // A keyword a row lists belongs to that row's domain, wherever nodes still have it.
-    let taken: BTreeSet<&str> = fleet
+    let taken: BTreeSet<&str> = census
         .settings
         .iter()
         .filter_map(|s| s.keywords.as_ref())
@@ -248,7 +248,7 @@ pub(crate) fn views(fleet: &Fleet) -> Vec<DomainView> {
             .map(|k| (*k).to_owned())
             .collect();
     }
-    for setting in &fleet.settings {
+    for setting in &census.settings {
         let view = views
             .entry(&setting.name)
             .or_insert_with(|| DomainView::new(&setting.name));
@@ -277,7 +277,7 @@ pub(crate) fn views(fleet: &Fleet) -> Vec<DomainView> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::fleet::LiveNode;
+    use crate::domain::census::LiveNode;
     use crate::domain::{DomainUse, NodeDomains};
 
     fn used(
@@ -317,7 +317,7 @@ mod tests {
         added.keywords = Some(vec!["report".into()]);
         added.mode = Some(DomainMode::Max);
         added.threads = Some(1);
-        let fleet = Fleet {
+        let census = Census {
             settings: vec![row, added],
             paused_keywords: Vec::new(),
             nodes: vec![
@@ -339,7 +339,7 @@ mod tests {
                 ),
             ],
         };
-        let views = views(&fleet);
+        let views = views(&census);
         let names: Vec<&str> = views.iter().map(|v| v.domain.as_str()).collect();
         assert_eq!(names, ["default", "payments", "reports"]);
         let [default, payments, reports] = &views[..] else {

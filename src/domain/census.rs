@@ -1,6 +1,7 @@
-//! What the fleet says about domains, read in one place: the rows of `async_domain`, the
-//! keywords paused on their own, and what each live node published at its last heartbeat;
-//! and the checks an operator's change must pass against them.
+//! The census of domains: what the nodes and the tables say about them, read in one place
+//! (the rows of `async_domain`, the keywords paused on their own, and what each live node
+//! published at its last heartbeat), and the checks an operator's change must pass against
+//! them. (A [`crate::Fleet`] is something else: one process serving several databases.)
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -25,14 +26,14 @@ pub(crate) struct LiveNode {
 }
 
 /// The rows, paused keywords and live nodes, as read together.
-pub(crate) struct Fleet {
+pub(crate) struct Census {
     pub(crate) settings: Vec<DomainSetting>,
     pub(crate) paused_keywords: Vec<String>,
     pub(crate) nodes: Vec<LiveNode>,
 }
 
-impl Fleet {
-    pub(crate) fn read(conn: &mut DbConnection) -> Result<Fleet> {
+impl Census {
+    pub(crate) fn read(conn: &mut DbConnection) -> Result<Census> {
         let settings = domain_rows(conn)
             .op("domain list")?
             .into_iter()
@@ -56,7 +57,7 @@ impl Fleet {
                 })
             })
             .collect();
-        Ok(Fleet {
+        Ok(Census {
             settings,
             paused_keywords,
             nodes,
@@ -307,7 +308,7 @@ mod tests {
 
     /// A node of 2 threads whose `payments` holds both: it started with fewer threads than
     /// its configuration needs.
-    fn overcommitted() -> Fleet {
+    fn overcommitted() -> Census {
         let payments = DomainUse {
             domain: "payments".into(),
             mode: "reserved".into(),
@@ -315,7 +316,7 @@ mod tests {
             threads: 2,
             ..DomainUse::default()
         };
-        Fleet {
+        Census {
             settings: Vec::new(),
             paused_keywords: Vec::new(),
             nodes: vec![LiveNode {
@@ -331,20 +332,20 @@ mod tests {
 
     #[test]
     fn a_node_already_over_its_threads_refuses_only_changes_of_threads() {
-        let fleet = overcommitted();
+        let census = overcommitted();
         let mut queue_only = DomainSetting::empty("payments");
         queue_only.queue = Some(4);
-        assert!(fleet.check_nodes(&queue_only, false).is_ok());
+        assert!(census.check_nodes(&queue_only, false).is_ok());
         // A change that fixes it passes.
         let mut fix = DomainSetting::empty("payments");
         fix.threads = Some(1);
-        assert!(fleet.check_nodes(&fix, true).is_ok());
+        assert!(census.check_nodes(&fix, true).is_ok());
         // One that does not is refused, naming the domain at fault and the node.
         let mut mail = DomainSetting::empty("mail");
         mail.keywords = Some(vec!["mail".into()]);
         mail.mode = Some(DomainMode::Max);
         mail.threads = Some(1);
-        let err = fleet.check_nodes(&mail, true).unwrap_err().to_string();
+        let err = census.check_nodes(&mail, true).unwrap_err().to_string();
         assert!(
             err.starts_with(
                 "domain \"payments\": on node 7 (small, 2 threads): brings the RESERVED"
