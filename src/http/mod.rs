@@ -22,7 +22,10 @@
 //! - an accept error (the process out of files, `EMFILE`) is logged, and accepting resumes
 //!   after [`ACCEPT_PAUSE`]: the server never stops listening for good.
 
+mod background;
 mod io;
+
+pub(crate) use background::{Background, Grace};
 
 use std::future::Future;
 use std::sync::Arc;

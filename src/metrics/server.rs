@@ -10,7 +10,6 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use axum::extract::State;
@@ -19,11 +18,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use prometheus_client::registry::Registry;
-use tokio::sync::watch;
 
 use super::gauges::{Gauges, Live, TableSample};
 use super::Metrics;
 use crate::error::{Error, Result};
+use crate::http::{Background, Grace};
 
 /// The content type of the Prometheus text format.
 const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -35,8 +34,8 @@ const STOP_GRACE: Duration = Duration::from_secs(1);
 /// A running metrics endpoint; dropping it stops the server and waits for its thread.
 pub(crate) struct MetricsServer {
     addr: SocketAddr,
-    stop: watch::Sender<bool>,
-    thread: Option<JoinHandle<()>>,
+    /// Stopped and joined when the endpoint is dropped.
+    _server: Background,
 }
 
 /// What the endpoint serves.
@@ -111,66 +110,30 @@ impl BoundServer {
             .fallback(no_such_path)
             .method_not_allowed_fallback(wrong_method)
             .with_state(endpoint);
-        let (stop, stopped) = watch::channel(false);
-        let thread = std::thread::Builder::new()
-            .name("outbox-metrics".into())
-            .spawn(move || serve(runtime, listener, app, stopped))
-            .map_err(|source| Error::Thread {
-                thread: "metrics",
-                source,
+        let grace = Grace {
+            requests: STOP_GRACE,
+            // A scrape's table read still under way is not waited for.
+            blocking: Duration::ZERO,
+        };
+        let server =
+            Background::spawn("metrics", runtime, listener, app, grace).map_err(|source| {
+                Error::Thread {
+                    thread: "metrics",
+                    source,
+                }
             })?;
         log::info!("metrics on http://{bound}/metrics, health on http://{bound}/healthz");
         Ok(MetricsServer {
             addr: bound,
-            stop,
-            thread: Some(thread),
+            _server: server,
         })
     }
-}
-
-fn serve(
-    runtime: tokio::runtime::Runtime,
-    listener: std::net::TcpListener,
-    app: Router,
-    mut stopped: watch::Receiver<bool>,
-) {
-    runtime.block_on(async move {
-        let listener = match tokio::net::TcpListener::from_std(listener) {
-            Ok(listener) => listener,
-            Err(e) => {
-                log::error!("metrics: cannot serve: {e}");
-                return;
-            }
-        };
-        let mut asked = stopped.clone();
-        let shutdown = async move {
-            let _ = asked.wait_for(|stop| *stop).await;
-        };
-        let serving = crate::http::serve("metrics", listener, app, shutdown);
-        tokio::pin!(serving);
-        tokio::select! {
-            () = serving.as_mut() => return,
-            _ = stopped.wait_for(|stop| *stop) => {}
-        }
-        let _ = tokio::time::timeout(STOP_GRACE, serving).await;
-    });
-    // A scrape's table read still under way is not waited for.
-    runtime.shutdown_background();
 }
 
 impl MetricsServer {
     /// The address it listens on (the port chosen by the system when asked for port 0).
     pub(crate) fn addr(&self) -> SocketAddr {
         self.addr
-    }
-}
-
-impl Drop for MetricsServer {
-    fn drop(&mut self) {
-        let _ = self.stop.send(true);
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
     }
 }
 

@@ -6,12 +6,11 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
+use crate::http::{Background, Grace};
 use axum::routing::{get, post};
 use axum::Router;
-use tokio::sync::watch;
 
 use super::problem::Problem;
 use super::{actions, audit, fleet, guard, overview, problem, tasks, WebConfig, POOL_SIZE};
@@ -64,8 +63,7 @@ impl AppState {
 pub struct Dashboard {
     addr: SocketAddr,
     actions: bool,
-    stop: watch::Sender<bool>,
-    thread: Option<JoinHandle<()>>,
+    server: Background,
 }
 
 impl Dashboard {
@@ -108,20 +106,21 @@ impl Dashboard {
             refresh_secs: config.refresh.as_secs(),
         });
         let app = router(state);
-        let (stop, stopped) = watch::channel(false);
-        let thread = std::thread::Builder::new()
-            .name("outbox-web".into())
-            .spawn(move || serve(runtime, listener, app, stopped))
-            .map_err(|source| Error::Thread {
+        let grace = Grace {
+            requests: STOP_GRACE,
+            blocking: Duration::from_secs(1),
+        };
+        let server = Background::spawn("web", runtime, listener, app, grace).map_err(|source| {
+            Error::Thread {
                 thread: "web",
                 source,
-            })?;
+            }
+        })?;
         log::info!("web: serving http://{addr}/");
         Ok(Dashboard {
             addr,
             actions: config.allow_actions,
-            stop,
-            thread: Some(thread),
+            server,
         })
     }
 
@@ -137,50 +136,8 @@ impl Dashboard {
 
     /// Stops listening, lets the requests under way finish (up to 5 s), and returns.
     pub fn stop(mut self) {
-        self.shut_down();
+        self.server.stop();
     }
-
-    fn shut_down(&mut self) {
-        let _ = self.stop.send(true);
-        if let Some(thread) = self.thread.take() {
-            if thread.join().is_err() {
-                log::warn!("web: the server thread panicked");
-            }
-        }
-    }
-}
-
-impl Drop for Dashboard {
-    fn drop(&mut self) {
-        self.shut_down();
-    }
-}
-
-fn serve(
-    runtime: tokio::runtime::Runtime,
-    listener: std::net::TcpListener,
-    app: Router,
-    mut stopped: watch::Receiver<bool>,
-) {
-    runtime.block_on(async move {
-        let listener = match tokio::net::TcpListener::from_std(listener) {
-            Ok(listener) => listener,
-            Err(e) => {
-                log::error!("web: cannot serve: {e}");
-                return;
-            }
-        };
-        let mut asked = stopped.clone();
-        let shutdown = async move {
-            let _ = asked.wait_for(|stop| *stop).await;
-        };
-        let serving = tokio::spawn(crate::http::serve("web", listener, app, shutdown));
-        let _ = stopped.wait_for(|stop| *stop).await;
-        if tokio::time::timeout(STOP_GRACE, serving).await.is_err() {
-            log::warn!("web: requests still under way {STOP_GRACE:?} after stop; dropped");
-        }
-    });
-    runtime.shutdown_timeout(Duration::from_secs(1));
 }
 
 fn router(state: Arc<AppState>) -> Router {
