@@ -21,6 +21,12 @@ use crate::driver::{Due, Passes, Pick};
 
 use crate::sql::Statement;
 
+/// What a claim's `picked` reads of each task it locks: all that the claim returns, so that
+/// the rest of the statement need not look the tasks up again (in its snapshot, older than
+/// the locks).
+const PICKED: &str = "t.id, t.claim_token, t.keyword, t.biz_id, t.biz_data, t.tenant, t.failures,
+    t.max_attempts, t.priority";
+
 /// A task of `t` is due for the claim: pending, its time come, one of the keywords bound next.
 const DUE: &str = "t.state = 'pending' AND t.run_at <= now() AND t.keyword = ANY(";
 
@@ -116,7 +122,7 @@ pub(super) fn ring_end(
     Ok(end.map_or((None, 0), |e| (Some(e.tenant), e.n)))
 }
 
-/// `WITH RECURSIVE …, picked AS (SELECT id, claim_token, weight …` (left open) choosing at
+/// `WITH RECURSIVE …, picked AS (SELECT id, claim_token, weight, <the task> …` (left open) choosing at
 /// most `limit` pending tasks due for `due`, locked, fairly across tenants as the module
 /// says; the ring starts after `after` (`""`: at the first tenant) and ends before it passes
 /// `lap` (see [`ring`]). Tenants in `except` (those with a
@@ -183,7 +189,8 @@ pub(super) fn picked(
             "::numeric * weight / sum(weight) OVER ())::bigint AS k FROM share
             ), candidate AS (
                 SELECT q.tenant, q.weight, q.pos, q.pass, c.* FROM quota q CROSS JOIN LATERAL (
-                    SELECT t.id, t.claim_token, t.priority, t.run_at FROM async_task t
+                    SELECT t.id, t.claim_token, t.priority, t.run_at, t.keyword, t.biz_id,
+                           t.biz_data, t.failures, t.max_attempts FROM async_task t
                      WHERE t.tenant = q.tenant AND ",
         )
         .with(|s| due_for(s, due))
@@ -193,7 +200,8 @@ pub(super) fn picked(
                  WHERE q.tenant IS NOT NULL
                 UNION ALL
                 SELECT q.tenant, q.weight, q.pos, q.pass, c.* FROM quota q CROSS JOIN LATERAL (
-                    SELECT t.id, t.claim_token, t.priority, t.run_at FROM async_task t
+                    SELECT t.id, t.claim_token, t.priority, t.run_at, t.keyword, t.biz_id,
+                           t.biz_data, t.failures, t.max_attempts FROM async_task t
                      WHERE t.tenant IS NULL AND ",
         )
         .with(|s| due_for(s, due))
@@ -202,8 +210,10 @@ pub(super) fn picked(
                      ORDER BY t.priority, t.run_at, t.id LIMIT q.k FOR UPDATE SKIP LOCKED) c
                  WHERE q.tenant IS NULL
             ), picked AS (
-                SELECT id, claim_token, weight FROM (
-                    SELECT id, claim_token, priority, run_at, pos, weight, pass + row_number() OVER (
+                SELECT id, claim_token, weight, tenant, keyword, biz_id, biz_data, failures,
+                       max_attempts, priority FROM (
+                    SELECT id, claim_token, priority, run_at, pos, weight, tenant, keyword, biz_id,
+                           biz_data, failures, max_attempts, pass + row_number() OVER (
                                PARTITION BY tenant ORDER BY priority, run_at, id)::float8 / weight AS turn
                       FROM candidate) ranked
                  ORDER BY priority, turn, run_at, pos, id
@@ -212,8 +222,8 @@ pub(super) fn picked(
         .bind::<BigInt, _>(limit)
 }
 
-/// What a claim takes (see [`Pick`]): `WITH …, picked AS (SELECT id, claim_token …` left
-/// open.
+/// What a claim takes (see [`Pick`]): `WITH …, picked AS (SELECT id, claim_token, <the
+/// task> …` left open ([`PICKED`]'s columns).
 pub(super) fn pick(
     prefix: &'static str,
     due: &Due<'_>,
@@ -230,10 +240,12 @@ pub(super) fn pick(
 }
 
 /// One participant's first due tasks, locked: the statement of a claim before it, when that
-/// claim found no other participant (`WITH picked AS (SELECT id, claim_token …`, left open).
+/// claim found no other participant (`WITH picked AS (SELECT <PICKED> …`, left open).
 fn solo(prefix: &'static str, due: &Due<'_>, tenant: Option<&str>, limit: i64) -> Statement<Pg> {
     let statement = Statement::<Pg>::new(prefix)
-        .sql("WITH picked AS (SELECT t.id, t.claim_token FROM async_task t WHERE ");
+        .sql("WITH picked AS (SELECT ")
+        .sql(PICKED)
+        .sql(" FROM async_task t WHERE ");
     solo_scan(statement, due, tenant, limit)
 }
 

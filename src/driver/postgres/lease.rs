@@ -107,7 +107,8 @@ fn lease_statement(
     // without a sort of its own. The fair choice (`fair::pick`) locks its candidates as it
     // reads them (`SKIP LOCKED`: two claims never wait on each other), only for this
     // statement: the lease, not the row lock, holds the task from here on. The lease's token
-    // is the locked row's, as `picked` read it (no second look-up of the task). `ON
+    // and what the statement returns are the locked row's, as `picked` read it (no second
+    // look-up of the task: joined again, a page of a small table was a hash of all of it). `ON
     // CONFLICT` stands where the snapshot is older than a lease another claim has just
     // committed. Of WAL, the statement writes only its row locks (the lease table is
     // unlogged), and its commit waits for no flush.
@@ -134,14 +135,13 @@ fn lease_statement(
                 ON CONFLICT (task_id) DO NOTHING
                 RETURNING task_id, chunk
             )
-            SELECT t.id, t.keyword, t.biz_id, t.biz_data::text AS biz_data, t.tenant,
-                   t.failures, t.max_attempts, t.claim_token, t.priority::integer AS priority,
-                   leased.chunk",
+            SELECT picked.id, picked.keyword, picked.biz_id, picked.biz_data::text AS biz_data,
+                   picked.tenant, picked.failures, picked.max_attempts, picked.claim_token,
+                   picked.priority::integer AS priority, leased.chunk",
         );
     super::fair::crowded(statement, except, pick).sql(
         "
-              FROM async_task t JOIN picked ON picked.id = t.id
-              JOIN leased ON leased.task_id = t.id,
+              FROM picked JOIN leased ON leased.task_id = picked.id,
                    (SELECT set_config('synchronous_commit', 'off', true)) AS no_flush_wait",
     )
 }
