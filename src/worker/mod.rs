@@ -16,6 +16,7 @@ mod locked;
 mod observers;
 mod on_dead;
 mod record;
+mod refill;
 mod rescue;
 mod run;
 mod services;
