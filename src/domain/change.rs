@@ -4,10 +4,9 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use super::view::DomainSetting;
-use super::{validate_name, DomainMode, DEFAULT_DOMAIN, MAX_DOMAIN_QUEUE};
+use super::{check_queue_and_timeout, validate_name, DomainMode, DEFAULT_DOMAIN};
 use crate::error::{Error, Result};
 use crate::task::validate_keyword;
-use crate::worker::MAX_TASK_TIMEOUT;
 
 /// The most threads a node may have (the worker refuses more), hence the largest n of
 /// `MAX n` or `RESERVED n`.
@@ -39,7 +38,7 @@ pub struct DomainChange {
     pub keywords: Option<Vec<String>>,
     /// `MAX n` (n at least 1) or `RESERVED n`.
     pub mode: Option<(DomainMode, usize)>,
-    /// Claimed tasks that may wait for one of its threads, at most [`MAX_DOMAIN_QUEUE`].
+    /// Claimed tasks that may wait for one of its threads, at most [`super::MAX_DOMAIN_QUEUE`].
     pub queue: Option<usize>,
     /// How long one of its handlers may run, 100 ms to 100 years.
     pub timeout: Option<Duration>,
@@ -125,18 +124,7 @@ impl DomainChange {
             }
             _ => {}
         }
-        if self.queue.is_some_and(|q| q > MAX_DOMAIN_QUEUE) {
-            return Err(invalid(format!("queue must be at most {MAX_DOMAIN_QUEUE}")));
-        }
-        if self
-            .timeout
-            .is_some_and(|t| t < Duration::from_millis(100) || t > MAX_TASK_TIMEOUT)
-        {
-            return Err(invalid(
-                "timeout must be between 100ms and 100 years".into(),
-            ));
-        }
-        Ok(())
+        check_queue_and_timeout(self.queue, self.timeout).map_err(invalid)
     }
 
     /// The change in words (`keywords a, b; RESERVED 4; queue 16; timeout 30s`).
@@ -199,6 +187,7 @@ fn timeout_ms(timeout: Duration) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::MAX_DOMAIN_QUEUE;
 
     fn refused(change: &DomainChange, name: &str) -> String {
         change.validate(name).unwrap_err().to_string()

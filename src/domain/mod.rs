@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 pub use file::{parse_domain_flag, parse_domains_file, parse_domains_toml};
 
 use crate::error::{Error, Result};
-use crate::task::validate_keyword;
+use crate::task::{validate_keyword, MAX_TASK_TIMEOUT};
 
 /// The domain that owns every keyword no other domain lists.
 pub const DEFAULT_DOMAIN: &str = "default";
@@ -173,20 +173,20 @@ pub fn validate_domain(domain: &Domain) -> Result<()> {
     if domain.mode == DomainMode::Max && domain.threads == 0 {
         return Err(invalid(name, "MAX must be at least 1".into()));
     }
-    if domain.queue.is_some_and(|q| q > MAX_DOMAIN_QUEUE) {
-        return Err(invalid(
-            name,
-            format!("queue must be at most {MAX_DOMAIN_QUEUE}"),
-        ));
+    check_queue_and_timeout(domain.queue, domain.timeout).map_err(|reason| invalid(name, reason))
+}
+
+/// A domain's queue and timeout within their bounds (a configured domain's, or a change's);
+/// the reason when not.
+pub(crate) fn check_queue_and_timeout(
+    queue: Option<usize>,
+    timeout: Option<Duration>,
+) -> std::result::Result<(), String> {
+    if queue.is_some_and(|q| q > MAX_DOMAIN_QUEUE) {
+        return Err(format!("queue must be at most {MAX_DOMAIN_QUEUE}"));
     }
-    if domain
-        .timeout
-        .is_some_and(|t| t < Duration::from_millis(100) || t > crate::worker::MAX_TASK_TIMEOUT)
-    {
-        return Err(invalid(
-            name,
-            "timeout must be between 100ms and 100 years".into(),
-        ));
+    if timeout.is_some_and(|t| t < Duration::from_millis(100) || t > MAX_TASK_TIMEOUT) {
+        return Err("timeout must be between 100ms and 100 years".into());
     }
     Ok(())
 }

@@ -22,6 +22,10 @@ pub const MAX_TENANT_LEN: usize = 128;
 /// the database stores it (SQLite: the text itself; PostgreSQL: jsonb's text form,
 /// `biz_data::text`). [`crate::EnqueueOptions::max_payload_bytes`] may lower it.
 pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 64 * 1024;
+/// The longest task timeout accepted (of a worker, or of a domain) (100 years): a claim's deadline is the database clock
+/// plus the timeout, and past the year 9999 SQLite's date functions give NULL, a task without
+/// a deadline, which rescue would never find.
+pub const MAX_TASK_TIMEOUT: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 /// The longest delay an enqueue accepts: ten years.
 pub const MAX_DELAY: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 

@@ -24,10 +24,7 @@ pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(5);
 pub const DEFAULT_DEAD_AFTER_BEATS: u32 = 3;
 /// How long a task's handler may run before any live node rescues the task, by default.
 pub const DEFAULT_TASK_TIMEOUT: Duration = Duration::from_secs(300);
-/// The longest task timeout accepted (100 years): a claim's deadline is the database clock
-/// plus the timeout, and past the year 9999 SQLite's date functions give NULL, a task without
-/// a deadline, which rescue would never find.
-pub const MAX_TASK_TIMEOUT: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+pub use crate::task::MAX_TASK_TIMEOUT;
 /// The longest error message stored in `last_error`, in bytes.
 pub const MAX_ERROR_LEN: usize = 2000;
 /// The default queue per execution thread on PostgreSQL: larger claims, fewer of them (each
