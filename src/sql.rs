@@ -42,6 +42,12 @@ impl<DB: Backend> Statement<DB> {
         f(self)
     }
 
+    /// Appends an expression of the query builder (the database clock, …).
+    pub(crate) fn expr(mut self, expression: impl QueryFragment<DB> + Send + 'static) -> Self {
+        self.pieces.push(Piece::Bind(Box::new(expression)));
+        self
+    }
+
     /// Appends a bind parameter of SQL type `ST`.
     pub(crate) fn bind<ST, V>(mut self, value: V) -> Self
     where

@@ -22,6 +22,7 @@ use diesel::pg::Pg;
 #[cfg(feature = "sqlite")]
 use diesel::sqlite::Sqlite;
 
+use super::dialect::spelled;
 use crate::db::DbConnection;
 
 /// The backend of [`DbConnection`]: each of its queries is rendered by the backend of the
@@ -53,6 +54,19 @@ pub(crate) fn db_ago(ms: i64) -> DbAgo {
     }
 }
 
+/// The database clock `ms` milliseconds from now (`Timestamp`).
+#[derive(Debug, Clone, Copy, QueryId)]
+pub(crate) struct DbLater {
+    ms: <i64 as AsExpression<BigInt>>::Expression,
+}
+
+/// The database clock `ms` milliseconds from now.
+pub(crate) fn db_later(ms: i64) -> DbLater {
+    DbLater {
+        ms: AsExpression::<BigInt>::as_expression(ms),
+    }
+}
+
 macro_rules! clock_expression {
     ($ty:ty) => {
         impl Expression for $ty {
@@ -72,57 +86,49 @@ macro_rules! clock_expression {
 }
 clock_expression!(DbNow);
 clock_expression!(DbAgo);
+clock_expression!(DbLater);
 
 #[cfg(feature = "postgres")]
-impl QueryFragment<Pg> for DbNow {
-    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
-        out.push_sql("now()");
-        Ok(())
-    }
-}
-
-#[cfg(feature = "sqlite")]
-impl QueryFragment<Sqlite> for DbNow {
-    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Sqlite>) -> QueryResult<()> {
-        out.push_sql("strftime('%Y-%m-%d %H:%M:%f', 'now')");
-        Ok(())
-    }
-}
-
-#[cfg(feature = "mysql")]
-impl QueryFragment<Mysql> for DbNow {
-    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Mysql>) -> QueryResult<()> {
-        out.push_sql("UTC_TIMESTAMP(3)");
-        Ok(())
-    }
-}
-
+spelled!(Pg, DbNow, "now()");
 #[cfg(feature = "postgres")]
-impl QueryFragment<Pg> for DbAgo {
-    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
-        out.push_sql("(now() - ");
-        self.ms.walk_ast(out.reborrow())?;
-        out.push_sql(" * interval '1 millisecond')");
-        Ok(())
-    }
-}
+spelled!(Pg, DbAgo, ms, "(now() - ", " * interval '1 millisecond')");
+#[cfg(feature = "postgres")]
+spelled!(Pg, DbLater, ms, "(now() + ", " * interval '1 millisecond')");
 
 #[cfg(feature = "sqlite")]
-impl QueryFragment<Sqlite> for DbAgo {
-    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Sqlite>) -> QueryResult<()> {
-        out.push_sql("strftime('%Y-%m-%d %H:%M:%f', 'now', printf('-%.3f seconds', ");
-        self.ms.walk_ast(out.reborrow())?;
-        out.push_sql(" / 1000.0))");
-        Ok(())
-    }
-}
+spelled!(Sqlite, DbNow, "strftime('%Y-%m-%d %H:%M:%f', 'now')");
+#[cfg(feature = "sqlite")]
+spelled!(
+    Sqlite,
+    DbAgo,
+    ms,
+    "strftime('%Y-%m-%d %H:%M:%f', 'now', printf('-%.3f seconds', ",
+    " / 1000.0))"
+);
+#[cfg(feature = "sqlite")]
+spelled!(
+    Sqlite,
+    DbLater,
+    ms,
+    "strftime('%Y-%m-%d %H:%M:%f', 'now', printf('+%.3f seconds', ",
+    " / 1000.0))"
+);
 
 #[cfg(feature = "mysql")]
-impl QueryFragment<Mysql> for DbAgo {
-    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Mysql>) -> QueryResult<()> {
-        out.push_sql("(UTC_TIMESTAMP(3) - INTERVAL ");
-        self.ms.walk_ast(out.reborrow())?;
-        out.push_sql(" * 1000 MICROSECOND)");
-        Ok(())
-    }
-}
+spelled!(Mysql, DbNow, "UTC_TIMESTAMP(3)");
+#[cfg(feature = "mysql")]
+spelled!(
+    Mysql,
+    DbAgo,
+    ms,
+    "(UTC_TIMESTAMP(3) - INTERVAL ",
+    " * 1000 MICROSECOND)"
+);
+#[cfg(feature = "mysql")]
+spelled!(
+    Mysql,
+    DbLater,
+    ms,
+    "(UTC_TIMESTAMP(3) + INTERVAL ",
+    " * 1000 MICROSECOND)"
+);

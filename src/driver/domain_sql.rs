@@ -1,150 +1,125 @@
-//! The SQL of domains' run-time control that the backends share: the columns of an
-//! `async_domain` row, its upsert with the audit entry, and `async_pause`'s writes.
-
-use diesel::backend::Backend;
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
-use diesel::sql_types::{BigInt, Bool, Integer, Nullable};
-use diesel::sql_types::{HasSqlType, Text};
+//! Domains' run-time control (`async_domain`, `async_pause`) and operators' changes of it,
+//! each with its audit entry: written once, with the query builder. (The lock that
+//! operators' changes take turns on is each backend's: [`super::Driver::domain_lock`].)
 
 use chrono::NaiveDateTime;
 use diesel::prelude::*;
 
-use super::clock::time_text;
-use super::DomainRow;
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
-use super::DomainWrite;
+use super::clock::{time_text, DbNow};
+use super::dialect::{on_backend, unless_duplicate, Conn, UpsertKey};
+use super::operate_sql::audit_write;
+use super::{AuditEntry, DomainRow, DomainWrite, Driver};
 use crate::db::DbConnection;
-use crate::schema::async_pause;
-use crate::sql::Statement;
+use crate::schema::{async_domain, async_pause};
 
-/// The columns of a [`DomainRow`], with `updated_at` as the expression given (the rest the
-/// same on every backend).
+/// The columns of a [`DomainTuple`].
 macro_rules! domain_columns {
-    ($updated_at:literal) => {
-        concat!(
-            "name, keywords, mode, threads, queue, timeout_ms, paused, released, held_keywords, \
-             version, ",
-            $updated_at,
-            " AS updated_at, updated_by"
+    () => {
+        (
+            async_domain::name,
+            async_domain::keywords,
+            async_domain::mode,
+            async_domain::threads,
+            async_domain::queue,
+            async_domain::timeout_ms,
+            async_domain::paused,
+            async_domain::released,
+            async_domain::held_keywords,
+            async_domain::version,
+            async_domain::updated_at,
+            async_domain::updated_by,
         )
     };
 }
 
-/// A [`DomainRow`]'s columns on PostgreSQL: `updated_at` as SQLite stores it, UTC
-/// `YYYY-MM-DD HH:MM:SS.SSS`, whatever the session's time zone.
-#[cfg(feature = "postgres")]
-pub(super) const DOMAIN_COLUMNS_PG: &str =
-    domain_columns!("to_char(updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.MS')");
-
-/// A [`DomainRow`]'s columns on SQLite.
-#[cfg(feature = "sqlite")]
-pub(super) const DOMAIN_COLUMNS_SQLITE: &str = domain_columns!("updated_at");
-
-/// A [`DomainRow`]'s columns on MySQL: `updated_at` (a UTC `DATETIME(3)`) as text.
-#[cfg(feature = "mysql")]
-pub(super) const DOMAIN_COLUMNS_MYSQL: &str = domain_columns!("CAST(updated_at AS CHAR)");
-
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
-/// The upsert of a whole `async_domain` row, returning its `columns` (the same SQL on both
-/// backends but for the clock, `now`, the columns, and the bind placeholders diesel writes).
-pub(super) fn domain_upsert<DB>(
-    row: &DomainWrite<'_>,
-    actor: &str,
-    now: &'static str,
-    columns: &'static str,
-) -> Statement<DB>
-where
-    DB: Backend + HasSqlType<BigInt> + HasSqlType<Integer> + HasSqlType<Text> + HasSqlType<Bool>,
-    i64: diesel::serialize::ToSql<BigInt, DB>,
-    i32: diesel::serialize::ToSql<Integer, DB>,
-    bool: diesel::serialize::ToSql<Bool, DB>,
-    String: diesel::serialize::ToSql<Text, DB>,
-{
-    Statement::new(
-        "INSERT INTO async_domain AS d \
-         (name, keywords, mode, threads, queue, timeout_ms, paused, released, held_keywords, \
-         updated_by) VALUES (",
-    )
-    .bind::<Text, _>(row.name.to_owned())
-    .sql(", ")
-    .bind::<Nullable<Text>, _>(row.keywords.clone())
-    .sql(", ")
-    .bind::<Nullable<Text>, _>(row.mode.map(str::to_owned))
-    .sql(", ")
-    .bind::<Nullable<Integer>, _>(row.threads)
-    .sql(", ")
-    .bind::<Nullable<Integer>, _>(row.queue)
-    .sql(", ")
-    .bind::<Nullable<BigInt>, _>(row.timeout_ms)
-    .sql(", ")
-    .bind::<Bool, _>(row.paused)
-    .sql(", ")
-    .bind::<Bool, _>(row.released)
-    .sql(", ")
-    .bind::<Nullable<Text>, _>(row.held_keywords.clone())
-    .sql(", ")
-    .bind::<Text, _>(actor.to_owned())
-    .sql(
-        ") ON CONFLICT (name) DO UPDATE SET keywords = excluded.keywords, \
-         mode = excluded.mode, threads = excluded.threads, queue = excluded.queue, \
-         timeout_ms = excluded.timeout_ms, paused = excluded.paused, \
-         released = excluded.released, held_keywords = excluded.held_keywords, \
-         version = d.version + 1, updated_at = ",
-    )
-    .sql(now)
-    .sql(", updated_by = excluded.updated_by RETURNING ")
-    .sql(columns)
-}
-
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
-/// Pauses a keyword on its own, by `actor`; inserts nothing when it is paused already (the
-/// same on PostgreSQL and SQLite).
-pub(super) fn keyword_pause_insert<DB>(keyword: &str, actor: &str) -> Statement<DB>
-where
-    DB: Backend + HasSqlType<Text>,
-    String: diesel::serialize::ToSql<Text, DB>,
-{
-    Statement::new("INSERT INTO async_pause (keyword, paused_by) VALUES (")
-        .bind::<Text, _>(keyword.to_owned())
-        .sql(", ")
-        .bind::<Text, _>(actor.to_owned())
-        .sql(") ON CONFLICT (keyword) DO NOTHING")
-}
-
-/// Deletes a keyword's pause (the same on every backend).
-pub(super) fn keyword_pause_delete<DB>(keyword: &str) -> Statement<DB>
-where
-    DB: Backend + HasSqlType<Text>,
-    String: diesel::serialize::ToSql<Text, DB>,
-{
-    Statement::new("DELETE FROM async_pause WHERE keyword = ").bind::<Text, _>(keyword.to_owned())
-}
-
-/// Every row of `async_domain`, by name. The same on every backend: written once, with the
-/// query builder.
+/// Every row of `async_domain`, by name.
 pub(crate) fn domain_rows(conn: &mut DbConnection) -> QueryResult<Vec<DomainRow>> {
-    use crate::schema::async_domain::dsl::*;
-    let rows: Vec<DomainTuple> = async_domain
-        .order(name)
-        .select((
-            name,
-            keywords,
-            mode,
-            threads,
-            queue,
-            timeout_ms,
-            paused,
-            released,
-            held_keywords,
-            version,
-            updated_at,
-            updated_by,
-        ))
+    let rows: Vec<DomainTuple> = async_domain::table
+        .order(async_domain::name)
+        .select(domain_columns!())
         .load(conn)?;
     Ok(rows.into_iter().map(DomainRow::from).collect())
 }
 
-/// An `async_domain` row as [`domain_rows`] loads it.
+/// See [`super::Driver::domain_write`]: the upsert, the row read back and its audit, in one
+/// transaction.
+pub(super) fn domain_write(
+    conn: Conn<'_>,
+    row: &DomainWrite<'_>,
+    audit: &AuditEntry<'_>,
+) -> QueryResult<DomainRow> {
+    let values = (
+        async_domain::keywords.eq(row.keywords.as_deref()),
+        async_domain::mode.eq(row.mode),
+        async_domain::threads.eq(row.threads),
+        async_domain::queue.eq(row.queue),
+        async_domain::timeout_ms.eq(row.timeout_ms),
+        async_domain::paused.eq(row.paused),
+        async_domain::released.eq(row.released),
+        async_domain::held_keywords.eq(row.held_keywords.as_deref()),
+        async_domain::updated_by.eq(audit.actor),
+    );
+    on_backend!(conn, |c| c.transaction(|c| {
+        let key = c.upsert_key(async_domain::name);
+        diesel::insert_into(async_domain::table)
+            .values((async_domain::name.eq(row.name), values))
+            .on_conflict(key)
+            .do_update()
+            .set((
+                values,
+                async_domain::version.eq(async_domain::version + 1),
+                async_domain::updated_at.eq(DbNow),
+            ))
+            .execute(c)?;
+        let stored: DomainTuple = async_domain::table
+            .find(row.name)
+            .select(domain_columns!())
+            .get_result(c)?;
+        audit_write(c.conn(), audit)?;
+        Ok(DomainRow::from(stored))
+    }))
+}
+
+/// See [`super::Driver::keyword_pause`].
+pub(super) fn keyword_pause(
+    conn: Conn<'_>,
+    keyword: &str,
+    audit: &AuditEntry<'_>,
+) -> QueryResult<usize> {
+    let mysql = conn.is_mysql();
+    on_backend!(conn, |c| c.transaction(|c| {
+        let insert = diesel::insert_into(async_pause::table).values((
+            async_pause::keyword.eq(keyword),
+            async_pause::paused_by.eq(audit.actor),
+        ));
+        let inserted = if mysql {
+            unless_duplicate(insert.execute(c))?
+        } else {
+            insert.on_conflict_do_nothing().execute(c)?
+        };
+        if inserted > 0 {
+            audit_write(c.conn(), audit)?;
+        }
+        Ok(inserted)
+    }))
+}
+
+/// See [`super::Driver::keyword_resume`].
+pub(super) fn keyword_resume(
+    conn: Conn<'_>,
+    keyword: &str,
+    audit: &AuditEntry<'_>,
+) -> QueryResult<usize> {
+    on_backend!(conn, |c| c.transaction(|c| {
+        let deleted = diesel::delete(async_pause::table.find(keyword)).execute(c)?;
+        if deleted > 0 {
+            audit_write(c.conn(), audit)?;
+        }
+        Ok(deleted)
+    }))
+}
+
+/// An `async_domain` row as [`domain_columns`] loads it.
 type DomainTuple = (
     String,
     Option<String>,
@@ -179,7 +154,7 @@ impl From<DomainTuple> for DomainRow {
     }
 }
 
-/// The keywords paused on their own (`async_pause`), by name. Written once.
+/// The keywords paused on their own (`async_pause`), by name.
 pub(crate) fn keyword_paused(conn: &mut DbConnection) -> QueryResult<Vec<String>> {
     async_pause::table
         .order(async_pause::keyword)

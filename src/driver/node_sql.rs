@@ -7,8 +7,12 @@ use diesel::prelude::*;
 use diesel::QueryResult;
 
 use super::clock::{db_ago, DbNow};
+use super::dialect::{on_backend, Conn};
 use super::NodeDomainsRow;
 use crate::db::DbConnection;
+
+/// The backend of [`DbConnection`].
+type DbBackend = <DbConnection as diesel::Connection>::Backend;
 use crate::schema::{async_node, async_task, async_tenant};
 use crate::task::TaskState;
 
@@ -23,16 +27,22 @@ pub(crate) fn node_mark_gone(conn: &mut DbConnection, node_id: i64) -> QueryResu
         .execute(conn)
 }
 
+/// The nodes marked alive whose last heartbeat is at most `within_ms` old, by id.
+pub(super) fn live_nodes(within_ms: i64) -> async_node::BoxedQuery<'static, DbBackend> {
+    async_node::table
+        .filter(async_node::state.eq("alive"))
+        .filter(async_node::heartbeat_at.ge(db_ago(within_ms)))
+        .order(async_node::id)
+        .into_boxed()
+}
+
 /// The nodes marked alive whose last heartbeat is at most `within_ms` old, with what they
 /// published, by id.
 pub(crate) fn node_domains(
     conn: &mut DbConnection,
     within_ms: i64,
 ) -> QueryResult<Vec<NodeDomainsRow>> {
-    async_node::table
-        .filter(async_node::state.eq("alive"))
-        .filter(async_node::heartbeat_at.ge(db_ago(within_ms)))
-        .order(async_node::id)
+    live_nodes(within_ms)
         .select((async_node::id, async_node::name, async_node::domains))
         .load(conn)
 }
@@ -63,4 +73,16 @@ pub(crate) fn tenant_run_limited(conn: &mut DbConnection) -> QueryResult<Vec<Str
         .order(async_tenant::tenant)
         .select(async_tenant::tenant)
         .load(conn)
+}
+
+/// See [`super::Driver::node_heartbeat`].
+pub(super) fn node_heartbeat(conn: Conn<'_>, node_id: i64, domains: &str) -> QueryResult<usize> {
+    on_backend!(conn, |c| diesel::update(async_node::table)
+        .filter(async_node::id.eq(node_id))
+        .filter(async_node::state.eq("alive"))
+        .set((
+            async_node::heartbeat_at.eq(DbNow),
+            async_node::domains.eq(domains),
+        ))
+        .execute(c))
 }

@@ -1,7 +1,7 @@
 //! The operator's reads and bulk changes (`outbox list`, `show`, `retry` by filter, `nodes`,
-//! `audit`), behind a trait of their own: each backend implements it in its `ops.rs`. What
-//! means the same on every backend and needs no dialect (a task's chain links) is written
-//! once here instead, with diesel's query builder on [`DbConnection`] and `crate::schema`.
+//! `audit`): written once, with diesel's query builder on [`DbConnection`] and
+//! `crate::schema`, but for the retry by filter, whose locking is each backend's (a trait of
+//! its own, implemented in each backend's `ops.rs`).
 //!
 //! Times travel as UTC text of the shape `YYYY-MM-DD HH:MM:SS.SSS` on every backend, with
 //! the database clock (`db_now`) in every row, so that ages are the database's.
@@ -9,13 +9,17 @@
 use chrono::NaiveDateTime;
 use diesel::dsl::count_star;
 use diesel::prelude::*;
-use diesel::sql_types::{BigInt, HasSqlType, Integer, Nullable, Text};
-use diesel::{QueryResult, QueryableByName};
+use diesel::query_builder::QueryFragment;
+use diesel::sql_types::{HasSqlType, Integer, Text};
+use diesel::QueryResult;
 
-use super::clock::{time_text, DbNow};
+use super::clock::{db_ago, time_text, DbNow};
+use super::dialect::JsonText;
 use crate::db::{Backend, DbConnection};
-use crate::schema::{async_node, async_task, async_task_parent};
+use crate::schema::{async_audit, async_node, async_task, async_task_parent};
 use crate::sql::Statement;
+
+pub(crate) use super::task_list_sql::{task_count_retryable, task_detail, task_list};
 use crate::task::TaskState;
 
 /// Which tasks an operator's listing or bulk change applies to: every condition given must
@@ -43,57 +47,35 @@ pub struct TaskPageAt {
 }
 
 /// A task as a listing shows it (no payload).
-#[derive(Debug, Clone, QueryableByName)]
+#[derive(Debug, Clone)]
 pub struct TaskListRow {
-    #[diesel(sql_type = Text)]
     pub db_now: String,
-    #[diesel(sql_type = BigInt)]
     pub id: i64,
-    #[diesel(sql_type = Text)]
     pub keyword: String,
-    #[diesel(sql_type = Text)]
     pub biz_id: String,
-    #[diesel(sql_type = Nullable<Text>)]
     pub tenant: Option<String>,
-    #[diesel(sql_type = Text)]
     pub state: String,
-    #[diesel(sql_type = Integer)]
     pub failures: i32,
-    #[diesel(sql_type = Nullable<Integer>)]
     pub max_attempts: Option<i32>,
-    #[diesel(sql_type = Integer)]
     pub priority: i32,
-    #[diesel(sql_type = Text)]
     pub run_at: String,
-    #[diesel(sql_type = Text)]
     pub created_at: String,
-    #[diesel(sql_type = Text)]
     pub updated_at: String,
-    #[diesel(sql_type = Nullable<Text>)]
     pub finished_at: Option<String>,
-    #[diesel(sql_type = Nullable<BigInt>)]
     pub owner: Option<i64>,
-    #[diesel(sql_type = Nullable<Text>)]
     pub last_error: Option<String>,
 }
 
 /// Every column of a task.
-#[derive(Debug, Clone, QueryableByName)]
+#[derive(Debug, Clone)]
 pub struct TaskDetailRow {
-    #[diesel(embed)]
     pub list: TaskListRow,
     /// The payload as JSON text.
-    #[diesel(sql_type = Text)]
     pub biz_data: String,
-    #[diesel(sql_type = BigInt)]
     pub claim_token: i64,
-    #[diesel(sql_type = Nullable<BigInt>)]
     pub parent_id: Option<i64>,
-    #[diesel(sql_type = Nullable<Text>)]
     pub claimed_at: Option<String>,
-    #[diesel(sql_type = Nullable<Text>)]
     pub deadline_at: Option<String>,
-    #[diesel(sql_type = Integer)]
     pub blocked_by: i32,
 }
 
@@ -122,57 +104,27 @@ pub struct NodeRow {
 }
 
 /// A row of `async_audit`.
-#[derive(Debug, Clone, QueryableByName)]
+#[derive(Debug, Clone)]
 pub struct AuditRow {
-    #[diesel(sql_type = BigInt)]
     pub id: i64,
-    #[diesel(sql_type = Text)]
     pub at: String,
-    #[diesel(sql_type = Text)]
     pub actor: String,
-    #[diesel(sql_type = Text)]
     pub action: String,
-    #[diesel(sql_type = Text)]
     pub target: String,
     /// A JSON object.
-    #[diesel(sql_type = Text)]
     pub detail: String,
-    #[diesel(sql_type = BigInt)]
     pub affected: i64,
 }
 
-/// The database operations of the operator's commands.
+/// The database operation of the operator's commands whose locking differs by backend (a
+/// part of [`super::Driver`]).
 pub trait OpsDriver {
-    /// Up to `page.limit` tasks that `select` matches, in id order from `page.after_id`.
-    fn task_list(
-        &mut self,
-        select: &TaskSelect<'_>,
-        page: &TaskPageAt,
-    ) -> QueryResult<Vec<TaskListRow>>;
-
-    /// Every column of the task `id` (`None`: no such task).
-    fn task_detail(&mut self, id: i64) -> QueryResult<Option<TaskDetailRow>>;
-
     /// Puts every dead or cancelled task that `select` matches back to pending (blocked
     /// while a parent is not done), as [`super::Driver::task_retry`] does one, in one
-    /// statement; with `dry_run`, only counts them. Returns how many. `select.states` is a
-    /// subset of dead and cancelled (empty: both). A task one of whose parents was pruned is
-    /// left as it is and not counted, as `task_retry` leaves it.
-    fn task_retry_matching(&mut self, select: &TaskSelect<'_>, dry_run: bool) -> QueryResult<i64>;
-
-    /// How many of the dead or cancelled tasks that `select` matches
-    /// [`OpsDriver::task_retry_matching`] leaves as they are: those one of whose parents was
-    /// pruned.
-    fn task_count_parent_pruned(&mut self, select: &TaskSelect<'_>) -> QueryResult<i64>;
-
-    /// Up to `limit` rows of `async_audit`, newest first, before `before_id`, of the actions
-    /// equal to `action` or starting with `action` followed by a dot.
-    fn audit_list(
-        &mut self,
-        action: Option<&str>,
-        before_id: Option<i64>,
-        limit: i64,
-    ) -> QueryResult<Vec<AuditRow>>;
+    /// statement; returns how many. `select.states` is a subset of dead and cancelled
+    /// (empty: both). A task one of whose parents was pruned is left as it is and not
+    /// counted, as `task_retry` leaves it ([`task_count_retryable`] counts the others).
+    fn task_retry_matching(&mut self, select: &TaskSelect<'_>) -> QueryResult<i64>;
 }
 
 /// The parents of the task `id` (`async_task_parent`), by id; a pruned parent is left out.
@@ -261,30 +213,69 @@ pub(crate) fn node_list(conn: &mut DbConnection, limit: i64) -> QueryResult<Vec<
         .collect())
 }
 
-/// The operator's driver behind a connection.
-pub(crate) fn ops_driver(conn: &mut DbConnection) -> &mut dyn OpsDriver {
-    match conn {
-        #[cfg(feature = "postgres")]
-        DbConnection::Pg(c) => c,
-        #[cfg(feature = "sqlite")]
-        DbConnection::Sqlite(c) => c,
-        #[cfg(feature = "mysql")]
-        DbConnection::Mysql(c) => c,
-    }
+diesel::define_sql_function! {
+    /// `substr(text, start, length)`, the same on every backend.
+    fn substr(text: Text, start: Integer, length: Integer) -> Text;
 }
 
-/// Appends `select`'s conditions (each ` AND …`) to a statement whose `WHERE` is open;
-/// `ago` appends the time a number of milliseconds before now (database clock), in the
-/// backend's own time arithmetic.
+/// Up to `limit` rows of `async_audit`, newest first, before `before_id`, of the actions
+/// equal to `action` or starting with `action` followed by a dot. Written once.
+pub(crate) fn audit_list(
+    conn: &mut DbConnection,
+    action: Option<&str>,
+    before_id: Option<i64>,
+    limit: i64,
+) -> QueryResult<Vec<AuditRow>> {
+    let mut rows = async_audit::table.into_boxed();
+    if let Some(action) = action {
+        let len = i32::try_from(action.len() + 1).unwrap_or(i32::MAX);
+        rows = rows.filter(
+            async_audit::action
+                .eq(action)
+                .or(substr(async_audit::action, 1, len).eq(format!("{action}."))),
+        );
+    }
+    if let Some(id) = before_id {
+        rows = rows.filter(async_audit::id.lt(id));
+    }
+    let rows: Vec<(i64, NaiveDateTime, String, String, String, String, i64)> = rows
+        .order(async_audit::id.desc())
+        .limit(limit)
+        .select((
+            async_audit::id,
+            async_audit::at,
+            async_audit::actor,
+            async_audit::action,
+            async_audit::target,
+            JsonText(async_audit::detail),
+            async_audit::affected,
+        ))
+        .load(conn)?;
+    Ok(rows
+        .into_iter()
+        .map(|r| AuditRow {
+            id: r.0,
+            at: time_text(r.1),
+            actor: r.2,
+            action: r.3,
+            target: r.4,
+            detail: r.5,
+            affected: r.6,
+        })
+        .collect())
+}
+
+/// Appends `WHERE` and `select`'s conditions to a statement (the retries by filter).
 pub(super) fn where_selected<DB>(
     mut statement: Statement<DB>,
     select: &TaskSelect<'_>,
-    ago: fn(Statement<DB>, i64) -> Statement<DB>,
 ) -> Statement<DB>
 where
     DB: diesel::backend::Backend + HasSqlType<Text>,
     String: diesel::serialize::ToSql<Text, DB>,
+    super::clock::DbAgo: QueryFragment<DB>,
 {
+    statement = statement.sql(" WHERE 1 = 1");
     if !select.states.is_empty() {
         statement = statement.sql(" AND state IN (");
         for (i, state) in select.states.iter().enumerate() {
@@ -311,31 +302,12 @@ where
             .bind::<Text, _>(biz_id.to_owned());
     }
     if let Some(ms) = select.older_than_ms {
-        statement = ago(statement.sql(" AND created_at < "), ms);
+        statement = statement.sql(" AND created_at < ").expr(db_ago(ms));
     }
     if let Some(ms) = select.newer_than_ms {
-        statement = ago(statement.sql(" AND created_at >= "), ms);
+        statement = statement.sql(" AND created_at >= ").expr(db_ago(ms));
     }
     statement
-}
-
-/// Appends the cursor's condition, the order and the limit of a listing page.
-pub(super) fn page_of<DB>(statement: Statement<DB>, page: &TaskPageAt) -> Statement<DB>
-where
-    DB: diesel::backend::Backend + HasSqlType<BigInt>,
-    i64: diesel::serialize::ToSql<BigInt, DB>,
-{
-    let statement = match (page.after_id, page.newest_first) {
-        (Some(id), false) => statement.sql(" AND id > ").bind::<BigInt, _>(id),
-        (Some(id), true) => statement.sql(" AND id < ").bind::<BigInt, _>(id),
-        (None, _) => statement,
-    };
-    let order = if page.newest_first {
-        " ORDER BY id DESC LIMIT "
-    } else {
-        " ORDER BY id LIMIT "
-    };
-    statement.sql(order).bind::<BigInt, _>(page.limit)
 }
 
 /// The condition that one of the parents of the task `async_task.id` was pruned: its link

@@ -10,6 +10,8 @@
 //! ([`passes_lap`]).
 
 use diesel::backend::Backend;
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+use diesel::sql_types::{BigInt, Nullable};
 use diesel::sql_types::{HasSqlType, Text};
 
 use crate::sql::Statement;
@@ -70,4 +72,110 @@ where
         .sql(" < ")
         .sql(to)
         .sql(" END)")
+}
+
+/// A participant of a claim (SQLite and MySQL, which share the page out in Rust): a tenant
+/// with a task due, or (`None`) the tasks without one; its weight, its place in the ring (0
+/// for the tasks without a tenant) and its pass.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+#[derive(Debug)]
+pub(super) struct Share {
+    pub(super) tenant: Option<String>,
+    pub(super) weight: i64,
+    pub(super) pos: i64,
+    pub(super) pass: f64,
+}
+
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+impl Share {
+    /// A tenant alone (its weight and pass do not matter then).
+    #[cfg(feature = "sqlite")]
+    pub(super) fn of(tenant: &str) -> Share {
+        Share {
+            tenant: Some(tenant.to_owned()),
+            weight: 1,
+            pos: 0,
+            pass: 0.0,
+        }
+    }
+}
+
+/// A row of the shares' statement of SQLite and MySQL: a participant, or (weight NULL) none,
+/// with the ring's end and length either way.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+#[derive(Debug, diesel::QueryableByName)]
+pub(super) struct ShareRow {
+    #[diesel(sql_type = Nullable<Text>)]
+    tenant: Option<String>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    weight: Option<i64>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pos: Option<i64>,
+    #[diesel(sql_type = Nullable<Text>)]
+    ring_end: Option<String>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    ring_len: Option<i64>,
+}
+
+/// The participants of a claim of `limit` tasks in the shares' `rows`, in ring order, each
+/// with its pass from `passes`; the last tenant the ring walked to; and whether the ring
+/// stopped at its bound (see [`super::Picked`]).
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(super) fn shares_of(
+    rows: Vec<ShareRow>,
+    passes: &super::Passes,
+    limit: i64,
+) -> (Vec<Share>, Option<String>, bool) {
+    let ring_end = rows.first().and_then(|r| r.ring_end.clone());
+    let ring_cut = rows
+        .first()
+        .and_then(|r| r.ring_len)
+        .is_some_and(|n| n >= walk(limit));
+    let mut shares: Vec<Share> = rows
+        .into_iter()
+        .filter_map(|r| {
+            let pass = match &r.tenant {
+                None => passes.none,
+                Some(t) => passes
+                    .tenants
+                    .iter()
+                    .position(|p| p == t)
+                    .map_or(passes.base, |i| passes.values[i]),
+            };
+            Some(Share {
+                weight: r.weight?,
+                pos: r.pos.unwrap_or(0),
+                tenant: r.tenant,
+                pass,
+            })
+        })
+        .collect();
+    shares.sort_by_key(|s| s.pos);
+    (shares, ring_end, ring_cut)
+}
+
+/// A fair claim's [`super::Picked`]: its `rows`, taken from `shares`.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(super) fn picked(
+    rows: Vec<super::ClaimRow>,
+    shares: &[Share],
+    ring_end: Option<String>,
+    ring_cut: bool,
+) -> super::Picked {
+    super::Picked {
+        rows,
+        weights: shares
+            .iter()
+            .map(|s| {
+                (
+                    s.tenant.clone(),
+                    i32::try_from(s.weight).unwrap_or(i32::MAX),
+                )
+            })
+            .collect(),
+        crowded: false,
+        ring_end,
+        ring_cut,
+        shared: shares.iter().map(|s| s.tenant.clone()).collect(),
+    }
 }

@@ -1,6 +1,6 @@
 //! The rows and parameters that pass between the engine and the driver.
 
-use diesel::sql_types::{BigInt, Bool, Double, Integer, Nullable, Text};
+use diesel::sql_types::{BigInt, Integer, Nullable, Text};
 use serde::Serialize;
 
 use crate::task::TaskState;
@@ -47,32 +47,22 @@ pub struct LeaseCharge<'a> {
 }
 
 /// Where a task stands: its state and the claim it was last under.
-#[derive(Debug, Clone, diesel::QueryableByName)]
+#[derive(Debug, Clone, diesel::Queryable)]
 pub struct ClaimState {
-    #[diesel(sql_type = Text)]
     pub state: String,
-    #[diesel(sql_type = Nullable<BigInt>)]
     pub owner: Option<i64>,
-    #[diesel(sql_type = BigInt)]
     pub claim_token: i64,
 }
 
 /// A task as stored.
-#[derive(Debug, Clone, diesel::QueryableByName)]
+#[derive(Debug, Clone)]
 pub struct TaskRecord {
-    #[diesel(sql_type = BigInt)]
     pub id: i64,
-    #[diesel(sql_type = Text)]
     pub state: String,
-    #[diesel(sql_type = Text)]
     pub biz_data: String,
-    #[diesel(sql_type = Nullable<Text>)]
     pub tenant: Option<String>,
-    #[diesel(sql_type = Integer)]
     pub priority: i32,
-    #[diesel(sql_type = Integer)]
     pub failures: i32,
-    #[diesel(sql_type = Nullable<Text>)]
     pub last_error: Option<String>,
 }
 
@@ -90,6 +80,23 @@ pub struct InsertRow<'a> {
     pub m: Option<i32>,
     /// Delay in milliseconds.
     pub ms: i64,
+}
+
+/// Who claims, for what, and for how long: what every claim of a page is given (see
+/// [`super::Driver::task_claim_page`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Claiming<'a> {
+    /// The claiming node: the claimed tasks' owner.
+    pub owner: i64,
+    /// What the claim may take.
+    pub due: &'a super::Due<'a>,
+    /// The tenants whose tasks are left to [`super::Driver::task_claim_limited`] (those with a
+    /// `max_running`; that claim takes the tenants it is given instead).
+    pub except: &'a [String],
+    /// The most tasks it takes.
+    pub limit: i64,
+    /// The claimed tasks' deadline, from now.
+    pub timeout_ms: i64,
 }
 
 /// A task's id and unique key.
@@ -161,19 +168,14 @@ pub struct RescuedRow {
 }
 
 /// One line of the task statistics.
-#[derive(Debug, Clone, diesel::QueryableByName)]
+#[derive(Debug, Clone)]
 pub struct KeywordStateCount {
-    #[diesel(sql_type = Text)]
     pub keyword: String,
-    #[diesel(sql_type = Text)]
     pub state: String,
-    #[diesel(sql_type = BigInt)]
     pub count: i64,
     /// Seconds since the oldest due pending task became due.
-    #[diesel(sql_type = Nullable<Double>)]
     pub oldest_due_secs: Option<f64>,
     /// Of the tasks counted, those pending and due now.
-    #[diesel(sql_type = BigInt)]
     pub due: i64,
 }
 
@@ -203,24 +205,16 @@ pub struct PrunedBatch {
 }
 
 /// A tenant's row of `async_tenant`, with its queued and running tasks counted now.
-#[derive(Debug, Clone, diesel::QueryableByName)]
+#[derive(Debug, Clone)]
 pub struct TenantRow {
-    #[diesel(sql_type = Text)]
     pub tenant: String,
-    #[diesel(sql_type = Nullable<Integer>)]
     pub max_queued: Option<i32>,
-    #[diesel(sql_type = Nullable<Integer>)]
     pub max_running: Option<i32>,
-    #[diesel(sql_type = Integer)]
     pub weight: i32,
-    #[diesel(sql_type = BigInt)]
     pub queued: i64,
-    #[diesel(sql_type = BigInt)]
     pub running: i64,
     /// UTC, `YYYY-MM-DD HH:MM:SS.SSS`.
-    #[diesel(sql_type = Text)]
     pub updated_at: String,
-    #[diesel(sql_type = Text)]
     pub updated_by: String,
 }
 
@@ -252,34 +246,22 @@ pub struct TaskFilter<'a> {
 }
 
 /// A row of `async_domain`: a field left NULL takes the node's own configuration.
-#[derive(Debug, Clone, PartialEq, Eq, diesel::QueryableByName)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DomainRow {
-    #[diesel(sql_type = Text)]
     pub name: String,
     /// A JSON array of keywords.
-    #[diesel(sql_type = Nullable<Text>)]
     pub keywords: Option<String>,
     /// `max` or `reserved`.
-    #[diesel(sql_type = Nullable<Text>)]
     pub mode: Option<String>,
-    #[diesel(sql_type = Nullable<Integer>)]
     pub threads: Option<i32>,
-    #[diesel(sql_type = Nullable<Integer>)]
     pub queue: Option<i32>,
-    #[diesel(sql_type = Nullable<BigInt>)]
     pub timeout_ms: Option<i64>,
-    #[diesel(sql_type = Bool)]
     pub paused: bool,
-    #[diesel(sql_type = Bool)]
     pub released: bool,
     /// The keywords a pause or release holds on every node, a JSON array (NULL: none).
-    #[diesel(sql_type = Nullable<Text>)]
     pub held_keywords: Option<String>,
-    #[diesel(sql_type = BigInt)]
     pub version: i64,
-    #[diesel(sql_type = Text)]
     pub updated_at: String,
-    #[diesel(sql_type = Text)]
     pub updated_by: String,
 }
 

@@ -1,5 +1,4 @@
-//! The cron schedules' SQL (`async_schedule`), behind a trait of its own: each backend
-//! implements it in its `schedule.rs`.
+//! The cron schedules' SQL (`async_schedule`): written once, with the query builder.
 //!
 //! Times travel as UTC text of the shape `YYYY-MM-DD HH:MM:SS.SSS` on every backend (what
 //! SQLite stores; PostgreSQL formats and reads its `timestamptz` columns so), so that the
@@ -10,6 +9,8 @@ use diesel::prelude::*;
 use diesel::QueryResult;
 
 use super::clock::{self, DbNow};
+use super::dialect::{on_backend, time_bind, unless_duplicate};
+use super::driver;
 use crate::db::DbConnection;
 use crate::schedule::tick_biz_id;
 use crate::schema::{async_schedule, async_task};
@@ -53,27 +54,57 @@ pub struct ScheduleListRow {
     pub task_state: Option<String>,
 }
 
-/// The database operations of cron schedules.
-pub trait ScheduleDriver {
-    /// Inserts the row of a schedule seen for the first time (`since` now, no tick yet);
-    /// nothing when it exists. Returns the rows inserted.
-    fn schedule_insert(
-        &mut self,
-        keyword: &str,
-        expression: &str,
-        node: &str,
-    ) -> QueryResult<usize>;
+/// Inserts the row of a schedule seen for the first time (`since` now, no tick yet);
+/// nothing when it exists. Returns the rows inserted.
+pub(crate) fn schedule_insert(
+    conn: &mut DbConnection,
+    keyword: &str,
+    expression: &str,
+    node: &str,
+) -> QueryResult<usize> {
+    let conn = driver(conn).conn();
+    let mysql = conn.is_mysql();
+    on_backend!(conn, |c| {
+        let insert = diesel::insert_into(async_schedule::table).values((
+            async_schedule::keyword.eq(keyword),
+            async_schedule::expression.eq(expression),
+            async_schedule::updated_by.eq(node),
+        ));
+        if mysql {
+            unless_duplicate(insert.execute(c))
+        } else {
+            insert.on_conflict_do_nothing().execute(c)
+        }
+    })
+}
 
-    /// Records `tick` as the schedule's last tick, with the expression and the node that
-    /// enqueued it, unless its last tick is `tick` or later (it never moves back): in the
-    /// caller's transaction, the one that enqueues the tick. Returns the rows updated.
-    fn schedule_advance(
-        &mut self,
-        keyword: &str,
-        expression: &str,
-        tick: &str,
-        node: &str,
-    ) -> QueryResult<usize>;
+/// Records `tick` (UTC text of [`time_text`]'s shape) as the schedule's last tick, with the
+/// expression and the node that enqueued it, unless its last tick is `tick` or later (it
+/// never moves back): in the caller's transaction, the one that enqueues the tick. Returns
+/// the rows updated.
+pub(crate) fn schedule_advance(
+    conn: &mut DbConnection,
+    keyword: &str,
+    expression: &str,
+    tick: &str,
+    node: &str,
+) -> QueryResult<usize> {
+    on_backend!(driver(conn).conn(), |c| diesel::update(
+        async_schedule::table
+    )
+    .filter(async_schedule::keyword.eq(keyword))
+    .filter(
+        async_schedule::last_tick
+            .is_null()
+            .or(async_schedule::last_tick.lt(time_bind(tick).nullable())),
+    )
+    .set((
+        async_schedule::last_tick.eq(time_bind(tick).nullable()),
+        async_schedule::expression.eq(expression),
+        async_schedule::updated_at.eq(DbNow),
+        async_schedule::updated_by.eq(node),
+    ))
+    .execute(c))
 }
 
 /// The database clock, and the rows of those of `keywords` that have one: at least one row,
@@ -174,18 +205,6 @@ pub(crate) fn schedule_list(conn: &mut DbConnection) -> QueryResult<Vec<Schedule
             },
         )
         .collect())
-}
-
-/// The schedule driver behind a connection.
-pub(crate) fn schedule_driver(conn: &mut DbConnection) -> &mut dyn ScheduleDriver {
-    match conn {
-        #[cfg(feature = "postgres")]
-        DbConnection::Pg(c) => c,
-        #[cfg(feature = "sqlite")]
-        DbConnection::Sqlite(c) => c,
-        #[cfg(feature = "mysql")]
-        DbConnection::Mysql(c) => c,
-    }
 }
 
 #[cfg(test)]

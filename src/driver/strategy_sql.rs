@@ -11,7 +11,7 @@ use diesel::pg::Pg;
 #[cfg(feature = "sqlite")]
 use diesel::sqlite::Sqlite;
 
-use super::clock::db_ago;
+use super::node_sql::live_nodes;
 use crate::db::DbConnection;
 use crate::schema::async_node;
 use crate::sql::Statement;
@@ -80,10 +80,7 @@ pub(crate) fn node_strategies(
     conn: &mut DbConnection,
     within_ms: i64,
 ) -> QueryResult<Vec<NodeStrategyRow>> {
-    async_node::table
-        .filter(async_node::state.eq("alive"))
-        .filter(async_node::heartbeat_at.ge(db_ago(within_ms)))
-        .order(async_node::id)
+    live_nodes(within_ms)
         .select((
             async_node::id,
             async_node::strategy,
@@ -93,64 +90,74 @@ pub(crate) fn node_strategies(
         .load(conn)
 }
 
-/// Appends to a PostgreSQL claim's due-task predicate on `t` the tasks `partition` lets this
-/// node take: those it owns (`t.id % modulus` in its range) and any other due for longer than
-/// the grace period. Nothing without a partition. The claim still reads the claim index in
-/// claim order; the filter only passes over other nodes' tasks.
+/// Appends to a claim's due-task predicate the tasks `partition` lets this node take: those
+/// it owns (`id % modulus` in its range) and any other due for longer than the grace period
+/// (`cutoff` appends the time that long ago, in the backend's words). Nothing without a
+/// partition. The claim still reads the claim index in claim order; the filter only passes
+/// over other nodes' tasks. `t` names the task's table (`t.` on PostgreSQL, whose claims
+/// alias it; empty elsewhere).
+fn partition_filter<DB>(
+    statement: Statement<DB>,
+    partition: Option<Partition>,
+    t: &'static str,
+    cutoff: fn(Statement<DB>, i64) -> Statement<DB>,
+) -> Statement<DB>
+where
+    DB: diesel::backend::Backend + diesel::sql_types::HasSqlType<BigInt>,
+    i64: diesel::serialize::ToSql<BigInt, DB>,
+{
+    let Some(p) = partition else { return statement };
+    let statement = statement
+        .sql(" AND (")
+        .sql(t)
+        .sql("id % ")
+        .bind::<BigInt, _>(p.modulus)
+        .sql(" BETWEEN ")
+        .bind::<BigInt, _>(p.lo)
+        .sql(" AND ")
+        .bind::<BigInt, _>(p.last())
+        .sql(" OR ")
+        .sql(t)
+        .sql("run_at <= ");
+    cutoff(statement, p.grace_ms).sql(")")
+}
+
+/// [`partition_filter`] of a PostgreSQL claim on `t`.
 #[cfg(feature = "postgres")]
 pub(crate) fn partition_pg(
     statement: Statement<Pg>,
     partition: Option<Partition>,
 ) -> Statement<Pg> {
-    let Some(p) = partition else { return statement };
-    statement
-        .sql(" AND (t.id % ")
-        .bind::<BigInt, _>(p.modulus)
-        .sql(" BETWEEN ")
-        .bind::<BigInt, _>(p.lo)
-        .sql(" AND ")
-        .bind::<BigInt, _>(p.last())
-        .sql(" OR t.run_at <= now() - ")
-        .bind::<BigInt, _>(p.grace_ms)
-        .sql(" * interval '1 millisecond')")
+    partition_filter(statement, partition, "t.", |s, ms| {
+        s.sql("now() - ")
+            .bind::<BigInt, _>(ms)
+            .sql(" * interval '1 millisecond'")
+    })
 }
 
-/// [`partition_pg`] on SQLite, where the claims name `async_task`'s columns bare. The grace's
-/// cutoff is a scalar subquery: computed once per statement, not per row.
+/// [`partition_filter`] on SQLite. The grace's cutoff is a scalar subquery: computed once
+/// per statement, not per row.
 #[cfg(feature = "sqlite")]
 pub(crate) fn partition_sqlite(
     statement: Statement<Sqlite>,
     partition: Option<Partition>,
 ) -> Statement<Sqlite> {
-    let Some(p) = partition else { return statement };
-    statement
-        .sql(" AND (id % ")
-        .bind::<BigInt, _>(p.modulus)
-        .sql(" BETWEEN ")
-        .bind::<BigInt, _>(p.lo)
-        .sql(" AND ")
-        .bind::<BigInt, _>(p.last())
-        .sql(" OR run_at <= (SELECT strftime('%Y-%m-%d %H:%M:%f', 'now', printf('-%.3f seconds', ")
-        .bind::<BigInt, _>(p.grace_ms)
-        .sql(" / 1000.0))))")
+    partition_filter(statement, partition, "", |s, ms| {
+        s.sql("(SELECT strftime('%Y-%m-%d %H:%M:%f', 'now', printf('-%.3f seconds', ")
+            .bind::<BigInt, _>(ms)
+            .sql(" / 1000.0)))")
+    })
 }
 
-/// [`partition_pg`] on MySQL, where the claims name `async_task`'s columns bare (times are
-/// UTC `DATETIME(3)`, the session's time zone UTC).
+/// [`partition_filter`] on MySQL (times are UTC `DATETIME(3)`, the session's time zone UTC).
 #[cfg(feature = "mysql")]
 pub(crate) fn partition_mysql(
     statement: Statement<Mysql>,
     partition: Option<Partition>,
 ) -> Statement<Mysql> {
-    let Some(p) = partition else { return statement };
-    statement
-        .sql(" AND (id % ")
-        .bind::<BigInt, _>(p.modulus)
-        .sql(" BETWEEN ")
-        .bind::<BigInt, _>(p.lo)
-        .sql(" AND ")
-        .bind::<BigInt, _>(p.last())
-        .sql(" OR run_at <= UTC_TIMESTAMP(3) - INTERVAL ")
-        .bind::<BigInt, _>(p.grace_ms)
-        .sql(" * 1000 MICROSECOND)")
+    partition_filter(statement, partition, "", |s, ms| {
+        s.sql("UTC_TIMESTAMP(3) - INTERVAL ")
+            .bind::<BigInt, _>(ms)
+            .sql(" * 1000 MICROSECOND")
+    })
 }

@@ -10,14 +10,27 @@ use diesel::sql_types::{Double, Integer};
 use super::RescueParams;
 use crate::sql::Statement;
 
-/// A task's state, owner and claim token (a [`super::ClaimState`]), by id.
-pub(super) fn claim_state<DB>(id: i64) -> Statement<DB>
-where
-    DB: Backend + HasSqlType<BigInt>,
-    i64: diesel::serialize::ToSql<BigInt, DB>,
-{
-    Statement::new("SELECT state, owner, claim_token FROM async_task WHERE id = ")
-        .bind::<BigInt, _>(id)
+use chrono::NaiveDateTime;
+use diesel::dsl::{count_star, min};
+use diesel::prelude::*;
+
+use super::clock::DbNow;
+use super::dialect::{on_backend, pending, Conn, JsonText};
+use super::{Claim, ClaimState, KeywordStateCount, TaskRecord};
+use crate::schema::async_task;
+use crate::task::TaskState;
+
+/// See [`super::Driver::task_get_claim`].
+pub(super) fn task_get_claim(conn: Conn<'_>, id: i64) -> QueryResult<Option<ClaimState>> {
+    on_backend!(conn, |c| async_task::table
+        .find(id)
+        .select((
+            async_task::state,
+            async_task::owner,
+            async_task::claim_token
+        ))
+        .get_result(c)
+        .optional())
 }
 
 // Not on MySQL: MariaDB has no `WITH … UPDATE`; its rescue binds the values in place.
@@ -42,4 +55,128 @@ where
         .sql(" AS max_ms, ")
         .bind::<Double, _>(rescue.backoff_jitter)
         .sql(" AS jitter)")
+}
+
+/// See [`super::Driver::task_get_by_key`].
+pub(super) fn task_get_by_key(
+    conn: Conn<'_>,
+    keyword: &str,
+    biz_id: &str,
+) -> QueryResult<Option<TaskRecord>> {
+    type Row = (
+        i64,
+        String,
+        String,
+        Option<String>,
+        i16,
+        i32,
+        Option<String>,
+    );
+    let row: Option<Row> = on_backend!(conn, |c| async_task::table
+        .filter(async_task::keyword.eq(keyword))
+        .filter(async_task::biz_id.eq(biz_id))
+        .select((
+            async_task::id,
+            async_task::state,
+            JsonText(async_task::biz_data),
+            async_task::tenant,
+            async_task::priority,
+            async_task::failures,
+            async_task::last_error,
+        ))
+        .get_result(c)
+        .optional())?;
+    Ok(row.map(|r| TaskRecord {
+        id: r.0,
+        state: r.1,
+        biz_data: r.2,
+        tenant: r.3,
+        priority: i32::from(r.4),
+        failures: r.5,
+        last_error: r.6,
+    }))
+}
+
+/// See [`super::Driver::task_count_by_keyword_state`]: the counts, then the due tasks of
+/// each keyword with the database clock.
+pub(super) fn task_count_by_keyword_state(conn: Conn<'_>) -> QueryResult<Vec<KeywordStateCount>> {
+    type Due = (String, Option<NaiveDateTime>, i64, NaiveDateTime);
+    let (counts, due) = on_backend!(conn, |c| {
+        let counts: Vec<(String, String, i64)> = async_task::table
+            .group_by((async_task::keyword, async_task::state))
+            .order((async_task::keyword, async_task::state))
+            .select((async_task::keyword, async_task::state, count_star()))
+            .load(c)?;
+        let due: Vec<Due> = async_task::table
+            .filter(pending())
+            .filter(async_task::run_at.le(DbNow))
+            .group_by(async_task::keyword)
+            .select((
+                async_task::keyword,
+                min(async_task::run_at),
+                count_star(),
+                DbNow,
+            ))
+            .load(c)?;
+        (counts, due)
+    });
+    Ok(counts
+        .into_iter()
+        .map(|(keyword, state, count)| {
+            let due = due
+                .iter()
+                .find(|d| state == TaskState::Pending.as_str() && d.0 == keyword);
+            KeywordStateCount {
+                oldest_due_secs: due.and_then(|d| {
+                    let age = d.3 - d.1?;
+                    Some(age.num_microseconds()? as f64 / 1e6)
+                }),
+                due: due.map_or(0, |d| d.2),
+                keyword,
+                state,
+                count,
+            }
+        })
+        .collect())
+}
+
+/// Appends the fence of a claimed task to an `UPDATE async_task SET …` statement.
+pub(super) fn fence<DB>(set: Statement<DB>, claim: &Claim) -> Statement<DB>
+where
+    DB: Backend + HasSqlType<BigInt>,
+    i64: diesel::serialize::ToSql<BigInt, DB>,
+{
+    set.sql(" WHERE id = ")
+        .bind::<BigInt, _>(claim.id)
+        .sql(" AND owner = ")
+        .bind::<BigInt, _>(claim.owner)
+        .sql(" AND claim_token = ")
+        .bind::<BigInt, _>(claim.token)
+        .sql(" AND state = 'running'")
+}
+
+/// The states as SQL literals, for a statement's `state IN (…)` (never from user text: the
+/// states come from [`TaskState`]).
+pub(super) fn state_literals(states: &[TaskState]) -> String {
+    states
+        .iter()
+        .map(|s| format!("'{}'", s.as_str()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Deleted-row counts per state, as the prune statements report them.
+pub(super) fn counts_by_state(rows: impl Iterator<Item = (String, i64)>) -> Vec<(TaskState, u64)> {
+    let mut counts: Vec<(TaskState, u64)> = Vec::new();
+    for (state, n) in rows {
+        let state = state
+            .parse::<TaskState>()
+            .expect("prune deletes rows in a known state");
+        let n = u64::try_from(n).unwrap_or(0);
+        match counts.iter_mut().find(|(s, _)| *s == state) {
+            Some((_, total)) => *total += n,
+            None => counts.push((state, n)),
+        }
+    }
+    counts
 }

@@ -6,7 +6,7 @@ use serde::Serialize;
 use super::list::{check_limit, DEFAULT_PAGE_LIMIT};
 use super::time_or_epoch;
 use crate::db::DbConnection;
-use crate::driver::ops::{ops_driver, AuditRow};
+use crate::driver::ops::{audit_list as audit_rows, AuditRow};
 use crate::driver::{driver, AuditEntry};
 use crate::error::{Error, OpContext, Result};
 
@@ -152,9 +152,8 @@ pub struct AuditPage {
 pub fn audit_list(conn: &mut DbConnection, query: &AuditQuery) -> Result<AuditPage> {
     query.validate()?;
     let limit = check_limit(query.limit)?;
-    let mut rows = ops_driver(conn)
-        .audit_list(query.action.as_deref(), query.before_id, limit + 1)
-        .op("audit list")?;
+    let mut rows =
+        audit_rows(conn, query.action.as_deref(), query.before_id, limit + 1).op("audit list")?;
     let more = rows.len() > query.limit;
     rows.truncate(query.limit);
     let records: Vec<AuditRecord> = rows.into_iter().map(AuditRecord::from).collect();

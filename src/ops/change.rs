@@ -9,7 +9,8 @@ use super::Filter;
 use crate::cancel::{self, Cancelled};
 use crate::db::transaction::depth;
 use crate::db::{write_transaction, DbConnection};
-use crate::driver::ops::ops_driver;
+use crate::driver::driver;
+use crate::driver::ops::task_count_retryable;
 use crate::error::{Error, OpContext, Result};
 use crate::retry::Retried;
 use crate::task::TaskState;
@@ -179,22 +180,18 @@ pub fn retry_matching(
     validate_retry(filter)?;
     let select = filter.select()?;
     if dry_run {
-        let driver = ops_driver(conn);
-        let n = driver.task_retry_matching(&select, true).op("task retry")?;
-        let skipped = driver.task_count_parent_pruned(&select).op("task retry")?;
+        let n = task_count_retryable(conn, &select, true).op("task retry")?;
+        let skipped = task_count_retryable(conn, &select, false).op("task retry")?;
         return Ok(Matched {
             skipped: u64::try_from(skipped).unwrap_or(0),
             ..dry(u64::try_from(n).unwrap_or(0))
         });
     }
     audited(conn, |conn| {
-        let driver = ops_driver(conn);
         // Counted first: a parent pruned meanwhile only makes a task skipped that the count
         // missed, never the other way round (a pruned parent does not come back).
-        let skipped = driver.task_count_parent_pruned(&select).op("task retry")?;
-        let n = driver
-            .task_retry_matching(&select, false)
-            .op("task retry")?;
+        let skipped = task_count_retryable(conn, &select, false).op("task retry")?;
+        let n = driver(conn).task_retry_matching(&select).op("task retry")?;
         let n = u64::try_from(n).unwrap_or(0);
         if n > 0 {
             let (target, detail) = filter.describe();

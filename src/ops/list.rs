@@ -5,7 +5,7 @@ use serde::Serialize;
 
 use super::{age_secs, state_of, state_text, time, time_or_epoch, Filter};
 use crate::db::DbConnection;
-use crate::driver::ops::{ops_driver, TaskListRow, TaskPageAt};
+use crate::driver::ops::{task_list, TaskListRow, TaskPageAt};
 use crate::error::{Error, OpContext, Result};
 use crate::task::TaskState;
 
@@ -198,7 +198,7 @@ pub fn list_tasks(conn: &mut DbConnection, query: &TaskQuery) -> Result<Page> {
         newest_first: query.newest_first,
         limit: limit + 1,
     };
-    let mut rows = ops_driver(conn).task_list(&select, &page).op("task list")?;
+    let mut rows = task_list(conn, &select, &page).op("task list")?;
     let more = rows.len() > query.limit;
     rows.truncate(query.limit);
     let tasks: Vec<TaskSummary> = rows.into_iter().map(TaskSummary::from).collect();

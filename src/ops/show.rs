@@ -5,7 +5,7 @@ use serde::Serialize;
 
 use super::{state_of, state_text, time, TaskSummary};
 use crate::db::DbConnection;
-use crate::driver::ops::{ops_driver, task_children, task_parents, TaskLinkRow};
+use crate::driver::ops::{task_children, task_detail, task_parents, TaskLinkRow};
 use crate::error::{Error, OpContext, Result};
 use crate::task::TaskState;
 
@@ -91,8 +91,7 @@ pub struct TaskDetail {
 /// # }
 /// ```
 pub fn show_task(conn: &mut DbConnection, id: i64) -> Result<TaskDetail> {
-    let row = ops_driver(conn)
-        .task_detail(id)
+    let row = task_detail(conn, id)
         .op("task show")?
         .ok_or_else(|| Error::TaskNotFound {
             task: id.to_string(),

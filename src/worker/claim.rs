@@ -6,7 +6,7 @@ use super::fairness::{participants, Took};
 use super::heartbeat::may_claim;
 use super::{millis, Worker};
 use crate::db::transaction::DiscardBroken;
-use crate::driver::{driver, ClaimRow, Driver, Due};
+use crate::driver::{driver, ClaimRow, Claiming, Driver, Due};
 use crate::error::{Error, OpContext, Result};
 use crate::handler::TaskContext;
 use crate::task::ClaimedTask;
@@ -147,8 +147,14 @@ impl Worker {
             |driver, owner, due, except, n, timeout| {
                 // The pick and the claim see one list of the tenants claimed apart.
                 let pick = picked_by.insert(fair.next_pick(keywords, except));
-                let picked =
-                    driver.task_claim_page(owner, due, except, &pick.as_pick(), n, timeout)?;
+                let claim = Claiming {
+                    owner,
+                    due,
+                    except,
+                    limit: n,
+                    timeout_ms: timeout,
+                };
+                let picked = driver.task_claim_page(&claim, &pick.as_pick())?;
                 took = (
                     picked.weights,
                     picked.crowded,
@@ -198,8 +204,15 @@ impl Worker {
             None,
             limit,
             timeout,
-            |driver, owner, due, _, n, timeout| {
-                driver.task_claim_limited(owner, due, &rotated, n, timeout)
+            |driver, owner, due, except, n, timeout| {
+                let claim = Claiming {
+                    owner,
+                    due,
+                    except,
+                    limit: n,
+                    timeout_ms: timeout,
+                };
+                driver.task_claim_limited(&claim, &rotated)
             },
         )
     }

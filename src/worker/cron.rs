@@ -28,7 +28,9 @@ use chrono::{DateTime, Utc};
 use super::Worker;
 use crate::db::transaction::mark_broken;
 use crate::db::{write_transaction, DbConnection};
-use crate::driver::schedule::{schedule_driver, schedule_read, time_of, time_text, ScheduleRow};
+use crate::driver::schedule::{
+    schedule_advance, schedule_insert, schedule_read, time_of, time_text, ScheduleRow,
+};
 use crate::enqueue::{enqueue_batch, Enqueued};
 use crate::error::{Error, OpContext, Result};
 use crate::schedule::{tick_biz_id, Schedule, MAX_TICKS};
@@ -110,9 +112,9 @@ impl Worker {
             let done = match rows.iter().find(|r| r.keyword.as_deref() == Some(keyword)) {
                 None => {
                     let _turn = self.writer_turn.take();
-                    let inserted = schedule_driver(conn)
-                        .schedule_insert(keyword, schedule.expression(), self.node.name())
-                        .op("schedule insert");
+                    let inserted =
+                        schedule_insert(conn, keyword, schedule.expression(), self.node.name())
+                            .op("schedule insert");
                     if inserted.is_ok() {
                         log::info!(
                             "schedule {keyword} ({}) first seen: its ticks run from now on",
@@ -215,9 +217,14 @@ impl Worker {
             let _turn = self.writer_turn.take();
             write_transaction(conn, |conn| -> Result<Vec<Enqueued>> {
                 let enqueued = enqueue_batch(conn, &tasks)?;
-                schedule_driver(conn)
-                    .schedule_advance(keyword, schedule.expression(), &time_text(latest), node)
-                    .op("schedule advance")?;
+                schedule_advance(
+                    conn,
+                    keyword,
+                    schedule.expression(),
+                    &time_text(latest),
+                    node,
+                )
+                .op("schedule advance")?;
                 Ok(enqueued)
             })?
         };

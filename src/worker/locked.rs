@@ -31,7 +31,7 @@ use super::watchdog::Hung;
 use super::{millis, Worker};
 use crate::db::transaction::{is_connection_error, mark_broken, DiscardBroken};
 use crate::db::{DbConnection, DbPool};
-use crate::driver::{driver, ChunkRuns, Due, LeaseCharge, TxMark};
+use crate::driver::{driver, ChunkRuns, Claiming, Due, LeaseCharge, TxMark};
 use crate::error::{OpContext, Result};
 use crate::task::ClaimedTask;
 
@@ -141,13 +141,15 @@ impl Worker {
         let deadline = asked + lane.timeout;
         let (leased, chunk_of) = driver(&mut conn)
             .task_lease_page(
-                self.node.id(),
+                &Claiming {
+                    owner: self.node.id(),
+                    due: &due,
+                    except: &limited,
+                    limit,
+                    timeout_ms: millis(lane.timeout),
+                },
                 runs,
-                &due,
-                &limited,
                 &pick.as_pick(),
-                limit,
-                millis(lane.timeout),
             )
             .discard_broken(&mut conn)
             .op("task lease")?;

@@ -12,19 +12,18 @@ use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
 
 use super::fair::{self, DueList};
 use super::list;
-use crate::driver::{ClaimRow, Due, Pick, Picked};
+use crate::driver::ring_sql::picked;
+use crate::driver::{ClaimRow, Claiming, Due, Pick, Picked};
 use crate::sql::Statement;
 
-pub(super) fn claim_page(
+pub(in crate::driver) fn claim_page(
     conn: &mut MysqlConnection,
-    owner: i64,
-    due: &Due<'_>,
-    except: &[String],
+    claim: &Claiming<'_>,
     pick: &Pick<'_>,
-    limit: i64,
-    timeout_ms: i64,
 ) -> QueryResult<Picked> {
-    let due = DueList::of(due);
+    let (owner, except, limit, timeout_ms) =
+        (claim.owner, claim.except, claim.limit, claim.timeout_ms);
+    let due = DueList::of(claim.due);
     conn.transaction(|conn| {
         let (after, lap, passes) = match pick {
             Pick::Fair { after, lap, passes } => (after, lap, passes),
@@ -51,23 +50,7 @@ pub(super) fn claim_page(
             _ => fair::page_ids(conn, &shares, &due, limit)?,
         };
         let rows = mark(conn, owner, &ids, timeout_ms)?;
-        let weights = shares
-            .iter()
-            .map(|s| {
-                (
-                    s.tenant.clone(),
-                    i32::try_from(s.weight).unwrap_or(i32::MAX),
-                )
-            })
-            .collect();
-        Ok(Picked {
-            rows,
-            weights,
-            crowded: false,
-            ring_end,
-            ring_cut,
-            shared: shares.iter().map(|s| s.tenant.clone()).collect(),
-        })
+        Ok(picked(rows, &shares, ring_end, ring_cut))
     })
 }
 
@@ -122,7 +105,7 @@ fn mark(
 
 /// The plan of the claim: the ring's statement, then the pick of tasks without a tenant,
 /// one line per row of `EXPLAIN`.
-pub(super) fn claim_plan(
+pub(in crate::driver) fn claim_plan(
     conn: &mut MysqlConnection,
     due: &Due<'_>,
     limit: i64,
@@ -165,14 +148,13 @@ pub(super) fn claim_plan(
 /// skipped this time, as PostgreSQL skips a tenant whose claim lock is taken), so that the
 /// running count read next is exact; then its room (its limit less what runs), and at most
 /// that many of its first due tasks, until the page is full.
-pub(super) fn claim_limited(
+pub(in crate::driver) fn claim_limited(
     conn: &mut MysqlConnection,
-    owner: i64,
-    due: &Due<'_>,
+    claim: &Claiming<'_>,
     tenants: &[String],
-    limit: i64,
-    timeout_ms: i64,
 ) -> QueryResult<Vec<ClaimRow>> {
+    let due = DueList::of(claim.due);
+    let (owner, limit, timeout_ms) = (claim.owner, claim.limit, claim.timeout_ms);
     #[derive(QueryableByName)]
     struct Limit {
         #[diesel(sql_type = BigInt)]
@@ -183,7 +165,7 @@ pub(super) fn claim_limited(
         #[diesel(sql_type = BigInt)]
         running: i64,
     }
-    let due = DueList::of(due);
+
     conn.transaction(|conn| {
         let mut page = Vec::new();
         for tenant in tenants {
@@ -219,7 +201,7 @@ pub(super) fn claim_limited(
 
 /// See [`crate::driver::Driver::task_claim_suspect`]: the suspect index's first due task, in
 /// claim order, locked and stamped as any claim.
-pub(super) fn claim_suspect(
+pub(in crate::driver) fn claim_suspect(
     conn: &mut MysqlConnection,
     owner: i64,
     due: &Due<'_>,
@@ -253,7 +235,7 @@ pub(super) fn claim_suspect(
 }
 
 /// See [`crate::driver::Driver::task_suspects_exist`].
-pub(super) fn suspects_exist(conn: &mut MysqlConnection) -> QueryResult<bool> {
+pub(in crate::driver) fn suspects_exist(conn: &mut MysqlConnection) -> QueryResult<bool> {
     #[derive(QueryableByName)]
     struct Found {
         #[diesel(sql_type = diesel::sql_types::Bool)]

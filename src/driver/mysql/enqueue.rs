@@ -24,7 +24,7 @@ use crate::sql::Statement;
 /// Rows per INSERT (seven bind parameters each), and keys per lookup.
 const INSERT_CHUNK: usize = 500;
 
-pub(super) fn insert_many(
+pub(in crate::driver) fn insert_many(
     conn: &mut MysqlConnection,
     rows: &[InsertRow<'_>],
 ) -> QueryResult<Vec<TaskKey>> {
@@ -80,7 +80,10 @@ pub(super) fn insert_many(
 /// (`ON DUPLICATE KEY UPDATE`, whose row fires no INSERT trigger; not `INSERT IGNORE`, which
 /// would pass over a failed CHECK), counted among the rows returned (diesel connects with
 /// `CLIENT_FOUND_ROWS`).
-pub(super) fn link_parents(conn: &mut MysqlConnection, links: &[(i64, i64)]) -> QueryResult<usize> {
+pub(in crate::driver) fn link_parents(
+    conn: &mut MysqlConnection,
+    links: &[(i64, i64)],
+) -> QueryResult<usize> {
     if links.is_empty() {
         return Ok(0);
     }
@@ -99,7 +102,10 @@ pub(super) fn link_parents(conn: &mut MysqlConnection, links: &[(i64, i64)]) -> 
         .execute(conn)
 }
 
-pub(super) fn find_many(conn: &mut MysqlConnection, keys_json: &str) -> QueryResult<Vec<TaskKey>> {
+pub(in crate::driver) fn find_many(
+    conn: &mut MysqlConnection,
+    keys_json: &str,
+) -> QueryResult<Vec<TaskKey>> {
     #[derive(serde::Deserialize)]
     struct Key {
         k: String,

@@ -7,41 +7,15 @@
 //! tasks, and asks [`others_pending`] when it probes.
 
 use diesel::mysql::{Mysql, MysqlConnection};
-use diesel::sql_types::{BigInt, Integer, Nullable, Text};
+use diesel::sql_types::{BigInt, Integer, Text};
 use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 
 use super::list;
-use crate::driver::ring_sql::{passes_lap, walk, window};
+use crate::driver::ring_sql::{passes_lap, shares_of, walk, window, Share, ShareRow};
 use crate::driver::strategy_sql::partition_mysql;
 use crate::driver::{Due, Passes};
 use crate::sql::Statement;
 use crate::strategy::Partition;
-
-/// A participant of a claim: a tenant with a task due, or (`None`) the tasks without one;
-/// its weight, its place in the ring (0 for the tasks without a tenant) and its pass.
-#[derive(Debug)]
-pub(super) struct Share {
-    pub(super) tenant: Option<String>,
-    pub(super) weight: i64,
-    pub(super) pos: i64,
-    pub(super) pass: f64,
-}
-
-/// A row of the shares' statement: a participant, or (weight NULL) none, with the ring's
-/// end and length either way.
-#[derive(Debug, QueryableByName)]
-struct ShareRow {
-    #[diesel(sql_type = Nullable<Text>)]
-    tenant: Option<String>,
-    #[diesel(sql_type = Nullable<BigInt>)]
-    weight: Option<i64>,
-    #[diesel(sql_type = Nullable<BigInt>)]
-    pos: Option<i64>,
-    #[diesel(sql_type = Nullable<Text>)]
-    ring_end: Option<String>,
-    #[diesel(sql_type = Nullable<BigInt>)]
-    ring_len: Option<i64>,
-}
 
 /// Whether a participant other than `tenant` (`None`: the tasks without one) has pending
 /// tasks, tenants in `except` left out: asked by a solo claim, so that the next claim is
@@ -153,32 +127,7 @@ pub(super) fn shares(
     limit: i64,
 ) -> QueryResult<(Vec<Share>, Option<String>, bool)> {
     let rows: Vec<ShareRow> = shares_statement("", due, except, (after, lap), limit).load(conn)?;
-    let ring_end = rows.first().and_then(|r| r.ring_end.clone());
-    let ring_cut = rows
-        .first()
-        .and_then(|r| r.ring_len)
-        .is_some_and(|n| n >= walk(limit));
-    let mut shares: Vec<Share> = rows
-        .into_iter()
-        .filter_map(|r| {
-            let pass = match &r.tenant {
-                None => passes.none,
-                Some(t) => passes
-                    .tenants
-                    .iter()
-                    .position(|p| p == t)
-                    .map_or(passes.base, |i| passes.values[i]),
-            };
-            Some(Share {
-                weight: r.weight?,
-                pos: r.pos.unwrap_or(0),
-                tenant: r.tenant,
-                pass,
-            })
-        })
-        .collect();
-    shares.sort_by_key(|s| s.pos);
-    Ok((shares, ring_end, ring_cut))
+    Ok(shares_of(rows, passes, limit))
 }
 
 /// The statement of [`shares`], after `prefix` (empty, or `EXPLAIN`). The ring (as on

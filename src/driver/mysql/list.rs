@@ -6,30 +6,34 @@ use diesel::sql_types::{BigInt, Text};
 
 use crate::sql::Statement;
 
-/// Appends `(?, ?, …)` binding each id; `(NULL)`, which matches nothing, for no ids.
-pub(super) fn ids(mut statement: Statement<Mysql>, ids: &[i64]) -> Statement<Mysql> {
-    if ids.is_empty() {
+/// Appends `(?, ?, …)` binding each of `values` as `ST`; `(NULL)`, which matches nothing,
+/// for none.
+fn binds<ST, T>(mut statement: Statement<Mysql>, values: &[T]) -> Statement<Mysql>
+where
+    ST: diesel::sql_types::SqlType + diesel::sql_types::SingleValue,
+    Mysql: diesel::sql_types::HasSqlType<ST>,
+    T: Clone + diesel::expression::AsExpression<ST>,
+    T::Expression: diesel::query_builder::QueryFragment<Mysql> + Send + 'static,
+{
+    if values.is_empty() {
         return statement.sql("(NULL)");
     }
-    for (i, id) in ids.iter().enumerate() {
+    for (i, value) in values.iter().enumerate() {
         statement = statement
             .sql(if i == 0 { "(" } else { ", " })
-            .bind::<BigInt, _>(*id);
+            .bind::<ST, _>(value.clone());
     }
     statement.sql(")")
 }
 
-/// Appends `(?, ?, …)` binding each text; `(NULL)`, which matches nothing, for none.
-pub(super) fn texts(mut statement: Statement<Mysql>, texts: &[String]) -> Statement<Mysql> {
-    if texts.is_empty() {
-        return statement.sql("(NULL)");
-    }
-    for (i, text) in texts.iter().enumerate() {
-        statement = statement
-            .sql(if i == 0 { "(" } else { ", " })
-            .bind::<Text, _>(text.clone());
-    }
-    statement.sql(")")
+/// Appends `(?, ?, …)` binding each id; `(NULL)` for none.
+pub(super) fn ids(statement: Statement<Mysql>, ids: &[i64]) -> Statement<Mysql> {
+    binds::<BigInt, _>(statement, ids)
+}
+
+/// Appends `(?, ?, …)` binding each text; `(NULL)` for none.
+pub(super) fn texts(statement: Statement<Mysql>, texts: &[String]) -> Statement<Mysql> {
+    binds::<Text, _>(statement, texts)
 }
 
 /// Appends `((?, ?), (?, ?), …)` binding each `(keyword, biz_id)`; `((NULL, NULL))` for none.

@@ -6,30 +6,11 @@ use diesel::sql_types::{BigInt, Text};
 use diesel::{QueryResult, RunQueryDsl};
 
 use super::list;
-use crate::driver::{counts_by_state, state_literals, KeywordStateCount, PruneBatch, PrunedBatch};
+use crate::driver::{counts_by_state, state_literals, PruneBatch, PrunedBatch};
 use crate::sql::Statement;
 
-pub(super) fn count_by_keyword_state(
-    conn: &mut MysqlConnection,
-) -> QueryResult<Vec<KeywordStateCount>> {
-    Statement::<Mysql>::new(concat!(
-        "SELECT keyword, state, count(*) AS count,
-                CAST(TIMESTAMPDIFF(MICROSECOND,
-                     min(CASE WHEN state = 'pending' AND run_at <= ",
-        now!(),
-        " THEN run_at END), ",
-        now!(),
-        ") / 1000000.0 AS DOUBLE) AS oldest_due_secs,
-                CAST(sum(CASE WHEN state = 'pending' AND run_at <= ",
-        now!(),
-        " THEN 1 ELSE 0 END) AS SIGNED) AS due
-         FROM async_task GROUP BY keyword, state ORDER BY keyword, state"
-    ))
-    .load(conn)
-}
-
 /// Registers a node; its id is the insert's (`LAST_INSERT_ID()`, this connection's).
-pub(super) fn node_register(conn: &mut MysqlConnection, name: &str) -> QueryResult<i64> {
+pub(in crate::driver) fn node_register(conn: &mut MysqlConnection, name: &str) -> QueryResult<i64> {
     #[derive(diesel::QueryableByName)]
     struct Id {
         #[diesel(sql_type = BigInt)]
@@ -44,23 +25,6 @@ pub(super) fn node_register(conn: &mut MysqlConnection, name: &str) -> QueryResu
     Ok(row.id)
 }
 
-pub(super) fn node_heartbeat(
-    conn: &mut MysqlConnection,
-    node_id: i64,
-    domains: &str,
-) -> QueryResult<usize> {
-    Statement::<Mysql>::new(concat!(
-        "UPDATE async_node SET heartbeat_at = ",
-        now!(),
-        ", domains = "
-    ))
-    .bind::<Text, _>(domains.to_owned())
-    .sql(" WHERE id = ")
-    .bind::<BigInt, _>(node_id)
-    .sql(" AND state = 'alive'")
-    .execute(conn)
-}
-
 /// Deletes up to `limit` tasks that finished before the cutoff, oldest first, with their
 /// links, in the caller's transaction.
 ///
@@ -72,7 +36,7 @@ pub(super) fn node_heartbeat(
 /// statement that fires them, and this is the driver's to do): every link to a parent of a
 /// pruned task, and the links to the children of a pruned done task. A dead or cancelled
 /// parent's links stay, so that a child whose parent was pruned cannot be retried.
-pub(super) fn prune_tasks(
+pub(in crate::driver) fn prune_tasks(
     conn: &mut MysqlConnection,
     batch: &PruneBatch<'_>,
 ) -> QueryResult<PrunedBatch> {
@@ -133,7 +97,7 @@ pub(super) fn prune_tasks(
 
 /// Deletes up to `limit` rows of stopped nodes: gone, or silent for `silent_ms`, and no
 /// heartbeat for `older_than_ms`, holding no running task.
-pub(super) fn prune_nodes(
+pub(in crate::driver) fn prune_nodes(
     conn: &mut MysqlConnection,
     older_than_ms: i64,
     silent_ms: i64,

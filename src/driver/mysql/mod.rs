@@ -20,21 +20,32 @@ mod list;
 mod maintenance;
 mod operate;
 mod ops;
-mod schedule;
 mod task;
-mod tenant;
+
+// The backend's functions of the [`Driver`] methods it shares the shape of, under their names.
+pub(super) use claim::{
+    claim_limited as task_claim_limited, claim_page as task_claim_page,
+    claim_plan as task_claim_plan, claim_suspect as task_claim_suspect,
+    suspects_exist as task_suspects_exist,
+};
+pub(super) use domain::lock as domain_lock;
+pub(super) use enqueue::{
+    find_many as task_find_many, insert_many as task_insert_many, link_parents as task_link_parents,
+};
+pub(super) use maintenance::{
+    node_register, prune_nodes as node_prune_batch, prune_tasks as task_prune_batch,
+};
+pub(super) use operate::retry as task_retry;
+pub(super) use task::{
+    complete as task_complete, complete_many as task_complete_many, rescue_many as task_rescue_many,
+};
 
 use diesel::connection::{AnsiTransactionManager, SimpleConnection, TransactionManager};
 use diesel::mysql::MysqlConnection;
 use diesel::{QueryResult, RunQueryDsl};
-use diesel_migrations::{embed_migrations, EmbeddedMigrations, MigrationHarness};
+use diesel_migrations::{embed_migrations, EmbeddedMigrations};
 
-use super::{
-    AuditEntry, ChunkRuns, Claim, ClaimRow, ClaimState, DomainRow, DomainWrite, Driver, Due,
-    InsertRow, KeywordStateCount, LeaseCharge, MigrationError, Pick, Picked, PruneBatch,
-    PrunedBatch, RescueParams, RescuedRow, TaskFilter, TaskKey, TaskRecord, TenantRow, TenantSet,
-    TxMark,
-};
+use super::{Claim, Conn, Driver, LeaseDriver, MigrationError, TaskFilter, TxMark};
 
 const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/mysql");
 
@@ -44,7 +55,14 @@ const MIGRATION_LOCK: &str = "outbox.migrations";
 /// How long a migration run waits for another one's lock, in seconds.
 const MIGRATION_LOCK_WAIT_S: u32 = 300;
 
+// No lock claims (see `LeaseDriver`).
+impl LeaseDriver for MysqlConnection {}
+
 impl Driver for MysqlConnection {
+    fn conn(&mut self) -> Conn<'_> {
+        Conn::Mysql(self)
+    }
+
     /// UTC as the session's time zone (every time is the server's UTC clock), `utf8mb4`,
     /// strict SQL mode (a value out of range is an error, never truncated), standard SQL
     /// strings (`||` concatenates, `"` quotes names, a backslash is an ordinary character),
@@ -83,9 +101,7 @@ impl Driver for MysqlConnection {
             )
             .into());
         }
-        let applied = self
-            .run_pending_migrations(MIGRATIONS)
-            .map(|v| v.iter().map(ToString::to_string).collect::<Vec<_>>());
+        let applied = super::migrations_apply(self, MIGRATIONS);
         let unlocked = self.batch_execute(&format!("DO RELEASE_LOCK('{MIGRATION_LOCK}')"));
         let applied = applied?;
         unlocked?;
@@ -96,64 +112,15 @@ impl Driver for MysqlConnection {
         super::migration_versions::<diesel::mysql::Mysql>(&MIGRATIONS)
     }
 
-    /// The JSON text as given: the column is `JSON` (MariaDB: `LONGTEXT` checked by
-    /// `JSON_VALID`), its size bounded on the text.
-    fn task_payload_len(&self, json: &str, _value: &serde_json::Value) -> usize {
-        json.len()
-    }
-
-    fn atomically(
-        &mut self,
-        f: &mut dyn FnMut(&mut dyn Driver) -> QueryResult<()>,
-    ) -> QueryResult<()> {
-        diesel::Connection::transaction(self, |conn| f(conn))
-    }
-
-    fn task_link_parents(&mut self, links: &[(i64, i64)]) -> QueryResult<usize> {
-        enqueue::link_parents(self, links)
-    }
-
-    fn task_insert_many(&mut self, rows: &[InsertRow<'_>]) -> QueryResult<Vec<TaskKey>> {
-        enqueue::insert_many(self, rows)
-    }
-
-    fn task_find_many(&mut self, keys_json: &str) -> QueryResult<Vec<TaskKey>> {
-        enqueue::find_many(self, keys_json)
-    }
-
-    fn task_claim_page(
-        &mut self,
-        owner: i64,
-        due: &Due<'_>,
-        except: &[String],
-        pick: &Pick<'_>,
-        limit: i64,
-        timeout_ms: i64,
-    ) -> QueryResult<Picked> {
-        claim::claim_page(self, owner, due, except, pick, limit, timeout_ms)
-    }
-
-    fn task_claim_limited(
-        &mut self,
-        owner: i64,
-        due: &Due<'_>,
-        tenants: &[String],
-        limit: i64,
-        timeout_ms: i64,
-    ) -> QueryResult<Vec<ClaimRow>> {
-        claim::claim_limited(self, owner, due, tenants, limit, timeout_ms)
-    }
-
-    fn task_claim_plan(&mut self, due: &Due<'_>, limit: i64) -> QueryResult<Vec<String>> {
-        claim::claim_plan(self, due, limit)
-    }
-
-    fn task_complete(&mut self, claim: &Claim) -> QueryResult<usize> {
-        task::complete(self, claim)
-    }
-
-    fn task_complete_many(&mut self, owner: i64, claims: &[(i64, i64)]) -> QueryResult<usize> {
-        task::complete_many(self, owner, claims)
+    // No trigger cancels a task's descendants here: the cancels do, their own way.
+    fn task_fail_dead(&mut self, claim: &Claim, error: &str) -> QueryResult<usize> {
+        diesel::Connection::transaction(self, |conn| {
+            let n = super::record_sql::task_fail_dead(conn.conn(), claim, error)?;
+            if n == 1 {
+                chain::cancel_descendants_of(conn, &[claim.id], "dead")?;
+            }
+            Ok(n)
+        })
     }
 
     fn task_cancel(&mut self, id: i64) -> QueryResult<usize> {
@@ -164,139 +131,6 @@ impl Driver for MysqlConnection {
         operate::cancel_matching(self, filter, dry_run)
     }
 
-    fn task_retry(&mut self, id: i64) -> QueryResult<usize> {
-        operate::retry(self, id)
-    }
-
-    fn audit_insert(&mut self, audit: &AuditEntry<'_>) -> QueryResult<usize> {
-        operate::audit(self, audit)
-    }
-
-    // Lock claims are PostgreSQL's (the worker refuses the setting on other backends
-    // before any of these could run).
-    fn task_lease_page(
-        &mut self,
-        _: i64,
-        _: ChunkRuns,
-        _: &Due<'_>,
-        _: &[String],
-        _: &Pick<'_>,
-        _: i64,
-        _: i64,
-    ) -> QueryResult<(Picked, Vec<i64>)> {
-        Err(lock_claims_unsupported())
-    }
-
-    fn task_lease_plan(&mut self, _: &Due<'_>, _: i64) -> QueryResult<Vec<String>> {
-        Err(lock_claims_unsupported())
-    }
-
-    fn task_complete_leased(&mut self, _: i64, _: &[i64]) -> QueryResult<usize> {
-        Err(lock_claims_unsupported())
-    }
-
-    fn task_claim_leased(&mut self, _: i64, _: &[i64], _: i64) -> QueryResult<Vec<ClaimRow>> {
-        Err(lock_claims_unsupported())
-    }
-
-    fn task_release_leased(&mut self, _: i64, _: &[i64]) -> QueryResult<usize> {
-        Err(lock_claims_unsupported())
-    }
-
-    fn task_charge_leased(&mut self, _: i64, _: &LeaseCharge<'_>) -> QueryResult<Option<String>> {
-        Err(lock_claims_unsupported())
-    }
-
-    fn task_rescue_leases(&mut self, _: &RescueParams) -> QueryResult<Vec<RescuedRow>> {
-        Ok(Vec::new())
-    }
-
-    fn task_claim_suspect(
-        &mut self,
-        owner: i64,
-        due: &Due<'_>,
-        except: &[String],
-        timeout_ms: i64,
-    ) -> QueryResult<Vec<ClaimRow>> {
-        claim::claim_suspect(self, owner, due, except, timeout_ms)
-    }
-
-    fn task_suspects_exist(&mut self) -> QueryResult<bool> {
-        claim::suspects_exist(self)
-    }
-
-    fn session_end_stale(&mut self, _: i64) -> QueryResult<i64> {
-        Ok(0)
-    }
-
-    fn session_end(&mut self, _: TxMark) -> QueryResult<bool> {
-        Ok(false)
-    }
-
-    fn task_fail_retry(&mut self, claim: &Claim, error: &str, delay_ms: i64) -> QueryResult<usize> {
-        task::fail_retry(self, claim, error, delay_ms)
-    }
-
-    fn task_fail_dead(&mut self, claim: &Claim, error: &str) -> QueryResult<usize> {
-        task::fail_dead(self, claim, error)
-    }
-
-    fn task_release(&mut self, claim: &Claim, note: Option<&str>) -> QueryResult<usize> {
-        task::release(self, claim, note)
-    }
-
-    fn task_get_claim(&mut self, id: i64) -> QueryResult<Option<ClaimState>> {
-        task::get_claim(self, id)
-    }
-
-    fn task_get_by_key(&mut self, keyword: &str, biz_id: &str) -> QueryResult<Option<TaskRecord>> {
-        task::get_by_key(self, keyword, biz_id)
-    }
-
-    fn task_rescue_many(&mut self, rescue: &RescueParams) -> QueryResult<Vec<RescuedRow>> {
-        task::rescue_many(self, rescue)
-    }
-
-    fn task_count_by_keyword_state(&mut self) -> QueryResult<Vec<KeywordStateCount>> {
-        maintenance::count_by_keyword_state(self)
-    }
-
-    fn task_prune_batch(&mut self, batch: &PruneBatch<'_>) -> QueryResult<PrunedBatch> {
-        maintenance::prune_tasks(self, batch)
-    }
-
-    fn tenant_set(
-        &mut self,
-        tenant: &str,
-        set: &TenantSet,
-        audit: &AuditEntry<'_>,
-    ) -> QueryResult<TenantRow> {
-        tenant::set(self, tenant, set, audit)
-    }
-
-    fn tenant_remove(&mut self, tenant: &str, audit: &AuditEntry<'_>) -> QueryResult<usize> {
-        tenant::remove(self, tenant, audit)
-    }
-
-    fn tenant_list(&mut self) -> QueryResult<Vec<TenantRow>> {
-        tenant::list(self)
-    }
-
-    fn tenant_over_max_queued(
-        &mut self,
-        tenants: &[(String, i64)],
-    ) -> QueryResult<Option<(String, i64)>> {
-        tenant::over_max_queued(self, tenants)
-    }
-
-    fn node_register(&mut self, name: &str) -> QueryResult<i64> {
-        maintenance::node_register(self, name)
-    }
-
-    fn node_heartbeat(&mut self, node_id: i64, domains: &str) -> QueryResult<usize> {
-        maintenance::node_heartbeat(self, node_id, domains)
-    }
-
     fn backend_pid(&mut self) -> QueryResult<Option<i32>> {
         maintenance::connection_id(self).map(Some)
     }
@@ -304,47 +138,4 @@ impl Driver for MysqlConnection {
     fn backend_cancel(&mut self, pid: i32) -> QueryResult<bool> {
         maintenance::kill_query(self, pid)
     }
-
-    fn node_prune_batch(
-        &mut self,
-        older_than_ms: i64,
-        silent_ms: i64,
-        limit: i64,
-    ) -> QueryResult<usize> {
-        maintenance::prune_nodes(self, older_than_ms, silent_ms, limit)
-    }
-
-    fn listen_start(&mut self) -> QueryResult<bool> {
-        Ok(false)
-    }
-
-    fn listen_poll(&mut self) -> QueryResult<bool> {
-        Ok(false)
-    }
-
-    fn domain_lock(&mut self) -> QueryResult<()> {
-        domain::lock(self)
-    }
-
-    fn domain_write(
-        &mut self,
-        row: &DomainWrite<'_>,
-        audit: &AuditEntry<'_>,
-    ) -> QueryResult<DomainRow> {
-        domain::write(self, row, audit)
-    }
-
-    fn keyword_pause(&mut self, keyword: &str, audit: &AuditEntry<'_>) -> QueryResult<usize> {
-        domain::pause(self, keyword, audit)
-    }
-
-    fn keyword_resume(&mut self, keyword: &str, audit: &AuditEntry<'_>) -> QueryResult<usize> {
-        domain::resume(self, keyword, audit)
-    }
-}
-
-fn lock_claims_unsupported() -> diesel::result::Error {
-    diesel::result::Error::QueryBuilderError(
-        "lock claims need PostgreSQL (an unlogged lease table and advisory locks)".into(),
-    )
 }

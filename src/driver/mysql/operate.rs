@@ -14,7 +14,7 @@ use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 
 use super::{chain, list};
 use crate::driver::ops::PARENT_PRUNED;
-use crate::driver::{audit_insert, AuditEntry, TaskFilter};
+use crate::driver::TaskFilter;
 use crate::sql::Statement;
 
 /// Tasks changed per statement by the operators' bulk changes (each `IN (…)` list).
@@ -95,7 +95,7 @@ pub(super) fn cancel_matching(
 }
 
 /// Retries the task `id` if it is dead or cancelled and none of its parents was pruned.
-pub(super) fn retry(conn: &mut MysqlConnection, id: i64) -> QueryResult<usize> {
+pub(in crate::driver) fn retry(conn: &mut MysqlConnection, id: i64) -> QueryResult<usize> {
     retry_ids(conn, &[id], &["dead".to_owned(), "cancelled".to_owned()])
 }
 
@@ -182,8 +182,4 @@ fn block_on_parents(conn: &mut MysqlConnection, ids: &[i64]) -> QueryResult<()> 
             .execute(conn)?;
     }
     Ok(())
-}
-
-pub(super) fn audit(conn: &mut MysqlConnection, audit: &AuditEntry<'_>) -> QueryResult<usize> {
-    audit_insert(Statement::<Mysql>::new(""), audit, "").execute(conn)
 }

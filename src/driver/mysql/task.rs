@@ -3,13 +3,12 @@
 //! in the same transaction (see `chain.rs`: no trigger may do it on MySQL).
 
 use diesel::mysql::{Mysql, MysqlConnection};
-use diesel::sql_types::{BigInt, Double, Integer, Nullable, Text};
+use diesel::sql_types::{BigInt, Double, Integer};
 use diesel::Connection;
-use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
+use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 
 use super::{chain, list};
-use crate::driver::claim_state;
-use crate::driver::{fence, Claim, ClaimState, RescueParams, RescuedRow, TaskRecord};
+use crate::driver::{fence, Claim, RescueParams, RescuedRow};
 use crate::sql::Statement;
 
 #[derive(QueryableByName)]
@@ -18,7 +17,7 @@ struct Id {
     id: i64,
 }
 
-pub(super) fn complete(conn: &mut MysqlConnection, claim: &Claim) -> QueryResult<usize> {
+pub(in crate::driver) fn complete(conn: &mut MysqlConnection, claim: &Claim) -> QueryResult<usize> {
     let set = concat!(
         "UPDATE async_task SET state = 'done', finished_at = ",
         now!(),
@@ -34,7 +33,7 @@ pub(super) fn complete(conn: &mut MysqlConnection, claim: &Claim) -> QueryResult
     })
 }
 
-pub(super) fn complete_many(
+pub(in crate::driver) fn complete_many(
     conn: &mut MysqlConnection,
     owner: i64,
     claims: &[(i64, i64)],
@@ -68,61 +67,6 @@ pub(super) fn complete_many(
     })
 }
 
-pub(super) fn fail_retry(
-    conn: &mut MysqlConnection,
-    claim: &Claim,
-    error: &str,
-    delay_ms: i64,
-) -> QueryResult<usize> {
-    let set = Statement::<Mysql>::new(
-        "UPDATE async_task SET state = 'pending', owner = NULL, deadline_at = NULL, failures = failures + 1, last_error = ",
-    )
-    .bind::<Text, _>(error.to_owned())
-    .sql(concat!(", run_at = ", now!(), " + INTERVAL "))
-    .bind::<BigInt, _>(delay_ms)
-    .sql(concat!(" * 1000 MICROSECOND, updated_at = ", now!()));
-    fence(set, claim).execute(conn)
-}
-
-pub(super) fn fail_dead(
-    conn: &mut MysqlConnection,
-    claim: &Claim,
-    error: &str,
-) -> QueryResult<usize> {
-    let set = Statement::<Mysql>::new(
-        "UPDATE async_task SET state = 'dead', deadline_at = NULL, failures = failures + 1, last_error = ",
-    )
-    .bind::<Text, _>(error.to_owned())
-    .sql(concat!(
-        ", finished_at = ",
-        now!(),
-        ", updated_at = ",
-        now!()
-    ));
-    conn.transaction(|conn| {
-        let n = fence(set, claim).execute(conn)?;
-        if n == 1 {
-            chain::cancel_descendants_of(conn, &[claim.id], "dead")?;
-        }
-        Ok(n)
-    })
-}
-
-pub(super) fn release(
-    conn: &mut MysqlConnection,
-    claim: &Claim,
-    note: Option<&str>,
-) -> QueryResult<usize> {
-    let set = Statement::<Mysql>::new(concat!(
-        "UPDATE async_task SET state = 'pending', owner = NULL, deadline_at = NULL, updated_at = ",
-        now!(),
-        ", last_error = COALESCE("
-    ))
-    .bind::<Nullable<Text>, _>(note.map(str::to_owned))
-    .sql(", last_error)");
-    fence(set, claim).execute(conn)
-}
-
 pub(super) fn cancel(conn: &mut MysqlConnection, id: i64) -> QueryResult<usize> {
     conn.transaction(|conn| {
         let n = Statement::<Mysql>::new(concat!(
@@ -142,31 +86,11 @@ pub(super) fn cancel(conn: &mut MysqlConnection, id: i64) -> QueryResult<usize> 
     })
 }
 
-pub(super) fn get_claim(conn: &mut MysqlConnection, id: i64) -> QueryResult<Option<ClaimState>> {
-    claim_state::<Mysql>(id).get_result(conn).optional()
-}
-
-pub(super) fn get_by_key(
-    conn: &mut MysqlConnection,
-    keyword: &str,
-    biz_id: &str,
-) -> QueryResult<Option<TaskRecord>> {
-    Statement::<Mysql>::new(
-        "SELECT id, state, biz_data, tenant, priority, failures, last_error
-         FROM async_task WHERE keyword = ",
-    )
-    .bind::<Text, _>(keyword.to_owned())
-    .sql(" AND biz_id = ")
-    .bind::<Text, _>(biz_id.to_owned())
-    .get_result(conn)
-    .optional()
-}
-
 /// Rescue: the running tasks past their deadline or whose owner is not a live node, locked
 /// (a completion under way is waited for, and its task then no longer matches), each
 /// returned to pending after a backoff or, at max attempts, dead (its descendants
 /// cancelled), counting a failure; then read back.
-pub(super) fn rescue_many(
+pub(in crate::driver) fn rescue_many(
     conn: &mut MysqlConnection,
     rescue: &RescueParams,
 ) -> QueryResult<Vec<RescuedRow>> {

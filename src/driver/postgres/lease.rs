@@ -16,8 +16,8 @@ use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 
 use super::task::{picked, plan_lines, stamp_picked, PickedRow, RESCUE_CHARGE};
 use crate::driver::{
-    rescue_params, ChunkRuns, ClaimRow, Due, LeaseCharge, Passes, Pick, Picked, RescueParams,
-    RescuedRow, TxMark,
+    rescue_params, ChunkRuns, ClaimRow, Claiming, Due, LeaseCharge, LeaseDriver, Passes, Pick,
+    Picked, RescueParams, RescuedRow, TxMark,
 };
 
 /// The advisory lock class of a transaction's node (`'obn'`, then 1): two-key advisory
@@ -43,66 +43,14 @@ struct LeasedRow {
     chunk: i32,
 }
 
-/// See [`crate::driver::Driver::task_lease_page`].
-#[allow(clippy::too_many_arguments)]
-pub(super) fn lease_page(
-    conn: &mut PgConnection,
-    owner: i64,
-    chunk: ChunkRuns,
-    due: &Due<'_>,
-    except: &[String],
-    pick: &Pick<'_>,
-    limit: i64,
-    timeout_ms: i64,
-) -> QueryResult<(Picked, Vec<i64>)> {
-    let rows: Vec<LeasedRow> =
-        lease_statement("", owner, chunk, due, except, pick, limit, timeout_ms).load(conn)?;
-    let chunks = rows.iter().map(|r| i64::from(r.chunk)).collect();
-    let rows = rows.into_iter().map(|r| r.picked).collect();
-    Ok((picked(conn, rows, except, pick, limit)?, chunks))
-}
-
-/// See [`crate::driver::Driver::task_lease_plan`].
-pub(super) fn lease_plan(
-    conn: &mut PgConnection,
-    due: &Due<'_>,
-    limit: i64,
-) -> QueryResult<Vec<String>> {
-    let fair = Pick::Fair {
-        after: "",
-        lap: "",
-        passes: &Passes::default(),
-    };
-    plan_lines(
-        conn,
-        lease_statement(
-            "EXPLAIN (COSTS OFF) ",
-            0,
-            ChunkRuns {
-                first: 0,
-                per: limit,
-            },
-            due,
-            &[],
-            &fair,
-            limit,
-            0,
-        ),
-    )
-}
-
 /// The lease statement, after `prefix` (empty, or `EXPLAIN …` to show its plan).
-#[allow(clippy::too_many_arguments)]
 fn lease_statement(
     prefix: &'static str,
-    owner: i64,
     chunk: ChunkRuns,
-    due: &Due<'_>,
-    except: &[String],
+    claim: &Claiming<'_>,
     pick: &Pick<'_>,
-    limit: i64,
-    timeout_ms: i64,
 ) -> Statement<Pg> {
+    let (owner, limit, timeout_ms) = (claim.owner, claim.limit, claim.timeout_ms);
     // The page is cut into chunks in the order `picked` yields it (claim order), numbered
     // without a sort of its own. The fair choice (`fair::pick`) locks its candidates as it
     // reads them (`SKIP LOCKED`: two claims never wait on each other), only for this
@@ -112,7 +60,7 @@ fn lease_statement(
     // CONFLICT` stands where the snapshot is older than a lease another claim has just
     // committed. Of WAL, the statement writes only its row locks (the lease table is
     // unlogged), and its commit waits for no flush.
-    let statement = super::fair::pick(prefix, due, except, pick, limit)
+    let statement = super::fair::pick(prefix, claim.due, claim.except, pick, limit)
         .sql(
             "
             ), leased AS (
@@ -139,7 +87,7 @@ fn lease_statement(
                    picked.tenant, picked.failures, picked.max_attempts, picked.claim_token,
                    picked.priority::integer AS priority, leased.chunk",
         );
-    super::fair::crowded(statement, except, pick).sql(
+    super::fair::crowded(statement, claim.except, pick).sql(
         "
               FROM picked JOIN leased ON leased.task_id = picked.id,
                    (SELECT set_config('synchronous_commit', 'off', true)) AS no_flush_wait",
@@ -153,140 +101,6 @@ fn leases_gone(owner: i64, ids: &[i64]) -> Statement<Pg> {
         .bind::<Array<BigInt>, _>(ids.to_vec())
         .sql(") AND node_id = ")
         .bind::<BigInt, _>(owner)
-}
-
-/// See [`crate::driver::Driver::task_complete_leased`].
-pub(super) fn complete_leased(
-    conn: &mut PgConnection,
-    owner: i64,
-    ids: &[i64],
-) -> QueryResult<usize> {
-    // Only in the chunk's own transaction: a handler that ended it (a COMMIT of its own)
-    // left the rest to autocommit, where `now()` is this statement's start, and the
-    // completion must not pretend to be atomic with the handlers. The lease's token fences
-    // out a task claimed another way meanwhile; its state, a cancel. `now()` is the start of
-    // the chunk's transaction.
-    leases_gone(owner, ids)
-        .sql(
-            " AND now() <> statement_timestamp() RETURNING task_id, token)
-            UPDATE async_task t SET state = 'done', owner = ",
-        )
-        .bind::<BigInt, _>(owner)
-        .sql(
-            ", claim_token = t.claim_token + 1, claimed_at = now(),
-               finished_at = clock_timestamp(), updated_at = clock_timestamp()
-              FROM gone
-             WHERE t.id = gone.task_id AND t.claim_token = gone.token AND t.state = 'pending'",
-        )
-        .execute(conn)
-}
-
-/// See [`crate::driver::Driver::task_claim_leased`].
-pub(super) fn claim_leased(
-    conn: &mut PgConnection,
-    owner: i64,
-    ids: &[i64],
-    timeout_ms: i64,
-) -> QueryResult<Vec<ClaimRow>> {
-    let picked = leases_gone(owner, ids).sql(
-        " RETURNING task_id, token),
-        picked AS (
-            SELECT t.id FROM async_task t JOIN gone ON gone.task_id = t.id
-             WHERE t.claim_token = gone.token AND t.state = 'pending'
-             FOR UPDATE OF t",
-    );
-    stamp_picked(picked, owner, timeout_ms).load(conn)
-}
-
-/// See [`crate::driver::Driver::task_release_leased`].
-pub(super) fn release_leased(
-    conn: &mut PgConnection,
-    owner: i64,
-    ids: &[i64],
-) -> QueryResult<usize> {
-    Statement::<Pg>::new("DELETE FROM async_lease WHERE task_id = ANY(")
-        .bind::<Array<BigInt>, _>(ids.to_vec())
-        .sql(") AND node_id = ")
-        .bind::<BigInt, _>(owner)
-        .execute(conn)
-}
-
-/// See [`crate::driver::Driver::task_charge_leased`].
-pub(super) fn charge_leased(
-    conn: &mut PgConnection,
-    owner: i64,
-    charge: &LeaseCharge<'_>,
-) -> QueryResult<Option<String>> {
-    #[derive(QueryableByName)]
-    struct Charged {
-        #[diesel(sql_type = Text)]
-        state: String,
-    }
-    // Every lease of the chunk goes; only the hung task is charged. The others are free at
-    // once, and the chunk's late completion finds no lease of its own.
-    let charged: Vec<Charged> = leases_gone(owner, charge.chunk_ids)
-        .sql(" RETURNING task_id, token) UPDATE async_task t SET failures = t.failures + 1, state = CASE WHEN t.failures + 1 >= COALESCE(t.max_attempts, ")
-        .bind::<Integer, _>(charge.default_max_attempts)
-        .sql(") THEN 'dead' ELSE 'pending' END, run_at = CASE WHEN t.failures + 1 >= COALESCE(t.max_attempts, ")
-        .bind::<Integer, _>(charge.default_max_attempts)
-        .sql(") THEN t.run_at ELSE now() + ")
-        .bind::<BigInt, _>(charge.delay_ms)
-        .sql(" * interval '1 millisecond' END, finished_at = CASE WHEN t.failures + 1 >= COALESCE(t.max_attempts, ")
-        .bind::<Integer, _>(charge.default_max_attempts)
-        .sql(") THEN now() END, owner = CASE WHEN t.failures + 1 >= COALESCE(t.max_attempts, ")
-        .bind::<Integer, _>(charge.default_max_attempts)
-        .sql(") THEN ")
-        .bind::<BigInt, _>(owner)
-        .sql(" END, last_error = ")
-        .bind::<Text, _>(charge.error.to_owned())
-        .sql(
-            ", claim_token = t.claim_token + 1, updated_at = now()
-              FROM gone
-             WHERE gone.task_id = t.id AND t.id = ",
-        )
-        .bind::<BigInt, _>(charge.task)
-        .sql(" AND t.claim_token = gone.token AND t.state = 'pending' RETURNING t.state")
-        .load(conn)?;
-    Ok(charged.into_iter().next().map(|c| c.state))
-}
-
-/// See [`crate::driver::Driver::task_rescue_leases`].
-pub(super) fn rescue_leases(
-    conn: &mut PgConnection,
-    rescue: &RescueParams,
-) -> QueryResult<Vec<RescuedRow>> {
-    // The leases of nodes that are not live (dead, frozen, cut off, gone), and those past
-    // their deadline, deleted; their tasks charged a failure as a rescued stamped claim's
-    // are; a death of its node is counted in `suspect`. A concurrent rescuer waits for the
-    // DELETE and then finds the lease gone: a task is charged once.
-    rescue_params(rescue)
-        .sql(
-            ", gone AS (
-                DELETE FROM async_lease l USING params p
-                 WHERE l.deadline_at < now()
-                    OR NOT EXISTS (SELECT 1 FROM async_node n
-                                    WHERE n.id = l.node_id AND n.state = 'alive'
-                                      AND n.heartbeat_at >= now() - p.dead_ms * interval '1 millisecond')
-                RETURNING l.task_id, l.token, l.node_id, l.deadline_at < now() AS late
-            )
-            UPDATE async_task t SET ",
-        )
-        .sql(RESCUE_CHARGE)
-        .sql(
-            ",
-                owner = CASE WHEN t.failures + 1 >= COALESCE(t.max_attempts, p.default_max)
-                             THEN g.node_id END,
-                last_error = 'rescued from node ' || g.node_id || ': ' ||
-                             CASE WHEN g.late THEN 'its lock-claimed chunk ran past its deadline'
-                                  ELSE 'the node stopped heartbeating' END,
-                suspect = t.suspect + CASE WHEN g.late THEN 0 ELSE 1 END,
-                claim_token = t.claim_token + 1,
-                updated_at = now()
-              FROM gone g, params p
-             WHERE t.id = g.task_id AND t.claim_token = g.token AND t.state = 'pending'
-            RETURNING t.id, t.state, t.last_error AS reason, t.keyword, t.biz_id, t.tenant",
-        )
-        .load(conn)
 }
 
 /// The sessions holding the advisory locks of the engine's transactions (`pg_locks`), in
@@ -308,53 +122,209 @@ const MARKS: &str = "WITH marks AS (
            AND n.classid = 1868721665::oid AND r.classid = 1868722689::oid
            AND n.pid <> pg_backend_pid())";
 
-/// See [`crate::driver::Driver::session_end_stale`].
-pub(super) fn end_stale_sessions(conn: &mut PgConnection, dead_after_ms: i64) -> QueryResult<i64> {
-    #[derive(QueryableByName)]
-    struct Ended {
-        #[diesel(sql_type = BigInt)]
-        n: i64,
+impl LeaseDriver for PgConnection {
+    fn task_lease_page(
+        &mut self,
+        claim: &Claiming<'_>,
+        chunk: ChunkRuns,
+        pick: &Pick<'_>,
+    ) -> QueryResult<(Picked, Vec<i64>)> {
+        let rows: Vec<LeasedRow> = lease_statement("", chunk, claim, pick).load(self)?;
+        let chunks = rows.iter().map(|r| i64::from(r.chunk)).collect();
+        let rows = rows.into_iter().map(|r| r.picked).collect();
+        Ok((picked(self, rows, claim.except, pick, claim.limit)?, chunks))
     }
-    // Reading pg_locks takes the lock manager's partition locks for a moment: once a pass.
-    let ended: Ended = Statement::<Pg>::new(MARKS)
-        .sql(
-            "
-        SELECT count(*) FILTER (WHERE CASE WHEN m.may_end THEN pg_terminate_backend(m.pid) END) AS n
-          FROM (SELECT DISTINCT pid, node, run, may_end FROM marks) m
-         WHERE NOT EXISTS (SELECT 1 FROM async_node a
-                            WHERE a.id & 2147483647 = m.node AND a.state = 'alive'
-                              AND a.heartbeat_at >= now() - ",
-        )
-        .bind::<BigInt, _>(dead_after_ms)
-        .sql(
-            " * interval '1 millisecond')
-            OR EXISTS (SELECT 1 FROM async_lease l
-                        WHERE l.node_id & 2147483647 = m.node AND l.chunk = m.run
-                          AND l.deadline_at < now())",
-        )
-        .get_result(conn)?;
-    Ok(ended.n)
-}
 
-/// See [`crate::driver::Driver::session_end`].
-pub(super) fn end_session(conn: &mut PgConnection, mark: TxMark) -> QueryResult<bool> {
-    #[derive(QueryableByName)]
-    struct Ended {
-        #[diesel(sql_type = BigInt)]
-        n: i64,
-    }
-    let ended: Ended = Statement::<Pg>::new(MARKS)
-        .sql(
-            "
-        SELECT count(*) FILTER (WHERE CASE WHEN may_end THEN pg_terminate_backend(pid) END) AS n
-          FROM (SELECT DISTINCT pid, may_end FROM marks WHERE node = ",
+    fn task_lease_plan(&mut self, due: &Due<'_>, limit: i64) -> QueryResult<Vec<String>> {
+        let fair = Pick::Fair {
+            after: "",
+            lap: "",
+            passes: &Passes::default(),
+        };
+        plan_lines(
+            self,
+            lease_statement(
+                "EXPLAIN (COSTS OFF) ",
+                ChunkRuns {
+                    first: 0,
+                    per: limit,
+                },
+                &Claiming {
+                    owner: 0,
+                    due,
+                    except: &[],
+                    limit,
+                    timeout_ms: 0,
+                },
+                &fair,
+            ),
         )
-        .bind::<BigInt, _>(i64::from(key(mark.node)))
-        .sql(" AND run = ")
-        .bind::<BigInt, _>(i64::from(key(mark.run)))
-        .sql(") m")
-        .get_result(conn)?;
-    Ok(ended.n > 0)
+    }
+
+    fn task_complete_leased(&mut self, owner: i64, ids: &[i64]) -> QueryResult<usize> {
+        // Only in the chunk's own transaction: a handler that ended it (a COMMIT of its own)
+        // left the rest to autocommit, where `now()` is this statement's start, and the
+        // completion must not pretend to be atomic with the handlers. The lease's token fences
+        // out a task claimed another way meanwhile; its state, a cancel. `now()` is the start of
+        // the chunk's transaction.
+        leases_gone(owner, ids)
+            .sql(
+                " AND now() <> statement_timestamp() RETURNING task_id, token)
+                UPDATE async_task t SET state = 'done', owner = ",
+            )
+            .bind::<BigInt, _>(owner)
+            .sql(
+                ", claim_token = t.claim_token + 1, claimed_at = now(),
+                   finished_at = clock_timestamp(), updated_at = clock_timestamp()
+                  FROM gone
+                 WHERE t.id = gone.task_id AND t.claim_token = gone.token AND t.state = 'pending'",
+            )
+            .execute(self)
+    }
+
+    fn task_claim_leased(
+        &mut self,
+        owner: i64,
+        ids: &[i64],
+        timeout_ms: i64,
+    ) -> QueryResult<Vec<ClaimRow>> {
+        let picked = leases_gone(owner, ids).sql(
+            " RETURNING task_id, token),
+            picked AS (
+                SELECT t.id FROM async_task t JOIN gone ON gone.task_id = t.id
+                 WHERE t.claim_token = gone.token AND t.state = 'pending'
+                 FOR UPDATE OF t",
+        );
+        stamp_picked(picked, owner, timeout_ms).load(self)
+    }
+
+    fn task_release_leased(&mut self, owner: i64, ids: &[i64]) -> QueryResult<usize> {
+        Statement::<Pg>::new("DELETE FROM async_lease WHERE task_id = ANY(")
+            .bind::<Array<BigInt>, _>(ids.to_vec())
+            .sql(") AND node_id = ")
+            .bind::<BigInt, _>(owner)
+            .execute(self)
+    }
+
+    fn task_charge_leased(
+        &mut self,
+        owner: i64,
+        charge: &LeaseCharge<'_>,
+    ) -> QueryResult<Option<String>> {
+        #[derive(QueryableByName)]
+        struct Charged {
+            #[diesel(sql_type = Text)]
+            state: String,
+        }
+        // Every lease of the chunk goes; only the hung task is charged. The others are free at
+        // once, and the chunk's late completion finds no lease of its own.
+        let charged: Vec<Charged> = leases_gone(owner, charge.chunk_ids)
+            .sql(" RETURNING task_id, token) UPDATE async_task t SET failures = t.failures + 1, state = CASE WHEN t.failures + 1 >= COALESCE(t.max_attempts, ")
+            .bind::<Integer, _>(charge.default_max_attempts)
+            .sql(") THEN 'dead' ELSE 'pending' END, run_at = CASE WHEN t.failures + 1 >= COALESCE(t.max_attempts, ")
+            .bind::<Integer, _>(charge.default_max_attempts)
+            .sql(") THEN t.run_at ELSE now() + ")
+            .bind::<BigInt, _>(charge.delay_ms)
+            .sql(" * interval '1 millisecond' END, finished_at = CASE WHEN t.failures + 1 >= COALESCE(t.max_attempts, ")
+            .bind::<Integer, _>(charge.default_max_attempts)
+            .sql(") THEN now() END, owner = CASE WHEN t.failures + 1 >= COALESCE(t.max_attempts, ")
+            .bind::<Integer, _>(charge.default_max_attempts)
+            .sql(") THEN ")
+            .bind::<BigInt, _>(owner)
+            .sql(" END, last_error = ")
+            .bind::<Text, _>(charge.error.to_owned())
+            .sql(
+                ", claim_token = t.claim_token + 1, updated_at = now()
+                  FROM gone
+                 WHERE gone.task_id = t.id AND t.id = ",
+            )
+            .bind::<BigInt, _>(charge.task)
+            .sql(" AND t.claim_token = gone.token AND t.state = 'pending' RETURNING t.state")
+            .load(self)?;
+        Ok(charged.into_iter().next().map(|c| c.state))
+    }
+
+    fn task_rescue_leases(&mut self, rescue: &RescueParams) -> QueryResult<Vec<RescuedRow>> {
+        // The leases of nodes that are not live (dead, frozen, cut off, gone), and those past
+        // their deadline, deleted; their tasks charged a failure as a rescued stamped claim's
+        // are; a death of its node is counted in `suspect`. A concurrent rescuer waits for the
+        // DELETE and then finds the lease gone: a task is charged once.
+        rescue_params(rescue)
+            .sql(
+                ", gone AS (
+                    DELETE FROM async_lease l USING params p
+                     WHERE l.deadline_at < now()
+                        OR NOT EXISTS (SELECT 1 FROM async_node n
+                                        WHERE n.id = l.node_id AND n.state = 'alive'
+                                          AND n.heartbeat_at >= now() - p.dead_ms * interval '1 millisecond')
+                    RETURNING l.task_id, l.token, l.node_id, l.deadline_at < now() AS late
+                )
+                UPDATE async_task t SET ",
+            )
+            .sql(RESCUE_CHARGE)
+            .sql(
+                ",
+                    owner = CASE WHEN t.failures + 1 >= COALESCE(t.max_attempts, p.default_max)
+                                 THEN g.node_id END,
+                    last_error = 'rescued from node ' || g.node_id || ': ' ||
+                                 CASE WHEN g.late THEN 'its lock-claimed chunk ran past its deadline'
+                                      ELSE 'the node stopped heartbeating' END,
+                    suspect = t.suspect + CASE WHEN g.late THEN 0 ELSE 1 END,
+                    claim_token = t.claim_token + 1,
+                    updated_at = now()
+                  FROM gone g, params p
+                 WHERE t.id = g.task_id AND t.claim_token = g.token AND t.state = 'pending'
+                RETURNING t.id, t.state, t.last_error AS reason, t.keyword, t.biz_id, t.tenant",
+            )
+            .load(self)
+    }
+
+    fn session_end_stale(&mut self, dead_after_ms: i64) -> QueryResult<i64> {
+        #[derive(QueryableByName)]
+        struct Ended {
+            #[diesel(sql_type = BigInt)]
+            n: i64,
+        }
+        // Reading pg_locks takes the lock manager's partition locks for a moment: once a pass.
+        let ended: Ended = Statement::<Pg>::new(MARKS)
+            .sql(
+                "
+            SELECT count(*) FILTER (WHERE CASE WHEN m.may_end THEN pg_terminate_backend(m.pid) END) AS n
+              FROM (SELECT DISTINCT pid, node, run, may_end FROM marks) m
+             WHERE NOT EXISTS (SELECT 1 FROM async_node a
+                                WHERE a.id & 2147483647 = m.node AND a.state = 'alive'
+                                  AND a.heartbeat_at >= now() - ",
+            )
+            .bind::<BigInt, _>(dead_after_ms)
+            .sql(
+                " * interval '1 millisecond')
+                OR EXISTS (SELECT 1 FROM async_lease l
+                            WHERE l.node_id & 2147483647 = m.node AND l.chunk = m.run
+                              AND l.deadline_at < now())",
+            )
+            .get_result(self)?;
+        Ok(ended.n)
+    }
+
+    fn session_end(&mut self, mark: TxMark) -> QueryResult<bool> {
+        #[derive(QueryableByName)]
+        struct Ended {
+            #[diesel(sql_type = BigInt)]
+            n: i64,
+        }
+        let ended: Ended = Statement::<Pg>::new(MARKS)
+            .sql(
+                "
+            SELECT count(*) FILTER (WHERE CASE WHEN may_end THEN pg_terminate_backend(pid) END) AS n
+              FROM (SELECT DISTINCT pid, may_end FROM marks WHERE node = ",
+            )
+            .bind::<BigInt, _>(i64::from(key(mark.node)))
+            .sql(" AND run = ")
+            .bind::<BigInt, _>(i64::from(key(mark.run)))
+            .sql(") m")
+            .get_result(self)?;
+        Ok(ended.n > 0)
+    }
 }
 
 #[cfg(test)]

@@ -4,21 +4,8 @@ use diesel::pg::{Pg, PgConnection};
 use diesel::sql_types::{BigInt, Text};
 use diesel::{QueryResult, RunQueryDsl};
 
-use crate::driver::{counts_by_state, state_literals, KeywordStateCount, PruneBatch, PrunedBatch};
+use crate::driver::{counts_by_state, state_literals, PruneBatch, PrunedBatch};
 use crate::sql::Statement;
-
-pub(super) fn count_by_keyword_state(
-    conn: &mut PgConnection,
-) -> QueryResult<Vec<KeywordStateCount>> {
-    Statement::<Pg>::new(
-        "SELECT keyword, state, count(*) AS count,
-                EXTRACT(EPOCH FROM now() - min(run_at) FILTER (
-                    WHERE state = 'pending' AND run_at <= now()))::float8 AS oldest_due_secs,
-                count(*) FILTER (WHERE state = 'pending' AND run_at <= now()) AS due
-         FROM async_task GROUP BY keyword, state ORDER BY keyword, state",
-    )
-    .load(conn)
-}
 
 #[derive(diesel::QueryableByName)]
 struct StateCount {
@@ -37,7 +24,7 @@ struct StateCount {
 /// The states are literals next to the index's own predicate: a planner may use a partial
 /// index only when it can prove the query implies the predicate, which it cannot do through
 /// a bind parameter in a generic plan.
-pub(super) fn prune_tasks(
+pub(in crate::driver) fn prune_tasks(
     conn: &mut PgConnection,
     batch: &PruneBatch<'_>,
 ) -> QueryResult<PrunedBatch> {
@@ -72,7 +59,7 @@ pub(super) fn prune_tasks(
     })
 }
 
-pub(super) fn node_register(conn: &mut PgConnection, name: &str) -> QueryResult<i64> {
+pub(in crate::driver) fn node_register(conn: &mut PgConnection, name: &str) -> QueryResult<i64> {
     #[derive(diesel::QueryableByName)]
     struct Id {
         #[diesel(sql_type = BigInt)]
@@ -85,23 +72,10 @@ pub(super) fn node_register(conn: &mut PgConnection, name: &str) -> QueryResult<
     Ok(row.id)
 }
 
-pub(super) fn node_heartbeat(
-    conn: &mut PgConnection,
-    node_id: i64,
-    domains: &str,
-) -> QueryResult<usize> {
-    Statement::<Pg>::new("UPDATE async_node SET heartbeat_at = now(), domains = ")
-        .bind::<Text, _>(domains.to_owned())
-        .sql(" WHERE id = ")
-        .bind::<BigInt, _>(node_id)
-        .sql(" AND state = 'alive'")
-        .execute(conn)
-}
-
 /// Deletes up to `limit` rows of stopped nodes. FOR UPDATE re-checks the conditions on a row
 /// that a heartbeat is updating at that moment (after waiting for it), so a node that beats
 /// just now stays.
-pub(super) fn prune_nodes(
+pub(in crate::driver) fn prune_nodes(
     conn: &mut PgConnection,
     older_than_ms: i64,
     silent_ms: i64,

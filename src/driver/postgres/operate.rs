@@ -1,57 +1,13 @@
 //! Operators' changes on PostgreSQL: cancel by filter, retry, the audit.
 
 use diesel::pg::{Pg, PgConnection};
-use diesel::sql_types::{BigInt, Nullable, Text};
-use diesel::{QueryResult, QueryableByName, RunQueryDsl};
+use diesel::sql_types::BigInt;
+use diesel::{QueryResult, RunQueryDsl};
 
 use crate::driver::ops::PARENT_PRUNED;
-use crate::driver::{audit_insert, AuditEntry, TaskFilter};
 use crate::sql::Statement;
 
-#[derive(QueryableByName)]
-struct Count {
-    #[diesel(sql_type = BigInt)]
-    n: i64,
-}
-
-/// `… WHERE state IN ('pending', 'blocked', 'running')` and the filter's conditions.
-fn unfinished_matching(statement: Statement<Pg>, filter: &TaskFilter<'_>) -> Statement<Pg> {
-    statement
-        .sql(" WHERE state IN ('pending', 'blocked', 'running') AND (")
-        .bind::<Nullable<Text>, _>(filter.keyword.map(str::to_owned))
-        .sql("::text IS NULL OR keyword = ")
-        .bind::<Nullable<Text>, _>(filter.keyword.map(str::to_owned))
-        .sql(") AND (")
-        .bind::<Nullable<Text>, _>(filter.tenant.map(str::to_owned))
-        .sql("::text IS NULL OR tenant = ")
-        .bind::<Nullable<Text>, _>(filter.tenant.map(str::to_owned))
-        .sql(")")
-}
-
-pub(super) fn cancel_matching(
-    conn: &mut PgConnection,
-    filter: &TaskFilter<'_>,
-    dry_run: bool,
-) -> QueryResult<i64> {
-    let statement = if dry_run {
-        unfinished_matching(
-            Statement::new("SELECT count(*) AS n FROM async_task"),
-            filter,
-        )
-    } else {
-        unfinished_matching(
-            Statement::new(
-                "WITH c AS (UPDATE async_task
-                 SET state = 'cancelled', finished_at = now(), updated_at = now()",
-            ),
-            filter,
-        )
-        .sql(" RETURNING 1) SELECT count(*) AS n FROM c")
-    };
-    Ok(statement.get_result::<Count>(conn)?.n)
-}
-
-pub(super) fn retry(conn: &mut PgConnection, id: i64) -> QueryResult<usize> {
+pub(in crate::driver) fn retry(conn: &mut PgConnection, id: i64) -> QueryResult<usize> {
     // The parents are locked (FOR NO KEY UPDATE returns their latest state, after waiting
     // for a completion in flight), so none becomes done between the count and the update.
     Statement::<Pg>::new(
@@ -73,8 +29,4 @@ pub(super) fn retry(conn: &mut PgConnection, id: i64) -> QueryResult<usize> {
     .sql(" AND state IN ('dead', 'cancelled') AND NOT ")
     .sql(PARENT_PRUNED)
     .execute(conn)
-}
-
-pub(super) fn audit(conn: &mut PgConnection, audit: &AuditEntry<'_>) -> QueryResult<usize> {
-    audit_insert(Statement::<Pg>::new(""), audit, "::jsonb").execute(conn)
 }

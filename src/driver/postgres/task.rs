@@ -2,18 +2,17 @@
 
 use diesel::pg::{Pg, PgConnection};
 use diesel::sql_types::{Array, BigInt, Nullable, Text};
-use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
+use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 
-use crate::driver::claim_state;
 use crate::driver::ring_sql::walk;
 use crate::driver::Passes;
 use crate::driver::{
-    fence, rescue_params, Claim, ClaimRow, ClaimState, Due, InsertRow, Pick, Picked, RescueParams,
-    RescuedRow, TaskKey, TaskRecord,
+    fence, rescue_params, Claim, ClaimRow, Claiming, Due, InsertRow, Pick, Picked, RescueParams,
+    RescuedRow, TaskKey,
 };
 use crate::sql::Statement;
 
-pub(super) fn insert_many(
+pub(in crate::driver) fn insert_many(
     conn: &mut PgConnection,
     rows: &[InsertRow<'_>],
 ) -> QueryResult<Vec<TaskKey>> {
@@ -44,7 +43,10 @@ pub(super) fn insert_many(
 }
 
 /// Links children to parents: see [`crate::driver::Driver::task_link_parents`].
-pub(super) fn link_parents(conn: &mut PgConnection, links: &[(i64, i64)]) -> QueryResult<usize> {
+pub(in crate::driver) fn link_parents(
+    conn: &mut PgConnection,
+    links: &[(i64, i64)],
+) -> QueryResult<usize> {
     let (children, parents): (Vec<i64>, Vec<i64>) = links.iter().copied().unzip();
     Statement::<Pg>::new(
         "INSERT INTO async_task_parent (child_id, parent_id) SELECT * FROM unnest(",
@@ -56,7 +58,10 @@ pub(super) fn link_parents(conn: &mut PgConnection, links: &[(i64, i64)]) -> Que
     .execute(conn)
 }
 
-pub(super) fn find_many(conn: &mut PgConnection, keys_json: &str) -> QueryResult<Vec<TaskKey>> {
+pub(in crate::driver) fn find_many(
+    conn: &mut PgConnection,
+    keys_json: &str,
+) -> QueryResult<Vec<TaskKey>> {
     Statement::<Pg>::new(
         "SELECT id, keyword, biz_id FROM async_task
          WHERE (keyword, biz_id) IN (SELECT k, b FROM jsonb_to_recordset(",
@@ -67,18 +72,15 @@ pub(super) fn find_many(conn: &mut PgConnection, keys_json: &str) -> QueryResult
 }
 
 /// Claims a page for `owner`: see [`crate::driver::Driver::task_claim_page`].
-pub(super) fn claim_page(
+pub(in crate::driver) fn claim_page(
     conn: &mut PgConnection,
-    owner: i64,
-    due: &Due<'_>,
-    except: &[String],
+    claim: &Claiming<'_>,
     pick: &Pick<'_>,
-    limit: i64,
-    timeout_ms: i64,
 ) -> QueryResult<Picked> {
+    let (owner, due, except) = (claim.owner, claim.due, claim.except);
     let rows: Vec<PickedRow> =
-        claim_statement("", owner, due, except, pick, limit, timeout_ms).load(conn)?;
-    picked(conn, rows, except, pick, limit)
+        claim_statement("", owner, due, except, pick, claim.limit, claim.timeout_ms).load(conn)?;
+    picked(conn, rows, except, pick, claim.limit)
 }
 
 /// A claimed (or locked) row with what the claim says beside it.
@@ -140,7 +142,7 @@ pub(super) fn picked(
     })
 }
 
-pub(super) fn claim_plan(
+pub(in crate::driver) fn claim_plan(
     conn: &mut PgConnection,
     due: &Due<'_>,
     limit: i64,
@@ -170,14 +172,14 @@ pub(super) fn plan_lines(
     Ok(lines.into_iter().map(|l| l.line).collect())
 }
 
-pub(super) fn complete(conn: &mut PgConnection, claim: &Claim) -> QueryResult<usize> {
+pub(in crate::driver) fn complete(conn: &mut PgConnection, claim: &Claim) -> QueryResult<usize> {
     // Inside the handler's transaction now() is the transaction's start; the clock is the
     // time it finished.
     let set = "UPDATE async_task SET state = 'done', finished_at = clock_timestamp(), updated_at = clock_timestamp()";
     fence(Statement::new(set), claim).execute(conn)
 }
 
-pub(super) fn complete_many(
+pub(in crate::driver) fn complete_many(
     conn: &mut PgConnection,
     owner: i64,
     claims: &[(i64, i64)],
@@ -203,78 +205,7 @@ pub(super) fn complete_many(
     .execute(conn)
 }
 
-pub(super) fn fail_retry(
-    conn: &mut PgConnection,
-    claim: &Claim,
-    error: &str,
-    delay_ms: i64,
-) -> QueryResult<usize> {
-    let set = Statement::<Pg>::new(
-        "UPDATE async_task SET state = 'pending', owner = NULL, failures = failures + 1, last_error = ",
-    )
-    .bind::<Text, _>(error.to_owned())
-    .sql(", run_at = now() + ")
-    .bind::<BigInt, _>(delay_ms)
-    .sql(" * interval '1 millisecond', updated_at = now()");
-    fence(set, claim).execute(conn)
-}
-
-pub(super) fn fail_dead(conn: &mut PgConnection, claim: &Claim, error: &str) -> QueryResult<usize> {
-    let set = Statement::<Pg>::new(
-        "UPDATE async_task SET state = 'dead', failures = failures + 1, last_error = ",
-    )
-    .bind::<Text, _>(error.to_owned())
-    .sql(", finished_at = now(), updated_at = now()");
-    fence(set, claim).execute(conn)
-}
-
-pub(super) fn release(
-    conn: &mut PgConnection,
-    claim: &Claim,
-    note: Option<&str>,
-) -> QueryResult<usize> {
-    let set = Statement::<Pg>::new(
-        "UPDATE async_task SET state = 'pending', owner = NULL, updated_at = now(), last_error = COALESCE(",
-    )
-    .bind::<Nullable<Text>, _>(note.map(str::to_owned))
-    .sql(", last_error)");
-    fence(set, claim).execute(conn)
-}
-
-pub(super) fn cancel(conn: &mut PgConnection, id: i64) -> QueryResult<usize> {
-    // A task in a leased chunk (lock claims) is pending, its row not locked: this does not
-    // wait for the chunk, whose completion is then fenced out. A row that another
-    // transaction is writing (a completion) is waited for, then its new state re-checked.
-    Statement::<Pg>::new(
-        "UPDATE async_task SET state = 'cancelled', finished_at = now(), updated_at = now()
-         WHERE id = ",
-    )
-    .bind::<BigInt, _>(id)
-    .sql(" AND state IN ('pending', 'blocked', 'running')")
-    .execute(conn)
-}
-
-pub(super) fn get_claim(conn: &mut PgConnection, id: i64) -> QueryResult<Option<ClaimState>> {
-    claim_state::<Pg>(id).get_result(conn).optional()
-}
-
-pub(super) fn get_by_key(
-    conn: &mut PgConnection,
-    keyword: &str,
-    biz_id: &str,
-) -> QueryResult<Option<TaskRecord>> {
-    Statement::<Pg>::new(
-        "SELECT id, state, biz_data::text AS biz_data, tenant, priority::integer AS priority, failures, last_error
-         FROM async_task WHERE keyword = ",
-    )
-    .bind::<Text, _>(keyword.to_owned())
-    .sql(" AND biz_id = ")
-    .bind::<Text, _>(biz_id.to_owned())
-    .get_result(conn)
-    .optional()
-}
-
-pub(super) fn rescue_many(
+pub(in crate::driver) fn rescue_many(
     conn: &mut PgConnection,
     rescue: &RescueParams,
 ) -> QueryResult<Vec<RescuedRow>> {
@@ -373,7 +304,7 @@ pub(super) fn stamp_picked(picked: Statement<Pg>, owner: i64, timeout_ms: i64) -
 
 /// See [`crate::driver::Driver::task_claim_suspect`]: the suspect index's first due task, in
 /// claim order, stamped as any claim.
-pub(super) fn claim_suspect(
+pub(in crate::driver) fn claim_suspect(
     conn: &mut PgConnection,
     owner: i64,
     due: &Due<'_>,
@@ -396,7 +327,7 @@ pub(super) fn claim_suspect(
 }
 
 /// See [`crate::driver::Driver::task_suspects_exist`].
-pub(super) fn suspects_exist(conn: &mut PgConnection) -> QueryResult<bool> {
+pub(in crate::driver) fn suspects_exist(conn: &mut PgConnection) -> QueryResult<bool> {
     #[derive(QueryableByName)]
     struct Found {
         #[diesel(sql_type = diesel::sql_types::Bool)]

@@ -1,153 +1,21 @@
-//! Tenants on PostgreSQL: `async_tenant`, its audit, and the claim of tenants with a
-//! `max_running`.
+//! The claim of tenants with a `max_running` on PostgreSQL (their rows are written once, in
+//! `driver/tenant_sql.rs`).
 
-use diesel::connection::Connection;
 use diesel::pg::{Pg, PgConnection};
-use diesel::sql_types::{Array, BigInt, Bool, Integer, Nullable, Text};
-use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
+use diesel::sql_types::{Array, BigInt, Text};
+use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 
 use super::task::stamp_picked;
-use crate::driver::{audit_insert, AuditEntry, ClaimRow, Due, TenantRow, TenantSet};
+use crate::driver::{ClaimRow, Claiming};
 use crate::sql::Statement;
 
-/// The columns of a [`TenantRow`], from `async_tenant a`.
-macro_rules! tenant_columns {
-    () => {
-        "a.tenant, a.max_queued, a.max_running, a.weight,
-         (SELECT count(*) FROM async_task t
-           WHERE t.tenant = a.tenant AND t.state IN ('pending', 'blocked')) AS queued,
-         (SELECT count(*) FROM async_task t
-           WHERE t.tenant = a.tenant AND t.state = 'running') AS running,
-         to_char(a.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.MS') AS updated_at,
-         a.updated_by"
-    };
-}
-
-/// `INSERT INTO async_audit …` of `audit`, as a CTE named `audit` (after `WITH … ,`).
-fn audit_cte(statement: Statement<Pg>, audit: &AuditEntry<'_>) -> Statement<Pg> {
-    audit_insert(statement.sql("audit AS ("), audit, "::jsonb").sql(")")
-}
-
-pub(super) fn set(
-    conn: &mut PgConnection,
-    tenant: &str,
-    set: &TenantSet,
-    audit: &AuditEntry<'_>,
-) -> QueryResult<TenantRow> {
-    // One statement: the row and its audit entry commit together, in the caller's
-    // transaction if one is open.
-    let statement = Statement::<Pg>::new(
-        "WITH a AS (
-            INSERT INTO async_tenant AS a (tenant, max_queued, max_running, weight, updated_by) VALUES (",
-    )
-    .bind::<Text, _>(tenant.to_owned())
-    .sql(", ")
-    .bind::<Nullable<Integer>, _>(set.max_queued.flatten())
-    .sql(", ")
-    .bind::<Nullable<Integer>, _>(set.max_running.flatten())
-    .sql(", ")
-    .bind::<Integer, _>(set.weight.unwrap_or(1))
-    .sql(", ")
-    .bind::<Text, _>(audit.actor.to_owned())
-    .sql(
-        ")
-            ON CONFLICT (tenant) DO UPDATE SET
-                max_queued = CASE WHEN ",
-    )
-    .bind::<Bool, _>(set.max_queued.is_some())
-    .sql(" THEN EXCLUDED.max_queued ELSE a.max_queued END, max_running = CASE WHEN ")
-    .bind::<Bool, _>(set.max_running.is_some())
-    .sql(
-        " THEN EXCLUDED.max_running ELSE a.max_running END, weight = CASE WHEN ",
-    )
-    .bind::<Bool, _>(set.weight.is_some())
-    .sql(
-        " THEN EXCLUDED.weight ELSE a.weight END,
-                updated_at = now(), updated_by = EXCLUDED.updated_by
-            RETURNING *
-        ), ",
-    );
-    audit_cte(statement, audit)
-        .sql(concat!(" SELECT ", tenant_columns!(), " FROM a"))
-        .get_result(conn)
-}
-
-pub(super) fn remove(
-    conn: &mut PgConnection,
-    tenant: &str,
-    audit: &AuditEntry<'_>,
-) -> QueryResult<usize> {
-    #[derive(QueryableByName)]
-    struct Count {
-        #[diesel(sql_type = BigInt)]
-        n: i64,
-    }
-    conn.transaction(|conn| {
-        let deleted: Count =
-            Statement::<Pg>::new("WITH d AS (DELETE FROM async_tenant WHERE tenant = ")
-                .bind::<Text, _>(tenant.to_owned())
-                .sql(" RETURNING 1) SELECT count(*) AS n FROM d")
-                .get_result(conn)?;
-        if deleted.n > 0 {
-            audit_cte(Statement::<Pg>::new("WITH "), audit)
-                .sql(" SELECT 1")
-                .execute(conn)?;
-        }
-        Ok(usize::try_from(deleted.n).unwrap_or(0))
-    })
-}
-
-pub(super) fn list(conn: &mut PgConnection) -> QueryResult<Vec<TenantRow>> {
-    Statement::<Pg>::new(concat!(
-        "SELECT ",
-        tenant_columns!(),
-        " FROM async_tenant a ORDER BY a.tenant"
-    ))
-    .load(conn)
-}
-
-pub(super) fn over_max_queued(
-    conn: &mut PgConnection,
-    tenants: &[(String, i64)],
-) -> QueryResult<Option<(String, i64)>> {
-    #[derive(QueryableByName)]
-    struct Full {
-        #[diesel(sql_type = Text)]
-        tenant: String,
-        #[diesel(sql_type = BigInt)]
-        lim: i64,
-    }
-    let batch: Vec<serde_json::Value> = tenants
-        .iter()
-        .map(|(t, n)| serde_json::json!({"t": t, "n": n}))
-        .collect();
-    let full: Option<Full> = Statement::<Pg>::new(
-        "SELECT a.tenant, a.max_queued::bigint AS lim
-           FROM async_tenant a JOIN jsonb_to_recordset(",
-    )
-    .bind::<Text, _>(serde_json::Value::Array(batch).to_string())
-    .sql(
-        "::jsonb) AS x(t text, n bigint) ON x.t = a.tenant
-          WHERE a.max_queued IS NOT NULL
-          ORDER BY (SELECT count(*) FROM async_task q
-                     WHERE q.tenant = a.tenant AND q.state IN ('pending', 'blocked'))
-                   + x.n - a.max_queued DESC, a.tenant
-          LIMIT 1",
-    )
-    .get_result(conn)
-    .optional()?;
-    Ok(full.map(|f| (f.tenant, f.lim)))
-}
-
 /// See [`crate::driver::Driver::task_claim_limited`].
-pub(super) fn claim_limited(
+pub(in crate::driver) fn claim_limited(
     conn: &mut PgConnection,
-    owner: i64,
-    due: &Due<'_>,
+    claim: &Claiming<'_>,
     tenants: &[String],
-    limit: i64,
-    timeout_ms: i64,
 ) -> QueryResult<Vec<ClaimRow>> {
+    let (owner, due, limit, timeout_ms) = (claim.owner, claim.due, claim.limit, claim.timeout_ms);
     #[derive(QueryableByName)]
     struct Name {
         #[diesel(sql_type = Text)]

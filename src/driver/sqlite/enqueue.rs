@@ -9,7 +9,7 @@ use crate::db::transaction::depth_of;
 use crate::driver::{InsertRow, TaskKey};
 use crate::sql::Statement;
 
-pub(super) fn insert_many(
+pub(in crate::driver) fn insert_many(
     conn: &mut SqliteConnection,
     rows: &[InsertRow<'_>],
 ) -> QueryResult<Vec<TaskKey>> {
@@ -32,7 +32,7 @@ pub(super) fn insert_many(
 }
 
 /// Links children to parents: see [`crate::driver::Driver::task_link_parents`].
-pub(super) fn link_parents(
+pub(in crate::driver) fn link_parents(
     conn: &mut SqliteConnection,
     links: &[(i64, i64)],
 ) -> QueryResult<usize> {
@@ -46,7 +46,10 @@ pub(super) fn link_parents(
     .execute(conn)
 }
 
-pub(super) fn find_many(conn: &mut SqliteConnection, keys_json: &str) -> QueryResult<Vec<TaskKey>> {
+pub(in crate::driver) fn find_many(
+    conn: &mut SqliteConnection,
+    keys_json: &str,
+) -> QueryResult<Vec<TaskKey>> {
     Statement::<Sqlite>::new(
         "SELECT id, keyword, biz_id FROM async_task
          WHERE (keyword, biz_id) IN (SELECT value ->> 'k', value ->> 'b' FROM json_each(",

@@ -4,53 +4,15 @@
 //! tenant due, the UPDATE is the claim of tasks without a tenant alone. A solo claim (one
 //! participant alone) is the UPDATE alone, and [`others_pending`] when it probes.
 
-use diesel::sql_types::{BigInt, Double, Nullable, Text};
+use diesel::sql_types::{BigInt, Double, Text};
 use diesel::sqlite::{Sqlite, SqliteConnection};
 use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 
-use crate::driver::ring_sql::{passes_lap, walk, window};
+use crate::driver::ring_sql::{passes_lap, shares_of, walk, window, Share, ShareRow};
 use crate::driver::strategy_sql::partition_sqlite;
 use crate::driver::{Due, Passes};
 use crate::sql::Statement;
 use crate::strategy::Partition;
-
-/// A participant of a claim: a tenant with a task due, or (`None`) the tasks without one;
-/// its weight, its place in the ring (0 for the tasks without a tenant) and its pass.
-#[derive(Debug)]
-pub(super) struct Share {
-    pub(super) tenant: Option<String>,
-    pub(super) weight: i64,
-    pub(super) pos: i64,
-    pub(super) pass: f64,
-}
-
-impl Share {
-    /// A tenant alone (its weight and pass do not matter then).
-    pub(super) fn of(tenant: &str) -> Share {
-        Share {
-            tenant: Some(tenant.to_owned()),
-            weight: 1,
-            pos: 0,
-            pass: 0.0,
-        }
-    }
-}
-
-/// A row of the shares' statement: a participant, or (weight NULL) none, with the ring's
-/// end and length either way.
-#[derive(Debug, QueryableByName)]
-struct ShareRow {
-    #[diesel(sql_type = Nullable<Text>)]
-    tenant: Option<String>,
-    #[diesel(sql_type = Nullable<BigInt>)]
-    weight: Option<i64>,
-    #[diesel(sql_type = Nullable<BigInt>)]
-    pos: Option<i64>,
-    #[diesel(sql_type = Nullable<Text>)]
-    ring_end: Option<String>,
-    #[diesel(sql_type = Nullable<BigInt>)]
-    ring_len: Option<i64>,
-}
 
 /// Whether a participant other than `tenant` (`None`: the tasks without one) has pending
 /// tasks, tenants in `except` (a JSON array) left out: asked by a solo claim, so that the
@@ -181,32 +143,7 @@ pub(super) fn shares(
     limit: i64,
 ) -> QueryResult<(Vec<Share>, Option<String>, bool)> {
     let rows: Vec<ShareRow> = shares_statement("", due, except, (after, lap), limit).load(conn)?;
-    let ring_end = rows.first().and_then(|r| r.ring_end.clone());
-    let ring_cut = rows
-        .first()
-        .and_then(|r| r.ring_len)
-        .is_some_and(|n| n >= walk(limit));
-    let mut shares: Vec<Share> = rows
-        .into_iter()
-        .filter_map(|r| {
-            let pass = match &r.tenant {
-                None => passes.none,
-                Some(t) => passes
-                    .tenants
-                    .iter()
-                    .position(|p| p == t)
-                    .map_or(passes.base, |i| passes.values[i]),
-            };
-            Some(Share {
-                weight: r.weight?,
-                pos: r.pos.unwrap_or(0),
-                tenant: r.tenant,
-                pass,
-            })
-        })
-        .collect();
-    shares.sort_by_key(|s| s.pos);
-    Ok((shares, ring_end, ring_cut))
+    Ok(shares_of(rows, passes, limit))
 }
 
 /// The statement of [`shares`], after `prefix` (empty, or `EXPLAIN QUERY PLAN`). The ring

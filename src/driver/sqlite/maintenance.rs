@@ -4,26 +4,13 @@ use diesel::sql_types::{BigInt, Text};
 use diesel::sqlite::{Sqlite, SqliteConnection};
 use diesel::{QueryResult, RunQueryDsl};
 
-use crate::driver::{counts_by_state, state_literals, KeywordStateCount, PruneBatch, PrunedBatch};
+use crate::driver::{counts_by_state, state_literals, PruneBatch, PrunedBatch};
 use crate::sql::Statement;
 
-pub(super) fn count_by_keyword_state(
+pub(in crate::driver) fn node_register(
     conn: &mut SqliteConnection,
-) -> QueryResult<Vec<KeywordStateCount>> {
-    Statement::<Sqlite>::new(concat!(
-        "SELECT keyword, state, count(*) AS count,
-                (julianday('now') - julianday(min(CASE WHEN state = 'pending' AND run_at <= ",
-        now!(),
-        " THEN run_at END))) * 86400.0 AS oldest_due_secs,
-                sum(CASE WHEN state = 'pending' AND run_at <= ",
-        now!(),
-        " THEN 1 ELSE 0 END) AS due
-         FROM async_task GROUP BY keyword, state ORDER BY keyword, state"
-    ))
-    .load(conn)
-}
-
-pub(super) fn node_register(conn: &mut SqliteConnection, name: &str) -> QueryResult<i64> {
+    name: &str,
+) -> QueryResult<i64> {
     #[derive(diesel::QueryableByName)]
     struct Id {
         #[diesel(sql_type = BigInt)]
@@ -34,23 +21,6 @@ pub(super) fn node_register(conn: &mut SqliteConnection, name: &str) -> QueryRes
         .sql(") RETURNING id")
         .get_result(conn)?;
     Ok(row.id)
-}
-
-pub(super) fn node_heartbeat(
-    conn: &mut SqliteConnection,
-    node_id: i64,
-    domains: &str,
-) -> QueryResult<usize> {
-    Statement::<Sqlite>::new(concat!(
-        "UPDATE async_node SET heartbeat_at = ",
-        now!(),
-        ", domains = "
-    ))
-    .bind::<Text, _>(domains.to_owned())
-    .sql(" WHERE id = ")
-    .bind::<BigInt, _>(node_id)
-    .sql(" AND state = 'alive'")
-    .execute(conn)
 }
 
 /// The next window of the prune's walk: the first `limit` tasks after `after_id`.
@@ -78,7 +48,7 @@ struct Window {
 /// `created_at` (both are set at insert, by the database clock), and a task cannot have
 /// finished before it was created.
 /// The cutoff is UTC text in the one format of every time column, compared as text.
-pub(super) fn prune_tasks(
+pub(in crate::driver) fn prune_tasks(
     conn: &mut SqliteConnection,
     batch: &PruneBatch<'_>,
 ) -> QueryResult<PrunedBatch> {
@@ -126,7 +96,7 @@ pub(super) fn prune_tasks(
 
 /// Deletes up to `limit` rows of stopped nodes (under the write lock, so nothing changes
 /// between the SELECT and the DELETE).
-pub(super) fn prune_nodes(
+pub(in crate::driver) fn prune_nodes(
     conn: &mut SqliteConnection,
     older_than_ms: i64,
     silent_ms: i64,

@@ -1,27 +1,24 @@
 //! Task statements on SQLite: claim, completion, failure, release, rescue.
 
-use diesel::sql_types::{BigInt, Nullable, Text};
+use diesel::sql_types::{BigInt, Text};
 use diesel::sqlite::{Sqlite, SqliteConnection};
 use diesel::{OptionalExtension, QueryResult, RunQueryDsl};
 
 use super::fair::{self, due_for, DueJson};
-use crate::driver::claim_state;
+use crate::driver::ring_sql::{picked, Share};
 use crate::driver::{
-    fence, rescue_params, Claim, ClaimRow, ClaimState, Due, Pick, Picked, RescueParams, RescuedRow,
-    TaskRecord,
+    fence, rescue_params, Claim, ClaimRow, Claiming, Due, Pick, Picked, RescueParams, RescuedRow,
 };
 use crate::sql::Statement;
 
-pub(super) fn claim_page(
+pub(in crate::driver) fn claim_page(
     conn: &mut SqliteConnection,
-    owner: i64,
-    due: &Due<'_>,
-    except: &[String],
+    claim: &Claiming<'_>,
     pick: &Pick<'_>,
-    limit: i64,
-    timeout_ms: i64,
 ) -> QueryResult<Picked> {
-    let due = DueJson::of(due);
+    let due = DueJson::of(claim.due);
+    let (owner, except, limit, timeout_ms) =
+        (claim.owner, claim.except, claim.limit, claim.timeout_ms);
     let except =
         (!except.is_empty()).then(|| serde_json::to_string(except).expect("strings serialise"));
     // The node's tasks that finished since its last claim leave the lease index first
@@ -42,7 +39,7 @@ pub(super) fn claim_page(
                     None => claim_statement("", owner, &due, limit, timeout_ms).load(conn)?,
                     Some(tenant) => fair::page_ids(
                         claim_set("", owner, timeout_ms),
-                        &[fair::Share::of(tenant)],
+                        &[Share::of(tenant)],
                         &due,
                         limit,
                     )
@@ -72,27 +69,11 @@ pub(super) fn claim_page(
                 .sql(CLAIM_RETURNING)
                 .load(conn)?,
         };
-        let weights = shares
-            .iter()
-            .map(|s| {
-                (
-                    s.tenant.clone(),
-                    i32::try_from(s.weight).unwrap_or(i32::MAX),
-                )
-            })
-            .collect();
-        Ok(Picked {
-            rows,
-            weights,
-            crowded: false,
-            ring_end,
-            ring_cut,
-            shared: shares.iter().map(|s| s.tenant.clone()).collect(),
-        })
+        Ok(picked(rows, &shares, ring_end, ring_cut))
     })
 }
 
-pub(super) fn claim_plan(
+pub(in crate::driver) fn claim_plan(
     conn: &mut SqliteConnection,
     due: &Due<'_>,
     limit: i64,
@@ -109,7 +90,10 @@ pub(super) fn claim_plan(
     Ok(lines.into_iter().map(|l| l.detail).collect())
 }
 
-pub(super) fn complete(conn: &mut SqliteConnection, claim: &Claim) -> QueryResult<usize> {
+pub(in crate::driver) fn complete(
+    conn: &mut SqliteConnection,
+    claim: &Claim,
+) -> QueryResult<usize> {
     let set = concat!(
         "UPDATE async_task SET state = 'done', finished_at = ",
         now!(),
@@ -119,7 +103,7 @@ pub(super) fn complete(conn: &mut SqliteConnection, claim: &Claim) -> QueryResul
     fence(Statement::new(set), claim).execute(conn)
 }
 
-pub(super) fn complete_many(
+pub(in crate::driver) fn complete_many(
     conn: &mut SqliteConnection,
     owner: i64,
     claims: &[(i64, i64)],
@@ -142,89 +126,7 @@ pub(super) fn complete_many(
     .execute(conn)
 }
 
-pub(super) fn fail_retry(
-    conn: &mut SqliteConnection,
-    claim: &Claim,
-    error: &str,
-    delay_ms: i64,
-) -> QueryResult<usize> {
-    let set = Statement::<Sqlite>::new(
-        "UPDATE async_task SET state = 'pending', owner = NULL, deadline_at = NULL, failures = failures + 1, last_error = ",
-    )
-    .bind::<Text, _>(error.to_owned())
-    .sql(", run_at = strftime('%Y-%m-%d %H:%M:%f', 'now', printf('+%.3f seconds', ")
-    .bind::<BigInt, _>(delay_ms)
-    .sql(concat!(" / 1000.0)), updated_at = ", now!()));
-    fence(set, claim).execute(conn)
-}
-
-pub(super) fn fail_dead(
-    conn: &mut SqliteConnection,
-    claim: &Claim,
-    error: &str,
-) -> QueryResult<usize> {
-    let set = Statement::<Sqlite>::new(
-        "UPDATE async_task SET state = 'dead', deadline_at = NULL, failures = failures + 1, last_error = ",
-    )
-    .bind::<Text, _>(error.to_owned())
-    .sql(concat!(
-        ", finished_at = ",
-        now!(),
-        ", updated_at = ",
-        now!()
-    ));
-    fence(set, claim).execute(conn)
-}
-
-pub(super) fn release(
-    conn: &mut SqliteConnection,
-    claim: &Claim,
-    note: Option<&str>,
-) -> QueryResult<usize> {
-    let set = Statement::<Sqlite>::new(concat!(
-        "UPDATE async_task SET state = 'pending', owner = NULL, deadline_at = NULL, updated_at = ",
-        now!(),
-        ", last_error = COALESCE("
-    ))
-    .bind::<Nullable<Text>, _>(note.map(str::to_owned))
-    .sql(", last_error)");
-    fence(set, claim).execute(conn)
-}
-
-pub(super) fn cancel(conn: &mut SqliteConnection, id: i64) -> QueryResult<usize> {
-    Statement::<Sqlite>::new(concat!(
-        "UPDATE async_task SET state = 'cancelled', finished_at = ",
-        now!(),
-        ", updated_at = ",
-        now!(),
-        " WHERE id = "
-    ))
-    .bind::<BigInt, _>(id)
-    .sql(" AND state IN ('pending', 'blocked', 'running')")
-    .execute(conn)
-}
-
-pub(super) fn get_claim(conn: &mut SqliteConnection, id: i64) -> QueryResult<Option<ClaimState>> {
-    claim_state::<Sqlite>(id).get_result(conn).optional()
-}
-
-pub(super) fn get_by_key(
-    conn: &mut SqliteConnection,
-    keyword: &str,
-    biz_id: &str,
-) -> QueryResult<Option<TaskRecord>> {
-    Statement::<Sqlite>::new(
-        "SELECT id, state, biz_data, tenant, priority, failures, last_error
-         FROM async_task WHERE keyword = ",
-    )
-    .bind::<Text, _>(keyword.to_owned())
-    .sql(" AND biz_id = ")
-    .bind::<Text, _>(biz_id.to_owned())
-    .get_result(conn)
-    .optional()
-}
-
-pub(super) fn rescue_many(
+pub(in crate::driver) fn rescue_many(
     conn: &mut SqliteConnection,
     rescue: &RescueParams,
 ) -> QueryResult<Vec<RescuedRow>> {
@@ -348,20 +250,18 @@ const CLAIM_RETURNING: &str = ")
 /// tenant index, until the page is full. (SQLite uses a partial index only when the query
 /// repeats its predicate's terms: `state = 'pending'` alone does not imply the index's `state
 /// IN (…)`.)
-pub(super) fn claim_limited(
+pub(in crate::driver) fn claim_limited(
     conn: &mut SqliteConnection,
-    owner: i64,
-    due: &Due<'_>,
+    claim: &Claiming<'_>,
     tenants: &[String],
-    limit: i64,
-    timeout_ms: i64,
 ) -> QueryResult<Vec<ClaimRow>> {
     #[derive(diesel::QueryableByName)]
     struct Room {
         #[diesel(sql_type = BigInt)]
         room: i64,
     }
-    let due = DueJson::of(due);
+    let due = DueJson::of(claim.due);
+    let (owner, limit, timeout_ms) = (claim.owner, claim.limit, claim.timeout_ms);
     conn.immediate_transaction(|conn| {
         let mut page = Vec::new();
         for tenant in tenants {
@@ -407,7 +307,7 @@ pub(super) fn claim_limited(
 
 /// See [`crate::driver::Driver::task_claim_suspect`]: the suspect index's first due task, in
 /// claim order, stamped as any claim.
-pub(super) fn claim_suspect(
+pub(in crate::driver) fn claim_suspect(
     conn: &mut SqliteConnection,
     owner: i64,
     due: &Due<'_>,
@@ -435,7 +335,7 @@ pub(super) fn claim_suspect(
 }
 
 /// See [`crate::driver::Driver::task_suspects_exist`].
-pub(super) fn suspects_exist(conn: &mut SqliteConnection) -> QueryResult<bool> {
+pub(in crate::driver) fn suspects_exist(conn: &mut SqliteConnection) -> QueryResult<bool> {
     #[derive(diesel::QueryableByName)]
     struct Found {
         #[diesel(sql_type = diesel::sql_types::Bool)]

@@ -1,0 +1,109 @@
+//! The lock claims' operations (PostgreSQL only: an unlogged lease table and advisory locks;
+//! docs/guide/src/claims.md), a part of [`super::Driver`] of their own. What they do on
+//! the other backends, which have no lock claims, is written once here: the worker refuses
+//! the setting there before any of the claims could run.
+
+use diesel::QueryResult;
+
+use super::{
+    ChunkRuns, ClaimRow, Claiming, Due, LeaseCharge, Pick, Picked, RescueParams, RescuedRow, TxMark,
+};
+
+/// The lock claims' part of the driver.
+pub trait LeaseDriver {
+    /// Leases up to `claim.limit` due pending tasks of `claim.due` for `claim.owner` (a lock
+    /// claim; PostgreSQL only), chosen as [`super::Driver::task_claim_page`] chooses: a row of
+    /// `async_lease` per task with a deadline `claim.timeout_ms` from now, committed by this statement alone; the task rows
+    /// are not written and stay pending. A leased task is taken by no other claim. The page
+    /// is cut, in claim order, into chunks of `chunk.per` tasks; the i-th chunk's leases
+    /// name the run `chunk.first + i` (that of the [`TxMark`] its transaction will hold).
+    /// Returns the page and, for each of its rows, its chunk's run.
+    fn task_lease_page(
+        &mut self,
+        claim: &Claiming<'_>,
+        chunk: ChunkRuns,
+        pick: &Pick<'_>,
+    ) -> QueryResult<(Picked, Vec<i64>)> {
+        let _ = (claim, chunk, pick);
+        Err(lock_claims_unsupported())
+    }
+
+    /// The plan of the lease statement (`EXPLAIN`), one line per row (PostgreSQL only).
+    fn task_lease_plan(&mut self, due: &Due<'_>, limit: i64) -> QueryResult<Vec<String>> {
+        let _ = (due, limit);
+        Err(lock_claims_unsupported())
+    }
+
+    /// In the transaction of the chunk's leases (opened by [`super::Driver::transaction_begin`]): marks
+    /// done the tasks `ids` still leased by `owner` under their tokens, deleting the leases,
+    /// recording `owner` and a new claim token; returns how many it marked.
+    fn task_complete_leased(&mut self, owner: i64, ids: &[i64]) -> QueryResult<usize> {
+        let _ = (owner, ids);
+        Err(lock_claims_unsupported())
+    }
+
+    /// After a chunk rolled back: claims, the stamping way, those of the tasks `ids` still
+    /// leased by `owner` and pending, deleting their leases, in one statement.
+    fn task_claim_leased(
+        &mut self,
+        owner: i64,
+        ids: &[i64],
+        timeout_ms: i64,
+    ) -> QueryResult<Vec<ClaimRow>> {
+        let _ = (owner, ids, timeout_ms);
+        Err(lock_claims_unsupported())
+    }
+
+    /// Deletes `owner`'s leases of `ids` (their chunk never ran): the tasks are free again,
+    /// no failure counted. Returns how many it deleted.
+    fn task_release_leased(&mut self, owner: i64, ids: &[i64]) -> QueryResult<usize> {
+        let _ = (owner, ids);
+        Err(lock_claims_unsupported())
+    }
+
+    /// Ends a chunk for one of its tasks that ran past its timeout: deletes `owner`'s leases
+    /// of the chunk and charges that task a failure (retried after the delay, or dead at
+    /// max attempts, with a new claim token); the chunk's other tasks are free, uncharged.
+    /// Returns the charged task's new state, `None` when it had left its lease.
+    fn task_charge_leased(
+        &mut self,
+        owner: i64,
+        charge: &LeaseCharge<'_>,
+    ) -> QueryResult<Option<String>> {
+        let _ = (owner, charge);
+        Err(lock_claims_unsupported())
+    }
+
+    /// Deletes the leases of nodes that are not live (as [`super::Driver::task_rescue_many`] judges
+    /// them) and those past their deadline, charging each task still pending under its
+    /// lease a failure (and, when its node died, counting the death in `suspect`). None on
+    /// SQLite and MySQL,
+    /// which have no lock claims.
+    fn task_rescue_leases(&mut self, rescue: &RescueParams) -> QueryResult<Vec<RescuedRow>> {
+        let _ = rescue;
+        Ok(Vec::new())
+    }
+
+    /// Ends (`pg_terminate_backend`) the sessions of the engine's transactions whose node is
+    /// not live (no heartbeat for `dead_after_ms`, gone, unknown) or whose chunk's lease is
+    /// past its deadline, so that what they hold (locks of rows a handler wrote) is free
+    /// and nothing they write later lands; returns how many. 0 on SQLite and MySQL.
+    fn session_end_stale(&mut self, dead_after_ms: i64) -> QueryResult<i64> {
+        let _ = dead_after_ms;
+        Ok(0)
+    }
+
+    /// Ends the session of the transaction marked `mark` (see [`super::Driver::transaction_begin`]),
+    /// if one still runs; whether one did. `false` on SQLite and MySQL.
+    fn session_end(&mut self, mark: TxMark) -> QueryResult<bool> {
+        let _ = mark;
+        Ok(false)
+    }
+}
+
+/// What the lock claims' operations fail with off PostgreSQL.
+fn lock_claims_unsupported() -> diesel::result::Error {
+    diesel::result::Error::QueryBuilderError(
+        "lock claims need PostgreSQL (an unlogged lease table and advisory locks)".into(),
+    )
+}
