@@ -168,7 +168,9 @@ impl Figures {
     /// transaction is a run whose transaction did not complete the task, so it must have
     /// rolled back (`pg_xact_status`); after a server crash (`crashed`), a transaction the
     /// crash lost may have left its id to a later one, which may have committed, so there a
-    /// committed status is accepted too (and counted). A task whose lines, less those of
+    /// committed status is accepted too (and counted), and so is a line that names the
+    /// completing transaction before that transaction's own line (the crash lost the first
+    /// run and left its id to the rerun that completed the task). A task whose lines, less those of
     /// rolled-back runs, number at most one ran its effect once outside them. A line without
     /// a transaction (a run outside a chunk, after a chunk rolled back) is counted as before.
     fn explain_rolled_back(&mut self, db: &Db, crashed: bool) {
@@ -202,14 +204,27 @@ impl Figures {
         let mut completing: HashMap<i64, usize> = HashMap::new();
         let mut kept: HashMap<i64, usize> = HashMap::new();
         let mut wrong = BTreeSet::new();
-        for (id, xid) in &self.external_runs {
+        // After a crash, a transaction the crash lost may have left its id to the one that
+        // later completed the same task (a chunk rerun after the restart): the task's lines
+        // then name the completing transaction twice, the lost run first. The last such line
+        // is the completing run; the earlier ones are the lost transaction's.
+        let last_line: HashMap<(i64, &str), usize> = self
+            .external_runs
+            .iter()
+            .enumerate()
+            .filter_map(|(at, (id, xid))| xid.as_deref().map(|xid| ((*id, xid), at)))
+            .collect();
+        for (at, (id, xid)) in self.external_runs.iter().enumerate() {
             let Some(xid) = xid else {
                 *self.external_xact_lines.entry("none".into()).or_default() += 1;
                 *kept.entry(*id).or_default() += 1;
                 continue;
             };
             let full: u64 = xid.parse().expect("a transaction id");
-            let kind = if completed_in.get(id) == Some(&(full & 0xffff_ffff)) {
+            let completes = completed_in.get(id) == Some(&(full & 0xffff_ffff));
+            let kind = if completes && crashed && last_line[&(*id, xid.as_str())] != at {
+                "id reused after the crash"
+            } else if completes {
                 *completing.entry(*id).or_default() += 1;
                 *kept.entry(*id).or_default() += 1;
                 "completing"
