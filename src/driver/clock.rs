@@ -4,7 +4,7 @@
 //!
 //! `diesel::dsl::now` is `CURRENT_TIMESTAMP`, which is whole seconds on SQLite and the
 //! session's local time on MySQL; these are the expressions the per-backend SQL uses
-//! (PostgreSQL `now()`, SQLite `strftime(…, 'now')` text with milliseconds, MySQL
+//! (PostgreSQL `now()`, SQLite `datetime('now', 'subsec')` text with milliseconds, MySQL
 //! `UTC_TIMESTAMP(3)`), so a query written with them compares as the hand-written one did.
 
 use chrono::NaiveDateTime;
@@ -96,13 +96,13 @@ spelled!(Pg, DbAgo, ms, "(now() - ", " * interval '1 millisecond')");
 spelled!(Pg, DbLater, ms, "(now() + ", " * interval '1 millisecond')");
 
 #[cfg(feature = "sqlite")]
-spelled!(Sqlite, DbNow, "strftime('%Y-%m-%d %H:%M:%f', 'now')");
+spelled!(Sqlite, DbNow, "datetime('now', 'subsec')");
 #[cfg(feature = "sqlite")]
 spelled!(
     Sqlite,
     DbAgo,
     ms,
-    "strftime('%Y-%m-%d %H:%M:%f', 'now', printf('-%.3f seconds', ",
+    "datetime('now', 'subsec', printf('-%.3f seconds', ",
     " / 1000.0))"
 );
 #[cfg(feature = "sqlite")]
@@ -110,7 +110,7 @@ spelled!(
     Sqlite,
     DbLater,
     ms,
-    "strftime('%Y-%m-%d %H:%M:%f', 'now', printf('+%.3f seconds', ",
+    "datetime('now', 'subsec', printf('+%.3f seconds', ",
     " / 1000.0))"
 );
 

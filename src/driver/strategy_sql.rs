@@ -143,7 +143,7 @@ pub(crate) fn partition_sqlite(
     partition: Option<Partition>,
 ) -> Statement<Sqlite> {
     partition_filter(statement, partition, "", |s, ms| {
-        s.sql("(SELECT strftime('%Y-%m-%d %H:%M:%f', 'now', printf('-%.3f seconds', ")
+        s.sql("(SELECT datetime('now', 'subsec', printf('-%.3f seconds', ")
             .bind::<BigInt, _>(ms)
             .sql(" / 1000.0)))")
     })

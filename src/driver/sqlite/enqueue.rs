@@ -163,9 +163,9 @@ fn push_options<'b>(row: &'b InsertRow<'_>, mut out: AstPass<'_, 'b, Sqlite>) ->
 /// A row's `run_at`: its delay on the Julian day of the database clock, exact to the
 /// millisecond.
 fn push_run_at<'b>(row: &'b InsertRow<'_>, mut out: AstPass<'_, 'b, Sqlite>) -> QueryResult<()> {
-    out.push_sql("strftime('%Y-%m-%d %H:%M:%f', julianday('now') + ");
+    out.push_sql("datetime(julianday('now') + ");
     out.push_bind_param::<BigInt, _>(&row.ms)?;
-    out.push_sql(" / 86400000.0)");
+    out.push_sql(" / 86400000.0, 'subsec')");
     Ok(())
 }
 

@@ -52,8 +52,7 @@ pub(in crate::driver) fn prune_tasks(
     conn: &mut SqliteConnection,
     batch: &PruneBatch<'_>,
 ) -> QueryResult<PrunedBatch> {
-    const CUTOFF: &str =
-        "strftime('%Y-%m-%d %H:%M:%f', 'now', printf('-%.3f seconds', ?1 / 1000.0))";
+    const CUTOFF: &str = "datetime('now', 'subsec', printf('-%.3f seconds', ?1 / 1000.0))";
     let window: Window = diesel::sql_query(format!(
         "SELECT max(id) AS last_id, coalesce(min(created_at) < {CUTOFF}, 0) AS has_old,
                 count(*) AS rows
@@ -105,10 +104,10 @@ pub(in crate::driver) fn prune_nodes(
     diesel::sql_query(
         "DELETE FROM async_node WHERE id IN (
              SELECT n.id FROM async_node n
-             WHERE n.heartbeat_at < strftime('%Y-%m-%d %H:%M:%f', 'now',
+             WHERE n.heartbeat_at < datetime('now', 'subsec',
                                              printf('-%.3f seconds', ?1 / 1000.0))
                AND (n.state = 'gone'
-                    OR n.heartbeat_at < strftime('%Y-%m-%d %H:%M:%f', 'now',
+                    OR n.heartbeat_at < datetime('now', 'subsec',
                                                  printf('-%.3f seconds', ?2 / 1000.0)))
                AND NOT EXISTS (SELECT 1 FROM async_task t
                                WHERE t.owner = n.id AND t.deadline_at IS NOT NULL

@@ -156,7 +156,7 @@ fn rescue_statement(rescue: &RescueParams) -> Statement<Sqlite> {
                                  THEN 'dead' ELSE 'pending' END,
                     run_at = CASE WHEN failures + 1 >= COALESCE(max_attempts, (SELECT default_max FROM params))
                                   THEN run_at
-                                  ELSE strftime('%Y-%m-%d %H:%M:%f', 'now', printf('+%.3f seconds',
+                                  ELSE datetime('now', 'subsec', printf('+%.3f seconds',
                                        min(min((SELECT base_ms FROM params) * (1 << min(failures, 40)),
                                                (SELECT max_ms FROM params))
                                            * (1 - (SELECT jitter FROM params)
@@ -185,7 +185,7 @@ fn rescue_statement(rescue: &RescueParams) -> Statement<Sqlite> {
                 now!(),
                 " OR NOT EXISTS (SELECT 1 FROM async_node n
                                   WHERE n.id = async_task.owner AND n.state = 'alive'
-                                    AND n.heartbeat_at >= strftime('%Y-%m-%d %H:%M:%f', 'now',
+                                    AND n.heartbeat_at >= datetime('now', 'subsec',
                                         printf('-%.3f seconds', (SELECT dead_ms FROM params) / 1000.0))))
                 RETURNING id, state, last_error AS reason, keyword, biz_id, tenant"
             ))
@@ -234,7 +234,7 @@ fn claim_set(prefix: &'static str, owner: i64, timeout_ms: i64) -> Statement<Sql
             now!(),
             "), updated_at = (SELECT ",
             now!(),
-            "), deadline_at = (SELECT strftime('%Y-%m-%d %H:%M:%f', 'now', printf('+%.3f seconds', "
+            "), deadline_at = (SELECT datetime('now', 'subsec', printf('+%.3f seconds', "
         ))
         .bind::<BigInt, _>(timeout_ms)
         .sql(" / 1000.0))) WHERE id IN (")
