@@ -106,6 +106,9 @@ pub mod testing;
 pub mod web;
 pub mod worker;
 
+#[cfg(test)]
+mod layout_tests;
+
 pub use backoff::Backoff;
 pub use cancel::{cancel, cancel_by_key, cancel_matching, Cancelled};
 pub use db::{

@@ -135,7 +135,7 @@ pub struct ClaimedTask {
     pub(crate) claimed_at: std::time::Instant,
     /// A suspect's hold on its worker's turn to run one alone (`None`: an ordinary claim);
     /// the turn passes when the claim (and its clones) drop.
-    pub(crate) solo: Option<std::sync::Arc<crate::worker::SoloHold>>,
+    pub(crate) solo: Option<std::sync::Arc<SoloHold>>,
 }
 
 impl ClaimedTask {
@@ -170,5 +170,16 @@ mod tests {
             assert_eq!(state.as_str().parse::<TaskState>(), Ok(state));
         }
         assert!("finished".parse::<TaskState>().is_err());
+    }
+}
+
+/// A suspect's hold on its worker's turn to run one suspect alone (the worker's
+/// `suspects`), until dropped: it gives the turn back.
+#[derive(Debug)]
+pub(crate) struct SoloHold(pub(crate) std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for SoloHold {
+    fn drop(&mut self) {
+        self.0.store(false, std::sync::atomic::Ordering::SeqCst);
     }
 }

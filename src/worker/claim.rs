@@ -2,9 +2,12 @@
 
 use std::time::{Duration, Instant};
 
+use std::sync::Arc;
+
+use super::engine::Worker;
 use super::fairness::{participants, Took};
 use super::heartbeat::may_claim;
-use super::{millis, Worker};
+use super::settings::millis;
 use crate::db::transaction::DiscardBroken;
 use crate::driver::{driver, ClaimRow, Claiming, Driver, Due};
 use crate::error::{Error, OpContext, Result};
@@ -270,6 +273,28 @@ impl Worker {
         Ok(claimed_tasks(rows, owner, deadline))
     }
 
+    /// The claim statement's plan (`EXPLAIN`) for this worker's keywords and page (with lock
+    /// claims, the lock statement's for a chunk), one line per row: for operators checking
+    /// that the claim stays an index range scan at their backlog.
+    pub fn claim_plan(&self) -> Result<Vec<String>> {
+        let mut conn = self.pool.get().op("task claim plan")?;
+        let due = Due {
+            keywords: &self.keywords,
+            partition: self.services.strategy.partition(),
+            suspect: Some(false),
+        };
+        if self.settings.lock {
+            let limit = i64::try_from(self.settings.commit_batch).unwrap_or(i64::MAX);
+            return driver(&mut conn)
+                .task_lease_plan(&due, limit)
+                .op("task claim plan");
+        }
+        let limit = i64::try_from(self.claim_limit()).unwrap_or(i64::MAX);
+        driver(&mut conn)
+            .task_claim_plan(&due, limit)
+            .op("task claim plan")
+    }
+
     /// The most tasks one claim takes: a page, but never more than can start at once (a
     /// claimed task's deadline runs from its claim, so it must not wait for more than the
     /// queue ahead of it).
@@ -326,4 +351,65 @@ pub(super) fn claimed_tasks(
             solo: None,
         })
         .collect()
+}
+
+impl Worker {
+    /// Claims the first due suspect of `keywords` (see [`super::suspects`]), to run alone
+    /// with `timeout`, unless this process runs one already (or none may be due). The
+    /// tenants with a `max_running` are left out: their claims, which count what runs, take
+    /// their suspects like any task.
+    pub(super) fn claim_suspect(
+        &self,
+        keywords: &[String],
+        timeout: Duration,
+    ) -> Result<Option<ClaimedTask>> {
+        if keywords.is_empty() || !self.services.suspects.maybe() {
+            return Ok(None);
+        }
+        let Some(hold) = self.dispatcher.solo_turn().take() else {
+            return Ok(None);
+        };
+        match self.claim_one_suspect(keywords, timeout)? {
+            Some(mut task) => {
+                log::info!(
+                    "task {}: a suspect (its process died under it), claimed to run alone",
+                    task.context.id
+                );
+                task.solo = Some(Arc::new(hold));
+                Ok(Some(task))
+            }
+            None => {
+                self.services.suspects.found(false);
+                Ok(None)
+            }
+        }
+    }
+
+    fn claim_one_suspect(
+        &self,
+        keywords: &[String],
+        timeout: Duration,
+    ) -> Result<Option<ClaimedTask>> {
+        self.ensure_heartbeat_fresh()?;
+        let limited = self.services.limits.tenants();
+        let mut conn = self.pool.get().op("task claim")?;
+        let owner = self.node.id();
+        let asked = Instant::now();
+        let rows = {
+            let _turn = self.writer_turn.take();
+            let due = Due {
+                keywords,
+                partition: self.services.strategy.partition(),
+                suspect: Some(true),
+            };
+            driver(&mut conn)
+                .task_claim_suspect(owner, &due, &limited, millis(timeout))
+                .discard_broken(&mut conn)
+                .op("task claim")?
+        };
+        self.observers.claimed(asked);
+        Ok(claimed_tasks(rows, owner, asked + timeout)
+            .into_iter()
+            .next())
+    }
 }

@@ -1,13 +1,12 @@
-//! The worker's settings and their defaults.
+//! The worker's configuration as its user writes it ([`WorkerConfig`]), and the defaults
+//! of each setting. What a worker runs with, every default filled in and checked, is
+//! [`super::settings::Settings`].
 
 use std::time::Duration;
 
-use super::strategy::StrategySettings;
 use super::style::ClaimStyle;
 use crate::backoff::Backoff;
-use crate::db::Backend;
-use crate::domain::{validate_domains, Domain};
-use crate::error::{Error, Result};
+use crate::domain::Domain;
 use crate::strategy::{Strategy, DEFAULT_WEIGHT};
 
 /// Tasks claimed per claim statement by default in strict mode.
@@ -24,6 +23,12 @@ pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(5);
 pub const DEFAULT_DEAD_AFTER_BEATS: u32 = 3;
 /// How long a task's handler may run before any live node rescues the task, by default.
 pub const DEFAULT_TASK_TIMEOUT: Duration = Duration::from_secs(300);
+
+// A connection's default reply timeout covers the default task timeout, with its margin.
+const _: () = assert!(
+    crate::db::reply::DEFAULT_REPLY_TIMEOUT.as_secs()
+        == DEFAULT_TASK_TIMEOUT.as_secs() + crate::db::reply::REPLY_MARGIN.as_secs()
+);
 pub use crate::task::MAX_TASK_TIMEOUT;
 /// The longest error message stored in `last_error`, in bytes.
 pub const MAX_ERROR_LEN: usize = 2000;
@@ -131,7 +136,7 @@ pub struct WorkerConfig {
     /// Where to serve Prometheus metrics (`/metrics`) and the health check (`/healthz`),
     /// on a thread of the worker's own (none by default; port 0 picks a free port, see
     /// [`crate::Worker::metrics_addr`]). The worker fails to start when it cannot listen
-    /// there ([`Error::MetricsServer`]). See [`crate::metrics`].
+    /// there ([`Error::MetricsServer`](crate::Error::MetricsServer)). See [`crate::metrics`].
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// A command run by `sh -c` when a task becomes dead, with the task in its environment
     /// (`OUTBOX_TASK_ID`, `OUTBOX_KEYWORD`, `OUTBOX_BIZ_ID`, `OUTBOX_TENANT`,
@@ -248,189 +253,4 @@ impl WorkerConfig {
         self.domains.push(domain);
         self
     }
-
-    /// The settings for `backend`, every default filled in, checked.
-    ///
-    /// Fails with [`Error::InvalidConfig`] naming the setting out of range.
-    pub(crate) fn resolve(&self, backend: Backend) -> Result<Settings> {
-        let threads = self.threads.unwrap_or(match backend {
-            Backend::Postgres | Backend::Mysql => default_threads(),
-            Backend::Sqlite => 1,
-        });
-        let lock = self
-            .claim_style
-            .locks(backend, self.commit_batch, self.queue)?;
-        validate_domains(&self.domains, threads)?;
-        // A lock claim starts each chunk at once: a queued chunk would hold its leases, their
-        // deadline running, while it waited.
-        let queue = self
-            .queue
-            .unwrap_or(match (self.commit_batch > 1, self.threads, backend) {
-                _ if lock => 0,
-                (true, _, _) => threads,
-                (false, Some(threads), _) => threads * QUEUE_PER_THREAD,
-                (false, None, Backend::Postgres | Backend::Mysql) => threads * QUEUE_PER_THREAD,
-                (false, None, Backend::Sqlite) => SQLITE_DEFAULT_QUEUE,
-            });
-        let page_size = self.page_size.unwrap_or(if self.commit_batch > 1 {
-            ((threads + queue + 1) * self.commit_batch).min(MAX_PAGE_SIZE)
-        } else {
-            DEFAULT_PAGE_SIZE
-        });
-        let dead_after = self
-            .dead_after
-            .unwrap_or(self.heartbeat * DEFAULT_DEAD_AFTER_BEATS);
-        let settings = Settings {
-            strategy: StrategySettings::resolve(self, threads, dead_after)?,
-            threads,
-            queue,
-            page_size,
-            max_attempts: self.max_attempts,
-            backoff: self.backoff,
-            poll_interval: self.poll_interval,
-            listen: self.listen,
-            heartbeat: self.heartbeat,
-            dead_after,
-            task_timeout: self.task_timeout,
-            exit_on_hang: self.exit_on_hang,
-            commit_batch: self.commit_batch,
-            lock,
-            domains: self.domains.clone(),
-            metrics_addr: self.metrics_addr,
-            on_dead: self.on_dead.clone(),
-            on_dead_timeout: self.on_dead_timeout,
-        };
-        settings.validate()?;
-        Ok(settings)
-    }
 }
-
-/// A [`WorkerConfig`] with every default filled in for one backend.
-#[derive(Debug, Clone)]
-pub(crate) struct Settings {
-    pub(crate) threads: usize,
-    pub(crate) queue: usize,
-    pub(crate) page_size: usize,
-    pub(crate) max_attempts: i32,
-    pub(crate) backoff: Backoff,
-    pub(crate) poll_interval: Duration,
-    pub(crate) listen: bool,
-    pub(crate) heartbeat: Duration,
-    pub(crate) dead_after: Duration,
-    pub(crate) task_timeout: Duration,
-    pub(crate) exit_on_hang: bool,
-    pub(crate) commit_batch: usize,
-    /// Whether chunks are claimed by locking their rows ([`ClaimStyle::Lock`]).
-    pub(crate) lock: bool,
-    pub(crate) domains: Vec<Domain>,
-    pub(crate) metrics_addr: Option<std::net::SocketAddr>,
-    pub(crate) on_dead: Option<String>,
-    pub(crate) on_dead_timeout: Duration,
-    pub(crate) strategy: StrategySettings,
-}
-
-impl Settings {
-    /// Checks every setting, naming the one out of range.
-    fn validate(&self) -> Result<()> {
-        let bad =
-            |setting: &'static str, reason: String| Err(Error::InvalidConfig { setting, reason });
-        if !(1..=1024).contains(&self.threads) {
-            return bad(
-                "threads",
-                format!("must be between 1 and 1024, not {}", self.threads),
-            );
-        }
-        if self.queue > 100_000 {
-            return bad(
-                "queue",
-                format!("must be at most 100000, not {}", self.queue),
-            );
-        }
-        if !(1..=MAX_PAGE_SIZE).contains(&self.page_size) {
-            return bad(
-                "page",
-                format!(
-                    "must be between 1 and {MAX_PAGE_SIZE}, not {}",
-                    self.page_size
-                ),
-            );
-        }
-        if self.max_attempts < 1 {
-            return bad(
-                "max-attempts",
-                format!("must be at least 1, not {}", self.max_attempts),
-            );
-        }
-        if self.poll_interval < Duration::from_millis(10) {
-            return bad("poll-interval", "must be at least 10ms".into());
-        }
-        if self.heartbeat < Duration::from_millis(100) {
-            return bad("heartbeat", "must be at least 100ms".into());
-        }
-        if self.dead_after < self.heartbeat * 2 {
-            return bad(
-                "dead-after",
-                format!(
-                    "({:?}) must be at least two heartbeats ({:?})",
-                    self.dead_after,
-                    self.heartbeat * 2
-                ),
-            );
-        }
-        if !(1..=1000).contains(&self.commit_batch) {
-            return bad(
-                "commit-batch",
-                format!("must be between 1 and 1000, not {}", self.commit_batch),
-            );
-        }
-        if self.task_timeout < Duration::from_millis(100) {
-            return bad("task-timeout", "must be at least 100ms".into());
-        }
-        // The deadline of a chunk's tasks is the timeout times the chunk size.
-        if self.task_timeout * self.commit_batch as u32 > MAX_TASK_TIMEOUT {
-            return bad(
-                "task-timeout",
-                format!(
-                    "times commit-batch must be at most 100 years, not {:?}",
-                    self.task_timeout * self.commit_batch as u32
-                ),
-            );
-        }
-        if self.on_dead.as_deref().is_some_and(|c| c.trim().is_empty()) {
-            return bad("on-dead", "must be a command, not empty".into());
-        }
-        if self.on_dead_timeout < Duration::from_millis(100) {
-            return bad("on-dead-timeout", "must be at least 100ms".into());
-        }
-        self.backoff
-            .validate()
-            .map_err(|reason| Error::InvalidConfig {
-                setting: "backoff",
-                reason,
-            })
-    }
-
-    /// The most tasks one claim may take: every thread, the queue, and the claiming thread,
-    /// each with a chunk of `commit_batch` tasks.
-    pub(crate) fn claim_capacity(&self) -> usize {
-        (self.threads + self.queue + 1) * self.commit_batch
-    }
-
-    /// How long a claimed task has, in the database, before it is rescued as hung: the task
-    /// timeout per handler of its chunk.
-    pub(crate) fn claim_timeout(&self) -> Duration {
-        self.task_timeout * self.commit_batch as u32
-    }
-
-    /// Connections the worker's pool needs: one per thread, one for the claiming thread
-    /// (which also runs tasks when the pool is full and, on PostgreSQL, while it waits for
-    /// room), one for the rescue pass. The heartbeat has its own connection outside the
-    /// pool.
-    pub(crate) fn pool_size(&self) -> u32 {
-        u32::try_from(self.threads + 2).unwrap_or(u32::MAX)
-    }
-}
-
-#[cfg(test)]
-#[path = "config_tests.rs"]
-mod tests;

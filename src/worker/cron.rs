@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 
-use super::Worker;
+use super::engine::Worker;
 use crate::db::transaction::mark_broken;
 use crate::db::{write_transaction, DbConnection};
 use crate::driver::schedule::{

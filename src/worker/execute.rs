@@ -3,12 +3,12 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+use super::engine::Worker;
 use super::tally::Outcome;
-use super::Worker;
 use crate::db::transaction::{is_broken, is_connection_error, is_infrastructure, mark_broken};
 use std::sync::Arc;
 
-use super::locked::ChunkLease;
+use super::lease::{next_run, ChunkLease};
 use super::timeouts::{ChunkOf, Session};
 use crate::db::DbConnection;
 use crate::driver::{driver, Claim, TxMark};
@@ -262,7 +262,7 @@ impl Worker {
     pub(super) fn tx_mark(&self) -> Option<TxMark> {
         (self.url.backend() == crate::Backend::Postgres).then(|| TxMark {
             node: self.node.id(),
-            run: super::locked::next_run(),
+            run: next_run(),
         })
     }
 

@@ -7,27 +7,15 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::dispatch::{Dispatcher, Feed};
+use super::config::WorkerConfig;
+use super::dispatch::Feed;
+use super::engine::{check_registry, new_dispatcher, Seat, Shared, Worker};
 use super::slots::Share;
 use super::tally::{Report, Tally};
-use super::{check_registry, new_dispatcher, Worker, WorkerConfig};
 use crate::db::{DatabaseUrl, DbPool};
 use crate::error::{Error, OpContext, Result};
 use crate::migrate::ensure_migrated;
 use crate::registry::Registry;
-
-/// What the workers of a fleet share: the execution pool and the stop flag.
-pub(super) struct Shared {
-    pub(super) dispatcher: Arc<Dispatcher>,
-    pub(super) stopping: Arc<AtomicBool>,
-}
-
-/// One database's place in a fleet: what its worker shares with the others, and its part
-/// of the execution pool (none when it is the only database: the pool is all its own).
-pub(super) struct Seat<'a> {
-    pub(super) shared: &'a Shared,
-    pub(super) share: Option<Share>,
-}
 
 /// What one database of a [`Fleet`] did.
 #[derive(Debug)]

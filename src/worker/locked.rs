@@ -16,22 +16,21 @@
 //! rescue charges their tasks a failure, as it charges a stamped claim's (and ends the
 //! chunk's session, so that what it holds is free and nothing it writes later lands).
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use super::claim::claimed_tasks;
-use super::config::Settings;
 use super::dispatch::Feed;
-use super::domains::PlanLane;
+use super::engine::Worker;
 use super::execute::ChunkRollback;
 use super::fairness::{participants, Took};
+use super::lease::{reserve_runs, ChunkLease};
+use super::plan::PlanLane;
+use super::record::record_or_unwind;
+use super::settings::millis;
 use super::tally::{Outcome, Tally};
-use super::watchdog::Hung;
-use super::{millis, Worker};
 use crate::db::transaction::{is_connection_error, mark_broken, DiscardBroken};
-use crate::db::{DbConnection, DbPool};
-use crate::driver::{driver, ChunkRuns, Claiming, Due, LeaseCharge, TxMark};
+use crate::driver::{driver, ChunkRuns, Claiming, Due, TxMark};
 use crate::error::{OpContext, Result};
 use crate::task::ClaimedTask;
 
@@ -39,28 +38,6 @@ use crate::task::ClaimedTask;
 pub(super) struct LeasedChunk {
     mark: TxMark,
     tasks: Vec<ClaimedTask>,
-}
-
-/// What ends a leased chunk for a task that runs past its timeout: the mark of the chunk's
-/// transaction and every task of the chunk.
-#[derive(Debug, Clone)]
-pub(crate) struct ChunkLease {
-    pub(crate) mark: TxMark,
-    pub(crate) ids: Arc<[i64]>,
-}
-
-/// Numbers the transactions of this process (their marks' runs).
-static RUNS: AtomicU64 = AtomicU64::new(1);
-
-/// The next transaction's run, for its mark.
-pub(super) fn next_run() -> i64 {
-    reserve_runs(1)
-}
-
-/// `n` runs in a row, for the chunks of one lease claim; returns the first.
-fn reserve_runs(n: usize) -> i64 {
-    let n = u64::try_from(n.max(1)).unwrap_or(u64::MAX);
-    i64::try_from(RUNS.fetch_add(n, Ordering::Relaxed) & 0x7fff_ffff).unwrap_or(0)
 }
 
 impl Worker {
@@ -96,12 +73,7 @@ impl Worker {
                 let size = chunk.tasks.len();
                 let record = self.recorder(size, tally);
                 self.dispatcher.submit(feed, lane.lane, move || {
-                    super::record::record_or_unwind(
-                        self,
-                        size as u64,
-                        || self.execute_leased(chunk),
-                        &record,
-                    )
+                    record_or_unwind(self, size as u64, || self.execute_leased(chunk), &record)
                 });
             }
             if n == 0 && !goes_on() {
@@ -326,77 +298,5 @@ impl Worker {
                 vec![Outcome::Abandoned; ids.len()]
             }
         }
-    }
-}
-
-/// Ends the leased chunk of a task that ran past its timeout and counts that task's
-/// failure: terminates the chunk's session (its transaction rolls back, freeing what its
-/// handlers held) and deletes its leases, charging only that task (`error` in its
-/// `last_error`); the chunk's other tasks are free, uncounted. Returns the task's new state
-/// (`None`: it had left the lease).
-pub(crate) fn charge_leased(
-    conn: &mut DbConnection,
-    settings: &Settings,
-    owner: i64,
-    lease: &ChunkLease,
-    task: i64,
-    failures: i32,
-    error: &str,
-) -> Result<Option<String>> {
-    if let Err(e) = driver(conn).session_end(lease.mark) {
-        // Not allowed to signal it (another role's session): the deadline and the fence
-        // still hold; only what its handlers lock waits for the handler to return.
-        log::warn!("task {task}: its chunk's session could not be ended: {e}");
-    }
-    let delay = settings
-        .backoff
-        .delay(failures.saturating_add(1).unsigned_abs(), fastrand::f64());
-    let charge = LeaseCharge {
-        task,
-        chunk_ids: &lease.ids,
-        error,
-        delay_ms: millis(delay),
-        default_max_attempts: settings.max_attempts,
-    };
-    driver(conn)
-        .task_charge_leased(owner, &charge)
-        .op("task timeout")
-}
-
-/// Counts a failure for the hung handler of a leased chunk before the process exits: ends
-/// the chunk (see [`charge_leased`]), so that the other tasks of the chunk are free again,
-/// uncounted. Without this a task that hangs every time would be charged with its whole
-/// chunk, by rescue, after the exit.
-pub(super) fn charge_hung(pool: &DbPool, settings: &Settings, owner: i64, hung: &Hung) {
-    let Some(lease) = &hung.lease else { return };
-    let error = format!(
-        "running past its deadline: its handler ran for {:?}, past the task timeout; the \
-         node ended its chunk's transaction",
-        hung.running_for
-    );
-    let charged = pool.get().op("task timeout").and_then(|mut conn| {
-        charge_leased(
-            &mut conn,
-            settings,
-            owner,
-            lease,
-            hung.task,
-            hung.failures,
-            &error,
-        )
-    });
-    match charged {
-        Ok(Some(state)) => log::error!(
-            "task {}: hung in a leased chunk; its chunk ended and a failure counted ({state})",
-            hung.task
-        ),
-        Ok(None) => log::error!(
-            "task {}: hung in a leased chunk, which had already lost it",
-            hung.task
-        ),
-        Err(e) => log::error!(
-            "task {}: hung in a leased chunk; its failure could not be counted: {e}",
-            hung.task
-        ),
     }
 }

@@ -6,8 +6,8 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::config::MAX_ERROR_LEN;
+use super::engine::Worker;
 use super::tally::Outcome;
-use super::Worker;
 use crate::db::transaction::DiscardBroken;
 use crate::db::DbConnection;
 use crate::driver::{driver, Claim};

@@ -6,9 +6,9 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::dispatch::Feed;
-use super::domains::{Plan, PlanLane};
+use super::engine::Worker;
+use super::plan::{Plan, PlanLane};
 use super::tally::Tally;
-use super::Worker;
 use crate::error::{OpContext, Result};
 use crate::task::ClaimedTask;
 

@@ -6,12 +6,12 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::dispatch::Feed;
-use super::domains::Plan;
+use super::engine::Worker;
 use super::listen::Listener;
+use super::plan::Plan;
 use super::record::record_or_unwind;
 use super::tally::{Outcome, Report, Tally};
 use super::ticker::sleep_unless;
-use super::Worker;
 use crate::error::Result;
 use crate::task::ClaimedTask;
 

@@ -7,17 +7,17 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::cancels::CancelWatch;
-use super::config::Settings;
 use super::domains::DomainControl;
 use super::heartbeat::{Heartbeat, Node};
 use super::observers::Observers;
 use super::rescue::Rescuer;
+use super::settings::{millis, Settings};
 use super::strategy::StrategyControl;
 use super::suspects::Suspects;
 use super::tenants::RunLimits;
+use super::ticker;
 use super::timeouts::Timeouts;
-use super::watchdog::Watchdog;
-use super::{locked, millis, ticker};
+use super::watchdog::{charge_hung, Watchdog};
 use crate::db::{DatabaseUrl, DbPool};
 use crate::driver::RescueParams;
 use crate::error::{OpContext, Result};
@@ -158,7 +158,7 @@ impl Services {
                         // No more claims: a chunk that rolls back as its hung neighbour's
                         // transaction ends must not claim its tasks for the exit to strand.
                         stopping.store(true, Ordering::SeqCst);
-                        locked::charge_hung(&pool, &settings, node.id(), hung);
+                        charge_hung(&pool, &settings, node.id(), hung);
                     });
                 },
             )?;

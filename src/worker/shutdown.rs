@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use signal_hook::consts::{SIGINT, SIGTERM};
 
-use super::{DatabaseReport, Fleet, Report, Worker};
+use super::engine::Worker;
+use super::fleet::{DatabaseReport, Fleet};
+use super::tally::Report;
 use crate::error::{Error, Result};
 
 impl Worker {

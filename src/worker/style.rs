@@ -109,30 +109,6 @@ impl FromStr for ClaimStyle {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::WorkerConfig;
-
-    fn locks(config: WorkerConfig, backend: Backend) -> bool {
-        config.resolve(backend).unwrap().lock
-    }
-
-    #[test]
-    fn auto_locks_in_batched_mode_on_postgresql_only() {
-        let batched = || WorkerConfig::default().threads(4).commit_batch(50);
-        assert!(locks(batched(), Backend::Postgres));
-        assert!(!locks(WorkerConfig::default(), Backend::Postgres));
-        assert!(!locks(batched(), Backend::Sqlite));
-        assert!(
-            !locks(batched().queue(4), Backend::Postgres),
-            "a queue asks for stamps"
-        );
-        let stamp = batched().claim_style(ClaimStyle::Stamp);
-        assert!(!locks(stamp, Backend::Postgres));
-        let strict_lock = WorkerConfig::default().claim_style(ClaimStyle::Lock);
-        assert!(locks(strict_lock, Backend::Postgres));
-        // No queue: a chunk per thread and one for the claiming thread.
-        let settings = batched().resolve(Backend::Postgres).unwrap();
-        assert_eq!((settings.queue, settings.page_size), (0, 250));
-    }
 
     #[test]
     fn names_round_trip_and_unknown_ones_are_named() {

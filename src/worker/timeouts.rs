@@ -12,10 +12,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::config::Settings;
-use super::locked::{charge_leased, ChunkLease};
+use super::lease::{charge_leased, ChunkLease};
 use super::observers::Observers;
 use super::on_dead::DeadTask;
+use super::settings::Settings;
 use super::slots::Lanes;
 use crate::db::{DbConnection, DbPool};
 use crate::driver::{driver, Claim, TxMark};

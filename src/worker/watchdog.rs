@@ -10,7 +10,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::locked::ChunkLease;
+use super::lease::{charge_leased, ChunkLease};
+use super::settings::Settings;
+use crate::db::DbPool;
+use crate::error::OpContext;
 
 /// Each running handler by its run's number: its task, its failures so far, when it
 /// started, and its chunk's lease (lock claims).
@@ -154,6 +157,44 @@ fn exit_now(status: i32) -> ! {
     // SAFETY: `_exit` ends the process; it touches no memory of this process, and nothing
     // runs after it.
     unsafe { libc::_exit(status) }
+}
+
+/// Counts a failure for the hung handler of a leased chunk before the process exits: ends
+/// the chunk (see [`charge_leased`]), so that the other tasks of the chunk are free again,
+/// uncounted. Without this a task that hangs every time would be charged with its whole
+/// chunk, by rescue, after the exit.
+pub(crate) fn charge_hung(pool: &DbPool, settings: &Settings, owner: i64, hung: &Hung) {
+    let Some(lease) = &hung.lease else { return };
+    let error = format!(
+        "running past its deadline: its handler ran for {:?}, past the task timeout; the \
+         node ended its chunk's transaction",
+        hung.running_for
+    );
+    let charged = pool.get().op("task timeout").and_then(|mut conn| {
+        charge_leased(
+            &mut conn,
+            settings,
+            owner,
+            lease,
+            hung.task,
+            hung.failures,
+            &error,
+        )
+    });
+    match charged {
+        Ok(Some(state)) => log::error!(
+            "task {}: hung in a leased chunk; its chunk ended and a failure counted ({state})",
+            hung.task
+        ),
+        Ok(None) => log::error!(
+            "task {}: hung in a leased chunk, which had already lost it",
+            hung.task
+        ),
+        Err(e) => log::error!(
+            "task {}: hung in a leased chunk; its failure could not be counted: {e}",
+            hung.task
+        ),
+    }
 }
 
 #[cfg(test)]
