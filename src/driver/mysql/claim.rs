@@ -89,7 +89,15 @@ fn mark(
             " + INTERVAL "
         ))
         .bind::<BigInt, _>(timeout_ms)
-        .sql(" * 1000 MICROSECOND WHERE state = 'pending' AND id IN ")
+        // The links a producer's `parent_id` shorthand wrote under a pending task, which
+        // could not set its `has_children`: set now, so that its completion takes the way
+        // that releases children at once (`task::complete`, whose own check is what
+        // guarantees it; this one only spares it a refused statement).
+        .sql(
+            " * 1000 MICROSECOND, has_children = has_children
+                OR EXISTS (SELECT 1 FROM async_task_parent l WHERE l.parent_id = async_task.id)
+              WHERE state = 'pending' AND id IN ",
+        )
         .with(|s| list::ids(s, ids))
         .execute(conn)?;
     Statement::<Mysql>::new(
