@@ -9,6 +9,7 @@ use diesel::Connection;
 use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 
 use super::{chain, list};
+use crate::db::transaction::depth_of;
 use crate::driver::{fence, Claim, RescueParams, RescuedRow};
 use crate::sql::Statement;
 
@@ -81,14 +82,16 @@ pub(in crate::driver) fn complete(conn: &mut MysqlConnection, claim: &Claim) -> 
 }
 
 /// Completes a chunk's tasks still held by `claims`: locked by key, then marked done; the
-/// children of those that have any released (looked up only when one has).
+/// children of those that have any released (looked up only when one has). In the chunk's
+/// transaction, with no savepoint of its own (an error rolls the chunk back whole), or in
+/// one of its own when none is open.
 pub(in crate::driver) fn complete_many(
     conn: &mut MysqlConnection,
     owner: i64,
     claims: &[(i64, i64)],
 ) -> QueryResult<usize> {
     let ids: Vec<i64> = claims.iter().map(|&(id, _)| id).collect();
-    conn.transaction(|conn| {
+    in_transaction(conn, |conn| {
         // The tasks still held by these claims, locked through the primary key: those this
         // completion ends. A locking read the optimizer led through the state index locked
         // the entries of every running task of this node on its way, and deadlocked with
@@ -122,6 +125,17 @@ pub(in crate::driver) fn complete_many(
         chain::release_children(conn, &held)?;
         Ok(childless + parents)
     })
+}
+
+/// Runs `f` in the transaction open on `conn`, or in one of its own when none is.
+fn in_transaction<T>(
+    conn: &mut MysqlConnection,
+    f: impl FnOnce(&mut MysqlConnection) -> QueryResult<T>,
+) -> QueryResult<T> {
+    match depth_of(conn) {
+        Some(depth) if depth > 0 => f(conn),
+        _ => conn.transaction(f),
+    }
 }
 
 pub(super) fn cancel(conn: &mut MysqlConnection, id: i64) -> QueryResult<usize> {
