@@ -690,7 +690,8 @@ fn a_retry_at_repeatable_read_sees_a_parent_done_after_its_snapshot() {
 fn a_child_linked_by_a_plain_insert_while_its_parent_runs_is_released_by_its_completion() {
     use diesel::connection::SimpleConnection;
     use std::sync::mpsc;
-    for commit_batch in [1, 2] {
+    // (tasks per chunk, whether the parent's handler opens its transaction)
+    for (commit_batch, open_tx) in [(1, false), (1, true), (2, false)] {
         let db = &TestDb::mysql();
         let parents: Vec<i64> = (0..commit_batch)
             .map(|n| {
@@ -704,7 +705,10 @@ fn a_child_linked_by_a_plain_insert_while_its_parent_runs_is_released_by_its_com
         let (go, wait_go) = mpsc::sync_channel::<()>(8);
         let wait_go = std::sync::Mutex::new(wait_go);
         let mut registry = Registry::new();
-        registry.register("parent", move |task: &TaskContext, _: &mut TaskTx| {
+        registry.register("parent", move |task: &TaskContext, tx: &mut TaskTx| {
+            if open_tx {
+                tx.conn()?;
+            }
             if task.id() == parent {
                 started.send(()).unwrap();
                 wait_go.lock().unwrap().recv().unwrap();
@@ -728,20 +732,18 @@ fn a_child_linked_by_a_plain_insert_while_its_parent_runs_is_released_by_its_com
             producer.batch_execute("COMMIT").unwrap();
             (running.join().unwrap(), waited)
         });
+        let case = format!("batch {commit_batch}, handler's transaction {open_tx}");
         assert!(
             waited,
-            "the completion never waited for the producer (batch {commit_batch})"
+            "{case}: the completion never waited for the producer"
         );
-        assert_eq!(
-            tally.done, commit_batch as u64,
-            "batch {commit_batch}: {tally:?}"
-        );
+        assert_eq!(tally.done, commit_batch as u64, "{case}: {tally:?}");
         let child = db.count("SELECT id FROM async_task WHERE keyword = 'child'");
         assert_eq!(state(db, parent), "done");
         assert_eq!(
             state(db, child),
             "pending",
-            "batch {commit_batch}: released by its parent's completion"
+            "{case}: released by its parent's completion"
         );
     }
 }
