@@ -677,3 +677,73 @@ fn a_retry_at_repeatable_read_sees_a_parent_done_after_its_snapshot() {
     assert_eq!((retried.retried, retried.state), (true, TaskState::Pending));
     assert_eq!(state(db, child), "pending");
 }
+
+/// MySQL: a task without children completes in one statement, with no look-up of children;
+/// a child linked by a producer's plain `INSERT … parent_id` while its parent runs cannot set
+/// the parent's `has_children` (a trigger on `async_task` may not change it). The producer
+/// holds the parent's row until it commits; the completion, strict or batched (the chunk's
+/// last task the parent, so that the chunk's statement has read other rows first), waits
+/// for it and then releases the child, instead of leaving it blocked behind a done parent
+/// for good.
+#[cfg(feature = "mysql")]
+#[test]
+fn a_child_linked_by_a_plain_insert_while_its_parent_runs_is_released_by_its_completion() {
+    use diesel::connection::SimpleConnection;
+    use std::sync::mpsc;
+    // (tasks per chunk, whether the parent's handler opens its transaction)
+    for (commit_batch, open_tx) in [(1, false), (1, true), (2, false)] {
+        let db = &TestDb::mysql();
+        let parents: Vec<i64> = (0..commit_batch)
+            .map(|n| {
+                enqueue(&mut db.conn(), &NewTask::new("parent", n.to_string()))
+                    .unwrap()
+                    .id
+            })
+            .collect();
+        let parent = *parents.last().unwrap();
+        let (started, wait_started) = mpsc::sync_channel::<()>(8);
+        let (go, wait_go) = mpsc::sync_channel::<()>(8);
+        let wait_go = std::sync::Mutex::new(wait_go);
+        let mut registry = Registry::new();
+        registry.register("parent", move |task: &TaskContext, tx: &mut TaskTx| {
+            if open_tx {
+                tx.conn()?;
+            }
+            if task.id() == parent {
+                started.send(()).unwrap();
+                wait_go.lock().unwrap().recv().unwrap();
+            }
+            Ok(())
+        });
+        let config = small_config().threads(1).commit_batch(commit_batch);
+        let w = Worker::new(&db.url, registry, config).unwrap();
+        let mut producer = db.conn();
+        let (tally, waited) = std::thread::scope(|s| {
+            let running = s.spawn(|| w.run_once().unwrap());
+            wait_started.recv().unwrap();
+            producer.batch_execute("BEGIN").unwrap();
+            producer
+                .batch_execute(&format!(
+                    "INSERT INTO async_task (keyword, biz_id, parent_id) VALUES ('child', 'c', {parent})"
+                ))
+                .unwrap();
+            go.send(()).unwrap();
+            let waited = waits_for_a_lock(db);
+            producer.batch_execute("COMMIT").unwrap();
+            (running.join().unwrap(), waited)
+        });
+        let case = format!("batch {commit_batch}, handler's transaction {open_tx}");
+        assert!(
+            waited,
+            "{case}: the completion never waited for the producer"
+        );
+        assert_eq!(tally.done, commit_batch as u64, "{case}: {tally:?}");
+        let child = db.count("SELECT id FROM async_task WHERE keyword = 'child'");
+        assert_eq!(state(db, parent), "done");
+        assert_eq!(
+            state(db, child),
+            "pending",
+            "{case}: released by its parent's completion"
+        );
+    }
+}

@@ -1,9 +1,11 @@
 //! The claim on MySQL, seed 003's: in one transaction, the due rows are picked in claim
 //! order and locked (`SELECT id … ORDER BY priority, run_at, id LIMIT n FOR UPDATE SKIP
 //! LOCKED`: a concurrent claimer passes over them instead of waiting), marked running by one
-//! `UPDATE … WHERE id IN (…)`, and the page read back (MySQL has no `UPDATE … RETURNING`).
-//! The rows stay locked by this transaction from the pick to the commit, so the page read
-//! back by id and owner is exactly what the UPDATE claimed.
+//! `UPDATE … WHERE id IN (…)`, in one transaction. The rows stay locked by this transaction
+//! from the pick to the commit, so what the UPDATE claimed is the rows picked, with their
+//! token one more: a pick of one participant's tasks reads them whole, and the page needs
+//! no read-back (MySQL has no `UPDATE … RETURNING`); a fair page, picked from several
+//! participants' ranks, is read back by id and owner.
 
 use diesel::mysql::{Mysql, MysqlConnection};
 use diesel::sql_types::{BigInt, Nullable, Text};
@@ -28,8 +30,7 @@ pub(in crate::driver) fn claim_page(
         let (after, lap, passes) = match pick {
             Pick::Fair { after, lap, passes } => (after, lap, passes),
             Pick::Solo { tenant, probe } => {
-                let ids = pick_ids(conn, *tenant, &due, limit)?;
-                let rows = mark(conn, owner, &ids, timeout_ms)?;
+                let rows = pick_page(conn, *tenant, &due, limit, owner, timeout_ms)?;
                 let crowded =
                     (*probe || rows.is_empty()) && fair::others_pending(conn, *tenant, except)?;
                 return Ok(Picked {
@@ -44,14 +45,39 @@ pub(in crate::driver) fn claim_page(
         };
         let (shares, ring_end, ring_cut) =
             fair::shares(conn, &due, except, (after, lap), passes, limit)?;
-        let ids = match shares.as_slice() {
+        let rows = match shares.as_slice() {
             [] => Vec::new(),
-            [only] if only.tenant.is_none() => pick_ids(conn, None, &due, limit)?,
-            _ => fair::page_ids(conn, &shares, &due, limit)?,
+            [only] if only.tenant.is_none() => {
+                pick_page(conn, None, &due, limit, owner, timeout_ms)?
+            }
+            _ => {
+                let ids = fair::page_ids(conn, &shares, &due, limit)?;
+                mark(conn, owner, &ids, timeout_ms)?
+            }
         };
-        let rows = mark(conn, owner, &ids, timeout_ms)?;
         Ok(picked(rows, &shares, ring_end, ring_cut))
     })
+}
+
+/// The columns of a [`ClaimRow`] as the claim leaves it: its token one more.
+const CLAIMED: &str = "id, keyword, biz_id, biz_data, tenant, failures, max_attempts,
+    claim_token + 1 AS claim_token, priority";
+
+/// Claims the first `limit` due tasks of `tenant` (`None`: those without one) for `owner`:
+/// picked and read whole by one locking read, then marked (see [`stamp`]). Locked from the
+/// pick to the commit, the rows read are the rows marked: no read-back.
+fn pick_page(
+    conn: &mut MysqlConnection,
+    tenant: Option<&str>,
+    due: &DueList,
+    limit: i64,
+    owner: i64,
+    timeout_ms: i64,
+) -> QueryResult<Vec<ClaimRow>> {
+    let rows: Vec<ClaimRow> = fair::pick_statement("", CLAIMED, tenant, due, limit).load(conn)?;
+    let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
+    stamp(conn, owner, &ids, timeout_ms)?;
+    Ok(rows)
 }
 
 /// The first `limit` due tasks of `tenant` (`None`: those without one), locked.
@@ -61,7 +87,8 @@ fn pick_ids(
     due: &DueList,
     limit: i64,
 ) -> QueryResult<Vec<i64>> {
-    let picked: Vec<fair::Picked> = fair::pick_statement("", tenant, due, limit).load(conn)?;
+    let picked: Vec<fair::Picked> =
+        fair::pick_statement("", fair::PICKED, tenant, due, limit).load(conn)?;
     Ok(picked.into_iter().map(|p| p.id).collect())
 }
 
@@ -76,6 +103,24 @@ fn mark(
     if ids.is_empty() {
         return Ok(Vec::new());
     }
+    stamp(conn, owner, ids, timeout_ms)?;
+    Statement::<Mysql>::new(
+        "SELECT id, keyword, biz_id, biz_data, tenant, failures, max_attempts, claim_token, priority
+           FROM async_task WHERE state = 'running' AND owner = ",
+    )
+    .bind::<BigInt, _>(owner)
+    .sql(" AND id IN ")
+    .with(|s| list::ids(s, ids))
+    .sql(" ORDER BY priority, run_at, id")
+    .load(conn)
+}
+
+/// Marks the tasks `ids` (locked by this transaction, pending) running for `owner`: claim
+/// token bumped, deadline `timeout_ms` from now.
+fn stamp(conn: &mut MysqlConnection, owner: i64, ids: &[i64], timeout_ms: i64) -> QueryResult<()> {
+    if ids.is_empty() {
+        return Ok(());
+    }
     // UTC_TIMESTAMP is the statement's start: one time for every row.
     Statement::<Mysql>::new("UPDATE async_task SET state = 'running', owner = ")
         .bind::<BigInt, _>(owner)
@@ -89,18 +134,18 @@ fn mark(
             " + INTERVAL "
         ))
         .bind::<BigInt, _>(timeout_ms)
-        .sql(" * 1000 MICROSECOND WHERE state = 'pending' AND id IN ")
+        // The links a producer's `parent_id` shorthand wrote under a pending task, which
+        // could not set its `has_children`: set now, so that its completion takes the way
+        // that releases children at once (`task::complete`, whose own check is what
+        // guarantees it; this one only spares it a refused statement).
+        .sql(
+            " * 1000 MICROSECOND, has_children = has_children
+                OR EXISTS (SELECT 1 FROM async_task_parent l WHERE l.parent_id = async_task.id)
+              WHERE state = 'pending' AND id IN ",
+        )
         .with(|s| list::ids(s, ids))
         .execute(conn)?;
-    Statement::<Mysql>::new(
-        "SELECT id, keyword, biz_id, biz_data, tenant, failures, max_attempts, claim_token, priority
-           FROM async_task WHERE state = 'running' AND owner = ",
-    )
-    .bind::<BigInt, _>(owner)
-    .sql(" AND id IN ")
-    .with(|s| list::ids(s, ids))
-    .sql(" ORDER BY priority, run_at, id")
-    .load(conn)
+    Ok(())
 }
 
 /// The plan of the claim: the ring's statement, then the pick of tasks without a tenant,
@@ -126,7 +171,9 @@ pub(in crate::driver) fn claim_plan(
     let due = DueList::of(due);
     let mut lines: Vec<Line> =
         fair::shares_statement("EXPLAIN ", &due, &[], ("", ""), limit).load(conn)?;
-    lines.extend(fair::pick_statement("EXPLAIN ", None, &due, limit).load::<Line>(conn)?);
+    lines.extend(
+        fair::pick_statement("EXPLAIN ", fair::PICKED, None, &due, limit).load::<Line>(conn)?,
+    );
     let text = |v: Option<String>| v.unwrap_or_else(|| "-".to_owned());
     Ok(lines
         .into_iter()

@@ -202,18 +202,19 @@ pub(super) fn shares_statement(
         .sql(")) s ON TRUE")
 }
 
-/// The due tasks of one participant, locked, in claim order: at most `limit`, after
-/// `prefix` (empty, or `EXPLAIN`).
+/// The due tasks of one participant, locked, in claim order: at most `limit`, their
+/// `columns` ([`PICKED`] for a [`Picked`]), after `prefix` (empty, or `EXPLAIN`).
 pub(super) fn pick_statement(
     prefix: &'static str,
+    columns: &'static str,
     tenant: Option<&str>,
     due: &DueList,
     limit: i64,
 ) -> Statement<Mysql> {
-    let statement = Statement::<Mysql>::new(prefix).sql(
-        "SELECT id, priority, CAST(run_at AS CHAR) AS due_at
-           FROM async_task FORCE INDEX (async_task_claim_idx) WHERE ",
-    );
+    let statement = Statement::<Mysql>::new(prefix)
+        .sql("SELECT ")
+        .sql(columns)
+        .sql(" FROM async_task FORCE INDEX (async_task_claim_idx) WHERE ");
     let statement = match tenant {
         None => statement.sql("tenant IS NULL"),
         Some(t) => statement.sql("tenant = ").bind::<Text, _>(t.to_owned()),
@@ -223,6 +224,9 @@ pub(super) fn pick_statement(
         .bind::<BigInt, _>(limit)
         .sql(" FOR UPDATE SKIP LOCKED")
 }
+
+/// The columns of a [`Picked`].
+pub(super) const PICKED: &str = "id, priority, CAST(run_at AS CHAR) AS due_at";
 
 /// A due task locked for a claim, with what ranks it.
 #[derive(Debug, QueryableByName)]
@@ -249,7 +253,8 @@ pub(super) fn page_ids(
     let mut ranked: Vec<(i32, f64, String, i64, i64)> = Vec::new();
     for share in shares {
         let k = (limit.saturating_mul(share.weight) + total - 1) / total;
-        let picked: Vec<Picked> = pick_statement("", share.tenant.as_deref(), due, k).load(conn)?;
+        let picked: Vec<Picked> =
+            pick_statement("", PICKED, share.tenant.as_deref(), due, k).load(conn)?;
         for (rank, p) in picked.into_iter().enumerate() {
             let turn = share.pass + (rank as f64 + 1.0) / share.weight.max(1) as f64;
             ranked.push((p.priority, turn, p.due_at, share.pos, p.id));

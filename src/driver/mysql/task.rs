@@ -1,6 +1,7 @@
 //! Task statements on MySQL: completion, failure, release, cancellation, rescue. A task that
 //! ends done releases its children, one that ends dead or cancelled cancels its descendants,
-//! in the same transaction (see `chain.rs`: no trigger may do it on MySQL).
+//! in the same transaction (see `chain.rs`: no trigger may do it on MySQL). A task without
+//! children, the common case, completes in one statement with no look-up of children.
 
 use diesel::mysql::{Mysql, MysqlConnection};
 use diesel::sql_types::{BigInt, Double, Integer};
@@ -8,6 +9,7 @@ use diesel::Connection;
 use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 
 use super::{chain, list};
+use crate::db::transaction::depth_of;
 use crate::driver::{fence, Claim, RescueParams, RescuedRow};
 use crate::sql::Statement;
 
@@ -17,15 +19,61 @@ struct Id {
     id: i64,
 }
 
+// The columns a completion sets: done, now.
+macro_rules! done {
+    () => {
+        concat!("finished_at = ", now!(), ", updated_at = ", now!())
+    };
+}
+
+/// The `UPDATE … SET` of a completion that may not release children, for tasks known to be
+/// without them (`has_children` false). A producer's `parent_id` shorthand cannot set the
+/// flag (its trigger is on `async_task` itself), so the statement checks for a link too,
+/// once the row is locked: its read then sees every link committed (a shorthand producer
+/// holds the parent's row in share mode until it commits; one that links later waits for
+/// this transaction and finds the parent done). A link found makes the state NULL, which
+/// strict mode refuses (error 1048, [`is_refused`]): the caller then takes the way that
+/// releases children. The read is the statement's first, so it is fresh only for a row
+/// locked before the statement or as its only one: an `UPDATE` of several rows that waits
+/// for a later row's lock reads with the view its first row opened.
+const SET_DONE_CHILDLESS: &str = concat!(
+    "UPDATE async_task SET state = CASE WHEN EXISTS (
+        SELECT 1 FROM async_task_parent l WHERE l.parent_id = async_task.id) THEN NULL ELSE 'done' END, ",
+    done!()
+);
+
+/// The `UPDATE … SET` of a completion that releases the task's children (the caller then
+/// does): `has_children` made true if a link shows any.
+const SET_DONE_RELEASING: &str = concat!(
+    "UPDATE async_task SET state = 'done', ",
+    done!(),
+    ", has_children = has_children
+        OR EXISTS (SELECT 1 FROM async_task_parent l WHERE l.parent_id = async_task.id)"
+);
+
+/// Whether `error` is [`SET_DONE_CHILDLESS`] refusing a task that has children.
+fn is_refused(error: &diesel::result::Error) -> bool {
+    use diesel::result::{DatabaseErrorKind, Error};
+    matches!(error, Error::DatabaseError(DatabaseErrorKind::NotNullViolation, info)
+        if info.message().contains("'state'"))
+}
+
+/// Completes a claimed task. One without children (the common case) in one statement, in
+/// the caller's transaction if one is open, with no look-up of children; a parent, or a
+/// task whose claim was taken over, in a transaction (a savepoint in the caller's) that
+/// releases its children.
 pub(in crate::driver) fn complete(conn: &mut MysqlConnection, claim: &Claim) -> QueryResult<usize> {
-    let set = concat!(
-        "UPDATE async_task SET state = 'done', finished_at = ",
-        now!(),
-        ", updated_at = ",
-        now!()
-    );
+    match fence(Statement::new(SET_DONE_CHILDLESS), claim)
+        .sql(" AND NOT has_children")
+        .execute(conn)
+    {
+        Ok(1) => return Ok(1),
+        Ok(_) => {}
+        Err(e) if is_refused(&e) => {}
+        Err(e) => return Err(e),
+    }
     conn.transaction(|conn| {
-        let n = fence(Statement::new(set), claim).execute(conn)?;
+        let n = fence(Statement::new(SET_DONE_RELEASING), claim).execute(conn)?;
         if n == 1 {
             chain::release_children(conn, &[claim.id])?;
         }
@@ -33,17 +81,22 @@ pub(in crate::driver) fn complete(conn: &mut MysqlConnection, claim: &Claim) -> 
     })
 }
 
+/// Completes a chunk's tasks still held by `claims`: locked by key, then marked done; the
+/// children of those that have any released (looked up only when one has). In the chunk's
+/// transaction, with no savepoint of its own (an error rolls the chunk back whole), or in
+/// one of its own when none is open.
 pub(in crate::driver) fn complete_many(
     conn: &mut MysqlConnection,
     owner: i64,
     claims: &[(i64, i64)],
 ) -> QueryResult<usize> {
     let ids: Vec<i64> = claims.iter().map(|&(id, _)| id).collect();
-    conn.transaction(|conn| {
+    in_transaction(conn, |conn| {
         // The tasks still held by these claims, locked through the primary key: those this
         // completion ends. A locking read the optimizer led through the state index locked
         // the entries of every running task of this node on its way, and deadlocked with
         // the completions of other chunks and tasks (docs/notes/2026-11-25-mysql-hang.md).
+        // Locked before the UPDATE, so that its check for links reads after every lock.
         let held = chain::lock_by_key(conn, &ids, |s| {
             s.sql("state = 'running' AND owner = ")
                 .bind::<BigInt, _>(owner)
@@ -53,18 +106,36 @@ pub(in crate::driver) fn complete_many(
         if held.is_empty() {
             return Ok(0);
         }
-        let n = Statement::<Mysql>::new(concat!(
-            "UPDATE async_task SET state = 'done', finished_at = ",
-            now!(),
-            ", updated_at = ",
-            now!(),
-            " WHERE state = 'running' AND id IN "
-        ))
-        .with(|s| list::ids(s, &held))
-        .execute(conn)?;
+        let childless = Statement::<Mysql>::new(SET_DONE_CHILDLESS)
+            .sql(" WHERE state = 'running' AND NOT has_children AND id IN ")
+            .with(|s| list::ids(s, &held))
+            .execute(conn);
+        // A parent among them: a refused statement changed nothing; one that passed over
+        // the tasks flagged as parents marked the others.
+        let childless = match childless {
+            Ok(n) if n == held.len() => return Ok(n),
+            Ok(n) => n,
+            Err(e) if is_refused(&e) => 0,
+            Err(e) => return Err(e),
+        };
+        let parents = Statement::<Mysql>::new(SET_DONE_RELEASING)
+            .sql(" WHERE state = 'running' AND id IN ")
+            .with(|s| list::ids(s, &held))
+            .execute(conn)?;
         chain::release_children(conn, &held)?;
-        Ok(n)
+        Ok(childless + parents)
     })
+}
+
+/// Runs `f` in the transaction open on `conn`, or in one of its own when none is.
+fn in_transaction<T>(
+    conn: &mut MysqlConnection,
+    f: impl FnOnce(&mut MysqlConnection) -> QueryResult<T>,
+) -> QueryResult<T> {
+    match depth_of(conn) {
+        Some(depth) if depth > 0 => f(conn),
+        _ => conn.transaction(f),
+    }
 }
 
 pub(super) fn cancel(conn: &mut MysqlConnection, id: i64) -> QueryResult<usize> {
