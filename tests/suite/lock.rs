@@ -570,3 +570,98 @@ fn no_before_update_row_trigger_locks_the_task_rows() {
     );
     assert_eq!(before_update, 0);
 }
+
+/// Every claim runs with PostgreSQL's JIT compilation off: past `jit_above_cost`, which a
+/// claim's estimate passes at a large backlog, PostgreSQL compiles the plan with LLVM at each
+/// execution (709 ms for the first claim of a drain at a backlog of 1,000,000). A statement
+/// trigger records the `jit` setting in force when a claim writes — a stamp (the task goes
+/// running), a lease (`async_lease`), a tenant's limited claim, a suspect's claim alone —
+/// and, to show the observation works, when a completion writes (the chunk's transaction,
+/// where the server's default holds).
+#[test]
+fn every_claim_runs_with_jit_off() {
+    let db = &TestDb::postgres();
+    assert_eq!(
+        db.count("SELECT count(*) FROM pg_settings WHERE name = 'jit' AND setting = 'on'"),
+        1,
+        "the server's jit must be on for this test to see a claim turn it off"
+    );
+    db.exec(
+        "CREATE TABLE jit_seen (setting TEXT NOT NULL, what TEXT NOT NULL);
+         CREATE FUNCTION jit_seen_tasks() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             INSERT INTO jit_seen SELECT DISTINCT current_setting('jit'), n.state
+                 || CASE WHEN n.state <> 'running' THEN ''
+                         WHEN n.suspect >= 2 THEN ' suspect'
+                         WHEN n.tenant IS NOT NULL THEN ' of a tenant' ELSE '' END
+               FROM new_rows n;
+             RETURN NULL;
+         END $$;
+         CREATE FUNCTION jit_seen_leases() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             INSERT INTO jit_seen VALUES (current_setting('jit'), 'leased');
+             RETURN NULL;
+         END $$;
+         CREATE TRIGGER jit_seen_tasks AFTER UPDATE ON async_task
+             REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION jit_seen_tasks();
+         CREATE TRIGGER jit_seen_leases AFTER INSERT ON async_lease
+             FOR EACH STATEMENT EXECUTE FUNCTION jit_seen_leases();",
+    );
+    outbox::set_tenant(
+        &mut db.conn(),
+        "acme",
+        &outbox::TenantLimits::default().max_running(Some(5)),
+        "test",
+    )
+    .unwrap();
+    let mut tasks: Vec<NewTask> = (1..=4)
+        .map(|i| NewTask::new("ledger", i.to_string()))
+        .collect();
+    tasks.extend((1..=2).map(|i| NewTask::new("ledger", format!("acme-{i}")).tenant("acme")));
+    enqueue_batch(&mut db.conn(), &tasks).unwrap();
+    // One task a suspect (two of its runs were lost with their nodes): claimed alone, first.
+    db.exec("UPDATE async_task SET suspect = 2 WHERE biz_id = '1'");
+    db.exec("DELETE FROM jit_seen");
+    let mut registry = Registry::new();
+    registry.register("ledger", write_ledger);
+    // Strict, stamp claims: the suspect, then the tenant's two and a plain one; the other two
+    // leased.
+    let strict = WorkerConfig::default().threads(1).page_size(4);
+    let w = Worker::new(&db.url, registry.clone(), strict).unwrap();
+    assert_eq!(w.run_once().unwrap().done, 4);
+    drop(w);
+    let w = Worker::new(&db.url, registry, chunk_config(ClaimStyle::Lock)).unwrap();
+    assert_eq!(w.drain().unwrap().tally.done, 2);
+    drop(w);
+
+    #[derive(diesel::QueryableByName, Debug, PartialEq)]
+    struct Seen {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        setting: String,
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        what: String,
+    }
+    let seen: Vec<Seen> =
+        diesel::sql_query("SELECT DISTINCT setting, what FROM jit_seen ORDER BY what, setting")
+            .load(&mut db.conn())
+            .unwrap();
+    let seen: Vec<(&str, &str)> = seen
+        .iter()
+        .map(|s| (s.what.as_str(), s.setting.as_str()))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("done", "on"),
+            ("leased", "off"),
+            ("running", "off"),
+            ("running of a tenant", "off"),
+            ("running suspect", "off")
+        ],
+        "(what was written, jit in force)"
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM async_task WHERE state = 'done'"),
+        6
+    );
+}

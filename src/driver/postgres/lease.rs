@@ -129,10 +129,12 @@ impl LeaseDriver for PgConnection {
         chunk: ChunkRuns,
         pick: &Pick<'_>,
     ) -> QueryResult<(Picked, Vec<i64>)> {
-        let rows: Vec<LeasedRow> = lease_statement("", chunk, claim, pick).load(self)?;
-        let chunks = rows.iter().map(|r| i64::from(r.chunk)).collect();
-        let rows = rows.into_iter().map(|r| r.picked).collect();
-        Ok((picked(self, rows, claim.except, pick, claim.limit)?, chunks))
+        super::without_jit(self, |conn| {
+            let rows: Vec<LeasedRow> = lease_statement("", chunk, claim, pick).load(conn)?;
+            let chunks = rows.iter().map(|r| i64::from(r.chunk)).collect();
+            let rows = rows.into_iter().map(|r| r.picked).collect();
+            Ok((picked(conn, rows, claim.except, pick, claim.limit)?, chunks))
+        })
     }
 
     fn task_lease_plan(&mut self, due: &Due<'_>, limit: i64) -> QueryResult<Vec<String>> {

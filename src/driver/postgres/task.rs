@@ -78,9 +78,12 @@ pub(in crate::driver) fn claim_page(
     pick: &Pick<'_>,
 ) -> QueryResult<Picked> {
     let (owner, due, except) = (claim.owner, claim.due, claim.except);
-    let rows: Vec<PickedRow> =
-        claim_statement("", owner, due, except, pick, claim.limit, claim.timeout_ms).load(conn)?;
-    picked(conn, rows, except, pick, claim.limit)
+    super::without_jit(conn, |conn| {
+        let rows: Vec<PickedRow> =
+            claim_statement("", owner, due, except, pick, claim.limit, claim.timeout_ms)
+                .load(conn)?;
+        picked(conn, rows, except, pick, claim.limit)
+    })
 }
 
 /// A claimed (or locked) row with what the claim says beside it.
@@ -323,7 +326,9 @@ pub(in crate::driver) fn claim_suspect(
     .sql(")) AND ")
     .with(|s| super::fair::due_for(s, &due))
     .sql(" ORDER BY t.priority, t.run_at, t.id LIMIT 1 FOR UPDATE SKIP LOCKED");
-    stamp_picked(picked, owner, timeout_ms).load(conn)
+    super::without_jit(conn, |conn| {
+        stamp_picked(picked, owner, timeout_ms).load(conn)
+    })
 }
 
 /// See [`crate::driver::Driver::task_suspects_exist`].
