@@ -57,11 +57,23 @@ pub(super) fn without_jit<T>(
     conn: &mut PgConnection,
     claim: impl FnOnce(&mut PgConnection) -> QueryResult<T>,
 ) -> QueryResult<T> {
-    if crate::db::transaction::depth_of(conn) != Some(0) {
-        conn.batch_execute("SET LOCAL jit = off")?;
-        return claim(conn);
+    match crate::db::transaction::depth_of(conn) {
+        Some(0) => {}
+        Some(_) => {
+            conn.batch_execute("SET LOCAL jit = off")?;
+            return claim(conn);
+        }
+        None => return Err(diesel::result::Error::BrokenTransactionManager),
     }
-    AnsiTransactionManager::begin_transaction_sql(conn, "BEGIN; SET LOCAL jit = off")?;
+    if let Err(error) =
+        AnsiTransactionManager::begin_transaction_sql(conn, "BEGIN; SET LOCAL jit = off")
+    {
+        // `BEGIN` may have opened the transaction before `SET` failed (a server without the
+        // setting): ended here, the connection does not go back to the pool inside an
+        // aborted transaction block that diesel does not know of.
+        let _ = conn.batch_execute("ROLLBACK");
+        return Err(error);
+    }
     match claim(conn) {
         Ok(value) => {
             AnsiTransactionManager::commit_transaction(conn)?;
