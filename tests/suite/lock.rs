@@ -665,3 +665,61 @@ fn every_claim_runs_with_jit_off() {
         6
     );
 }
+
+/// A chunk whose transaction could not take its marks leaves its connection usable: `BEGIN`
+/// and the two advisory locks go in one round trip, and when the locks fail (here the
+/// database's `lock_timeout` runs out behind another session's exclusive hold of the node's
+/// key) the server was left inside an aborted transaction block diesel did not count; the
+/// pool handed that connection out again and every statement on it failed.
+#[test]
+fn a_chunk_that_could_not_take_its_marks_leaves_its_connection_usable() {
+    use diesel::connection::SimpleConnection;
+    let db = &TestDb::postgres();
+    enqueue(db, "ledger", 10);
+    db.exec(
+        "DO $$ BEGIN
+             EXECUTE format('ALTER DATABASE %I SET lock_timeout = ''100ms''', current_database());
+         END $$",
+    );
+    let mut registry = Registry::new();
+    registry.register("ledger", write_ledger);
+    let w = Worker::new(&db.url, registry, chunk_config(ClaimStyle::Lock)).unwrap();
+    // The node's mark: advisory class 'obn' 1, the node id's low 31 bits.
+    let mut holder = db.conn();
+    holder
+        .batch_execute(&format!(
+            "SELECT pg_advisory_lock({}, {})",
+            0x6f62_6e01_i32,
+            w.node_id() & 0x7fff_ffff
+        ))
+        .unwrap();
+    // On a connection left aborted a pass never returned (the chunk's release kept retrying
+    // there): the passes run on a thread of their own and are waited for a minute at most,
+    // so that the test fails instead.
+    let (sent, result) = std::sync::mpsc::channel();
+    let (unlocked, wait_unlocked) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        sent.send(w.run_once().unwrap().done).unwrap();
+        wait_unlocked.recv().unwrap();
+        // Pages of 5: two passes drain the ten.
+        sent.send((0..4).map(|_| w.run_once().unwrap().done).sum())
+            .unwrap();
+    });
+    let minute = std::time::Duration::from_secs(60);
+    let held = result
+        .recv_timeout(minute)
+        .expect("the pass whose chunk could not begin did not return within a minute");
+    assert_eq!(held, 0);
+    holder
+        .batch_execute("SELECT pg_advisory_unlock_all()")
+        .unwrap();
+    unlocked.send(()).unwrap();
+    let done = result
+        .recv_timeout(minute)
+        .expect("the passes after the lock was released did not return within a minute");
+    assert_eq!(done, 10);
+    assert_eq!(
+        db.count("SELECT count(*) FROM async_task WHERE state = 'done'"),
+        10
+    );
+}

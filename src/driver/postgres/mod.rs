@@ -44,6 +44,17 @@ const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/postgres");
 /// The advisory lock key that serialises concurrent migration runs ("outbox" in ASCII).
 const MIGRATION_LOCK_KEY: i64 = 0x6f7574626f78;
 
+/// Opens a transaction with `sql`: `BEGIN` and what must run first in it, in one round trip.
+/// When what follows `BEGIN` fails (a lock that times out, a setting the server lacks), the
+/// server is left inside an aborted transaction block that diesel does not count; it is
+/// rolled back here, or the pool would hand the connection out again with every statement on
+/// it failing.
+fn begin_with(conn: &mut PgConnection, sql: &str) -> QueryResult<()> {
+    AnsiTransactionManager::begin_transaction_sql(conn, sql).inspect_err(|_| {
+        let _ = conn.batch_execute("ROLLBACK");
+    })
+}
+
 /// Runs a claim with PostgreSQL's JIT compilation off for its transaction (`SET LOCAL jit =
 /// off`): in a transaction of its own, begun in the same round trip, or in the caller's.
 ///
@@ -65,15 +76,7 @@ pub(super) fn without_jit<T>(
         }
         None => return Err(diesel::result::Error::BrokenTransactionManager),
     }
-    if let Err(error) =
-        AnsiTransactionManager::begin_transaction_sql(conn, "BEGIN; SET LOCAL jit = off")
-    {
-        // `BEGIN` may have opened the transaction before `SET` failed (a server without the
-        // setting): ended here, the connection does not go back to the pool inside an
-        // aborted transaction block that diesel does not know of.
-        let _ = conn.batch_execute("ROLLBACK");
-        return Err(error);
-    }
+    begin_with(conn, "BEGIN; SET LOCAL jit = off")?;
     match claim(conn) {
         Ok(value) => {
             AnsiTransactionManager::commit_transaction(conn)?;
@@ -98,7 +101,7 @@ impl Driver for PgConnection {
     fn transaction_begin(&mut self, mark: Option<TxMark>) -> QueryResult<()> {
         match mark {
             // One round trip for both: the locks are numbers, not text from elsewhere.
-            Some(mark) => AnsiTransactionManager::begin_transaction_sql(
+            Some(mark) => begin_with(
                 self,
                 &format!(
                     "BEGIN; SELECT pg_advisory_xact_lock_shared({}, {}), \
