@@ -22,6 +22,8 @@
 mod clock;
 mod dialect;
 mod domain_sql;
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+mod fair_sql;
 mod lease;
 mod migrations;
 #[cfg(feature = "mysql")]

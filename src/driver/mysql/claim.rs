@@ -12,9 +12,12 @@ use diesel::sql_types::{BigInt, Nullable, Text};
 use diesel::Connection;
 use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
 
-use super::fair::{self, DueList};
+use super::fair::{self, page_ids, pick_statement};
 use super::list;
-use crate::driver::ring_sql::picked;
+use crate::driver::fair_sql::{
+    first_suspect, others_pending, shares_statement, suspects_exist as suspects, DueList, Found,
+};
+use crate::driver::ring_sql::{picked, shares_of};
 use crate::driver::{ClaimRow, Claiming, Due, Pick, Picked};
 use crate::sql::Statement;
 
@@ -25,14 +28,17 @@ pub(in crate::driver) fn claim_page(
 ) -> QueryResult<Picked> {
     let (owner, except, limit, timeout_ms) =
         (claim.owner, claim.except, claim.limit, claim.timeout_ms);
-    let due = DueList::of(claim.due);
+    let due = DueList::<Mysql>::of(claim.due);
+    let except = (!except.is_empty()).then_some(except.to_vec());
     conn.transaction(|conn| {
         let (after, lap, passes) = match pick {
             Pick::Fair { after, lap, passes } => (after, lap, passes),
             Pick::Solo { tenant, probe } => {
                 let rows = pick_page(conn, *tenant, &due, limit, owner, timeout_ms)?;
-                let crowded =
-                    (*probe || rows.is_empty()) && fair::others_pending(conn, *tenant, except)?;
+                let crowded = (*probe || rows.is_empty())
+                    && others_pending(*tenant, except.as_ref())
+                        .get_result::<Found>(conn)?
+                        .found();
                 return Ok(Picked {
                     weights: vec![(tenant.map(str::to_owned), 1)],
                     rows,
@@ -43,15 +49,18 @@ pub(in crate::driver) fn claim_page(
                 });
             }
         };
-        let (shares, ring_end, ring_cut) =
-            fair::shares(conn, &due, except, (after, lap), passes, limit)?;
+        let (shares, ring_end, ring_cut) = shares_of(
+            shares_statement("", &due, except.as_ref(), (after, lap), limit).load(conn)?,
+            passes,
+            limit,
+        );
         let rows = match shares.as_slice() {
             [] => Vec::new(),
             [only] if only.tenant.is_none() => {
                 pick_page(conn, None, &due, limit, owner, timeout_ms)?
             }
             _ => {
-                let ids = fair::page_ids(conn, &shares, &due, limit)?;
+                let ids = page_ids(conn, &shares, &due, limit)?;
                 mark(conn, owner, &ids, timeout_ms)?
             }
         };
@@ -69,12 +78,12 @@ const CLAIMED: &str = "id, keyword, biz_id, biz_data, tenant, failures, max_atte
 fn pick_page(
     conn: &mut MysqlConnection,
     tenant: Option<&str>,
-    due: &DueList,
+    due: &DueList<Mysql>,
     limit: i64,
     owner: i64,
     timeout_ms: i64,
 ) -> QueryResult<Vec<ClaimRow>> {
-    let rows: Vec<ClaimRow> = fair::pick_statement("", CLAIMED, tenant, due, limit).load(conn)?;
+    let rows: Vec<ClaimRow> = pick_statement("", CLAIMED, tenant, due, limit).load(conn)?;
     let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
     stamp(conn, owner, &ids, timeout_ms)?;
     Ok(rows)
@@ -84,11 +93,11 @@ fn pick_page(
 fn pick_ids(
     conn: &mut MysqlConnection,
     tenant: Option<&str>,
-    due: &DueList,
+    due: &DueList<Mysql>,
     limit: i64,
 ) -> QueryResult<Vec<i64>> {
     let picked: Vec<fair::Picked> =
-        fair::pick_statement("", fair::PICKED, tenant, due, limit).load(conn)?;
+        pick_statement("", fair::PICKED, tenant, due, limit).load(conn)?;
     Ok(picked.into_iter().map(|p| p.id).collect())
 }
 
@@ -170,10 +179,8 @@ pub(in crate::driver) fn claim_plan(
     }
     let due = DueList::of(due);
     let mut lines: Vec<Line> =
-        fair::shares_statement("EXPLAIN ", &due, &[], ("", ""), limit).load(conn)?;
-    lines.extend(
-        fair::pick_statement("EXPLAIN ", fair::PICKED, None, &due, limit).load::<Line>(conn)?,
-    );
+        shares_statement("EXPLAIN ", &due, None, ("", ""), limit).load(conn)?;
+    lines.extend(pick_statement("EXPLAIN ", fair::PICKED, None, &due, limit).load::<Line>(conn)?);
     let text = |v: Option<String>| v.unwrap_or_else(|| "-".to_owned());
     Ok(lines
         .into_iter()
@@ -200,7 +207,7 @@ pub(in crate::driver) fn claim_limited(
     claim: &Claiming<'_>,
     tenants: &[String],
 ) -> QueryResult<Vec<ClaimRow>> {
-    let due = DueList::of(claim.due);
+    let due = DueList::<Mysql>::of(claim.due);
     let (owner, limit, timeout_ms) = (claim.owner, claim.limit, claim.timeout_ms);
     #[derive(QueryableByName)]
     struct Limit {
@@ -259,22 +266,13 @@ pub(in crate::driver) fn claim_suspect(
         suspect: Some(true),
         ..*due
     });
+    let except = (!except.is_empty()).then_some(except.to_vec());
     conn.transaction(|conn| {
-        let statement = Statement::<Mysql>::new(
-            "SELECT id, priority, CAST(run_at AS CHAR) AS due_at
-               FROM async_task FORCE INDEX (async_task_suspect_idx)
-              WHERE state = 'pending'",
-        );
-        let statement = if except.is_empty() {
-            statement
-        } else {
-            statement
-                .sql(" AND (tenant IS NULL OR tenant NOT IN ")
-                .with(|s| list::texts(s, except))
-                .sql(")")
-        };
-        let picked: Vec<fair::Picked> = fair::due_for(statement, &due)
-            .sql(" ORDER BY priority, run_at, id LIMIT 1 FOR UPDATE SKIP LOCKED")
+        let statement = Statement::<Mysql>::new("SELECT ")
+            .sql(fair::PICKED)
+            .sql(" FROM ");
+        let picked: Vec<fair::Picked> = first_suspect(statement, except.as_ref(), &due)
+            .sql(" FOR UPDATE SKIP LOCKED")
             .load(conn)?;
         let ids: Vec<i64> = picked.into_iter().map(|p| p.id).collect();
         mark(conn, owner, &ids, timeout_ms)
@@ -283,15 +281,5 @@ pub(in crate::driver) fn claim_suspect(
 
 /// See [`crate::driver::Driver::task_suspects_exist`].
 pub(in crate::driver) fn suspects_exist(conn: &mut MysqlConnection) -> QueryResult<bool> {
-    #[derive(QueryableByName)]
-    struct Found {
-        #[diesel(sql_type = diesel::sql_types::Bool)]
-        found: bool,
-    }
-    let found: Found = Statement::<Mysql>::new(
-        "SELECT EXISTS (SELECT 1 FROM async_task FORCE INDEX (async_task_suspect_idx)
-                        WHERE state = 'pending' AND suspect >= 2) AS found",
-    )
-    .get_result(conn)?;
-    Ok(found.found)
+    Ok(suspects::<Mysql>().get_result::<Found>(conn)?.found())
 }

@@ -1,205 +1,61 @@
 //! The fair claim on MySQL: the same choice as on PostgreSQL (see `driver/postgres/fair.rs`),
 //! made in the claim's transaction: one statement walks the ring of tenants and reads each
-//! participant's weight; then each participant's first due tasks are locked (`FOR UPDATE
-//! SKIP LOCKED`, as many as its share could take) and the page is ranked from them here, by
-//! the same order as on the other backends. With no tenant due, the claim is the one of tasks
-//! without a tenant alone. A solo claim (one participant alone) takes that participant's
-//! tasks, and asks [`others_pending`] when it probes.
+//! participant's weight (`fair_sql::shares_statement`); then each participant's first due
+//! tasks are locked (`FOR UPDATE SKIP LOCKED`, as many as its share could take) and the page
+//! is ranked from them here, by the same order as on the other backends ([`page_ids`]). With
+//! no tenant due, the claim is the one of tasks without a tenant alone. A solo claim (one
+//! participant alone) takes that participant's tasks, and asks `fair_sql::others_pending`
+//! when it probes.
 
 use diesel::mysql::{Mysql, MysqlConnection};
 use diesel::sql_types::{BigInt, Integer, Text};
 use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 
 use super::list;
-use crate::driver::ring_sql::{passes_lap, shares_of, walk, window, Share, ShareRow};
+use crate::driver::fair_sql::{first_due, DueList, FairSql};
+use crate::driver::ring_sql::Share;
 use crate::driver::strategy_sql::partition_mysql;
-use crate::driver::{Due, Passes};
 use crate::sql::Statement;
 use crate::strategy::Partition;
 
-/// Whether a participant other than `tenant` (`None`: the tasks without one) has pending
-/// tasks, tenants in `except` left out: asked by a solo claim, so that the next claim is
-/// fair again when another comes.
-pub(super) fn others_pending(
-    conn: &mut MysqlConnection,
-    tenant: Option<&str>,
-    except: &[String],
-) -> QueryResult<bool> {
-    #[derive(QueryableByName)]
-    struct Found {
-        #[diesel(sql_type = BigInt)]
-        found: i64,
+/// `FORCE INDEX`: each statement reads the index it was tuned for by `EXPLAIN`, whatever the
+/// optimizer's statistics say.
+impl FairSql for Mysql {
+    const NOW: &'static str = now!();
+    const CLAIM_INDEX: &'static str = "async_task FORCE INDEX (async_task_claim_idx)";
+    // (state, tenant): the tenants with pending tasks, in order.
+    const TENANT_INDEX: &'static str = "async_task FORCE INDEX (async_task_pending_tenant_idx)";
+    // (tenant, state, priority, run_at, id): one tenant's tasks in claim order as well.
+    const TASKS_OF_TENANT_INDEX: &'static str = Self::CLAIM_INDEX;
+    const SUSPECT_INDEX: &'static str = "async_task FORCE INDEX (async_task_suspect_idx)";
+    const PENDING: &'static str = "state = 'pending'";
+    // As tuned: with `tenant IS NOT NULL` as well, MariaDB plans the probe of the next
+    // tenant as a range instead of a ref (EXPLAIN).
+    const PENDING_AFTER: &'static str = "state = 'pending'";
+    // The ring's counter and a weight are read as BIGINT only so cast.
+    const BIGINT: [&'static str; 2] = ["CAST(", " AS SIGNED)"];
+    // A scalar subquery, not EXISTS: MariaDB turns EXISTS into a semi-join that
+    // materialises every pending task instead of probing the claim index per tenant.
+    const FOUND: [&'static str; 2] = ["(", " LIMIT 1) IS NOT NULL"];
+    // A SELECT with a WHERE needs a FROM.
+    const NO_TABLE: &'static str = " FROM DUAL";
+    // The range optimizer reads `tenant <> ?` as the two ranges around it.
+    const OTHER_THAN: &'static [&'static str] = &["<>"];
+
+    /// One bind per item (`list::texts`).
+    type List = Vec<String>;
+
+    fn list(texts: &[String]) -> Vec<String> {
+        texts.to_vec()
     }
-    let tenants = |s: Statement<Mysql>| {
-        let s = s.sql(
-            "EXISTS (SELECT 1 FROM async_task FORCE INDEX (async_task_pending_tenant_idx)
-                      WHERE state = 'pending' AND tenant IS NOT NULL",
-        );
-        let s = match tenant {
-            None => s,
-            Some(t) => s.sql(" AND tenant <> ").bind::<Text, _>(t.to_owned()),
-        };
-        let s = if except.is_empty() {
-            s
-        } else {
-            s.sql(" AND tenant NOT IN ")
-                .with(|s| list::texts(s, except))
-        };
-        s.sql(")")
-    };
-    let statement = match tenant {
-        None => Statement::<Mysql>::new("SELECT ").with(tenants),
-        Some(_) => Statement::<Mysql>::new(concat!(
-            "SELECT EXISTS (SELECT 1 FROM async_task FORCE INDEX (async_task_claim_idx)
-                             WHERE tenant IS NULL AND state = 'pending' AND run_at <= ",
-            now!(),
-            ") OR "
-        ))
-        .with(tenants),
-    };
-    Ok(statement.sql(" AS found").get_result::<Found>(conn)?.found != 0)
-}
 
-/// The pending tasks of one tenant: the claim index's range for it.
-const PENDING_OF_TENANT: &str = "FROM async_task FORCE INDEX (async_task_claim_idx)
-    WHERE state = 'pending' AND tenant = ";
-/// The first tenant with a pending task, for the ring to wrap around to.
-const FIRST_TENANT: &str =
-    "(SELECT tenant FROM async_task FORCE INDEX (async_task_pending_tenant_idx)
-    WHERE state = 'pending' AND tenant IS NOT NULL ORDER BY tenant LIMIT 1)";
-/// The next tenant with a pending task after the tenant `$tenant` (a column), wrapping
-/// around to the first.
-macro_rules! next_tenant {
-    ($tenant:literal) => {
-        concat!(
-            "COALESCE((SELECT tenant FROM async_task FORCE INDEX (async_task_pending_tenant_idx)
-            WHERE state = 'pending' AND tenant > ",
-            $tenant,
-            " ORDER BY tenant LIMIT 1),
-            (SELECT tenant FROM async_task FORCE INDEX (async_task_pending_tenant_idx)
-            WHERE state = 'pending' AND tenant IS NOT NULL ORDER BY tenant LIMIT 1))"
-        )
-    };
-}
-
-/// What a claim may take ([`Due`]), owned.
-pub(super) struct DueList {
-    pub(super) keywords: Vec<String>,
-    pub(super) partition: Option<Partition>,
-    pub(super) suspect: Option<bool>,
-}
-
-impl DueList {
-    pub(super) fn of(due: &Due<'_>) -> DueList {
-        DueList {
-            keywords: due.keywords.to_vec(),
-            partition: due.partition,
-            suspect: due.suspect,
-        }
+    fn in_list(statement: Statement<Mysql>, list: &Vec<String>) -> Statement<Mysql> {
+        list::texts(statement, list)
     }
-}
 
-/// Appends that a task is due for a claim of `due`: its time has come, one of the keywords,
-/// and the node's partition if it has one (a claim strategy's filter, `partition_mysql`).
-pub(super) fn due_for(statement: Statement<Mysql>, due: &DueList) -> Statement<Mysql> {
-    let statement = statement
-        .sql(concat!(" AND run_at <= ", now!(), " AND keyword IN "))
-        .with(|s| list::texts(s, &due.keywords));
-    let statement = match due.suspect {
-        Some(false) => statement.sql(" AND suspect < 2"),
-        Some(true) => statement.sql(" AND suspect >= 2"),
-        None => statement,
-    };
-    partition_mysql(statement, due.partition)
-}
-
-/// The participants of a claim of `limit` tasks of `due`: at most `limit` tenants with a
-/// task due, in ring order after `after` up to where it would pass `lap`, none of `except`,
-/// then the tasks without a tenant if one is due. Returns them in ring order, each with its
-/// pass from `passes`; the last tenant the ring walked to; and whether the ring stopped at
-/// its bound (see [`crate::driver::Picked`]).
-pub(super) fn shares(
-    conn: &mut MysqlConnection,
-    due: &DueList,
-    except: &[String],
-    (after, lap): (&str, &str),
-    passes: &Passes,
-    limit: i64,
-) -> QueryResult<(Vec<Share>, Option<String>, bool)> {
-    let rows: Vec<ShareRow> = shares_statement("", due, except, (after, lap), limit).load(conn)?;
-    Ok(shares_of(rows, passes, limit))
-}
-
-/// The statement of [`shares`], after `prefix` (empty, or `EXPLAIN`). The ring (as on
-/// PostgreSQL, `driver/postgres/fair.rs`) carries each tenant's next (`nx`), so that the
-/// next tenant is probed once per step.
-pub(super) fn shares_statement(
-    prefix: &'static str,
-    due: &DueList,
-    except: &[String],
-    (after, lap): (&str, &str),
-    limit: i64,
-) -> Statement<Mysql> {
-    let statement = Statement::<Mysql>::new(prefix)
-        .sql("WITH RECURSIVE ring (tenant, n, nx) AS (SELECT s0.t0, 1, ")
-        .sql(next_tenant!("s0.t0"))
-        .sql(" FROM (SELECT COALESCE((SELECT tenant FROM async_task FORCE INDEX (async_task_pending_tenant_idx) WHERE state = 'pending' AND tenant > ")
-        .bind::<Text, _>(after.to_owned())
-        .sql(" ORDER BY tenant LIMIT 1), ")
-        .sql(FIRST_TENANT)
-        .sql(") AS t0, ")
-        .bind::<Text, _>(after.to_owned())
-        .sql(" AS prev) s0 WHERE s0.t0 IS NOT NULL");
-    // A claim that goes on in a lap another began starts nowhere if that one ended it.
-    let statement = if after == lap {
-        statement
-    } else {
-        passes_lap(statement.sql(" AND NOT "), "s0.prev", "s0.t0", lap)
-    };
-    let statement = statement
-        .sql(" UNION ALL SELECT r.nx, r.n + 1, ")
-        .sql(next_tenant!("r.nx"))
-        .sql(" FROM ring r WHERE r.n < ")
-        .bind::<BigInt, _>(walk(limit))
-        .sql(" AND NOT ")
-        .with(|s| passes_lap(s, "r.tenant", "r.nx", lap))
-        .sql(
-            ")
-            SELECT s.tenant, s.weight, s.pos, e.ring_end, e.ring_len
-              FROM (SELECT 1 AS one) one
-              LEFT JOIN (SELECT tenant AS ring_end, CAST(n AS SIGNED) AS ring_len FROM ring
-                          ORDER BY n DESC LIMIT 1) e ON TRUE
-              LEFT JOIN (
-            SELECT tenant, weight, pos FROM (
-                SELECT r.tenant, CAST(COALESCE(a.weight, 1) AS SIGNED) AS weight,
-                       CAST(r.n AS SIGNED) AS pos
-                  FROM ring r LEFT JOIN async_tenant a ON a.tenant = r.tenant
-                 WHERE (SELECT 1 ",
-        )
-        .sql(PENDING_OF_TENANT)
-        .sql("r.tenant")
-        .with(|s| due_for(s, due))
-        // A scalar subquery, not EXISTS: MariaDB turns EXISTS into a semi-join that
-        // materialises every pending task instead of probing the claim index per tenant.
-        .sql(" LIMIT 1) IS NOT NULL");
-    let statement = if except.is_empty() {
-        statement
-    } else {
-        statement
-            .sql(" AND r.tenant NOT IN ")
-            .with(|s| list::texts(s, except))
-    };
-    statement
-        .sql(" ORDER BY r.n LIMIT ")
-        .bind::<BigInt, _>(window(limit))
-        .sql(
-            ") w
-            UNION ALL
-            SELECT NULL, 1, 0 FROM DUAL WHERE EXISTS (SELECT 1 FROM async_task FORCE INDEX (async_task_claim_idx)
-                                          WHERE tenant IS NULL AND state = 'pending'",
-        )
-        .with(|s| due_for(s, due))
-        .sql(")) s ON TRUE")
+    fn partition(statement: Statement<Mysql>, partition: Option<Partition>) -> Statement<Mysql> {
+        partition_mysql(statement, partition)
+    }
 }
 
 /// The due tasks of one participant, locked, in claim order: at most `limit`, their
@@ -208,21 +64,14 @@ pub(super) fn pick_statement(
     prefix: &'static str,
     columns: &'static str,
     tenant: Option<&str>,
-    due: &DueList,
+    due: &DueList<Mysql>,
     limit: i64,
 ) -> Statement<Mysql> {
     let statement = Statement::<Mysql>::new(prefix)
         .sql("SELECT ")
         .sql(columns)
-        .sql(" FROM async_task FORCE INDEX (async_task_claim_idx) WHERE ");
-    let statement = match tenant {
-        None => statement.sql("tenant IS NULL"),
-        Some(t) => statement.sql("tenant = ").bind::<Text, _>(t.to_owned()),
-    };
-    due_for(statement.sql(" AND state = 'pending'"), due)
-        .sql(" ORDER BY priority, run_at, id LIMIT ")
-        .bind::<BigInt, _>(limit)
-        .sql(" FOR UPDATE SKIP LOCKED")
+        .sql(" FROM ");
+    first_due(statement, tenant, due, limit).sql(" FOR UPDATE SKIP LOCKED")
 }
 
 /// The columns of a [`Picked`].
@@ -242,11 +91,12 @@ pub(super) struct Picked {
 /// The ids of the page, locked: each participant's first `ceil(limit × weight / total)` due
 /// tasks, ranked as on PostgreSQL (by priority, then turn: pass plus rank over weight, then
 /// age, then ring position). The tasks locked but not taken stay locked until the claim
-/// commits (other claims skip them meanwhile).
+/// commits (other claims skip them meanwhile). Ranked here, not by SQL as on SQLite: the
+/// locking reads are one per participant.
 pub(super) fn page_ids(
     conn: &mut MysqlConnection,
     shares: &[Share],
-    due: &DueList,
+    due: &DueList<Mysql>,
     limit: i64,
 ) -> QueryResult<Vec<i64>> {
     let total: i64 = shares.iter().map(|s| s.weight).sum::<i64>().max(1);

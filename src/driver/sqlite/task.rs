@@ -4,8 +4,12 @@ use diesel::sql_types::{BigInt, Text};
 use diesel::sqlite::{Sqlite, SqliteConnection};
 use diesel::{OptionalExtension, QueryResult, RunQueryDsl};
 
-use super::fair::{self, due_for, DueJson};
-use crate::driver::ring_sql::{picked, Share};
+use super::fair::page_ids;
+use crate::driver::fair_sql::{
+    first_due, first_suspect, others_pending, shares_statement, suspects_exist as suspects,
+    DueList, FairSql, Found,
+};
+use crate::driver::ring_sql::{picked, shares_of, Share};
 use crate::driver::{
     fence, rescue_params, Claim, ClaimRow, Claiming, Due, Pick, Picked, RescueParams, RescuedRow,
 };
@@ -16,11 +20,10 @@ pub(in crate::driver) fn claim_page(
     claim: &Claiming<'_>,
     pick: &Pick<'_>,
 ) -> QueryResult<Picked> {
-    let due = DueJson::of(claim.due);
+    let due = DueList::<Sqlite>::of(claim.due);
     let (owner, except, limit, timeout_ms) =
         (claim.owner, claim.except, claim.limit, claim.timeout_ms);
-    let except =
-        (!except.is_empty()).then(|| serde_json::to_string(except).expect("strings serialise"));
+    let except = (!except.is_empty()).then(|| Sqlite::list(except));
     // The node's tasks that finished since its last claim leave the lease index first
     // (see `async_task_lease_idx`): one statement for the page, in the claim's
     // transaction, instead of an index write at every completion.
@@ -37,7 +40,7 @@ pub(in crate::driver) fn claim_page(
             Pick::Solo { tenant, probe } => {
                 let rows: Vec<ClaimRow> = match tenant {
                     None => claim_statement("", owner, &due, limit, timeout_ms).load(conn)?,
-                    Some(tenant) => fair::page_ids(
+                    Some(tenant) => page_ids(
                         claim_set("", owner, timeout_ms),
                         &[Share::of(tenant)],
                         &due,
@@ -47,7 +50,9 @@ pub(in crate::driver) fn claim_page(
                     .load(conn)?,
                 };
                 let crowded = (*probe || rows.is_empty())
-                    && fair::others_pending(conn, *tenant, except.as_deref())?;
+                    && others_pending(*tenant, except.as_ref())
+                        .get_result::<Found>(conn)?
+                        .found();
                 return Ok(Picked {
                     weights: vec![(tenant.map(str::to_owned), 1)],
                     rows,
@@ -58,14 +63,17 @@ pub(in crate::driver) fn claim_page(
                 });
             }
         };
-        let (shares, ring_end, ring_cut) =
-            fair::shares(conn, &due, except.as_deref(), (after, lap), passes, limit)?;
+        let (shares, ring_end, ring_cut) = shares_of(
+            shares_statement("", &due, except.as_ref(), (after, lap), limit).load(conn)?,
+            passes,
+            limit,
+        );
         let rows: Vec<ClaimRow> = match shares.as_slice() {
             [] => Vec::new(),
             [only] if only.tenant.is_none() => {
                 claim_statement("", owner, &due, limit, timeout_ms).load(conn)?
             }
-            _ => fair::page_ids(claim_set("", owner, timeout_ms), &shares, &due, limit)
+            _ => page_ids(claim_set("", owner, timeout_ms), &shares, &due, limit)
                 .sql(CLAIM_RETURNING)
                 .load(conn)?,
         };
@@ -83,9 +91,9 @@ pub(in crate::driver) fn claim_plan(
         #[diesel(sql_type = Text)]
         detail: String,
     }
-    let due = DueJson::of(due);
+    let due = DueList::of(due);
     let mut lines: Vec<Line> =
-        fair::shares_statement("EXPLAIN QUERY PLAN ", &due, None, ("", ""), limit).load(conn)?;
+        shares_statement("EXPLAIN QUERY PLAN ", &due, None, ("", ""), limit).load(conn)?;
     lines.extend(claim_statement("EXPLAIN QUERY PLAN ", 0, &due, limit, 0).load::<Line>(conn)?);
     Ok(lines.into_iter().map(|l| l.detail).collect())
 }
@@ -196,7 +204,7 @@ fn rescue_statement(rescue: &RescueParams) -> Statement<Sqlite> {
 fn claim_statement(
     prefix: &'static str,
     owner: i64,
-    due: &DueJson,
+    due: &DueList<Sqlite>,
     limit: i64,
     timeout_ms: i64,
 ) -> Statement<Sqlite> {
@@ -205,20 +213,13 @@ fn claim_statement(
     // pending. The keyword list is one JSON bind. INDEXED BY: left to itself, the planner
     // serves `keyword IN (…)` from the unique (keyword, biz_id) index and sorts every task
     // of those keywords, done ones included, on every claim.
-    claim_set(prefix, owner, timeout_ms)
-        .sql(
-            "
-                SELECT id FROM async_task INDEXED BY async_task_claim_idx
-                WHERE tenant IS NULL AND state = 'pending'",
-        )
-        .with(|s| due_for(s, due))
-        .sql(
-            "
-                ORDER BY priority, run_at, id
-                LIMIT ",
-        )
-        .bind::<BigInt, _>(limit)
-        .sql(CLAIM_RETURNING)
+    first_due(
+        claim_set(prefix, owner, timeout_ms).sql("SELECT id FROM "),
+        None,
+        due,
+        limit,
+    )
+    .sql(CLAIM_RETURNING)
 }
 
 /// `UPDATE async_task SET` (claimed by `owner`, deadline `timeout_ms` from now) `WHERE id IN
@@ -260,7 +261,7 @@ pub(in crate::driver) fn claim_limited(
         #[diesel(sql_type = BigInt)]
         room: i64,
     }
-    let due = DueJson::of(claim.due);
+    let due = DueList::<Sqlite>::of(claim.due);
     let (owner, limit, timeout_ms) = (claim.owner, claim.limit, claim.timeout_ms);
     conn.immediate_transaction(|conn| {
         let mut page = Vec::new();
@@ -282,21 +283,8 @@ pub(in crate::driver) fn claim_limited(
             if take <= 0 {
                 continue;
             }
-            let rows: Vec<ClaimRow> = claim_set("", owner, timeout_ms)
-                .sql(
-                    "
-                SELECT id FROM async_task INDEXED BY async_task_tenant_idx
-                 WHERE tenant = ",
-                )
-                .bind::<Text, _>(tenant.clone())
-                .sql(" AND state = 'pending' AND state IN ('pending', 'blocked', 'running')")
-                .with(|s| due_for(s, &due))
-                .sql(
-                    "
-                 ORDER BY priority, run_at, id
-                 LIMIT ",
-                )
-                .bind::<BigInt, _>(take)
+            let statement = claim_set("", owner, timeout_ms).sql("SELECT id FROM ");
+            let rows: Vec<ClaimRow> = first_due(statement, Some(tenant), &due, take)
                 .sql(CLAIM_RETURNING)
                 .load(conn)?;
             page.extend(rows);
@@ -314,37 +302,18 @@ pub(in crate::driver) fn claim_suspect(
     except: &[String],
     timeout_ms: i64,
 ) -> QueryResult<Vec<ClaimRow>> {
-    let due = DueJson::of(&Due {
+    let due = DueList::of(&Due {
         suspect: Some(true),
         ..*due
     });
-    let except = serde_json::to_string(except).expect("strings serialise");
-    claim_set("", owner, timeout_ms)
-        .sql(
-            "
-                SELECT id FROM async_task INDEXED BY async_task_suspect_idx
-                WHERE state = 'pending' AND (tenant IS NULL
-                      OR tenant NOT IN (SELECT value FROM json_each(",
-        )
-        .bind::<Text, _>(except)
-        .sql(")))")
-        .with(|s| due_for(s, &due))
-        .sql(" ORDER BY priority, run_at, id LIMIT 1")
+    let except = (!except.is_empty()).then(|| Sqlite::list(except));
+    let statement = claim_set("", owner, timeout_ms).sql("SELECT id FROM ");
+    first_suspect(statement, except.as_ref(), &due)
         .sql(CLAIM_RETURNING)
         .load(conn)
 }
 
 /// See [`crate::driver::Driver::task_suspects_exist`].
 pub(in crate::driver) fn suspects_exist(conn: &mut SqliteConnection) -> QueryResult<bool> {
-    #[derive(diesel::QueryableByName)]
-    struct Found {
-        #[diesel(sql_type = diesel::sql_types::Bool)]
-        found: bool,
-    }
-    let found: Found = Statement::<Sqlite>::new(
-        "SELECT EXISTS (SELECT 1 FROM async_task INDEXED BY async_task_suspect_idx
-                        WHERE state = 'pending' AND suspect >= 2) AS found",
-    )
-    .get_result(conn)?;
-    Ok(found.found)
+    Ok(suspects::<Sqlite>().get_result::<Found>(conn)?.found())
 }

@@ -1,0 +1,339 @@
+//! The fair claim's statements of SQLite and MySQL, written once: the walk of the ring of
+//! tenants with each participant's weight ([`shares_statement`]), the due tasks of one
+//! participant ([`first_due`]), the probe of a solo claim ([`others_pending`]) and the
+//! suspects' ([`first_suspect`], [`suspects_exist`]). PostgreSQL's ring is a `LATERAL` join
+//! of its own (`driver/postgres/fair.rs`).
+//!
+//! What the two spell differently is [`FairSql`], implemented beside each backend's claim
+//! (`sqlite/fair.rs`, `mysql/fair.rs`): the index hints, tuned by `EXPLAIN` on each; how a
+//! list is bound; a cast, a table-less `SELECT`, a test for a row.
+
+use diesel::backend::Backend;
+use diesel::serialize::ToSql;
+use diesel::sql_types::{BigInt, HasSqlType, Text};
+
+use super::ring_sql::{passes_lap, walk, window};
+use super::Due;
+use crate::sql::Statement;
+use crate::strategy::Partition;
+
+/// What the fair claim's statements spell differently on a backend. Each constant is SQL
+/// text; its implementation says why the backend writes it so.
+pub(super) trait FairSql: Backend + HasSqlType<Text> + HasSqlType<BigInt> + Sized {
+    /// The database clock.
+    const NOW: &'static str;
+    /// `async_task` read by its claim index: the tasks without a tenant, in claim order.
+    const CLAIM_INDEX: &'static str;
+    /// `async_task` read by the index that the ring walks: the tenants with pending tasks,
+    /// in tenant order.
+    const TENANT_INDEX: &'static str;
+    /// `async_task` read by the index of one tenant's pending tasks, in claim order.
+    const TASKS_OF_TENANT_INDEX: &'static str;
+    /// `async_task` read by the suspects' index.
+    const SUSPECT_INDEX: &'static str;
+    /// That a task is pending, in the terms the indexes above are read by.
+    const PENDING: &'static str;
+    /// That a task is pending, after `tenant > …`: what reads the tenant index from there.
+    const PENDING_AFTER: &'static str;
+    /// Around an integer expression: read as a `BIGINT`.
+    const BIGINT: [&'static str; 2];
+    /// Around `SELECT 1 FROM … WHERE …`: true when it finds a row.
+    const FOUND: [&'static str; 2];
+    /// The `FROM` of a `SELECT` of no table that has a `WHERE`.
+    const NO_TABLE: &'static str;
+    /// The comparisons that together find every tenant but one (`tenant <op> ?`), each
+    /// read as its own range of the tenant index.
+    const OTHER_THAN: &'static [&'static str];
+
+    /// A list of texts, as the backend binds one.
+    type List;
+    /// `texts` as a [`Self::List`].
+    fn list(texts: &[String]) -> Self::List;
+    /// Appends `list` as the right side of `IN`, in parentheses.
+    fn in_list(statement: Statement<Self>, list: &Self::List) -> Statement<Self>;
+    /// Appends a claim strategy's filter of `partition` (`strategy_sql::partition_filter`).
+    fn partition(statement: Statement<Self>, partition: Option<Partition>) -> Statement<Self>;
+}
+
+/// What a claim may take ([`Due`]), owned, its keywords bound as the backend binds a list.
+pub(super) struct DueList<B: FairSql> {
+    keywords: B::List,
+    partition: Option<Partition>,
+    suspect: Option<bool>,
+}
+
+impl<B: FairSql> DueList<B> {
+    pub(super) fn of(due: &Due<'_>) -> Self {
+        DueList {
+            keywords: B::list(due.keywords),
+            partition: due.partition,
+            suspect: due.suspect,
+        }
+    }
+}
+
+/// Appends that a task is due for a claim of `due`: its time has come, one of the keywords,
+/// the suspects left out or alone as it says, and the node's partition if it has one.
+pub(super) fn due_for<B: FairSql>(statement: Statement<B>, due: &DueList<B>) -> Statement<B> {
+    let statement = statement
+        .sql(" AND run_at <= ")
+        .sql(B::NOW)
+        .sql(" AND keyword IN ")
+        .with(|s| B::in_list(s, &due.keywords));
+    let statement = match due.suspect {
+        Some(false) => statement.sql(" AND suspect < 2"),
+        Some(true) => statement.sql(" AND suspect >= 2"),
+        None => statement,
+    };
+    B::partition(statement, due.partition)
+}
+
+/// Appends, after a `FROM`, the first `limit` due tasks of `tenant` (`None`: those without
+/// one) in claim order: `async_task … ORDER BY priority, run_at, id LIMIT ?`.
+pub(super) fn first_due<B: FairSql>(
+    statement: Statement<B>,
+    tenant: Option<&str>,
+    due: &DueList<B>,
+    limit: i64,
+) -> Statement<B>
+where
+    String: ToSql<Text, B>,
+    i64: ToSql<BigInt, B>,
+{
+    let statement = match tenant {
+        Some(tenant) => statement
+            .sql(B::TASKS_OF_TENANT_INDEX)
+            .sql(" WHERE tenant = ")
+            .bind::<Text, _>(tenant.to_owned())
+            .sql(" AND ")
+            .sql(B::PENDING),
+        None => statement
+            .sql(B::CLAIM_INDEX)
+            .sql(" WHERE tenant IS NULL AND state = 'pending'"),
+    };
+    due_for(statement, due)
+        .sql(" ORDER BY priority, run_at, id LIMIT ")
+        .bind::<BigInt, _>(limit)
+}
+
+/// Appends that a task is pending and has a tenant, in the tenant index's terms.
+fn pending_tenant<B: FairSql>(statement: Statement<B>) -> Statement<B> {
+    statement.sql("tenant IS NOT NULL AND ").sql(B::PENDING)
+}
+
+/// Appends the first tenant with a pending task after the tenant that `after` appends (a
+/// column or a bind), as a scalar subquery.
+fn tenant_after<B: FairSql>(
+    statement: Statement<B>,
+    after: impl FnOnce(Statement<B>) -> Statement<B>,
+) -> Statement<B> {
+    let statement = statement
+        .sql("(SELECT tenant FROM ")
+        .sql(B::TENANT_INDEX)
+        .sql(" WHERE tenant > ");
+    after(statement)
+        .sql(" AND ")
+        .sql(B::PENDING_AFTER)
+        .sql(" ORDER BY tenant LIMIT 1)")
+}
+
+/// Appends the next tenant with a pending task after the tenant that `after` appends,
+/// wrapping around to the first.
+fn next_tenant<B: FairSql>(
+    statement: Statement<B>,
+    after: impl FnOnce(Statement<B>) -> Statement<B>,
+) -> Statement<B> {
+    tenant_after(statement.sql("COALESCE("), after)
+        .sql(", (SELECT tenant FROM ")
+        .sql(B::TENANT_INDEX)
+        .sql(" WHERE ")
+        .with(pending_tenant)
+        .sql(" ORDER BY tenant LIMIT 1))")
+}
+
+/// The statement of the participants of a claim of `limit` tasks of `due`, after `prefix`
+/// (empty, or the backend's `EXPLAIN`): at most `limit` tenants with a task due, in ring
+/// order after `after` up to where it would pass `lap`, none of `except`, then the tasks
+/// without a tenant if one is due; rows of [`super::ring_sql::ShareRow`]. The ring (as on
+/// PostgreSQL, `driver/postgres/fair.rs`) carries each tenant's next (`nx`), so that the
+/// next tenant is probed once per step: a recursive step cannot join laterally here.
+pub(super) fn shares_statement<B: FairSql>(
+    prefix: &'static str,
+    due: &DueList<B>,
+    except: Option<&B::List>,
+    (after, lap): (&str, &str),
+    limit: i64,
+) -> Statement<B>
+where
+    String: ToSql<Text, B>,
+    i64: ToSql<BigInt, B>,
+{
+    let statement = Statement::<B>::new(prefix)
+        .sql("WITH RECURSIVE ring (tenant, n, nx) AS (SELECT s0.t0, 1, ")
+        .with(|s| next_tenant(s, |s| s.sql("s0.t0")))
+        .sql(" FROM (SELECT ")
+        .with(|s| next_tenant(s, |s| s.bind::<Text, _>(after.to_owned())))
+        .sql(" AS t0, ")
+        .bind::<Text, _>(after.to_owned())
+        .sql(" AS prev) s0 WHERE s0.t0 IS NOT NULL");
+    // A claim that goes on in a lap another began starts nowhere if that one ended it.
+    let statement = if after == lap {
+        statement
+    } else {
+        passes_lap(statement.sql(" AND NOT "), "s0.prev", "s0.t0", lap)
+    };
+    let [bigint, as_bigint] = B::BIGINT;
+    let [found, is_found] = B::FOUND;
+    let statement = statement
+        .sql(" UNION ALL SELECT r.nx, r.n + 1, ")
+        .with(|s| next_tenant(s, |s| s.sql("r.nx")))
+        .sql(" FROM ring r WHERE r.n < ")
+        .bind::<BigInt, _>(walk(limit))
+        .sql(" AND NOT ")
+        .with(|s| passes_lap(s, "r.tenant", "r.nx", lap))
+        .sql(
+            ")
+            SELECT s.tenant, s.weight, s.pos, e.ring_end, e.ring_len
+              FROM (SELECT 1 AS one) one
+              LEFT JOIN (SELECT tenant AS ring_end, ",
+        )
+        .sql(bigint)
+        .sql("n")
+        .sql(as_bigint)
+        .sql(
+            " AS ring_len FROM ring ORDER BY n DESC LIMIT 1) e ON TRUE
+              LEFT JOIN (
+            SELECT tenant, weight, pos FROM (
+                SELECT r.tenant, ",
+        )
+        .sql(bigint)
+        .sql("COALESCE(a.weight, 1)")
+        .sql(as_bigint)
+        .sql(" AS weight, ")
+        .sql(bigint)
+        .sql("r.n")
+        .sql(as_bigint)
+        .sql(
+            " AS pos
+                  FROM ring r LEFT JOIN async_tenant a ON a.tenant = r.tenant
+                 WHERE ",
+        )
+        .sql(found)
+        .sql("SELECT 1 FROM ")
+        .sql(B::TASKS_OF_TENANT_INDEX)
+        .sql(" WHERE tenant = r.tenant AND ")
+        .sql(B::PENDING)
+        .with(|s| due_for(s, due))
+        .sql(is_found);
+    let statement = match except {
+        None => statement,
+        Some(except) => statement
+            .sql(" AND r.tenant NOT IN ")
+            .with(|s| B::in_list(s, except)),
+    };
+    statement
+        .sql(" ORDER BY r.n LIMIT ")
+        .bind::<BigInt, _>(window(limit))
+        .sql(
+            ") w
+            UNION ALL
+            SELECT NULL, 1, 0",
+        )
+        .sql(B::NO_TABLE)
+        .sql(" WHERE EXISTS (SELECT 1 FROM ")
+        .sql(B::CLAIM_INDEX)
+        .sql(" WHERE tenant IS NULL AND state = 'pending'")
+        .with(|s| due_for(s, due))
+        .sql(")) s ON TRUE")
+}
+
+/// Whether a participant other than `tenant` (`None`: the tasks without one) has pending
+/// tasks, tenants in `except` left out: asked by a solo claim, so that the next claim is
+/// fair again when another comes. One row of [`Found`].
+pub(super) fn others_pending<B: FairSql>(
+    tenant: Option<&str>,
+    except: Option<&B::List>,
+) -> Statement<B>
+where
+    String: ToSql<Text, B>,
+{
+    let tenants = |statement: Statement<B>, op: Option<&'static str>| {
+        let statement = statement
+            .sql("EXISTS (SELECT 1 FROM ")
+            .sql(B::TENANT_INDEX)
+            .sql(" WHERE ");
+        let statement = match (op, tenant) {
+            (Some(op), Some(tenant)) => statement
+                .sql("tenant ")
+                .sql(op)
+                .sql(" ")
+                .bind::<Text, _>(tenant.to_owned())
+                .sql(" AND "),
+            _ => statement,
+        };
+        let statement = pending_tenant(statement);
+        match except {
+            None => statement,
+            Some(except) => statement
+                .sql(" AND tenant NOT IN ")
+                .with(|s| B::in_list(s, except)),
+        }
+        .sql(")")
+    };
+    let statement = match tenant {
+        None => tenants(Statement::new("SELECT "), None),
+        Some(_) => {
+            let mut statement = Statement::<B>::new("SELECT EXISTS (SELECT 1 FROM ")
+                .sql(B::CLAIM_INDEX)
+                .sql(" WHERE tenant IS NULL AND state = 'pending' AND run_at <= ")
+                .sql(B::NOW)
+                .sql(")");
+            for op in B::OTHER_THAN {
+                statement = tenants(statement.sql(" OR "), Some(op));
+            }
+            statement
+        }
+    };
+    statement.sql(" AS found")
+}
+
+/// A row of a statement of whether something exists.
+#[derive(diesel::QueryableByName)]
+pub(super) struct Found {
+    #[diesel(sql_type = BigInt)]
+    found: i64,
+}
+
+impl Found {
+    /// Whether it does.
+    pub(super) fn found(&self) -> bool {
+        self.found != 0
+    }
+}
+
+/// Appends, after a `FROM`, the suspects' index's first due task in claim order, of no
+/// tenant in `except`.
+pub(super) fn first_suspect<B: FairSql>(
+    statement: Statement<B>,
+    except: Option<&B::List>,
+    due: &DueList<B>,
+) -> Statement<B> {
+    let statement = statement
+        .sql(B::SUSPECT_INDEX)
+        .sql(" WHERE state = 'pending'");
+    let statement = match except {
+        None => statement,
+        Some(except) => statement
+            .sql(" AND (tenant IS NULL OR tenant NOT IN ")
+            .with(|s| B::in_list(s, except))
+            .sql(")"),
+    };
+    due_for(statement, due).sql(" ORDER BY priority, run_at, id LIMIT 1")
+}
+
+/// Whether a suspect is pending: one row of [`Found`].
+pub(super) fn suspects_exist<B: FairSql>() -> Statement<B> {
+    Statement::new("SELECT EXISTS (SELECT 1 FROM ")
+        .sql(B::SUSPECT_INDEX)
+        .sql(" WHERE state = 'pending' AND suspect >= 2) AS found")
+}
