@@ -335,8 +335,7 @@ pub trait Driver: LeaseDriver + ops::OpsDriver {
 
     /// Registers a worker process; returns its node id.
     fn node_register(&mut self, name: &str) -> QueryResult<i64> {
-        // Per backend: RETURNING, or MySQL's LAST_INSERT_ID().
-        per_backend!(self.node_register(name))
+        node_sql::node_register(self.conn(), name)
     }
 
     /// Records a live node's heartbeat with the database clock, and the domains it publishes
@@ -367,8 +366,7 @@ pub trait Driver: LeaseDriver + ops::OpsDriver {
         silent_ms: i64,
         limit: i64,
     ) -> QueryResult<usize> {
-        // Per backend: each locks, or need not, its own way (MySQL deletes from the table it reads).
-        per_backend!(self.node_prune_batch(older_than_ms, silent_ms, limit))
+        node_sql::node_prune_batch(self.conn(), older_than_ms, silent_ms, limit)
     }
 
     /// Starts listening for the notifications an enqueue of a due task sends; `false` when

@@ -13,9 +13,7 @@ mod tenant;
 
 // The backend's functions of the [`Driver`] methods it shares the shape of, under their names.
 pub(super) use domain::lock as domain_lock;
-pub(super) use maintenance::{
-    node_register, prune_nodes as node_prune_batch, prune_tasks as task_prune_batch,
-};
+pub(super) use maintenance::prune_tasks as task_prune_batch;
 pub(super) use operate::retry as task_retry;
 pub(super) use task::{
     claim_page as task_claim_page, claim_plan as task_claim_plan,

@@ -25,9 +25,7 @@ pub(super) use domain::lock as domain_lock;
 pub(super) use enqueue::{
     find_many as task_find_many, insert_many as task_insert_many, link_parents as task_link_parents,
 };
-pub(super) use maintenance::{
-    node_register, prune_nodes as node_prune_batch, prune_tasks as task_prune_batch,
-};
+pub(super) use maintenance::prune_tasks as task_prune_batch;
 pub(super) use operate::retry as task_retry;
 pub(super) use task::{
     claim_limited as task_claim_limited, claim_page as task_claim_page,
