@@ -386,8 +386,7 @@ pub trait Driver: LeaseDriver + ops::OpsDriver {
     /// transaction already holds the database's write lock). Call it first in the
     /// transaction, before reading what the change is checked against.
     fn domain_lock(&mut self) -> QueryResult<()> {
-        // Per backend: each backend's lock.
-        per_backend!(self.domain_lock())
+        domain_sql::domain_lock(self.conn())
     }
 
     /// Creates or overwrites the row `row.name` of `async_domain` (version + 1, updated at

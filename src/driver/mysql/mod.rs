@@ -13,7 +13,6 @@ macro_rules! now {
 
 mod chain;
 mod claim;
-mod domain;
 mod enqueue;
 mod fair;
 mod list;
@@ -28,7 +27,6 @@ pub(super) use claim::{
     claim_plan as task_claim_plan, claim_suspect as task_claim_suspect,
     suspects_exist as task_suspects_exist,
 };
-pub(super) use domain::lock as domain_lock;
 pub(super) use enqueue::{
     find_many as task_find_many, insert_many as task_insert_many, link_parents as task_link_parents,
 };

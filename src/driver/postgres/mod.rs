@@ -1,7 +1,6 @@
 //! The driver on PostgreSQL: `SKIP LOCKED` claims, `jsonb` payloads, `NOTIFY` on enqueue, an
 //! advisory lock around migrations.
 
-mod domain;
 mod fair;
 mod lease;
 mod maintenance;
@@ -12,7 +11,6 @@ mod task;
 mod tenant;
 
 // The backend's functions of the [`Driver`] methods it shares the shape of, under their names.
-pub(super) use domain::lock as domain_lock;
 pub(super) use maintenance::prune_tasks as task_prune_batch;
 pub(super) use operate::retry as task_retry;
 pub(super) use task::{

@@ -12,7 +12,6 @@ macro_rules! now {
     };
 }
 
-mod domain;
 mod enqueue;
 mod fair;
 mod maintenance;
@@ -21,7 +20,6 @@ mod ops;
 mod task;
 
 // The backend's functions of the [`Driver`] methods it shares the shape of, under their names.
-pub(super) use domain::lock as domain_lock;
 pub(super) use enqueue::{
     find_many as task_find_many, insert_many as task_insert_many, link_parents as task_link_parents,
 };
