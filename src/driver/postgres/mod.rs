@@ -4,7 +4,6 @@
 mod fair;
 mod lease;
 mod maintenance;
-mod operate;
 mod ops;
 mod payload;
 mod task;
@@ -12,7 +11,7 @@ mod tenant;
 
 // The backend's functions of the [`Driver`] methods it shares the shape of, under their names.
 pub(super) use maintenance::prune_tasks as task_prune_batch;
-pub(super) use operate::retry as task_retry;
+pub(super) use ops::retry as task_retry;
 pub(super) use task::{
     claim_page as task_claim_page, claim_plan as task_claim_plan,
     claim_suspect as task_claim_suspect, complete as task_complete,

@@ -1,11 +1,46 @@
-//! The operator's reads and bulk changes on PostgreSQL; times formatted as UTC text.
+//! Retries on PostgreSQL, of one task or by filter: the parents are locked first, so that
+//! none becomes done between the count of those a task waits for and its update.
 
-use diesel::pg::PgConnection;
+use diesel::pg::{Pg, PgConnection};
 use diesel::sql_types::BigInt;
 use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 
 use crate::driver::ops::{retry_states, where_selected, OpsDriver, TaskSelect, PARENT_PRUNED};
 use crate::sql::Statement;
+
+/// What a retry sets, each task's parents that are not done counted in the CTE `waiting`
+/// (`w.n`): pending again, or blocked on them, with no failure counted.
+macro_rules! retried {
+    () => {
+        "SET state = CASE WHEN w.n > 0 THEN 'blocked' ELSE 'pending' END,
+                blocked_by = w.n, failures = 0, owner = NULL, run_at = now(),
+                finished_at = NULL, deadline_at = NULL, updated_at = now()
+           FROM waiting w"
+    };
+}
+
+/// See [`crate::driver::Driver::task_retry`].
+pub(in crate::driver) fn retry(conn: &mut PgConnection, id: i64) -> QueryResult<usize> {
+    // The parents are locked (FOR NO KEY UPDATE returns their latest state, after waiting
+    // for a completion in flight), so none becomes done between the count and the update.
+    Statement::<Pg>::new(
+        "WITH parents AS (
+            SELECT p.state FROM async_task p
+             WHERE p.id IN (SELECT parent_id FROM async_task_parent WHERE child_id = ",
+    )
+    .bind::<BigInt, _>(id)
+    .sql(concat!(
+        ") FOR NO KEY UPDATE
+         ), waiting AS (SELECT count(*) FILTER (WHERE state <> 'done')::int AS n FROM parents)
+         UPDATE async_task ",
+        retried!(),
+        " WHERE id = "
+    ))
+    .bind::<BigInt, _>(id)
+    .sql(" AND state IN ('dead', 'cancelled') AND NOT ")
+    .sql(PARENT_PRUNED)
+    .execute(conn)
+}
 
 #[derive(QueryableByName)]
 struct Count {
@@ -32,7 +67,7 @@ impl OpsDriver for PgConnection {
         )
         .sql(" AND NOT ")
         .sql(PARENT_PRUNED)
-        .sql(
+        .sql(concat!(
             "),
              locked AS (
                 SELECT id, state FROM async_task
@@ -52,15 +87,12 @@ impl OpsDriver for PgConnection {
                                WHERE l.child_id = t.id AND p.state <> 'done')::int AS n
                   FROM targets t),
              retried AS (
-                UPDATE async_task a
-                   SET state = CASE WHEN w.n > 0 THEN 'blocked' ELSE 'pending' END,
-                       blocked_by = w.n, failures = 0, owner = NULL, run_at = now(),
-                       finished_at = NULL, deadline_at = NULL, updated_at = now()
-                  FROM waiting w
-                 WHERE a.id = w.id AND a.state IN ('dead', 'cancelled')
+                UPDATE async_task a ",
+            retried!(),
+            " WHERE a.id = w.id AND a.state IN ('dead', 'cancelled')
                 RETURNING 1)
-             SELECT count(*) AS n FROM retried",
-        );
+             SELECT count(*) AS n FROM retried"
+        ));
         Ok(statement.get_result::<Count>(self)?.n)
     }
 }

@@ -15,7 +15,6 @@ macro_rules! now {
 mod enqueue;
 mod fair;
 mod maintenance;
-mod operate;
 mod ops;
 mod task;
 
@@ -24,7 +23,7 @@ pub(super) use enqueue::{
     find_many as task_find_many, insert_many as task_insert_many, link_parents as task_link_parents,
 };
 pub(super) use maintenance::prune_tasks as task_prune_batch;
-pub(super) use operate::retry as task_retry;
+pub(super) use ops::retry as task_retry;
 pub(super) use task::{
     claim_limited as task_claim_limited, claim_page as task_claim_page,
     claim_plan as task_claim_plan, claim_suspect as task_claim_suspect, complete as task_complete,
