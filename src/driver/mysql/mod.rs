@@ -18,7 +18,6 @@ mod fair;
 mod list;
 mod maintenance;
 mod operate;
-mod ops;
 mod task;
 
 // The backend's functions of the [`Driver`] methods it shares the shape of, under their names.
