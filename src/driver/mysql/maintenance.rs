@@ -81,16 +81,11 @@ pub(in crate::driver) fn prune_tasks(
 
 /// This connection's id (`CONNECTION_ID()`), what `KILL QUERY` names.
 pub(super) fn connection_id(conn: &mut MysqlConnection) -> QueryResult<i32> {
-    #[derive(diesel::QueryableByName)]
-    struct Id {
-        #[diesel(sql_type = BigInt)]
-        id: i64,
-    }
-    let row: Id =
-        diesel::sql_query("SELECT CAST(CONNECTION_ID() AS SIGNED) AS id").get_result(conn)?;
-    i32::try_from(row.id).map_err(|_| {
+    let id: i64 = diesel::select(diesel::dsl::sql::<BigInt>("CAST(CONNECTION_ID() AS SIGNED)"))
+        .get_result(conn)?;
+    i32::try_from(id).map_err(|_| {
         diesel::result::Error::DeserializationError(
-            format!("connection id {} does not fit an i32", row.id).into(),
+            format!("connection id {id} does not fit an i32").into(),
         )
     })
 }

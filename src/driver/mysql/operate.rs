@@ -12,7 +12,8 @@ use diesel::mysql::{Mysql, MysqlConnection};
 use diesel::sql_types::{BigInt, Integer};
 use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 
-use super::{chain, list};
+use super::chain::{self, Id};
+use super::list;
 use crate::driver::ops::{retry_states, where_selected, OpsDriver, TaskSelect, PARENT_PRUNED};
 use crate::driver::{operate_sql, Conn, TaskFilter};
 use crate::sql::Statement;
@@ -20,12 +21,6 @@ use crate::task::TaskState;
 
 /// Tasks changed per statement by the operators' bulk changes (each `IN (…)` list).
 const CHUNK: i64 = 1000;
-
-#[derive(QueryableByName)]
-struct Id {
-    #[diesel(sql_type = BigInt)]
-    id: i64,
-}
 
 /// Runs `change` on the tasks that `select` matches, [`CHUNK`] at a time in id order (a
 /// parent before its children), each chunk locked first when `lock`, all in one transaction;
