@@ -1,6 +1,7 @@
 //! The statements of the nodes' own rows and of the worker's small reads that mean the same
 //! on every backend: written once, with diesel's query builder on [`DbConnection`], and
-//! cached as prepared statements like any query of the builder.
+//! cached as prepared statements like any query of the builder. (A node's id is read back
+//! and stopped nodes' rows are deleted in each backend's words, the conditions written once.)
 
 use diesel::dsl::count_star;
 use diesel::prelude::*;
@@ -30,8 +31,10 @@ pub(super) fn node_register(conn: Conn<'_>, name: &str) -> QueryResult<i64> {
         #[cfg(feature = "mysql")]
         Conn::Mysql(c) => {
             insert.execute(c)?;
-            diesel::select(diesel::dsl::sql::<BigInt>("CAST(LAST_INSERT_ID() AS SIGNED)"))
-                .get_result(c)
+            diesel::select(diesel::dsl::sql::<BigInt>(
+                "CAST(LAST_INSERT_ID() AS SIGNED)",
+            ))
+            .get_result(c)
         }
     }
 }

@@ -121,7 +121,11 @@ where
         .bind::<BigInt, _>(p.last())
         .sql(" OR ")
         .sql(t)
-        .sql(if once { "run_at <= (SELECT " } else { "run_at <= " })
+        .sql(if once {
+            "run_at <= (SELECT "
+        } else {
+            "run_at <= "
+        })
         .expr(db_ago(p.grace_ms))
         .sql(if once { "))" } else { ")" })
 }

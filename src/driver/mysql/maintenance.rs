@@ -81,8 +81,10 @@ pub(in crate::driver) fn prune_tasks(
 
 /// This connection's id (`CONNECTION_ID()`), what `KILL QUERY` names.
 pub(super) fn connection_id(conn: &mut MysqlConnection) -> QueryResult<i32> {
-    let id: i64 = diesel::select(diesel::dsl::sql::<BigInt>("CAST(CONNECTION_ID() AS SIGNED)"))
-        .get_result(conn)?;
+    let id: i64 = diesel::select(diesel::dsl::sql::<BigInt>(
+        "CAST(CONNECTION_ID() AS SIGNED)",
+    ))
+    .get_result(conn)?;
     i32::try_from(id).map_err(|_| {
         diesel::result::Error::DeserializationError(
             format!("connection id {id} does not fit an i32").into(),

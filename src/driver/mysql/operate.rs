@@ -99,7 +99,9 @@ impl OpsDriver for MysqlConnection {
             .iter()
             .map(|s| s.as_str().to_owned())
             .collect();
-        by_chunks(self, &select, false, |conn, ids| retry_ids(conn, ids, &states))
+        by_chunks(self, &select, false, |conn, ids| {
+            retry_ids(conn, ids, &states)
+        })
     }
 }
 
@@ -115,11 +117,7 @@ pub(in crate::driver) fn retry(conn: &mut MysqlConnection, id: i64) -> QueryResu
 /// its parent then read as done), then the tasks: a parent cannot become done between the
 /// count of those a child waits for and the child's update. A parent retried in the same
 /// call is counted as not done (ids ascend from parent to child).
-fn retry_ids(
-    conn: &mut MysqlConnection,
-    ids: &[i64],
-    states: &[String],
-) -> QueryResult<usize> {
+fn retry_ids(conn: &mut MysqlConnection, ids: &[i64], states: &[String]) -> QueryResult<usize> {
     if ids.is_empty() {
         return Ok(0);
     }
