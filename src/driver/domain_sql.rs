@@ -1,6 +1,6 @@
 //! Domains' run-time control (`async_domain`, `async_pause`) and operators' changes of it,
-//! each with its audit entry: written once, with the query builder. (The lock that
-//! operators' changes take turns on is each backend's: [`super::Driver::domain_lock`].)
+//! each with its audit entry: written once, with the query builder; and the lock that
+//! operators' changes take turns on, which is each backend's ([`domain_lock`]).
 
 use chrono::NaiveDateTime;
 use diesel::prelude::*;
@@ -30,6 +30,38 @@ macro_rules! domain_columns {
             async_domain::updated_by,
         )
     };
+}
+
+/// See [`super::Driver::domain_lock`]: each backend's lock, taken first in the transaction.
+pub(super) fn domain_lock(conn: Conn<'_>) -> QueryResult<()> {
+    match conn {
+        // SHARE ROW EXCLUSIVE conflicts with itself and with every writer of the table, not
+        // with the heartbeats' reads (ACCESS SHARE). Taken first, it also comes before the
+        // snapshot of a REPEATABLE READ or SERIALIZABLE transaction (a `LOCK` takes none), so
+        // the reads that follow see every change committed by the operator who held it before.
+        #[cfg(feature = "postgres")]
+        Conn::Pg(c) => diesel::sql_query("LOCK TABLE async_domain IN SHARE ROW EXCLUSIVE MODE")
+            .execute(c)
+            .map(drop),
+        // Nothing to take: the caller's write transaction (`BEGIN IMMEDIATE`) already holds the
+        // database's one write lock, so operators' changes run one after the other. (In a
+        // deferred transaction, a change whose reads another writer's commit made stale fails
+        // at its first write, `SQLITE_BUSY`, rather than overwrite that commit.)
+        #[cfg(feature = "sqlite")]
+        Conn::Sqlite(_) => Ok(()),
+        // The row `'domain'` of `async_lock`, locked until the transaction ends: operators'
+        // changes take turns on it, while heartbeats still read `async_domain` (plain reads
+        // take no locks). Taken first, it comes before the reads that the change is checked
+        // against (each statement of a READ COMMITTED transaction sees what committed before
+        // it).
+        #[cfg(feature = "mysql")]
+        Conn::Mysql(c) => crate::schema::async_lock::table
+            .find("domain")
+            .select(crate::schema::async_lock::name)
+            .for_update()
+            .load::<String>(c)
+            .map(drop),
+    }
 }
 
 /// Every row of `async_domain`, by name.

@@ -337,8 +337,7 @@ pub trait Driver: LeaseDriver + ops::OpsDriver {
 
     /// Registers a worker process; returns its node id.
     fn node_register(&mut self, name: &str) -> QueryResult<i64> {
-        // Per backend: RETURNING, or MySQL's LAST_INSERT_ID().
-        per_backend!(self.node_register(name))
+        node_sql::node_register(self.conn(), name)
     }
 
     /// Records a live node's heartbeat with the database clock, and the domains it publishes
@@ -369,8 +368,7 @@ pub trait Driver: LeaseDriver + ops::OpsDriver {
         silent_ms: i64,
         limit: i64,
     ) -> QueryResult<usize> {
-        // Per backend: each locks, or need not, its own way (MySQL deletes from the table it reads).
-        per_backend!(self.node_prune_batch(older_than_ms, silent_ms, limit))
+        node_sql::node_prune_batch(self.conn(), older_than_ms, silent_ms, limit)
     }
 
     /// Starts listening for the notifications an enqueue of a due task sends; `false` when
@@ -390,8 +388,7 @@ pub trait Driver: LeaseDriver + ops::OpsDriver {
     /// transaction already holds the database's write lock). Call it first in the
     /// transaction, before reading what the change is checked against.
     fn domain_lock(&mut self) -> QueryResult<()> {
-        // Per backend: each backend's lock.
-        per_backend!(self.domain_lock())
+        domain_sql::domain_lock(self.conn())
     }
 
     /// Creates or overwrites the row `row.name` of `async_domain` (version + 1, updated at

@@ -1,20 +1,94 @@
 //! The statements of the nodes' own rows and of the worker's small reads that mean the same
 //! on every backend: written once, with diesel's query builder on [`DbConnection`], and
-//! cached as prepared statements like any query of the builder.
+//! cached as prepared statements like any query of the builder. (A node's id is read back
+//! and stopped nodes' rows are deleted in each backend's words, the conditions written once.)
 
 use diesel::dsl::count_star;
 use diesel::prelude::*;
+use diesel::sql_types::BigInt;
 use diesel::QueryResult;
 
 use super::clock::{db_ago, DbNow};
 use super::dialect::{on_backend, Conn};
 use super::NodeDomainsRow;
 use crate::db::DbConnection;
+use crate::sql::Statement;
 
 /// The backend of [`DbConnection`].
 type DbBackend = <DbConnection as diesel::Connection>::Backend;
 use crate::schema::{async_node, async_task, async_tenant};
 use crate::task::TaskState;
+
+/// See [`super::Driver::node_register`]: the new row's id by `RETURNING`, or on MySQL, which
+/// has none, by `LAST_INSERT_ID()` (this connection's last insert).
+pub(super) fn node_register(conn: Conn<'_>, name: &str) -> QueryResult<i64> {
+    let insert = diesel::insert_into(async_node::table).values(async_node::name.eq(name));
+    match conn {
+        #[cfg(feature = "postgres")]
+        Conn::Pg(c) => insert.returning(async_node::id).get_result(c),
+        #[cfg(feature = "sqlite")]
+        Conn::Sqlite(c) => insert.returning(async_node::id).get_result(c),
+        #[cfg(feature = "mysql")]
+        Conn::Mysql(c) => {
+            insert.execute(c)?;
+            diesel::select(diesel::dsl::sql::<BigInt>(
+                "CAST(LAST_INSERT_ID() AS SIGNED)",
+            ))
+            .get_result(c)
+        }
+    }
+}
+
+/// See [`super::Driver::node_prune_batch`]: deletes up to `limit` rows of stopped nodes (no
+/// heartbeat for `older_than_ms`, gone or silent for `silent_ms`, holding no running task),
+/// by id.
+pub(super) fn node_prune_batch(
+    conn: Conn<'_>,
+    older_than_ms: i64,
+    silent_ms: i64,
+    limit: i64,
+) -> QueryResult<usize> {
+    // Each deletes the rows it picks its own way. PostgreSQL locks them first: FOR UPDATE
+    // re-checks the conditions on a row that a heartbeat is updating at that moment (after
+    // waiting for it), so a node that beats just now stays; the DELETE takes the ids as one
+    // array, each looked up by key. SQLite holds the write lock, so nothing changes between
+    // the SELECT and the DELETE. MySQL refuses a DELETE that reads its own table in a
+    // subquery (error 1093), and its DELETE takes ORDER BY and LIMIT itself.
+    let (pick, picked) = match conn {
+        #[cfg(feature = "postgres")]
+        Conn::Pg(_) => (
+            "DELETE FROM async_node WHERE id = ANY (ARRAY(SELECT id FROM async_node WHERE ",
+            " FOR UPDATE))",
+        ),
+        #[cfg(feature = "sqlite")]
+        Conn::Sqlite(_) => (
+            "DELETE FROM async_node WHERE id IN (SELECT id FROM async_node WHERE ",
+            ")",
+        ),
+        #[cfg(feature = "mysql")]
+        Conn::Mysql(_) => ("DELETE FROM async_node WHERE ", ""),
+    };
+    // SQLite and MySQL find running tasks through their lease index.
+    let leased = if conn.has_lease_index() {
+        "t.deadline_at IS NOT NULL AND "
+    } else {
+        ""
+    };
+    on_backend!(conn, |c| Statement::new(pick)
+        .sql("heartbeat_at < ")
+        .expr(db_ago(older_than_ms))
+        .sql(" AND (state = 'gone' OR heartbeat_at < ")
+        .expr(db_ago(silent_ms))
+        .sql(
+            ") AND NOT EXISTS (SELECT 1 FROM async_task t
+                                WHERE t.owner = async_node.id AND "
+        )
+        .sql(leased)
+        .sql("t.state = 'running') ORDER BY id LIMIT ")
+        .bind::<BigInt, _>(limit)
+        .sql(picked)
+        .execute(c))
+}
 
 /// Marks a node gone (clean exit).
 pub(crate) fn node_mark_gone(conn: &mut DbConnection, node_id: i64) -> QueryResult<usize> {

@@ -1,7 +1,7 @@
 //! The operator's reads and bulk changes (`outbox list`, `show`, `retry` by filter, `nodes`,
 //! `audit`): written once, with diesel's query builder on [`DbConnection`] and
 //! `crate::schema`, but for the retry by filter, whose locking is each backend's (a trait of
-//! its own, implemented in each backend's `ops.rs`).
+//! its own, implemented in each backend's module beside its retry of one task).
 //!
 //! Times travel as UTC text of the shape `YYYY-MM-DD HH:MM:SS.SSS` on every backend, with
 //! the database clock (`db_now`) in every row, so that ages are the database's.

@@ -2,6 +2,7 @@
 //! claim adds to its due-task predicate on each backend, and the nodes' published strategies.
 
 use diesel::prelude::*;
+use diesel::query_builder::QueryFragment;
 use diesel::sql_types::BigInt;
 
 #[cfg(feature = "mysql")]
@@ -11,6 +12,7 @@ use diesel::pg::Pg;
 #[cfg(feature = "sqlite")]
 use diesel::sqlite::Sqlite;
 
+use super::clock::{db_ago, DbAgo};
 use super::node_sql::live_nodes;
 use crate::db::DbConnection;
 use crate::schema::async_node;
@@ -92,7 +94,7 @@ pub(crate) fn node_strategies(
 
 /// Appends to a claim's due-task predicate the tasks `partition` lets this node take: those
 /// it owns (`id % modulus` in its range) and any other due for longer than the grace period
-/// (`cutoff` appends the time that long ago, in the backend's words). Nothing without a
+/// (the database clock that long ago, within `(SELECT …)` when `once`). Nothing without a
 /// partition. The claim still reads the claim index in claim order; the filter only passes
 /// over other nodes' tasks. `t` names the task's table (`t.` on PostgreSQL, whose claims
 /// alias it; empty elsewhere).
@@ -100,14 +102,15 @@ fn partition_filter<DB>(
     statement: Statement<DB>,
     partition: Option<Partition>,
     t: &'static str,
-    cutoff: fn(Statement<DB>, i64) -> Statement<DB>,
+    once: bool,
 ) -> Statement<DB>
 where
     DB: diesel::backend::Backend + diesel::sql_types::HasSqlType<BigInt>,
     i64: diesel::serialize::ToSql<BigInt, DB>,
+    DbAgo: QueryFragment<DB>,
 {
     let Some(p) = partition else { return statement };
-    let statement = statement
+    statement
         .sql(" AND (")
         .sql(t)
         .sql("id % ")
@@ -118,8 +121,13 @@ where
         .bind::<BigInt, _>(p.last())
         .sql(" OR ")
         .sql(t)
-        .sql("run_at <= ");
-    cutoff(statement, p.grace_ms).sql(")")
+        .sql(if once {
+            "run_at <= (SELECT "
+        } else {
+            "run_at <= "
+        })
+        .expr(db_ago(p.grace_ms))
+        .sql(if once { "))" } else { ")" })
 }
 
 /// [`partition_filter`] of a PostgreSQL claim on `t`.
@@ -128,11 +136,7 @@ pub(crate) fn partition_pg(
     statement: Statement<Pg>,
     partition: Option<Partition>,
 ) -> Statement<Pg> {
-    partition_filter(statement, partition, "t.", |s, ms| {
-        s.sql("now() - ")
-            .bind::<BigInt, _>(ms)
-            .sql(" * interval '1 millisecond'")
-    })
+    partition_filter(statement, partition, "t.", false)
 }
 
 /// [`partition_filter`] on SQLite. The grace's cutoff is a scalar subquery: computed once
@@ -142,22 +146,14 @@ pub(crate) fn partition_sqlite(
     statement: Statement<Sqlite>,
     partition: Option<Partition>,
 ) -> Statement<Sqlite> {
-    partition_filter(statement, partition, "", |s, ms| {
-        s.sql("(SELECT datetime('now', 'subsec', printf('-%.3f seconds', ")
-            .bind::<BigInt, _>(ms)
-            .sql(" / 1000.0)))")
-    })
+    partition_filter(statement, partition, "", true)
 }
 
-/// [`partition_filter`] on MySQL (times are UTC `DATETIME(3)`, the session's time zone UTC).
+/// [`partition_filter`] on MySQL.
 #[cfg(feature = "mysql")]
 pub(crate) fn partition_mysql(
     statement: Statement<Mysql>,
     partition: Option<Partition>,
 ) -> Statement<Mysql> {
-    partition_filter(statement, partition, "", |s, ms| {
-        s.sql("UTC_TIMESTAMP(3) - INTERVAL ")
-            .bind::<BigInt, _>(ms)
-            .sql(" * 1000 MICROSECOND")
-    })
+    partition_filter(statement, partition, "", false)
 }

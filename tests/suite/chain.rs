@@ -313,6 +313,34 @@ every_backend! {
         );
     }
 
+    fn a_child_whose_parent_is_pruned_while_its_retry_waits_is_not_retried(db: &TestDb) {
+        let parent = enqueue(&mut db.conn(), &NewTask::new("flaky", "p").max_attempts(1)).unwrap().id;
+        let child = enqueue(&mut db.conn(), &NewTask::new("step", "c").after(parent)).unwrap().id;
+        let mut registry = registry(&["step"]);
+        registry.register("flaky", failing);
+        worker(db, registry).run_once().unwrap();
+        assert_eq!((state(db, parent).as_str(), state(db, child).as_str()), ("dead", "cancelled"));
+        // A prune deletes the dead parent (its link stays) and holds its transaction open
+        // while the child's retry waits for the parent's lock.
+        let mut pruner = db.conn();
+        let (retried, waited) = std::thread::scope(|s| {
+            let (retrier, waited) = pruner
+                .transaction(|conn| -> QueryResult<_> {
+                    diesel::sql_query(format!("DELETE FROM async_task WHERE id = {parent}")).execute(conn)?;
+                    let retrier = s.spawn(|| retry(&mut db.conn(), child).unwrap());
+                    Ok((retrier, waits_for_a_lock(db)))
+                })
+                .unwrap();
+            (retrier.join().unwrap(), waited)
+        });
+        assert!(waited, "the retry never waited for the prune's lock");
+        assert_eq!(
+            (retried.retried, retried.state, retried.parent_pruned),
+            (false, TaskState::Cancelled, true),
+            "the outcome the child waited for is gone"
+        );
+    }
+
     fn a_retried_child_waits_for_its_parent_again(db: &TestDb) {
         let parent = enqueue(&mut db.conn(), &NewTask::new("flaky", "p").max_attempts(1)).unwrap().id;
         let child = enqueue(&mut db.conn(), &NewTask::new("step", "c").after(parent)).unwrap().id;

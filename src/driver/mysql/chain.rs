@@ -15,10 +15,11 @@ use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 use super::list;
 use crate::sql::Statement;
 
+/// A task's id, as the statements of the operators' changes and of the chains read it.
 #[derive(QueryableByName)]
-struct Id {
+pub(super) struct Id {
     #[diesel(sql_type = BigInt)]
-    id: i64,
+    pub(super) id: i64,
 }
 
 /// Releases the children of `parents` (tasks that have just become done, in this

@@ -1,4 +1,4 @@
-//! Nodes, statistics and pruning on MySQL.
+//! The prune of finished tasks on MySQL, and its connections' ids for `KILL QUERY`.
 
 use diesel::connection::SimpleConnection;
 use diesel::mysql::{Mysql, MysqlConnection};
@@ -8,22 +8,6 @@ use diesel::{QueryResult, RunQueryDsl};
 use super::list;
 use crate::driver::{counts_by_state, state_literals, PruneBatch, PrunedBatch};
 use crate::sql::Statement;
-
-/// Registers a node; its id is the insert's (`LAST_INSERT_ID()`, this connection's).
-pub(in crate::driver) fn node_register(conn: &mut MysqlConnection, name: &str) -> QueryResult<i64> {
-    #[derive(diesel::QueryableByName)]
-    struct Id {
-        #[diesel(sql_type = BigInt)]
-        id: i64,
-    }
-    Statement::<Mysql>::new("INSERT INTO async_node (name) VALUES (")
-        .bind::<Text, _>(name.to_owned())
-        .sql(")")
-        .execute(conn)?;
-    let row: Id =
-        diesel::sql_query("SELECT CAST(LAST_INSERT_ID() AS SIGNED) AS id").get_result(conn)?;
-    Ok(row.id)
-}
 
 /// Deletes up to `limit` tasks that finished before the cutoff, oldest first, with their
 /// links, in the caller's transaction.
@@ -95,50 +79,15 @@ pub(in crate::driver) fn prune_tasks(
     })
 }
 
-/// Deletes up to `limit` rows of stopped nodes: gone, or silent for `silent_ms`, and no
-/// heartbeat for `older_than_ms`, holding no running task.
-pub(in crate::driver) fn prune_nodes(
-    conn: &mut MysqlConnection,
-    older_than_ms: i64,
-    silent_ms: i64,
-    limit: i64,
-) -> QueryResult<usize> {
-    Statement::<Mysql>::new(concat!(
-        "DELETE FROM async_node WHERE heartbeat_at < ",
-        now!(),
-        " - INTERVAL "
-    ))
-    .bind::<BigInt, _>(older_than_ms)
-    .sql(concat!(
-        " * 1000 MICROSECOND
-           AND (state = 'gone' OR heartbeat_at < ",
-        now!(),
-        " - INTERVAL "
-    ))
-    .bind::<BigInt, _>(silent_ms)
-    .sql(
-        " * 1000 MICROSECOND)
-           AND NOT EXISTS (SELECT 1 FROM async_task t
-                           WHERE t.owner = async_node.id AND t.deadline_at IS NOT NULL
-                             AND t.state = 'running')
-         ORDER BY id LIMIT ",
-    )
-    .bind::<BigInt, _>(limit)
-    .execute(conn)
-}
-
 /// This connection's id (`CONNECTION_ID()`), what `KILL QUERY` names.
 pub(super) fn connection_id(conn: &mut MysqlConnection) -> QueryResult<i32> {
-    #[derive(diesel::QueryableByName)]
-    struct Id {
-        #[diesel(sql_type = BigInt)]
-        id: i64,
-    }
-    let row: Id =
-        diesel::sql_query("SELECT CAST(CONNECTION_ID() AS SIGNED) AS id").get_result(conn)?;
-    i32::try_from(row.id).map_err(|_| {
+    let id: i64 = diesel::select(diesel::dsl::sql::<BigInt>(
+        "CAST(CONNECTION_ID() AS SIGNED)",
+    ))
+    .get_result(conn)?;
+    i32::try_from(id).map_err(|_| {
         diesel::result::Error::DeserializationError(
-            format!("connection id {} does not fit an i32", row.id).into(),
+            format!("connection id {id} does not fit an i32").into(),
         )
     })
 }

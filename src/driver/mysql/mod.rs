@@ -13,13 +13,11 @@ macro_rules! now {
 
 mod chain;
 mod claim;
-mod domain;
 mod enqueue;
 mod fair;
 mod list;
 mod maintenance;
 mod operate;
-mod ops;
 mod task;
 
 // The backend's functions of the [`Driver`] methods it shares the shape of, under their names.
@@ -28,13 +26,10 @@ pub(super) use claim::{
     claim_plan as task_claim_plan, claim_suspect as task_claim_suspect,
     suspects_exist as task_suspects_exist,
 };
-pub(super) use domain::lock as domain_lock;
 pub(super) use enqueue::{
     find_many as task_find_many, insert_many as task_insert_many, link_parents as task_link_parents,
 };
-pub(super) use maintenance::{
-    node_register, prune_nodes as node_prune_batch, prune_tasks as task_prune_batch,
-};
+pub(super) use maintenance::prune_tasks as task_prune_batch;
 pub(super) use operate::retry as task_retry;
 pub(super) use task::{
     complete as task_complete, complete_many as task_complete_many, rescue_many as task_rescue_many,

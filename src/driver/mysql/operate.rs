@@ -1,4 +1,4 @@
-//! Operators' changes on MySQL: cancel by filter, retry, the audit.
+//! Operators' changes on MySQL: cancel by filter, retry of one task or by filter.
 //!
 //! What the other backends' triggers do when a task is cancelled (its descendants cancelled
 //! with it) is the driver's here, in the same transaction (`chain.rs`); and MySQL refuses an
@@ -9,89 +9,100 @@ use std::collections::BTreeMap;
 
 use diesel::connection::Connection;
 use diesel::mysql::{Mysql, MysqlConnection};
-use diesel::sql_types::{BigInt, Integer, Nullable, Text};
+use diesel::sql_types::{BigInt, Integer};
 use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 
-use super::{chain, list};
-use crate::driver::ops::PARENT_PRUNED;
-use crate::driver::TaskFilter;
+use super::chain::{self, Id};
+use super::list;
+use crate::driver::ops::{retry_states, where_selected, OpsDriver, TaskSelect, PARENT_PRUNED};
+use crate::driver::{operate_sql, Conn, TaskFilter};
 use crate::sql::Statement;
+use crate::task::TaskState;
 
 /// Tasks changed per statement by the operators' bulk changes (each `IN (…)` list).
-pub(super) const CHUNK: i64 = 1000;
+const CHUNK: i64 = 1000;
 
-#[derive(QueryableByName)]
-pub(super) struct Id {
-    #[diesel(sql_type = BigInt)]
-    pub(super) id: i64,
-}
-
-/// `… WHERE state IN ('pending', 'blocked', 'running')` and the filter's conditions.
-fn unfinished_matching(statement: Statement<Mysql>, filter: &TaskFilter<'_>) -> Statement<Mysql> {
-    statement
-        .sql(" WHERE state IN ('pending', 'blocked', 'running') AND (")
-        .bind::<Nullable<Text>, _>(filter.keyword.map(str::to_owned))
-        .sql(" IS NULL OR keyword = ")
-        .bind::<Nullable<Text>, _>(filter.keyword.map(str::to_owned))
-        .sql(") AND (")
-        .bind::<Nullable<Text>, _>(filter.tenant.map(str::to_owned))
-        .sql(" IS NULL OR tenant = ")
-        .bind::<Nullable<Text>, _>(filter.tenant.map(str::to_owned))
-        .sql(")")
+/// Runs `change` on the tasks that `select` matches, [`CHUNK`] at a time in id order (a
+/// parent before its children), each chunk locked first when `lock`, all in one transaction;
+/// returns the sum of what `change` counted.
+fn by_chunks(
+    conn: &mut MysqlConnection,
+    select: &TaskSelect<'_>,
+    lock: bool,
+    mut change: impl FnMut(&mut MysqlConnection, &[i64]) -> QueryResult<usize>,
+) -> QueryResult<i64> {
+    conn.transaction(|conn| {
+        let mut after = 0;
+        let mut changed = 0;
+        loop {
+            let chunk: Vec<Id> =
+                where_selected(Statement::new("SELECT id FROM async_task"), select)
+                    .sql(" AND id > ")
+                    .bind::<BigInt, _>(after)
+                    .sql(" ORDER BY id LIMIT ")
+                    .bind::<BigInt, _>(CHUNK)
+                    .sql(if lock { " FOR UPDATE" } else { "" })
+                    .load(conn)?;
+            let ids: Vec<i64> = chunk.into_iter().map(|c| c.id).collect();
+            let Some(&last) = ids.last() else { break };
+            after = last;
+            changed += change(conn, &ids)?;
+            if i64::try_from(ids.len()).unwrap_or(i64::MAX) < CHUNK {
+                break;
+            }
+        }
+        Ok(i64::try_from(changed).unwrap_or(i64::MAX))
+    })
 }
 
 /// Cancels the unfinished tasks of `filter`, [`CHUNK`] at a time in id order, each chunk
 /// locked, cancelled, and its tasks' descendants cancelled with them; returns the tasks of
-/// the filter cancelled (not their descendants), as the other backends count.
+/// the filter cancelled (not their descendants), as the other backends count. The count of
+/// a dry run is theirs.
 pub(super) fn cancel_matching(
     conn: &mut MysqlConnection,
     filter: &TaskFilter<'_>,
     dry_run: bool,
 ) -> QueryResult<i64> {
-    #[derive(QueryableByName)]
-    struct Count {
-        #[diesel(sql_type = BigInt)]
-        n: i64,
-    }
     if dry_run {
-        let count: Count = unfinished_matching(
-            Statement::new("SELECT count(*) AS n FROM async_task"),
-            filter,
-        )
-        .get_result(conn)?;
-        return Ok(count.n);
+        return operate_sql::task_cancel_matching(Conn::Mysql(conn), filter, true);
     }
-    conn.transaction(|conn| {
-        let mut after = 0;
-        let mut cancelled = 0;
-        loop {
-            let chunk: Vec<Id> =
-                unfinished_matching(Statement::new("SELECT id FROM async_task"), filter)
-                    .sql(" AND id > ")
-                    .bind::<BigInt, _>(after)
-                    .sql(" ORDER BY id LIMIT ")
-                    .bind::<BigInt, _>(CHUNK)
-                    .sql(" FOR UPDATE")
-                    .load(conn)?;
-            let Some(last) = chunk.last() else { break };
-            after = last.id;
-            let ids: Vec<i64> = chunk.iter().map(|c| c.id).collect();
-            cancelled += Statement::<Mysql>::new(concat!(
-                "UPDATE async_task SET state = 'cancelled', finished_at = ",
-                now!(),
-                ", updated_at = ",
-                now!(),
-                " WHERE state IN ('pending', 'blocked', 'running') AND id IN "
-            ))
-            .with(|s| list::ids(s, &ids))
-            .execute(conn)?;
-            chain::cancel_descendants_of(conn, &ids, "cancelled")?;
-            if i64::try_from(ids.len()).unwrap_or(i64::MAX) < CHUNK {
-                break;
-            }
-        }
-        Ok(i64::try_from(cancelled).unwrap_or(i64::MAX))
+    let unfinished = [TaskState::Pending, TaskState::Blocked, TaskState::Running];
+    let select = TaskSelect {
+        states: &unfinished,
+        keyword: filter.keyword,
+        tenant: filter.tenant,
+        ..TaskSelect::default()
+    };
+    by_chunks(conn, &select, true, |conn, ids| {
+        let n = Statement::<Mysql>::new(concat!(
+            "UPDATE async_task SET state = 'cancelled', finished_at = ",
+            now!(),
+            ", updated_at = ",
+            now!(),
+            " WHERE state IN ('pending', 'blocked', 'running') AND id IN "
+        ))
+        .with(|s| list::ids(s, ids))
+        .execute(conn)?;
+        chain::cancel_descendants_of(conn, ids, "cancelled")?;
+        Ok(n)
     })
+}
+
+impl OpsDriver for MysqlConnection {
+    fn task_retry_matching(&mut self, select: &TaskSelect<'_>) -> QueryResult<i64> {
+        let select = retry_states(select);
+        // Each chunk retried as `outbox retry ID` retries one ([`retry_ids`], which leaves a
+        // task one of whose parents was pruned).
+        let states: Vec<String> = select
+            .states
+            .iter()
+            .map(|s| s.as_str().to_owned())
+            .collect();
+        by_chunks(self, &select, false, |conn, ids| {
+            retry_ids(conn, ids, &states)
+        })
+    }
 }
 
 /// Retries the task `id` if it is dead or cancelled and none of its parents was pruned.
@@ -106,11 +117,7 @@ pub(in crate::driver) fn retry(conn: &mut MysqlConnection, id: i64) -> QueryResu
 /// its parent then read as done), then the tasks: a parent cannot become done between the
 /// count of those a child waits for and the child's update. A parent retried in the same
 /// call is counted as not done (ids ascend from parent to child).
-pub(super) fn retry_ids(
-    conn: &mut MysqlConnection,
-    ids: &[i64],
-    states: &[String],
-) -> QueryResult<usize> {
+fn retry_ids(conn: &mut MysqlConnection, ids: &[i64], states: &[String]) -> QueryResult<usize> {
     if ids.is_empty() {
         return Ok(0);
     }

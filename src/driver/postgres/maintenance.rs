@@ -1,11 +1,10 @@
-//! Nodes, statistics and pruning on PostgreSQL.
+//! The prune of finished tasks on PostgreSQL.
 
-use diesel::pg::{Pg, PgConnection};
+use diesel::pg::PgConnection;
 use diesel::sql_types::{BigInt, Text};
 use diesel::{QueryResult, RunQueryDsl};
 
 use crate::driver::{counts_by_state, state_literals, PruneBatch, PrunedBatch};
-use crate::sql::Statement;
 
 #[derive(diesel::QueryableByName)]
 struct StateCount {
@@ -57,43 +56,4 @@ pub(in crate::driver) fn prune_tasks(
         resume_after: 0,
         deleted,
     })
-}
-
-pub(in crate::driver) fn node_register(conn: &mut PgConnection, name: &str) -> QueryResult<i64> {
-    #[derive(diesel::QueryableByName)]
-    struct Id {
-        #[diesel(sql_type = BigInt)]
-        id: i64,
-    }
-    let row: Id = Statement::<Pg>::new("INSERT INTO async_node (name) VALUES (")
-        .bind::<Text, _>(name.to_owned())
-        .sql(") RETURNING id")
-        .get_result(conn)?;
-    Ok(row.id)
-}
-
-/// Deletes up to `limit` rows of stopped nodes. FOR UPDATE re-checks the conditions on a row
-/// that a heartbeat is updating at that moment (after waiting for it), so a node that beats
-/// just now stays.
-pub(in crate::driver) fn prune_nodes(
-    conn: &mut PgConnection,
-    older_than_ms: i64,
-    silent_ms: i64,
-    limit: i64,
-) -> QueryResult<usize> {
-    diesel::sql_query(
-        "DELETE FROM async_node WHERE id = ANY (ARRAY(
-             SELECT n.id FROM async_node n
-             WHERE n.heartbeat_at < now() - $1 * interval '1 millisecond'
-               AND (n.state = 'gone' OR n.heartbeat_at < now() - $2 * interval '1 millisecond')
-               AND NOT EXISTS (SELECT 1 FROM async_task t
-                               WHERE t.owner = n.id AND t.state = 'running')
-             ORDER BY n.id
-             LIMIT $3
-             FOR UPDATE OF n))",
-    )
-    .bind::<BigInt, _>(older_than_ms)
-    .bind::<BigInt, _>(silent_ms)
-    .bind::<BigInt, _>(limit)
-    .execute(conn)
 }

@@ -1,22 +1,17 @@
 //! The driver on PostgreSQL: `SKIP LOCKED` claims, `jsonb` payloads, `NOTIFY` on enqueue, an
 //! advisory lock around migrations.
 
-mod domain;
 mod fair;
 mod lease;
 mod maintenance;
-mod operate;
 mod ops;
 mod payload;
 mod task;
 mod tenant;
 
 // The backend's functions of the [`Driver`] methods it shares the shape of, under their names.
-pub(super) use domain::lock as domain_lock;
-pub(super) use maintenance::{
-    node_register, prune_nodes as node_prune_batch, prune_tasks as task_prune_batch,
-};
-pub(super) use operate::retry as task_retry;
+pub(super) use maintenance::prune_tasks as task_prune_batch;
+pub(super) use ops::retry as task_retry;
 pub(super) use task::{
     claim_page as task_claim_page, claim_plan as task_claim_plan,
     claim_suspect as task_claim_suspect, complete as task_complete,

@@ -1,27 +1,10 @@
-//! Nodes, statistics and pruning on SQLite.
+//! The prune of finished tasks on SQLite.
 
 use diesel::sql_types::{BigInt, Text};
-use diesel::sqlite::{Sqlite, SqliteConnection};
+use diesel::sqlite::SqliteConnection;
 use diesel::{QueryResult, RunQueryDsl};
 
 use crate::driver::{counts_by_state, state_literals, PruneBatch, PrunedBatch};
-use crate::sql::Statement;
-
-pub(in crate::driver) fn node_register(
-    conn: &mut SqliteConnection,
-    name: &str,
-) -> QueryResult<i64> {
-    #[derive(diesel::QueryableByName)]
-    struct Id {
-        #[diesel(sql_type = BigInt)]
-        id: i64,
-    }
-    let row: Id = Statement::<Sqlite>::new("INSERT INTO async_node (name) VALUES (")
-        .bind::<Text, _>(name.to_owned())
-        .sql(") RETURNING id")
-        .get_result(conn)?;
-    Ok(row.id)
-}
 
 /// The next window of the prune's walk: the first `limit` tasks after `after_id`.
 #[derive(diesel::QueryableByName)]
@@ -91,32 +74,4 @@ pub(in crate::driver) fn prune_tasks(
         more: window.has_old && window.rows >= batch.limit,
         resume_after: last_id,
     })
-}
-
-/// Deletes up to `limit` rows of stopped nodes (under the write lock, so nothing changes
-/// between the SELECT and the DELETE).
-pub(in crate::driver) fn prune_nodes(
-    conn: &mut SqliteConnection,
-    older_than_ms: i64,
-    silent_ms: i64,
-    limit: i64,
-) -> QueryResult<usize> {
-    diesel::sql_query(
-        "DELETE FROM async_node WHERE id IN (
-             SELECT n.id FROM async_node n
-             WHERE n.heartbeat_at < datetime('now', 'subsec',
-                                             printf('-%.3f seconds', ?1 / 1000.0))
-               AND (n.state = 'gone'
-                    OR n.heartbeat_at < datetime('now', 'subsec',
-                                                 printf('-%.3f seconds', ?2 / 1000.0)))
-               AND NOT EXISTS (SELECT 1 FROM async_task t
-                               WHERE t.owner = n.id AND t.deadline_at IS NOT NULL
-                                 AND t.state = 'running')
-             ORDER BY n.id
-             LIMIT ?3)",
-    )
-    .bind::<BigInt, _>(older_than_ms)
-    .bind::<BigInt, _>(silent_ms)
-    .bind::<BigInt, _>(limit)
-    .execute(conn)
 }

@@ -12,23 +12,18 @@ macro_rules! now {
     };
 }
 
-mod domain;
 mod enqueue;
 mod fair;
 mod maintenance;
-mod operate;
 mod ops;
 mod task;
 
 // The backend's functions of the [`Driver`] methods it shares the shape of, under their names.
-pub(super) use domain::lock as domain_lock;
 pub(super) use enqueue::{
     find_many as task_find_many, insert_many as task_insert_many, link_parents as task_link_parents,
 };
-pub(super) use maintenance::{
-    node_register, prune_nodes as node_prune_batch, prune_tasks as task_prune_batch,
-};
-pub(super) use operate::retry as task_retry;
+pub(super) use maintenance::prune_tasks as task_prune_batch;
+pub(super) use ops::retry as task_retry;
 pub(super) use task::{
     claim_limited as task_claim_limited, claim_page as task_claim_page,
     claim_plan as task_claim_plan, claim_suspect as task_claim_suspect, complete as task_complete,
