@@ -12,7 +12,7 @@ use diesel::backend::Backend;
 use diesel::serialize::ToSql;
 use diesel::sql_types::{BigInt, HasSqlType, Text};
 
-use super::ring_sql::{passes_lap, walk, window};
+use super::ring_sql::{walk, window};
 use super::Due;
 use crate::sql::Statement;
 use crate::strategy::Partition;
@@ -33,8 +33,6 @@ pub(super) trait FairSql: Backend + HasSqlType<Text> + HasSqlType<BigInt> + Size
     const SUSPECT_INDEX: &'static str;
     /// That a task is pending, in the terms the indexes above are read by.
     const PENDING: &'static str;
-    /// That a task is pending, after `tenant > …`: what reads the tenant index from there.
-    const PENDING_AFTER: &'static str;
     /// Around an integer expression: read as a `BIGINT`.
     const BIGINT: [&'static str; 2];
     /// Around `SELECT 1 FROM … WHERE …`: true when it finds a row.
@@ -53,6 +51,12 @@ pub(super) trait FairSql: Backend + HasSqlType<Text> + HasSqlType<BigInt> + Size
     fn in_list(statement: Statement<Self>, list: &Self::List) -> Statement<Self>;
     /// Appends a claim strategy's filter of `partition` (`strategy_sql::partition_filter`).
     fn partition(statement: Statement<Self>, partition: Option<Partition>) -> Statement<Self>;
+    /// Appends `WITH … ring (tenant, n, …) AS (…)`: the tenants with pending tasks in ring
+    /// order after `after`, up to where the walk would pass `lap`, at most `walk` of them,
+    /// numbered from 1 (`super::ring_sql`). How each backend walks its tenant index with a
+    /// seek per tenant differs: a recursive step that probes the next tenant, or a loose
+    /// index scan.
+    fn ring(statement: Statement<Self>, after: &str, lap: &str, walk: i64) -> Statement<Self>;
 }
 
 /// What a claim may take ([`Due`]), owned, its keywords bound as the backend binds a list.
@@ -117,46 +121,15 @@ where
 }
 
 /// Appends that a task is pending and has a tenant, in the tenant index's terms.
-fn pending_tenant<B: FairSql>(statement: Statement<B>) -> Statement<B> {
+pub(super) fn pending_tenant<B: FairSql>(statement: Statement<B>) -> Statement<B> {
     statement.sql("tenant IS NOT NULL AND ").sql(B::PENDING)
-}
-
-/// Appends the first tenant with a pending task after the tenant that `after` appends (a
-/// column or a bind), as a scalar subquery.
-fn tenant_after<B: FairSql>(
-    statement: Statement<B>,
-    after: impl FnOnce(Statement<B>) -> Statement<B>,
-) -> Statement<B> {
-    let statement = statement
-        .sql("(SELECT tenant FROM ")
-        .sql(B::TENANT_INDEX)
-        .sql(" WHERE tenant > ");
-    after(statement)
-        .sql(" AND ")
-        .sql(B::PENDING_AFTER)
-        .sql(" ORDER BY tenant LIMIT 1)")
-}
-
-/// Appends the next tenant with a pending task after the tenant that `after` appends,
-/// wrapping around to the first.
-fn next_tenant<B: FairSql>(
-    statement: Statement<B>,
-    after: impl FnOnce(Statement<B>) -> Statement<B>,
-) -> Statement<B> {
-    tenant_after(statement.sql("COALESCE("), after)
-        .sql(", (SELECT tenant FROM ")
-        .sql(B::TENANT_INDEX)
-        .sql(" WHERE ")
-        .with(pending_tenant)
-        .sql(" ORDER BY tenant LIMIT 1))")
 }
 
 /// The statement of the participants of a claim of `limit` tasks of `due`, after `prefix`
 /// (empty, or the backend's `EXPLAIN`): at most `limit` tenants with a task due, in ring
 /// order after `after` up to where it would pass `lap`, none of `except`, then the tasks
-/// without a tenant if one is due; rows of [`super::ring_sql::ShareRow`]. The ring (as on
-/// PostgreSQL, `driver/postgres/fair.rs`) carries each tenant's next (`nx`), so that the
-/// next tenant is probed once per step: a recursive step cannot join laterally here.
+/// without a tenant if one is due; rows of [`super::ring_sql::ShareRow`]. The ring is the
+/// backend's ([`FairSql::ring`]).
 pub(super) fn shares_statement<B: FairSql>(
     prefix: &'static str,
     due: &DueList<B>,
@@ -168,31 +141,12 @@ where
     String: ToSql<Text, B>,
     i64: ToSql<BigInt, B>,
 {
-    let statement = Statement::<B>::new(prefix)
-        .sql("WITH RECURSIVE ring (tenant, n, nx) AS (SELECT s0.t0, 1, ")
-        .with(|s| next_tenant(s, |s| s.sql("s0.t0")))
-        .sql(" FROM (SELECT ")
-        .with(|s| next_tenant(s, |s| s.bind::<Text, _>(after.to_owned())))
-        .sql(" AS t0, ")
-        .bind::<Text, _>(after.to_owned())
-        .sql(" AS prev) s0 WHERE s0.t0 IS NOT NULL");
-    // A claim that goes on in a lap another began starts nowhere if that one ended it.
-    let statement = if after == lap {
-        statement
-    } else {
-        passes_lap(statement.sql(" AND NOT "), "s0.prev", "s0.t0", lap)
-    };
+    let statement = B::ring(Statement::<B>::new(prefix), after, lap, walk(limit));
     let [bigint, as_bigint] = B::BIGINT;
     let [found, is_found] = B::FOUND;
     let statement = statement
-        .sql(" UNION ALL SELECT r.nx, r.n + 1, ")
-        .with(|s| next_tenant(s, |s| s.sql("r.nx")))
-        .sql(" FROM ring r WHERE r.n < ")
-        .bind::<BigInt, _>(walk(limit))
-        .sql(" AND NOT ")
-        .with(|s| passes_lap(s, "r.tenant", "r.nx", lap))
         .sql(
-            ")
+            "
             SELECT s.tenant, s.weight, s.pos, e.ring_end, e.ring_len
               FROM (SELECT 1 AS one) one
               LEFT JOIN (SELECT tenant AS ring_end, ",

@@ -9,12 +9,9 @@
 //! it stopped, in the same lap, until the lap comes round to where it began
 //! ([`passes_lap`]).
 
-use diesel::backend::Backend;
+use diesel::sql_types::Text;
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
 use diesel::sql_types::{BigInt, Nullable};
-use diesel::sql_types::{HasSqlType, Text};
-
-use crate::sql::Statement;
 
 /// How many tenants a statement visits at most, for each tenant its window may hold: tenants
 /// whose pending tasks are all delayed, or of other keywords, are stepped over, up to this.
@@ -39,14 +36,15 @@ pub(super) fn walk(limit: i64) -> i64 {
 /// the ring, so that `to` is the lap's first tenant again (a step that wraps around, `to` not
 /// after `from`, passes it unless `lap` lies between them). Compared by the database, in
 /// the order of its tenant index, whatever its collation.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(super) fn passes_lap<DB>(
-    statement: Statement<DB>,
+    statement: crate::sql::Statement<DB>,
     from: &'static str,
     to: &'static str,
     lap: &str,
-) -> Statement<DB>
+) -> crate::sql::Statement<DB>
 where
-    DB: Backend + HasSqlType<Text>,
+    DB: diesel::backend::Backend + diesel::sql_types::HasSqlType<Text>,
     String: diesel::serialize::ToSql<Text, DB>,
 {
     let lap = || lap.to_owned();

@@ -29,9 +29,6 @@ impl FairSql for Mysql {
     const TASKS_OF_TENANT_INDEX: &'static str = Self::CLAIM_INDEX;
     const SUSPECT_INDEX: &'static str = "async_task FORCE INDEX (async_task_suspect_idx)";
     const PENDING: &'static str = "state = 'pending'";
-    // As tuned: with `tenant IS NOT NULL` as well, MariaDB plans the probe of the next
-    // tenant as a range instead of a ref (EXPLAIN).
-    const PENDING_AFTER: &'static str = "state = 'pending'";
     // The ring's counter and a weight are read as BIGINT only so cast.
     const BIGINT: [&'static str; 2] = ["CAST(", " AS SIGNED)"];
     // A scalar subquery, not EXISTS: MariaDB turns EXISTS into a semi-join that
@@ -55,6 +52,57 @@ impl FairSql for Mysql {
 
     fn partition(statement: Statement<Mysql>, partition: Option<Partition>) -> Statement<Mysql> {
         partition_mysql(statement, partition)
+    }
+
+    /// Two loose index scans of (state, tenant) (`GROUP BY state, tenant`: one seek per
+    /// tenant, "Using index for group-by"), the tenants after `after` then those from the
+    /// first, numbered. Not a recursive step as on SQLite: MariaDB reads the correlated probe
+    /// of the next tenant as a ref on `state` alone, every pending task without a tenant (they
+    /// sort first) and of the tenants before, at every step of the ring.
+    ///
+    /// The walk stops before it would pass `lap` (`ring_sql::passes_lap`): it visits the
+    /// tenants after `after` up to `lap` inclusive going round, the whole ring once when
+    /// `after` is `lap`. The comparisons are the database's, in its collation.
+    fn ring(statement: Statement<Mysql>, after: &str, lap: &str, walk: i64) -> Statement<Mysql> {
+        let after = |s: Statement<Mysql>| s.bind::<Text, _>(after.to_owned());
+        let lap = |s: Statement<Mysql>| s.bind::<Text, _>(lap.to_owned());
+        statement
+            .sql(
+                "WITH ring (tenant, n) AS (
+                SELECT tenant, n FROM (
+                    SELECT tenant, ROW_NUMBER() OVER (ORDER BY part, tenant) AS n FROM (
+                        (SELECT 1 AS part, tenant FROM ",
+            )
+            .sql(Self::TENANT_INDEX)
+            .sql(" WHERE state = 'pending' AND tenant > ")
+            .with(after)
+            .sql(" AND (")
+            .with(after)
+            .sql(" >= ")
+            .with(lap)
+            .sql(" OR tenant <= ")
+            .with(lap)
+            .sql(") GROUP BY state, tenant ORDER BY tenant LIMIT ")
+            .bind::<BigInt, _>(walk)
+            .sql(
+                ")
+                        UNION ALL
+                        (SELECT 2, tenant FROM ",
+            )
+            .sql(Self::TENANT_INDEX)
+            .sql(" WHERE state = 'pending' AND ")
+            .with(after)
+            .sql(" >= ")
+            .with(lap)
+            .sql(" AND tenant <= LEAST(")
+            .with(after)
+            .sql(", ")
+            .with(lap)
+            .sql(") GROUP BY state, tenant ORDER BY tenant LIMIT ")
+            .bind::<BigInt, _>(walk)
+            .sql(")) parts) numbered WHERE n <= ")
+            .bind::<BigInt, _>(walk)
+            .sql(")")
     }
 }
 

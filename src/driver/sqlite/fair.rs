@@ -5,11 +5,11 @@
 //! without a tenant alone. A solo claim (one participant alone) is the UPDATE alone, and
 //! `fair_sql::others_pending` when it probes.
 
-use diesel::sql_types::{BigInt, Double};
+use diesel::sql_types::{BigInt, Double, Text};
 use diesel::sqlite::Sqlite;
 
-use crate::driver::fair_sql::{first_due, DueList, FairSql};
-use crate::driver::ring_sql::Share;
+use crate::driver::fair_sql::{first_due, pending_tenant, DueList, FairSql};
+use crate::driver::ring_sql::{passes_lap, Share};
 use crate::driver::strategy_sql::partition_sqlite;
 use crate::sql::Statement;
 use crate::strategy::Partition;
@@ -28,8 +28,6 @@ impl FairSql for Sqlite {
     // The tenant index's predicate repeated (see above).
     const PENDING: &'static str =
         "state = 'pending' AND state IN ('pending', 'blocked', 'running')";
-    const PENDING_AFTER: &'static str =
-        "tenant IS NOT NULL AND state = 'pending' AND state IN ('pending', 'blocked', 'running')";
     // Integers are 64-bit already.
     const BIGINT: [&'static str; 2] = ["", ""];
     const FOUND: [&'static str; 2] = ["EXISTS (", ")"];
@@ -55,6 +53,54 @@ impl FairSql for Sqlite {
     fn partition(statement: Statement<Sqlite>, partition: Option<Partition>) -> Statement<Sqlite> {
         partition_sqlite(statement, partition)
     }
+
+    /// A recursive step that carries each tenant's next (`nx`), so that the next tenant is
+    /// probed once per step (as on PostgreSQL, `driver/postgres/fair.rs`, whose step joins
+    /// laterally; SQLite's cannot): each probe a seek of the tenant index.
+    fn ring(statement: Statement<Sqlite>, after: &str, lap: &str, walk: i64) -> Statement<Sqlite> {
+        let statement = statement
+            .sql("WITH RECURSIVE ring (tenant, n, nx) AS (SELECT s0.t0, 1, ")
+            .with(|s| next_tenant(s, |s| s.sql("s0.t0")))
+            .sql(" FROM (SELECT ")
+            .with(|s| next_tenant(s, |s| s.bind::<Text, _>(after.to_owned())))
+            .sql(" AS t0, ")
+            .bind::<Text, _>(after.to_owned())
+            .sql(" AS prev) s0 WHERE s0.t0 IS NOT NULL");
+        // A claim that goes on in a lap another began starts nowhere if that one ended it.
+        let statement = if after == lap {
+            statement
+        } else {
+            passes_lap(statement.sql(" AND NOT "), "s0.prev", "s0.t0", lap)
+        };
+        statement
+            .sql(" UNION ALL SELECT r.nx, r.n + 1, ")
+            .with(|s| next_tenant(s, |s| s.sql("r.nx")))
+            .sql(" FROM ring r WHERE r.n < ")
+            .bind::<BigInt, _>(walk)
+            .sql(" AND NOT ")
+            .with(|s| passes_lap(s, "r.tenant", "r.nx", lap))
+            .sql(")")
+    }
+}
+
+/// Appends the next tenant with a pending task after the tenant that `after` appends (a
+/// column or a bind), wrapping around to the first.
+fn next_tenant(
+    statement: Statement<Sqlite>,
+    after: impl FnOnce(Statement<Sqlite>) -> Statement<Sqlite>,
+) -> Statement<Sqlite> {
+    let statement = statement
+        .sql("COALESCE((SELECT tenant FROM ")
+        .sql(<Sqlite as FairSql>::TENANT_INDEX)
+        .sql(" WHERE tenant > ");
+    after(statement)
+        .sql(" AND ")
+        .with(pending_tenant::<Sqlite>)
+        .sql(" ORDER BY tenant LIMIT 1), (SELECT tenant FROM ")
+        .sql(<Sqlite as FairSql>::TENANT_INDEX)
+        .sql(" WHERE ")
+        .with(pending_tenant::<Sqlite>)
+        .sql(" ORDER BY tenant LIMIT 1))")
 }
 
 /// Appends to `statement` (an `UPDATE … WHERE id IN (`, left open) the ids of the page: each
