@@ -244,6 +244,12 @@ pub trait Driver: LeaseDriver + ops::OpsDriver {
         record_sql::task_release(self.conn(), claim, note)
     }
 
+    /// Writes `note` to a claimed task's `last_error` (fenced), leaving it running; returns
+    /// the rows touched: 0 when the claim is no longer held.
+    fn task_note(&mut self, claim: &Claim, note: &str) -> QueryResult<usize> {
+        record_sql::task_note(self.conn(), claim, note)
+    }
+
     /// Cancels the task `id` if it is pending, blocked or running (state `cancelled`,
     /// finished now); returns the rows touched, 0 or 1. A running task's completion is then
     /// fenced out.

@@ -84,3 +84,13 @@ pub(super) fn task_release(
         ))
         .execute(c))
 }
+
+/// See [`super::Driver::task_note`].
+pub(super) fn task_note(conn: Conn<'_>, claim: &Claim, note: &str) -> QueryResult<usize> {
+    on_backend!(conn, |c| fenced!(claim)
+        .set((
+            async_task::last_error.eq(note),
+            async_task::updated_at.eq(DbNow),
+        ))
+        .execute(c))
+}

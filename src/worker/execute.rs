@@ -1,6 +1,7 @@
 //! One task, one transaction: the handler and the fenced completion commit together, or
 //! neither does.
 
+use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use super::engine::Worker;
@@ -34,6 +35,11 @@ pub(super) enum ChunkRollback {
     Task,
     Database(diesel::result::Error),
 }
+
+/// What a task whose handler ran in a chunk that rolled back says in `last_error` when it
+/// runs again alone: its effects outside the database may happen twice.
+pub(super) const RAN_IN_A_ROLLED_BACK_CHUNK: &str =
+    "run again alone: its chunk rolled back after its handler ran";
 
 impl From<diesel::result::Error> for ChunkRollback {
     fn from(e: diesel::result::Error) -> Self {
@@ -170,10 +176,14 @@ impl Worker {
         // After the chunk rolled back, each task runs again alone only if this node still
         // holds its claim: one cancelled, charged by the domain watchdog, released with its
         // chunk or rescued meanwhile is not run again here.
+        // A task whose handler ran in the chunk is noted as running again (its effects
+        // outside the database may happen twice), in the statement that checks its claim.
+        let ran = Cell::new(0);
         let still_held = |chunk: &[ClaimedTask]| -> Vec<Outcome> {
             chunk
                 .iter()
-                .map(|task| match self.holds(task) {
+                .enumerate()
+                .map(|(at, task)| match self.holds(task, at < ran.get()) {
                     true => self.execute_task(task),
                     false => {
                         log::warn!(
@@ -205,7 +215,7 @@ impl Worker {
         let owner = chunk[0].owner;
         // The completion of several tasks must be all or nothing even when no handler opened
         // the transaction: one BEGIN per chunk.
-        let result = self.run_chunk(&mut conn, None, &chunk, &handlers, |conn| {
+        let result = self.run_chunk(&mut conn, None, &chunk, &handlers, &ran, |conn| {
             driver(conn).task_complete_many(owner, &claims)
         });
         let strict = still_held;
@@ -238,8 +248,9 @@ impl Worker {
 }
 
 impl Worker {
-    /// Whether this node still holds `task`'s claim (running, under this claim's token).
-    fn holds(&self, task: &ClaimedTask) -> bool {
+    /// Whether this node still holds `task`'s claim (running, under this claim's token);
+    /// with `ran`, noting in its `last_error` that it runs again after its chunk rolled back.
+    fn holds(&self, task: &ClaimedTask, ran: bool) -> bool {
         let claim = task.claim();
         // A check that cannot be made (the pool's connection lost with the chunk's, a read
         // that fails) runs the task: its completion is fenced all the same, while a task
@@ -247,6 +258,11 @@ impl Worker {
         let Ok(mut conn) = self.pool.get() else {
             return true;
         };
+        if ran {
+            return driver(&mut conn)
+                .task_note(&claim, RAN_IN_A_ROLLED_BACK_CHUNK)
+                .map_or(true, |n| n > 0);
+        }
         match driver(&mut conn).task_get_claim(claim.id) {
             Ok(Some(c)) => {
                 c.state == "running" && c.owner == Some(claim.owner) && c.claim_token == claim.token
@@ -293,13 +309,15 @@ impl Worker {
     /// rows it marks done must be the whole chunk), and ends the transaction: committed if
     /// all of it succeeded, rolled back otherwise. `lease` is a lock claim's chunk, whose
     /// transaction is already open on `conn` with its mark; without it the transaction
-    /// opens on first use.
+    /// opens on first use. `ran` counts the handlers started (those whose effects may
+    /// have happened).
     pub(super) fn run_chunk(
         &self,
         conn: &mut DbConnection,
         lease: Option<&ChunkLease>,
         chunk: &[ClaimedTask],
         handlers: &[&dyn Handler],
+        ran: &Cell<usize>,
         complete: impl FnOnce(&mut DbConnection) -> diesel::QueryResult<usize>,
     ) -> Result<(), ChunkRollback> {
         let mark = match lease {
@@ -340,6 +358,7 @@ impl Worker {
                         .timeouts
                         .watch(task, lane, limit, session, Some(chunk_of()))
                 });
+                ran.set(ran.get() + 1);
                 run_handler(*handler, task, tx).map_err(|_| ChunkRollback::Task)?;
             }
             match complete(tx.conn()?)? {

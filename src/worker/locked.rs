@@ -16,13 +16,14 @@
 //! rescue charges their tasks a failure, as it charges a stamped claim's (and ends the
 //! chunk's session, so that what it holds is free and nothing it writes later lands).
 
+use std::cell::Cell;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use super::claim::claimed_tasks;
 use super::dispatch::Feed;
 use super::engine::Worker;
-use super::execute::ChunkRollback;
+use super::execute::{ChunkRollback, RAN_IN_A_ROLLED_BACK_CHUNK};
 use super::fairness::{participants, Took};
 use super::lease::{reserve_runs, ChunkLease};
 use super::plan::PlanLane;
@@ -196,7 +197,8 @@ impl Worker {
             ids: Arc::from(ids.as_slice()),
         };
         let owner = self.node.id();
-        let result = self.run_chunk(&mut conn, Some(&lease), &tasks, &handlers, |conn| {
+        let ran = Cell::new(0);
+        let result = self.run_chunk(&mut conn, Some(&lease), &tasks, &handlers, &ran, |conn| {
             driver(conn).task_complete_leased(owner, &ids)
         });
         drop(conn);
@@ -208,14 +210,17 @@ impl Worker {
             // A handler failed, a lease was taken over, or the database failed (the commit
             // may even have happened with its reply lost): what is still leased runs again
             // one by one; what is not is told apart by where it stands.
-            Err(ChunkRollback::Task | ChunkRollback::Database(_)) => self.rerun_leased(&tasks),
+            Err(ChunkRollback::Task | ChunkRollback::Database(_)) => {
+                self.rerun_leased(&tasks[..], &ids[..ran.get().min(ids.len())])
+            }
         }
     }
 
     /// After a leased chunk rolled back: claims, the stamping way, its tasks still leased by
-    /// this node and runs them one by one, so that each records its own outcome. A task no
-    /// longer leased is done (a commit whose reply was lost) or another's (counted lost).
-    fn rerun_leased(&self, tasks: &[ClaimedTask]) -> Vec<Outcome> {
+    /// this node and runs them one by one, so that each records its own outcome; those of
+    /// `ran` (their handlers ran in the chunk) noted as running again. A task no longer
+    /// leased is done (a commit whose reply was lost) or another's (counted lost).
+    fn rerun_leased(&self, tasks: &[ClaimedTask], ran: &[i64]) -> Vec<Outcome> {
         let ids: Vec<i64> = tasks.iter().map(|task| task.context.id).collect();
         if self.is_stopping() {
             // Stopping (or the hang watchdog is about to exit): claimed now, they would be
@@ -247,8 +252,15 @@ impl Worker {
                 return vec![Outcome::Abandoned; ids.len()];
             }
         };
-        let mut outcomes: Vec<Outcome> =
-            claimed.iter().map(|task| self.execute_task(task)).collect();
+        let mut outcomes: Vec<Outcome> = claimed
+            .iter()
+            .map(|task| {
+                if ran.contains(&task.context.id) {
+                    self.note_rerun(task);
+                }
+                self.execute_task(task)
+            })
+            .collect();
         for task in tasks {
             if claimed.iter().any(|c| c.context.id == task.context.id) {
                 continue;
@@ -266,6 +278,26 @@ impl Worker {
             outcomes.push(outcome);
         }
         outcomes
+    }
+
+    /// Notes in `task`'s `last_error` that it runs again after its chunk rolled back (a
+    /// note that cannot be written is logged; the run goes on, fenced as ever).
+    fn note_rerun(&self, task: &ClaimedTask) {
+        let noted = self
+            .pool
+            .get()
+            .map_err(|e| e.to_string())
+            .and_then(|mut conn| {
+                driver(&mut conn)
+                    .task_note(&task.claim(), RAN_IN_A_ROLLED_BACK_CHUNK)
+                    .map_err(|e| e.to_string())
+            });
+        if let Err(e) = noted {
+            log::warn!(
+                "task {}: its rerun could not be noted: {e}",
+                task.context.id
+            );
+        }
     }
 
     /// Whether the task `id` is done under this node (its chunk's completion committed).

@@ -171,6 +171,28 @@ every_claim_style! {
         }
     }
 
+    fn a_task_run_again_after_its_chunk_rolled_back_says_so(db: &TestDb, config: WorkerConfig) {
+        // Tasks 1 and 2 ran in the chunk before task 3 failed it: their effects outside the
+        // database may have happened twice, and `last_error` says why (as for a rescued or
+        // released task). Tasks 4 and 5 never ran in the chunk: nothing to say.
+        let ids = five_tasks(db);
+        let calls = Arc::new(AtomicUsize::new(0));
+        let bad = |_: &TaskContext| -> HandlerResult { Err(anyhow::anyhow!("downstream refused").into()) };
+        let w = Worker::new(&db.url, registry(&calls, bad), config).unwrap();
+        let tally = w.run_once().unwrap();
+        assert_eq!((tally.done, tally.retried), (4, 1), "{tally:?}");
+        for id in [ids[0], ids[1]] {
+            let row = db.task(id);
+            assert_eq!(row.state, "done");
+            let note = row.last_error.expect("a note on a task that ran twice");
+            assert!(note.contains("its chunk rolled back"), "{note}");
+        }
+        for id in [ids[3], ids[4]] {
+            let row = db.task(id);
+            assert_eq!((row.state.as_str(), row.last_error), ("done", None));
+        }
+    }
+
     fn a_panic_in_a_chunk_is_that_tasks_failure_only(db: &TestDb, config: WorkerConfig) {
         let ids = five_tasks(db);
         let calls = Arc::new(AtomicUsize::new(0));
