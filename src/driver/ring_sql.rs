@@ -7,7 +7,7 @@
 //! that its cost stays bounded whatever the number of tenants; when that bound stops it
 //! short of a full turn and its page is not full, the node's next claim goes on from where
 //! it stopped, in the same lap, until the lap comes round to where it began
-//! ([`passes_lap`]).
+//! (`passes_lap` on PostgreSQL and SQLite; MySQL walks it in `mysql/fair.rs`).
 
 use diesel::sql_types::Text;
 #[cfg(any(feature = "sqlite", feature = "mysql"))]

@@ -391,7 +391,8 @@ fn a_lap_follows_the_databases_order_of_tenants() {
 /// the backlog of tasks without a tenant. As a recursive step probing the next
 /// tenant after the one before, MariaDB read it as a `ref` on `state` alone: every pending
 /// task without a tenant, and those of the tenants before, at every step of the ring (with
-/// 300,000 such tasks and three tenants, 900,075 rows examined for one claim).
+/// 300,000 such tasks and three tenants, the ring read about 700,000 index entries of the
+/// 1,060,016 rows one claim's statement examined).
 #[cfg(feature = "mysql")]
 #[test]
 fn the_ring_reads_the_tenant_index_one_seek_per_tenant_on_mysql() {
@@ -417,4 +418,42 @@ fn the_ring_reads_the_tenant_index_one_seek_per_tenant_on_mysql() {
             "a read of the tenant index that is not a range of tenants: {line}\n{plan:#?}"
         );
     }
+}
+
+/// MySQL compares tenants with PAD SPACE (`' '` equals `''`, `'a '` equals `'a'`), while a
+/// claim tells a lap's start from where it goes on byte for byte. A lap begun after `''`
+/// meets the tenant `' '` last; when the ring is cut there, the next claim goes on after `' '`
+/// in the lap begun at `''`, which the database finds already done: the claim ends. Read as
+/// a new lap instead, the ring walked the same tenants again and was cut at `' '` again, and
+/// `claim` never returned (found by a differential test of the ring against its recursive
+/// form).
+#[cfg(feature = "mysql")]
+#[test]
+fn a_lap_that_ends_at_a_tenant_equal_to_its_start_ends_on_mysql() {
+    let db = &TestDb::mysql();
+    // A page of 16: the ring walks 32 tenants a statement. 31 tenants and `' '`, each with
+    // only a delayed task: every statement comes back short, cut at its bound.
+    let mut tasks: Vec<NewTask> = (0..31)
+        .map(|i| {
+            NewTask::new("job", format!("t{i:02}"))
+                .tenant(format!("t{i:02}"))
+                .delay(Duration::from_secs(3600))
+        })
+        .collect();
+    tasks.push(
+        NewTask::new("job", "space")
+            .tenant(" ")
+            .delay(Duration::from_secs(3600)),
+    );
+    enqueue_batch(&mut db.conn(), &tasks).unwrap();
+    let w = worker_with_page(db, 16);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(w.claim().map(|page| page.len()));
+    });
+    let claimed = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the claim returns: its lap ends")
+        .unwrap();
+    assert_eq!(claimed, 0, "nothing is due");
 }

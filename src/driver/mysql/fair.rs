@@ -60,47 +60,67 @@ impl FairSql for Mysql {
     /// of the next tenant as a ref on `state` alone, every pending task without a tenant (they
     /// sort first) and of the tenants before, at every step of the ring.
     ///
-    /// The walk stops before it would pass `lap` (`ring_sql::passes_lap`): it visits the
-    /// tenants after `after` up to `lap` inclusive going round, the whole ring once when
-    /// `after` is `lap`. The comparisons are the database's, in its collation.
+    /// The walk stops before it would pass `lap` (`ring_sql::passes_lap`): a claim that
+    /// begins a lap (`after` is `lap`, byte for byte, as the worker tells them apart) visits
+    /// the whole ring once; one that goes on visits the tenants after `after` up to `lap`
+    /// going round, none when the database finds them equal (PAD SPACE: `'a '` is `'a'`), its
+    /// lap done. The comparisons are the database's, in its collation.
     fn ring(statement: Statement<Mysql>, after: &str, lap: &str, walk: i64) -> Statement<Mysql> {
+        let new_lap = after == lap;
         let after = |s: Statement<Mysql>| s.bind::<Text, _>(after.to_owned());
         let lap = |s: Statement<Mysql>| s.bind::<Text, _>(lap.to_owned());
+        let part = |statement: Statement<Mysql>, n: &'static str| {
+            statement
+                .sql("(SELECT ")
+                .sql(n)
+                .sql(" AS part, tenant FROM ")
+                .sql(Self::TENANT_INDEX)
+                .sql(" WHERE state = 'pending' AND ")
+        };
+        let tail = |statement: Statement<Mysql>| {
+            statement
+                .sql(" GROUP BY state, tenant ORDER BY tenant LIMIT ")
+                .bind::<BigInt, _>(walk)
+                .sql(")")
+        };
+        let statement = statement.sql(
+            "WITH ring (tenant, n) AS (
+            SELECT tenant, n FROM (
+                SELECT tenant, ROW_NUMBER() OVER (ORDER BY part, tenant) AS n FROM (",
+        );
+        // After `after` to the end (or to `lap`, when the lap ends before the end), then
+        // from the first tenant to `after` (a new lap) or to `lap` (one past the end).
+        let statement = match new_lap {
+            true => part(statement, "1")
+                .sql("tenant > ")
+                .with(after)
+                .with(tail)
+                .sql(" UNION ALL ")
+                .with(|s| part(s, "2"))
+                .sql("tenant <= ")
+                .with(after),
+            false => part(statement, "1")
+                .sql("tenant > ")
+                .with(after)
+                .sql(" AND (")
+                .with(after)
+                .sql(" > ")
+                .with(lap)
+                .sql(" OR tenant <= ")
+                .with(lap)
+                .sql(")")
+                .with(tail)
+                .sql(" UNION ALL ")
+                .with(|s| part(s, "2"))
+                .with(after)
+                .sql(" > ")
+                .with(lap)
+                .sql(" AND tenant <= ")
+                .with(lap),
+        };
         statement
-            .sql(
-                "WITH ring (tenant, n) AS (
-                SELECT tenant, n FROM (
-                    SELECT tenant, ROW_NUMBER() OVER (ORDER BY part, tenant) AS n FROM (
-                        (SELECT 1 AS part, tenant FROM ",
-            )
-            .sql(Self::TENANT_INDEX)
-            .sql(" WHERE state = 'pending' AND tenant > ")
-            .with(after)
-            .sql(" AND (")
-            .with(after)
-            .sql(" >= ")
-            .with(lap)
-            .sql(" OR tenant <= ")
-            .with(lap)
-            .sql(") GROUP BY state, tenant ORDER BY tenant LIMIT ")
-            .bind::<BigInt, _>(walk)
-            .sql(
-                ")
-                        UNION ALL
-                        (SELECT 2, tenant FROM ",
-            )
-            .sql(Self::TENANT_INDEX)
-            .sql(" WHERE state = 'pending' AND ")
-            .with(after)
-            .sql(" >= ")
-            .with(lap)
-            .sql(" AND tenant <= LEAST(")
-            .with(after)
-            .sql(", ")
-            .with(lap)
-            .sql(") GROUP BY state, tenant ORDER BY tenant LIMIT ")
-            .bind::<BigInt, _>(walk)
-            .sql(")) parts) numbered WHERE n <= ")
+            .with(tail)
+            .sql(") parts) numbered WHERE n <= ")
             .bind::<BigInt, _>(walk)
             .sql(")")
     }
