@@ -16,6 +16,9 @@ struct Count {
 }
 
 /// See [`crate::driver::Driver::task_retry`]: the retry by filter's statement, of one task.
+/// The task is named by id alone, so it is locked whatever its state: a retry of a running
+/// task waits for its completion, and then reads the state it left (a task that died
+/// meanwhile is retried).
 pub(in crate::driver) fn retry(conn: &mut PgConnection, id: i64) -> QueryResult<usize> {
     let candidates = Statement::new("WITH candidates AS (SELECT id FROM async_task WHERE id = ")
         .bind::<BigInt, _>(id);
