@@ -69,6 +69,26 @@ every_backend! {
         assert_eq!(w.claim().unwrap().len(), 1, "the next, once the first's claim is gone");
     }
 
+    fn a_suspect_of_a_domain_is_claimed_when_the_lane_before_it_has_none(db: &TestDb) {
+        // A suspect (a task two dead processes held) of the keyword of a domain, and a
+        // plain keyword in the default lane, which is claimed first and has no suspect. Its
+        // finding none must not stop the domain's lane from looking: the harness's seed 503
+        // left such suspects pending while a live worker claimed around them.
+        let tasks = vec![NewTask::new("slow", "suspect"), NewTask::new("ledger", "plain")];
+        enqueue_batch(&mut db.conn(), &tasks).unwrap();
+        db.exec("UPDATE async_task SET suspect = 2 WHERE keyword = 'slow'");
+        let mut registry = ledger_registry("ledger");
+        registry.register("slow", crate::write_ledger);
+        let config = small_config()
+            .heartbeat(Duration::from_secs(3600))
+            .dead_after(Duration::from_secs(7200))
+            .domain(outbox::domain::Domain::max("slow", ["slow"], 1));
+        let w = Worker::new(&db.url, registry, config).unwrap();
+        let tally = w.run_once().unwrap();
+        assert_eq!(tally.done, 2, "{tally:?}");
+        assert_eq!(db.count("SELECT count(*) FROM async_task WHERE state = 'done'"), 2);
+    }
+
     fn the_tasks_of_a_node_that_stopped_heartbeating_are_rescued_once(db: &TestDb) {
         enqueue_n(db, 3);
         let dying = quiet_worker(db);
