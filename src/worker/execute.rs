@@ -38,7 +38,7 @@ pub(super) enum ChunkRollback {
 
 /// What a task whose handler ran in a chunk that rolled back says in `last_error` when it
 /// runs again alone: its effects outside the database may happen twice.
-pub(super) const RAN_IN_A_ROLLED_BACK_CHUNK: &str =
+const RAN_IN_A_ROLLED_BACK_CHUNK: &str =
     "run again alone: its chunk rolled back after its handler ran";
 
 impl From<diesel::result::Error> for ChunkRollback {
@@ -250,7 +250,7 @@ impl Worker {
 impl Worker {
     /// Whether this node still holds `task`'s claim (running, under this claim's token);
     /// with `ran`, noting in its `last_error` that it runs again after its chunk rolled back.
-    fn holds(&self, task: &ClaimedTask, ran: bool) -> bool {
+    pub(super) fn holds(&self, task: &ClaimedTask, ran: bool) -> bool {
         let claim = task.claim();
         // A check that cannot be made (the pool's connection lost with the chunk's, a read
         // that fails) runs the task: its completion is fenced all the same, while a task

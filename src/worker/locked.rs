@@ -23,7 +23,7 @@ use std::time::Instant;
 use super::claim::claimed_tasks;
 use super::dispatch::Feed;
 use super::engine::Worker;
-use super::execute::{ChunkRollback, RAN_IN_A_ROLLED_BACK_CHUNK};
+use super::execute::ChunkRollback;
 use super::fairness::{participants, Took};
 use super::lease::{reserve_runs, ChunkLease};
 use super::plan::PlanLane;
@@ -211,7 +211,7 @@ impl Worker {
             // may even have happened with its reply lost): what is still leased runs again
             // one by one; what is not is told apart by where it stands.
             Err(ChunkRollback::Task | ChunkRollback::Database(_)) => {
-                self.rerun_leased(&tasks[..], &ids[..ran.get().min(ids.len())])
+                self.rerun_leased(&tasks, &ids[..ran.get()])
             }
         }
     }
@@ -252,13 +252,16 @@ impl Worker {
                 return vec![Outcome::Abandoned; ids.len()];
             }
         };
+        // Just claimed, so held unless cancelled since: only a task whose handler ran in the
+        // chunk is checked, by the statement that notes its rerun.
         let mut outcomes: Vec<Outcome> = claimed
             .iter()
             .map(|task| {
-                if ran.contains(&task.context.id) {
-                    self.note_rerun(task);
+                let lost = ran.contains(&task.context.id) && !self.holds(task, true);
+                match lost {
+                    true => Outcome::Lost,
+                    false => self.execute_task(task),
                 }
-                self.execute_task(task)
             })
             .collect();
         for task in tasks {
@@ -278,26 +281,6 @@ impl Worker {
             outcomes.push(outcome);
         }
         outcomes
-    }
-
-    /// Notes in `task`'s `last_error` that it runs again after its chunk rolled back (a
-    /// note that cannot be written is logged; the run goes on, fenced as ever).
-    fn note_rerun(&self, task: &ClaimedTask) {
-        let noted = self
-            .pool
-            .get()
-            .map_err(|e| e.to_string())
-            .and_then(|mut conn| {
-                driver(&mut conn)
-                    .task_note(&task.claim(), RAN_IN_A_ROLLED_BACK_CHUNK)
-                    .map_err(|e| e.to_string())
-            });
-        if let Err(e) = noted {
-            log::warn!(
-                "task {}: its rerun could not be noted: {e}",
-                task.context.id
-            );
-        }
     }
 
     /// Whether the task `id` is done under this node (its chunk's completion committed).
