@@ -700,9 +700,10 @@ macro_rules! fixed_seeds {
 // 281 (found running MySQL's idle-tenant seeds by hand): a batched chunk that a panicking
 // handler rolled back ran its other tasks' external effects again with no `last_error`
 // saying so (the guide promises one for every duplicate but a crash's lost claim).
-// 503 (found by `--seeds 14 --first 500`, on SQLite): suspects of a domain's keyword left
-// pending for good, the default lane's claim, which found none of its own, having told the
-// domain's lane that there were none.
+// Seed 503 (SQLite: a domain's suspects left pending for good) is not among them: whether its
+// SIGSTOP ends on time depends on the machine's load, and when it ends late the progress
+// check fails whatever the fix; `rescue::a_suspect_of_a_domain_is_claimed_when_the_lane_before_it_has_none`
+// holds that defect instead.
 fixed_seeds! {
     seed_28 = 28;
     seed_4 = 4;
@@ -713,7 +714,6 @@ fixed_seeds! {
     seed_19 = 19;
     seed_307 = 307;
     seed_281 = 281;
-    seed_503 = 503;
 }
 
 /// `scripts/chaos.sh`: the seed `OUTBOX_CHAOS_SEED`, or `OUTBOX_CHAOS_SEEDS` random seeds
