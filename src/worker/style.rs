@@ -70,14 +70,17 @@ impl ClaimStyle {
         if lock && backend != Backend::Postgres {
             return bad(
                 "claim",
-                format!("lock claims need PostgreSQL's row locks, not {backend}"),
+                format!(
+                    "lock claims need PostgreSQL (an unlogged lease table and advisory \
+                     locks), not {backend}"
+                ),
             );
         }
         if lock && queue.unwrap_or(0) > 0 {
             return bad(
                 "queue",
-                "must be 0 with lock claims: a queued chunk would hold its row locks and a \
-                 connection while it waited"
+                "must be 0 with lock claims: a queued chunk would hold its tasks' leases, \
+                 their deadline running, while it waited"
                     .into(),
             );
         }
@@ -117,5 +120,23 @@ mod tests {
         }
         let error = "locked".parse::<ClaimStyle>().unwrap_err();
         assert!(error.contains("\"locked\""), "{error}");
+    }
+
+    #[test]
+    fn a_queue_with_lock_claims_is_refused_for_what_a_queued_chunk_holds() {
+        // A lease claim holds no row lock and no connection while its chunk waits: what a
+        // queued chunk would hold is its tasks' leases, their deadline running.
+        let error = ClaimStyle::Lock
+            .locks(Backend::Postgres, 50, Some(4))
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("queue"), "{error}");
+        assert!(error.contains("leases"), "{error}");
+        assert!(!error.contains("row locks"), "{error}");
+        let error = ClaimStyle::Lock
+            .locks(Backend::Sqlite, 50, None)
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("lease table"), "{error}");
     }
 }
