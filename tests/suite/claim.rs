@@ -260,3 +260,31 @@ every_backend! {
         assert_eq!(w.in_flight(), 0);
     }
 }
+
+every_backend! {
+    fn a_claim_of_several_keywords_takes_their_tasks_in_claim_order_across_them(db: &TestDb) {
+        // Three served keywords, their priorities interleaved, and a keyword not served whose
+        // tasks come first in claim order: each page is the next tasks of the three in claim
+        // order, each once, and the other keyword's are left pending.
+        let keywords = ["ledger.a", "ledger.b", "ledger.c"];
+        let mut tasks: Vec<NewTask> = (0..12)
+            .map(|i| NewTask::new(keywords[i % 3], format!("{i:02}")).priority(((i * 7) % 4) as i16))
+            .collect();
+        tasks.extend((0..50).map(|i| NewTask::new("mail.send", format!("m{i:02}")).priority(-1)));
+        enqueue_batch(&mut db.conn(), &tasks).unwrap();
+        let mut registry = ledger_registry(keywords[0]);
+        for keyword in &keywords[1..] {
+            registry.register(*keyword, crate::write_ledger);
+        }
+        let w = Worker::new(&db.url, registry, small_config().page_size(5)).unwrap();
+        let pages: Vec<Vec<String>> = (0..4)
+            .map(|_| w.claim().unwrap().iter().map(|t| t.context.biz_id().to_owned()).collect())
+            .collect();
+        // One statement enqueued them all at one time: claim order is priority, then id.
+        let mut expected: Vec<(usize, usize)> = (0..12).map(|i| ((i * 7) % 4, i)).collect();
+        expected.sort();
+        let expected: Vec<String> = expected.iter().map(|&(_, i)| format!("{i:02}")).collect();
+        assert_eq!(pages, vec![expected[..5].to_vec(), expected[5..10].to_vec(), expected[10..].to_vec(), vec![]]);
+        assert_eq!(db.count("SELECT count(*) FROM async_task WHERE keyword = 'mail.send' AND state = 'pending'"), 50);
+    }
+}

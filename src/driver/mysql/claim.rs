@@ -174,6 +174,8 @@ pub(in crate::driver) fn claim_plan(
         r#type: Option<String>,
         #[diesel(sql_type = Nullable<Text>)]
         key: Option<String>,
+        #[diesel(sql_type = Nullable<Text>, column_name = "ref")]
+        key_ref: Option<String>,
         #[diesel(sql_type = Nullable<Text>, column_name = "Extra")]
         extra: Option<String>,
     }
@@ -186,11 +188,12 @@ pub(in crate::driver) fn claim_plan(
         .into_iter()
         .map(|l| {
             format!(
-                "{} {} type={} key={} {}",
+                "{} {} type={} key={} ref={} {}",
                 text(l.select_type),
                 text(l.table),
                 text(l.r#type),
                 text(l.key),
+                text(l.key_ref),
                 text(l.extra)
             )
         })
