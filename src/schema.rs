@@ -146,6 +146,10 @@ diesel::table! {
         blocked_by -> Integer,
         has_children -> Bool,
         suspect -> Integer,
+        /// MySQL only, generated: the tenant while the task is pending (the tenant index's key).
+        pending_tenant -> Nullable<Text>,
+        /// MySQL only, generated: 1 while the task is a pending suspect (the suspects' index).
+        pending_suspect -> Nullable<Integer>,
     }
 }
 

@@ -31,8 +31,15 @@ pub(super) trait FairSql: Backend + HasSqlType<Text> + HasSqlType<BigInt> + Size
     const TASKS_OF_TENANT_INDEX: &'static str;
     /// `async_task` read by the suspects' index.
     const SUSPECT_INDEX: &'static str;
-    /// That a task is pending, in the terms the indexes above are read by.
+    /// That a task is pending, in the terms the claim index and the index of one tenant's
+    /// tasks are read by.
     const PENDING: &'static str;
+    /// The tenant index's key: a pending task's tenant.
+    const TENANT_KEY: &'static str;
+    /// That a task is pending and has a tenant, in the tenant index's terms.
+    const TENANT_PENDING: &'static str;
+    /// That a task is a pending suspect, in the suspects' index's terms.
+    const SUSPECT_PENDING: &'static str;
     /// Around an integer expression: read as a `BIGINT`.
     const BIGINT: [&'static str; 2];
     /// Around `SELECT 1 FROM … WHERE …`: true when it finds a row.
@@ -122,7 +129,7 @@ where
 
 /// Appends that a task is pending and has a tenant, in the tenant index's terms.
 pub(super) fn pending_tenant<B: FairSql>(statement: Statement<B>) -> Statement<B> {
-    statement.sql("tenant IS NOT NULL AND ").sql(B::PENDING)
+    statement.sql(B::TENANT_PENDING)
 }
 
 /// The statement of the participants of a claim of `limit` tasks of `due`, after `prefix`
@@ -218,7 +225,8 @@ where
             .sql(" WHERE ");
         let statement = match (op, tenant) {
             (Some(op), Some(tenant)) => statement
-                .sql("tenant ")
+                .sql(B::TENANT_KEY)
+                .sql(" ")
                 .sql(op)
                 .sql(" ")
                 .bind::<Text, _>(tenant.to_owned())
@@ -229,7 +237,9 @@ where
         match except {
             None => statement,
             Some(except) => statement
-                .sql(" AND tenant NOT IN ")
+                .sql(" AND ")
+                .sql(B::TENANT_KEY)
+                .sql(" NOT IN ")
                 .with(|s| B::in_list(s, except)),
         }
         .sql(")")
@@ -274,7 +284,8 @@ pub(super) fn first_suspect<B: FairSql>(
 ) -> Statement<B> {
     let statement = statement
         .sql(B::SUSPECT_INDEX)
-        .sql(" WHERE state = 'pending'");
+        .sql(" WHERE ")
+        .sql(B::SUSPECT_PENDING);
     let statement = match except {
         None => statement,
         Some(except) => statement
@@ -289,5 +300,7 @@ pub(super) fn first_suspect<B: FairSql>(
 pub(super) fn suspects_exist<B: FairSql>() -> Statement<B> {
     Statement::new("SELECT EXISTS (SELECT 1 FROM ")
         .sql(B::SUSPECT_INDEX)
-        .sql(" WHERE state = 'pending' AND suspect >= 2) AS found")
+        .sql(" WHERE ")
+        .sql(B::SUSPECT_PENDING)
+        .sql(") AS found")
 }

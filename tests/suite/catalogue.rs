@@ -34,6 +34,9 @@ const ONLY_ON: &[(&str, Backend)] = &[
     ("async_lock", Backend::Mysql),
     ("async_tenant_late_enqueue", Backend::Mysql),
     ("async_tenant.enqueue_seq", Backend::Mysql),
+    // MySQL's stand-ins for partial indexes (generated, never written).
+    ("async_task.pending_tenant", Backend::Mysql),
+    ("async_task.pending_suspect", Backend::Mysql),
 ];
 
 /// JSON columns: `jsonb` on PostgreSQL, declared `Text` (see src/schema.rs).

@@ -388,3 +388,92 @@ fn sqlite_migration_000004_keeps_running_tasks_in_the_lease_index() {
         2
     );
 }
+
+/// MySQL has no partial indexes: its tenant index and its suspects' index are on generated
+/// columns, NULL but while a task is pending (and, for the suspects', a suspect), so that the
+/// entries of a task without a tenant, or not a suspect, never move when its state changes.
+/// Neither index has the state in it, and through claims, completions, failures and suspects
+/// each holds exactly the tasks the claims read it for.
+#[cfg(feature = "mysql")]
+#[test]
+fn mysql_tenant_and_suspect_indexes_hold_only_pending_tasks() {
+    use outbox::{TaskContext, TaskTx};
+    let db = &TestDb::mysql();
+    let mut tasks: Vec<NewTask> = (0..12)
+        .map(|i| NewTask::new("ledger", format!("t{i:02}")).tenant(format!("tenant-{}", i % 3)))
+        .collect();
+    tasks.extend((0..6).map(|i| NewTask::new("ledger", format!("u{i:02}"))));
+    tasks.extend((0..4).map(|i| NewTask::new("fails", format!("f{i:02}")).tenant("tenant-0")));
+    enqueue_batch(&mut db.conn(), &tasks).unwrap();
+    // Two suspects, with a tenant and without.
+    db.exec("UPDATE async_task SET suspect = 2 WHERE biz_id IN ('t00', 'u00')");
+    let columns = |index: &str| -> Vec<String> {
+        #[derive(diesel::QueryableByName)]
+        struct Column {
+            #[diesel(sql_type = diesel::sql_types::Text, column_name = "Column_name")]
+            name: String,
+        }
+        use diesel::RunQueryDsl;
+        let rows: Vec<Column> = diesel::sql_query(format!(
+            "SHOW INDEX FROM async_task WHERE Key_name = '{index}'"
+        ))
+        .load(&mut db.conn())
+        .unwrap();
+        rows.into_iter().map(|c| c.name).collect()
+    };
+    assert_eq!(columns("async_task_pending_tenant_idx"), ["pending_tenant"]);
+    assert_eq!(
+        columns("async_task_suspect_idx"),
+        ["pending_suspect", "priority", "run_at", "id"]
+    );
+    let agree = |when: &str| {
+        let tenant_index = db.count(
+            "SELECT count(*) FROM async_task FORCE INDEX (async_task_pending_tenant_idx)
+              WHERE pending_tenant IS NOT NULL",
+        );
+        let pending_with_tenant = db.count(
+            "SELECT count(*) FROM async_task WHERE state = 'pending' AND tenant IS NOT NULL",
+        );
+        assert_eq!(tenant_index, pending_with_tenant, "the tenant index {when}");
+        let wrong = db.count(
+            "SELECT count(*) FROM async_task
+              WHERE NOT (pending_tenant <=> CASE WHEN state = 'pending' THEN tenant END)
+                 OR NOT (pending_suspect <=> CASE WHEN state = 'pending' AND suspect >= 2 THEN 1 END)",
+        );
+        assert_eq!(wrong, 0, "generated columns {when}");
+        let suspect_index = db.count(
+            "SELECT count(*) FROM async_task FORCE INDEX (async_task_suspect_idx)
+              WHERE pending_suspect = 1",
+        );
+        let pending_suspects =
+            db.count("SELECT count(*) FROM async_task WHERE state = 'pending' AND suspect >= 2");
+        assert_eq!(
+            suspect_index, pending_suspects,
+            "the suspects' index {when}"
+        );
+    };
+    agree("after the enqueue");
+    assert_eq!(
+        db.count("SELECT count(*) FROM async_task WHERE pending_suspect = 1"),
+        2
+    );
+    let mut registry = ledger_registry("ledger");
+    registry.register(
+        "fails",
+        |_: &TaskContext, _: &mut TaskTx| -> outbox::HandlerResult {
+            Err(anyhow::anyhow!("refused").into())
+        },
+    );
+    let w = Worker::new(&db.url, registry, small_config().page_size(5)).unwrap();
+    let _claimed = w.claim().unwrap();
+    agree("with a page claimed");
+    assert!(db.count("SELECT count(*) FROM async_task WHERE state = 'running' AND pending_tenant IS NULL AND pending_suspect IS NULL") >= 1);
+    drop(_claimed);
+    w.drain().unwrap();
+    agree("after a drain with failures");
+    assert_eq!(
+        db.count("SELECT count(*) FROM async_task WHERE state = 'pending' AND keyword = 'ledger'"),
+        0,
+        "the suspects ran too"
+    );
+}

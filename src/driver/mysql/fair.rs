@@ -23,12 +23,19 @@ use crate::strategy::Partition;
 impl FairSql for Mysql {
     const NOW: &'static str = now!();
     const CLAIM_INDEX: &'static str = "async_task FORCE INDEX (async_task_claim_idx)";
-    // (state, tenant): the tenants with pending tasks, in order.
+    // (pending_tenant): the tenants with pending tasks, in order.
     const TENANT_INDEX: &'static str = "async_task FORCE INDEX (async_task_pending_tenant_idx)";
     // (tenant, state, priority, run_at, id): one tenant's tasks in claim order as well.
     const TASKS_OF_TENANT_INDEX: &'static str = Self::CLAIM_INDEX;
+    // (pending_suspect, priority, run_at, id).
     const SUSPECT_INDEX: &'static str = "async_task FORCE INDEX (async_task_suspect_idx)";
     const PENDING: &'static str = "state = 'pending'";
+    // MySQL has no partial indexes: the tenant index and the suspects' are on generated
+    // columns, NULL but while the task is pending (migration 000018), so that a task without
+    // a tenant, or not a suspect, never moves in them when its state changes.
+    const TENANT_KEY: &'static str = "pending_tenant";
+    const TENANT_PENDING: &'static str = "pending_tenant IS NOT NULL";
+    const SUSPECT_PENDING: &'static str = "pending_suspect = 1";
     // The ring's counter and a weight are read as BIGINT only so cast.
     const BIGINT: [&'static str; 2] = ["CAST(", " AS SIGNED)"];
     // A scalar subquery, not EXISTS: MariaDB turns EXISTS into a semi-join that
@@ -54,7 +61,7 @@ impl FairSql for Mysql {
         partition_mysql(statement, partition)
     }
 
-    /// Two loose index scans of (state, tenant) (`GROUP BY state, tenant`: one seek per
+    /// Two loose index scans of the tenant index (`GROUP BY pending_tenant`: one seek per
     /// tenant, "Using index for group-by"), the tenants after `after` then those from the
     /// first, numbered. Not a recursive step as on SQLite: MariaDB reads the correlated probe
     /// of the next tenant as a ref on `state` alone, every pending task without a tenant (they
@@ -73,13 +80,13 @@ impl FairSql for Mysql {
             statement
                 .sql("(SELECT ")
                 .sql(n)
-                .sql(" AS part, tenant FROM ")
+                .sql(" AS part, pending_tenant AS tenant FROM ")
                 .sql(Self::TENANT_INDEX)
-                .sql(" WHERE state = 'pending' AND ")
+                .sql(" WHERE ")
         };
         let tail = |statement: Statement<Mysql>| {
             statement
-                .sql(" GROUP BY state, tenant ORDER BY tenant LIMIT ")
+                .sql(" GROUP BY pending_tenant ORDER BY pending_tenant LIMIT ")
                 .bind::<BigInt, _>(walk)
                 .sql(")")
         };
@@ -92,21 +99,21 @@ impl FairSql for Mysql {
         // from the first tenant to `after` (a new lap) or to `lap` (one past the end).
         let statement = match new_lap {
             true => part(statement, "1")
-                .sql("tenant > ")
+                .sql("pending_tenant > ")
                 .with(after)
                 .with(tail)
                 .sql(" UNION ALL ")
                 .with(|s| part(s, "2"))
-                .sql("tenant <= ")
+                .sql("pending_tenant <= ")
                 .with(after),
             false => part(statement, "1")
-                .sql("tenant > ")
+                .sql("pending_tenant > ")
                 .with(after)
                 .sql(" AND (")
                 .with(after)
                 .sql(" > ")
                 .with(lap)
-                .sql(" OR tenant <= ")
+                .sql(" OR pending_tenant <= ")
                 .with(lap)
                 .sql(")")
                 .with(tail)
@@ -115,7 +122,7 @@ impl FairSql for Mysql {
                 .with(after)
                 .sql(" > ")
                 .with(lap)
-                .sql(" AND tenant <= ")
+                .sql(" AND pending_tenant <= ")
                 .with(lap),
         };
         statement

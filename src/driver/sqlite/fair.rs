@@ -28,6 +28,11 @@ impl FairSql for Sqlite {
     // The tenant index's predicate repeated (see above).
     const PENDING: &'static str =
         "state = 'pending' AND state IN ('pending', 'blocked', 'running')";
+    const TENANT_KEY: &'static str = "tenant";
+    const TENANT_PENDING: &'static str =
+        "tenant IS NOT NULL AND state = 'pending' AND state IN ('pending', 'blocked', 'running')";
+    // The suspects' index's predicate.
+    const SUSPECT_PENDING: &'static str = "state = 'pending' AND suspect >= 2";
     // Integers are 64-bit already.
     const BIGINT: [&'static str; 2] = ["", ""];
     const FOUND: [&'static str; 2] = ["EXISTS (", ")"];
