@@ -274,7 +274,7 @@ every_backend! {
         enqueue_batch(&mut db.conn(), &tasks).unwrap();
         let mut registry = ledger_registry(keywords[0]);
         for keyword in &keywords[1..] {
-            registry.register(*keyword, crate::write_ledger);
+            registry.register(keyword, crate::write_ledger);
         }
         let w = Worker::new(&db.url, registry, small_config().page_size(5)).unwrap();
         let pages: Vec<Vec<String>> = (0..4)
