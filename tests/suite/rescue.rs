@@ -422,6 +422,15 @@ fn mysql_tenant_and_suspect_indexes_hold_only_pending_tasks() {
         rows.into_iter().map(|c| c.name).collect()
     };
     assert_eq!(columns("async_task_pending_tenant_idx"), ["pending_tenant"]);
+    // The ring compares and groups the generated column as it did the tenant: byte for byte.
+    assert_eq!(
+        db.count(
+            "SELECT count(DISTINCT collation_name) FROM information_schema.columns
+              WHERE table_schema = DATABASE() AND table_name = 'async_task'
+                AND column_name IN ('tenant', 'pending_tenant')"
+        ),
+        1
+    );
     assert_eq!(
         columns("async_task_suspect_idx"),
         ["pending_suspect", "priority", "run_at", "id"]

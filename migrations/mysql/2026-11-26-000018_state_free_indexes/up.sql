@@ -7,7 +7,7 @@
 -- what it saves). The engine's statements read the generated columns (driver/mysql/fair.rs).
 -- One ALTER: it applies whole or not at all (MySQL's DDL is not transactional).
 ALTER TABLE async_task
-    ADD COLUMN pending_tenant VARCHAR(255)
+    ADD COLUMN pending_tenant VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin
         AS (CASE WHEN state = 'pending' THEN tenant END) STORED,
     ADD COLUMN pending_suspect INT
         AS (CASE WHEN state = 'pending' AND suspect >= 2 THEN 1 END) STORED,
