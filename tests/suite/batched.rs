@@ -260,7 +260,7 @@ fn a_chunk_whose_commit_reply_was_lost_is_counted_done_and_not_run_again() {
     let ids = five_tasks(db);
     let proxy = crate::proxy::CommitReplyLoser::start(&db.url_text);
     let calls = Arc::new(AtomicUsize::new(0));
-    let (calls_in, arm) = (Arc::clone(&calls), proxy.arm());
+    let calls_in = Arc::clone(&calls);
     let mut registry = Registry::new();
     registry.register(
         "ledger",
@@ -268,7 +268,11 @@ fn a_chunk_whose_commit_reply_was_lost_is_counted_done_and_not_run_again() {
             calls_in.fetch_add(1, Ordering::SeqCst);
             write_ledger(task, tx)?;
             if task.biz_id() == "5" {
-                arm.store(true, Ordering::SeqCst);
+                // The chunk's connection: its COMMIT's reply is lost, no other's.
+                diesel::RunQueryDsl::execute(
+                    diesel::sql_query(crate::proxy::CommitReplyLoser::ARM),
+                    tx.conn()?,
+                )?;
             }
             Ok(())
         },

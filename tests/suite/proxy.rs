@@ -1,12 +1,12 @@
 //! TCP proxies in front of the test servers. [`CommitReplyLoser`] (PostgreSQL) can lose a
-//! commit's reply: once armed, it forwards the next `COMMIT` a client sends (a simple-query
-//! message) and then closes that connection both ways, so the server commits and the client
-//! never hears so. [`ReplySwallower`] (PostgreSQL, MySQL) keeps a connection open and drops
+//! commit's reply: once a connection is armed (it sends [`CommitReplyLoser::ARM`]), it
+//! forwards the next `COMMIT` that connection sends (a simple-query message) and then closes
+//! it both ways, so the server commits and the client never hears so. [`ReplySwallower`] (PostgreSQL, MySQL) keeps a connection open and drops
 //! the server's replies on it.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread;
 
@@ -16,7 +16,6 @@ const COMMIT: &[u8] = b"Q\0\0\0\x0bCOMMIT\0";
 pub struct CommitReplyLoser {
     /// The proxy's URL for the database of `url`.
     pub url: String,
-    armed: Arc<AtomicBool>,
     lost: Arc<AtomicUsize>,
 }
 
@@ -29,30 +28,27 @@ impl CommitReplyLoser {
         let server = server.to_owned();
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
         let port = listener.local_addr().unwrap().port();
-        let armed = Arc::new(AtomicBool::new(false));
         let lost = Arc::new(AtomicUsize::new(0));
-        let (armed_in, lost_in) = (Arc::clone(&armed), Arc::clone(&lost));
+        let lost_in = Arc::clone(&lost);
         thread::spawn(move || {
             for client in listener.incoming() {
                 let Ok(client) = client else { return };
                 let Ok(upstream) = TcpStream::connect(&server) else {
                     return;
                 };
-                let (armed, lost) = (Arc::clone(&armed_in), Arc::clone(&lost_in));
-                relay(client, upstream, armed, lost);
+                relay(client, upstream, Arc::clone(&lost_in));
             }
         });
         CommitReplyLoser {
             url: format!("postgres://{user}@127.0.0.1:{port}/{db}"),
-            armed,
             lost,
         }
     }
 
-    /// Loses the reply of the next COMMIT any client sends.
-    pub fn arm(&self) -> Arc<AtomicBool> {
-        Arc::clone(&self.armed)
-    }
+    /// The statement that arms the connection it runs on: the reply of that connection's
+    /// next COMMIT is lost. Only that connection's: another's commit (a heartbeat's, say)
+    /// in between is left alone.
+    pub const ARM: &'static str = "SELECT 'outbox test: lose the next commit reply'";
 
     /// How many commit replies were lost.
     pub fn lost(&self) -> usize {
@@ -60,13 +56,16 @@ impl CommitReplyLoser {
     }
 }
 
-/// Copies bytes both ways; the client's side is watched for an armed COMMIT.
-fn relay(client: TcpStream, upstream: TcpStream, armed: Arc<AtomicBool>, lost: Arc<AtomicUsize>) {
+/// Copies bytes both ways; the client's side is watched for [`CommitReplyLoser::ARM`], then
+/// for a COMMIT.
+fn relay(client: TcpStream, upstream: TcpStream, lost: Arc<AtomicUsize>) {
     let (mut client_r, mut upstream_w) =
         (client.try_clone().unwrap(), upstream.try_clone().unwrap());
     let (mut upstream_r, mut client_w) = (upstream, client);
     thread::spawn(move || {
         let mut buf = [0u8; 65536];
+        let mark = CommitReplyLoser::ARM.as_bytes();
+        let mut armed = false;
         loop {
             let n = match client_r.read(&mut buf) {
                 Ok(0) | Err(_) => break,
@@ -76,8 +75,9 @@ fn relay(client: TcpStream, upstream: TcpStream, armed: Arc<AtomicBool>, lost: A
             if upstream_w.write_all(data).is_err() {
                 break;
             }
+            armed |= data.windows(mark.len()).any(|w| w == mark);
             let commits = data.windows(COMMIT.len()).any(|w| w == COMMIT);
-            if commits && armed.swap(false, Ordering::SeqCst) {
+            if commits && armed {
                 // The server has the COMMIT; its reply goes nowhere.
                 lost.fetch_add(1, Ordering::SeqCst);
                 let _ = upstream_w.shutdown(Shutdown::Both);
