@@ -52,6 +52,20 @@ fn registry(calls: &Arc<AtomicUsize>, bad: fn(&TaskContext) -> HandlerResult) ->
     registry
 }
 
+/// Five tasks drained in one chunk by a worker of `config` whose task 3 fails ("downstream
+/// refused"): the chunk rolls back and its tasks run again one by one. Returns the tasks'
+/// ids and how many handler calls there were.
+fn drain_with_task_3_failing(db: &TestDb, config: WorkerConfig) -> (Vec<i64>, usize) {
+    let ids = five_tasks(db);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let bad =
+        |_: &TaskContext| -> HandlerResult { Err(anyhow::anyhow!("downstream refused").into()) };
+    let w = Worker::new(&db.url, registry(&calls, bad), config).unwrap();
+    let tally = w.run_once().unwrap();
+    assert_eq!((tally.done, tally.retried), (4, 1), "{tally:?}");
+    (ids, calls.load(Ordering::SeqCst))
+}
+
 // `Worker::claim` and `Worker::execute` claim and run the stamp way whatever the claim style.
 every_backend! {
     fn a_chunks_tasks_get_a_deadline_that_covers_the_whole_chunk(db: &TestDb) {
@@ -149,15 +163,10 @@ every_claim_style! {
     }
 
     fn a_failing_task_neither_loses_nor_completes_the_others(db: &TestDb, config: WorkerConfig) {
-        let ids = five_tasks(db);
-        let calls = Arc::new(AtomicUsize::new(0));
-        let bad = |_: &TaskContext| -> HandlerResult { Err(anyhow::anyhow!("downstream refused").into()) };
-        let w = Worker::new(&db.url, registry(&calls, bad), config).unwrap();
-        let tally = w.run_once().unwrap();
-        assert_eq!((tally.done, tally.retried), (4, 1), "{tally:?}");
+        let (ids, calls) = drain_with_task_3_failing(db, config);
         // Tasks 1–3 ran in the chunk that rolled back, then all five ran one by one: effects
         // outside the database would have happened twice for 1–3.
-        assert_eq!(calls.load(Ordering::SeqCst), 3 + 5);
+        assert_eq!(calls, 3 + 5);
         for (n, id) in ids.iter().enumerate() {
             let row = db.task(*id);
             if n == 2 {
@@ -175,12 +184,7 @@ every_claim_style! {
         // Tasks 1 and 2 ran in the chunk before task 3 failed it: their effects outside the
         // database may have happened twice, and `last_error` says why (as for a rescued or
         // released task). Tasks 4 and 5 never ran in the chunk: nothing to say.
-        let ids = five_tasks(db);
-        let calls = Arc::new(AtomicUsize::new(0));
-        let bad = |_: &TaskContext| -> HandlerResult { Err(anyhow::anyhow!("downstream refused").into()) };
-        let w = Worker::new(&db.url, registry(&calls, bad), config).unwrap();
-        let tally = w.run_once().unwrap();
-        assert_eq!((tally.done, tally.retried), (4, 1), "{tally:?}");
+        let (ids, _) = drain_with_task_3_failing(db, config);
         for id in [ids[0], ids[1]] {
             let row = db.task(id);
             assert_eq!(row.state, "done");

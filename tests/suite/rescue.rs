@@ -474,10 +474,13 @@ fn mysql_tenant_and_suspect_indexes_hold_only_pending_tasks() {
         },
     );
     let w = Worker::new(&db.url, registry, small_config().page_size(5)).unwrap();
-    let _claimed = w.claim().unwrap();
+    let claimed = w.claim().unwrap();
+    assert!(!claimed.is_empty());
     agree("with a page claimed");
     assert!(db.count("SELECT count(*) FROM async_task WHERE state = 'running' AND pending_tenant IS NULL AND pending_suspect IS NULL") >= 1);
-    drop(_claimed);
+    // The page goes unrun (its tasks stay running, held by this node); dropped, it gives
+    // back the turn of a suspect it holds, so that the drain may claim the other one.
+    drop(claimed);
     w.drain().unwrap();
     agree("after a drain with failures");
     assert_eq!(

@@ -63,9 +63,9 @@ impl FairSql for Mysql {
 
     /// Two loose index scans of the tenant index (`GROUP BY pending_tenant`: one seek per
     /// tenant, "Using index for group-by"), the tenants after `after` then those from the
-    /// first, numbered. Not a recursive step as on SQLite: MariaDB reads the correlated probe
-    /// of the next tenant as a ref on `state` alone, every pending task without a tenant (they
-    /// sort first) and of the tenants before, at every step of the ring.
+    /// first, numbered. Not a recursive step as on SQLite: MariaDB plans the correlated probe
+    /// of the next tenant before it knows the tenant, and read every pending task of the
+    /// tenants before at every step of the ring (docs/notes/2026-11-26-mysql-speed.md).
     ///
     /// The walk stops before it would pass `lap` (`ring_sql::passes_lap`): a claim that
     /// begins a lap (`after` is `lap`, byte for byte, as the worker tells them apart) visits
