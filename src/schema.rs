@@ -66,7 +66,7 @@ diesel::table! {
 }
 
 diesel::table! {
-    /// PostgreSQL only: the leases of lock claims, one per task of a running chunk.
+    /// PostgreSQL and MySQL: the leases of lock claims, one per task of a running chunk.
     async_lease (task_id) {
         task_id -> BigInt,
         node_id -> BigInt,

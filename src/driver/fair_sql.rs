@@ -40,6 +40,9 @@ pub(super) trait FairSql: Backend + HasSqlType<Text> + HasSqlType<BigInt> + Size
     const TENANT_PENDING: &'static str;
     /// That a task is a pending suspect, in the suspects' index's terms.
     const SUSPECT_PENDING: &'static str;
+    /// ` AND` that a task of `async_task` has no lease (a lock claim's, until its chunk ends
+    /// or rescue frees it), or nothing where there are no lock claims.
+    const NOT_LEASED: &'static str;
     /// Around an integer expression: read as a `BIGINT`.
     const BIGINT: [&'static str; 2];
     /// Around `SELECT 1 FROM … WHERE …`: true when it finds a row.
@@ -96,7 +99,7 @@ pub(super) fn due_for<B: FairSql>(statement: Statement<B>, due: &DueList<B>) -> 
         Some(true) => statement.sql(" AND suspect >= 2"),
         None => statement,
     };
-    B::partition(statement, due.partition)
+    B::partition(statement.sql(B::NOT_LEASED), due.partition)
 }
 
 /// Appends, after a `FROM`, the first `limit` due tasks of `tenant` (`None`: those without

@@ -1,7 +1,7 @@
-//! The lock claims' operations (PostgreSQL only: an unlogged lease table and advisory locks;
-//! docs/guide/src/claims.md), a part of [`super::Driver`] of their own. What they do on
-//! the other backends, which have no lock claims, is written once here: the worker refuses
-//! the setting there before any of the claims could run.
+//! The lock claims' operations (PostgreSQL: an unlogged lease table and advisory locks;
+//! MySQL: an InnoDB lease table; docs/guide/src/claims.md), a part of [`super::Driver`] of
+//! their own. What they do on SQLite, which has no lock claims, is written once here: the
+//! worker refuses the setting there before any of the claims could run.
 
 use diesel::QueryResult;
 
@@ -12,8 +12,8 @@ use super::{
 /// The lock claims' part of the driver.
 pub trait LeaseDriver {
     /// Leases up to `claim.limit` due pending tasks of `claim.due` for `claim.owner` (a lock
-    /// claim; PostgreSQL only), chosen as [`super::Driver::task_claim_page`] chooses: a row of
-    /// `async_lease` per task with a deadline `claim.timeout_ms` from now, committed by this statement alone; the task rows
+    /// claim), chosen as [`super::Driver::task_claim_page`] chooses: a row of
+    /// `async_lease` per task with a deadline `claim.timeout_ms` from now, committed by this claim alone; the task rows
     /// are not written and stay pending. A leased task is taken by no other claim. The page
     /// is cut, in claim order, into chunks of `chunk.per` tasks; the i-th chunk's leases
     /// name the run `chunk.first + i` (that of the [`TxMark`] its transaction will hold).
@@ -77,8 +77,7 @@ pub trait LeaseDriver {
     /// Deletes the leases of nodes that are not live (as [`super::Driver::task_rescue_many`] judges
     /// them) and those past their deadline, charging each task still pending under its
     /// lease a failure (and, when its node died, counting the death in `suspect`). None on
-    /// SQLite and MySQL,
-    /// which have no lock claims.
+    /// SQLite, which has no lock claims.
     fn task_rescue_leases(&mut self, rescue: &RescueParams) -> QueryResult<Vec<RescuedRow>> {
         let _ = rescue;
         Ok(Vec::new())
@@ -87,7 +86,8 @@ pub trait LeaseDriver {
     /// Ends (`pg_terminate_backend`) the sessions of the engine's transactions whose node is
     /// not live (no heartbeat for `dead_after_ms`, gone, unknown) or whose chunk's lease is
     /// past its deadline, so that what they hold (locks of rows a handler wrote) is free
-    /// and nothing they write later lands; returns how many. 0 on SQLite and MySQL.
+    /// and nothing they write later lands; returns how many. 0 on SQLite and MySQL (no lock
+    /// names a transaction's chunk there).
     fn session_end_stale(&mut self, dead_after_ms: i64) -> QueryResult<i64> {
         let _ = dead_after_ms;
         Ok(0)
@@ -101,9 +101,9 @@ pub trait LeaseDriver {
     }
 }
 
-/// What the lock claims' operations fail with off PostgreSQL.
+/// What the lock claims' operations fail with on SQLite.
 fn lock_claims_unsupported() -> diesel::result::Error {
     diesel::result::Error::QueryBuilderError(
-        "lock claims need PostgreSQL (an unlogged lease table and advisory locks)".into(),
+        "lock claims need PostgreSQL or MySQL (a lease table beside the tasks)".into(),
     )
 }

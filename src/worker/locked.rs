@@ -1,5 +1,5 @@
-//! Lock claims ([`crate::ClaimStyle::Lock`], PostgreSQL): each chunk's tasks are leased by
-//! one committed statement that writes no task row, and run in a transaction of their own
+//! Lock claims ([`crate::ClaimStyle::Lock`], PostgreSQL and MySQL): each chunk's tasks are
+//! leased by one committed claim that writes no task row, and run in a transaction of their own
 //! that marks them done as it deletes their leases: one row version per task.
 //!
 //! The claiming thread leases a chunk (a row of `async_lease` per task, naming the chunk's
@@ -7,14 +7,15 @@
 //! leased chunk never waits for a thread; when every thread is busy the claiming thread
 //! runs it itself; with domains, a chunk is leased for a domain only when a thread it may
 //! take is free). The chunk's transaction holds the advisory locks of its node and run
-//! (its [`TxMark`]), commits its handlers' effects and its completion together, and holds
+//! (its [`TxMark`], PostgreSQL), commits its handlers' effects and its completion together, and holds
 //! no lock on a task row: a cancel never waits for it.
 //!
 //! If a handler fails, the chunk rolls back and its tasks still leased are claimed the
 //! stamping way and run one by one, each recording its own outcome. If the process dies,
 //! freezes or is cut off, or the chunk runs past its deadline, the leases stay behind:
-//! rescue charges their tasks a failure, as it charges a stamped claim's (and ends the
-//! chunk's session, so that what it holds is free and nothing it writes later lands).
+//! rescue charges their tasks a failure, as it charges a stamped claim's (and, on
+//! PostgreSQL, ends the chunk's session, so that what it holds is free and nothing it
+//! writes later lands; its late completion finds no lease on either).
 
 use std::cell::Cell;
 use std::sync::{Arc, Mutex};

@@ -16,19 +16,20 @@ use crate::error::{Error, Result};
 ///   long as its timeout: a node that dies is found by its silent heartbeat and its tasks
 ///   are rescued, each counting a failure. Works everywhere, PgBouncer in transaction mode
 ///   included, and on SQLite.
-/// - **Lock** (PostgreSQL, one write per task): one statement leases a chunk's tasks (a row
-///   each in the unlogged `async_lease`, with this node, the task's claim token and a
-///   deadline), without writing the task rows; the chunk's transaction runs their handlers
+/// - **Lock** (PostgreSQL and MySQL, one write per task): one claim leases a chunk's tasks
+///   (a row each in `async_lease`, unlogged on PostgreSQL, with this node, the task's claim
+///   token and a deadline), without writing the task rows; the chunk's transaction runs their handlers
 ///   and marks them done as it deletes the leases. One row version per task; no task row is
 ///   locked while handlers run (a cancel never waits for a chunk). A process that dies,
 ///   freezes or is cut off leaves its leases: rescue charges their tasks a failure, as it
-///   does a stamped claim's, and ends the frozen node's sessions. A transaction and a
+///   does a stamped claim's, and (PostgreSQL) ends the frozen node's sessions. A transaction and a
 ///   connection are held while the chunk's handlers run, so it suits short handlers.
-/// - **Auto** (the default): lock claims in batched mode on PostgreSQL, stamping otherwise.
+/// - **Auto** (the default): lock claims in batched mode on PostgreSQL and MySQL, stamping
+///   otherwise.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum ClaimStyle {
-    /// Lock claims in batched mode on PostgreSQL, stamping otherwise.
+    /// Lock claims in batched mode on PostgreSQL and MySQL, stamping otherwise.
     #[default]
     Auto,
     /// Claims that stamp owner, token and deadline; completion is a second write.
@@ -51,7 +52,7 @@ impl ClaimStyle {
 impl ClaimStyle {
     /// Whether a worker with this style claims by locking, on `backend` with chunks of
     /// `commit_batch` and the `queue` set (if any). Fails, naming the setting, where lock
-    /// claims cannot run: on SQLite or MySQL, or with a queue (a queued chunk would hold its
+    /// claims cannot run: on SQLite, or with a queue (a queued chunk would hold its
     /// leases, their deadline running, while it waited).
     pub(crate) fn locks(
         self,
@@ -61,19 +62,18 @@ impl ClaimStyle {
     ) -> Result<bool> {
         let lock = match self {
             ClaimStyle::Auto => {
-                backend == Backend::Postgres && commit_batch > 1 && queue.unwrap_or(0) == 0
+                backend != Backend::Sqlite && commit_batch > 1 && queue.unwrap_or(0) == 0
             }
             ClaimStyle::Stamp => false,
             ClaimStyle::Lock => true,
         };
         let bad = |setting, reason| Err(Error::InvalidConfig { setting, reason });
-        if lock && backend != Backend::Postgres {
+        if lock && backend == Backend::Sqlite {
             return bad(
                 "claim",
-                format!(
-                    "lock claims need PostgreSQL (an unlogged lease table and advisory \
-                     locks), not {backend}"
-                ),
+                "lock claims need PostgreSQL or MySQL (a lease table beside the tasks and \
+                 row locks), not SQLite"
+                    .into(),
             );
         }
         if lock && queue.unwrap_or(0) > 0 {

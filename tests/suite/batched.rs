@@ -116,10 +116,14 @@ every_backend! {
     }
 }
 
-/// Runs each `fn name(db: &TestDb, config: WorkerConfig) { … }` on SQLite and on PostgreSQL
-/// with each claim style, `config` being [`one_chunk_config`] with that style.
+/// Runs each `fn name(db: &TestDb, config: WorkerConfig) { … }` on SQLite, and on PostgreSQL
+/// and MySQL with each claim style, `config` being [`one_chunk_config`] with that style
+/// (`but_mysql` before the list: not on MySQL).
 macro_rules! every_claim_style {
-    ($(fn $name:ident($db:ident: &TestDb, $config:ident: WorkerConfig) $body:block)*) => {$(
+    (but_mysql $($tests:tt)*) => {
+        every_claim_style! { @mysql cfg(any()) $($tests)* }
+    };
+    (@mysql $mysql:meta $(fn $name:ident($db:ident: &TestDb, $config:ident: WorkerConfig) $body:block)*) => {$(
         mod $name {
             #[allow(unused_imports)]
             use super::*;
@@ -144,8 +148,27 @@ macro_rules! every_claim_style {
                 let $config = one_chunk_config().claim_style(ClaimStyle::Lock);
                 $body
             }
+
+            #[$mysql]
+            #[test]
+            fn mysql_stamp() {
+                let $db = &TestDb::mysql();
+                let $config = one_chunk_config().claim_style(ClaimStyle::Stamp);
+                $body
+            }
+
+            #[$mysql]
+            #[test]
+            fn mysql_lock() {
+                let $db = &TestDb::mysql();
+                let $config = one_chunk_config().claim_style(ClaimStyle::Lock);
+                $body
+            }
         }
     )*};
+    ($($tests:tt)*) => {
+        every_claim_style! { @mysql cfg(feature = "mysql") $($tests)* }
+    };
 }
 
 every_claim_style! {
@@ -217,41 +240,7 @@ every_claim_style! {
         assert_eq!(w.run_once().unwrap().retried, 1);
     }
 
-    fn a_chunk_that_fails_at_commit_rolls_back_and_runs_task_by_task(db: &TestDb, config: WorkerConfig) {
-        // Task 3 leaves a deferred foreign key violation: the handler returns Ok, the
-        // chunk's COMMIT fails, nothing of the chunk is applied.
-        db.exec("CREATE TABLE test_parent (id BIGINT PRIMARY KEY)");
-        db.exec(
-            "CREATE TABLE test_child (parent_id BIGINT NOT NULL \
-             REFERENCES test_parent (id) DEFERRABLE INITIALLY DEFERRED)",
-        );
-        let ids = five_tasks(db);
-        let calls = Arc::new(AtomicUsize::new(0));
-        let calls_in = Arc::clone(&calls);
-        let mut registry = Registry::new();
-        registry.register("ledger", move |task: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
-            use diesel::RunQueryDsl;
-            calls_in.fetch_add(1, Ordering::SeqCst);
-            write_ledger(task, tx)?;
-            if task.biz_id() == "3" {
-                diesel::sql_query("INSERT INTO test_child (parent_id) VALUES (42)").execute(tx.conn()?)?;
-            }
-            Ok(())
-        });
-        let w = Worker::new(&db.url, registry, config).unwrap();
-        let tally = w.run_once().unwrap();
-        assert_eq!((tally.done, tally.retried), (4, 1), "{tally:?}");
-        assert_eq!(calls.load(Ordering::SeqCst), 5 + 5);
-        let row = db.task(ids[2]);
-        assert_eq!((row.state.as_str(), row.failures), ("pending", 1));
-        assert!(row.last_error.unwrap().contains("the task's transaction failed"));
-        assert_eq!(db.ledger_rows(ids[2]), 0);
-        assert_eq!(db.count("SELECT count(*) FROM test_child"), 0);
-        for id in [ids[0], ids[1], ids[3], ids[4]] {
-            assert_eq!(db.task(id).state, "done");
-            assert_eq!(db.ledger_rows(id), 1);
-        }
-    }
+
 }
 
 /// A chunk whose commit happened but whose reply was lost (a proxy forwards the COMMIT, then
@@ -291,5 +280,46 @@ fn a_chunk_whose_commit_reply_was_lost_is_counted_done_and_not_run_again() {
     for id in ids {
         assert_eq!(db.task(id).state, "done");
         assert_eq!(db.ledger_rows(id), 1, "task {id}: exactly one effect");
+    }
+}
+
+// MySQL checks a foreign key at each statement: it has no deferred constraint to fail a
+// COMMIT.
+every_claim_style! {
+    but_mysql
+    fn a_chunk_that_fails_at_commit_rolls_back_and_runs_task_by_task(db: &TestDb, config: WorkerConfig) {
+        // Task 3 leaves a deferred foreign key violation: the handler returns Ok, the
+        // chunk's COMMIT fails, nothing of the chunk is applied.
+        db.exec("CREATE TABLE test_parent (id BIGINT PRIMARY KEY)");
+        db.exec(
+            "CREATE TABLE test_child (parent_id BIGINT NOT NULL \
+             REFERENCES test_parent (id) DEFERRABLE INITIALLY DEFERRED)",
+        );
+        let ids = five_tasks(db);
+        let calls = Arc::new(AtomicUsize::new(0));
+        let calls_in = Arc::clone(&calls);
+        let mut registry = Registry::new();
+        registry.register("ledger", move |task: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
+            use diesel::RunQueryDsl;
+            calls_in.fetch_add(1, Ordering::SeqCst);
+            write_ledger(task, tx)?;
+            if task.biz_id() == "3" {
+                diesel::sql_query("INSERT INTO test_child (parent_id) VALUES (42)").execute(tx.conn()?)?;
+            }
+            Ok(())
+        });
+        let w = Worker::new(&db.url, registry, config).unwrap();
+        let tally = w.run_once().unwrap();
+        assert_eq!((tally.done, tally.retried), (4, 1), "{tally:?}");
+        assert_eq!(calls.load(Ordering::SeqCst), 5 + 5);
+        let row = db.task(ids[2]);
+        assert_eq!((row.state.as_str(), row.failures), ("pending", 1));
+        assert!(row.last_error.unwrap().contains("the task's transaction failed"));
+        assert_eq!(db.ledger_rows(ids[2]), 0);
+        assert_eq!(db.count("SELECT count(*) FROM test_child"), 0);
+        for id in [ids[0], ids[1], ids[3], ids[4]] {
+            assert_eq!(db.task(id).state, "done");
+            assert_eq!(db.ledger_rows(id), 1);
+        }
     }
 }

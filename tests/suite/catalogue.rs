@@ -30,7 +30,6 @@ type Tables = BTreeMap<String, BTreeMap<String, Column>>;
 /// Declared tables and columns that exist on one backend only, for that backend's own
 /// mechanism (`table` or `table.column`).
 const ONLY_ON: &[(&str, Backend)] = &[
-    ("async_lease", Backend::Postgres),
     ("async_lock", Backend::Mysql),
     ("async_tenant_late_enqueue", Backend::Mysql),
     ("async_tenant.enqueue_seq", Backend::Mysql),
@@ -38,6 +37,10 @@ const ONLY_ON: &[(&str, Backend)] = &[
     ("async_task.pending_tenant", Backend::Mysql),
     ("async_task.pending_suspect", Backend::Mysql),
 ];
+
+/// Declared tables that exist on every backend but one: the leases of lock claims, which
+/// SQLite has not.
+const NOT_ON: &[(&str, Backend)] = &[("async_lease", Backend::Sqlite)];
 
 /// JSON columns: `jsonb` on PostgreSQL, declared `Text` (see src/schema.rs).
 const JSON_ON_POSTGRES: &[&str] = &["async_audit.detail", "async_task.biz_data"];
@@ -231,7 +234,8 @@ fn loads(backend: Backend, json: bool, declared: &str, found: &str) -> bool {
     }
 }
 
-/// What src/schema.rs declares for `backend`: without what is another backend's only.
+/// What src/schema.rs declares for `backend`: without what is another backend's only, or
+/// what it has not.
 fn declared_for(backend: Backend) -> Tables {
     let mut tables = declared();
     for (name, on) in ONLY_ON {
@@ -252,6 +256,11 @@ fn declared_for(backend: Backend) -> Tables {
                     .remove(*name)
                     .expect("ONLY_ON names a declared table");
             }
+        }
+    }
+    for (name, on) in NOT_ON {
+        if *on == backend {
+            tables.remove(*name).expect("NOT_ON names a declared table");
         }
     }
     tables

@@ -14,6 +14,7 @@ use outbox::{
 
 use crate::support::TestDb;
 use crate::write_ledger;
+use outbox::Backend;
 
 /// One thread, chunks of 5, pages of 5, with `style`.
 fn chunk_config(style: ClaimStyle) -> WorkerConfig {
@@ -94,106 +95,6 @@ fn a_lock_claim_writes_one_row_version_per_task_and_a_stamped_claim_two() {
     assert_eq!(updates_for_five_tasks(ClaimStyle::Stamp), 10);
 }
 
-#[test]
-fn a_leased_chunks_tasks_stay_pending_unlocked_and_leased_until_it_commits() {
-    let db = &TestDb::postgres();
-    let ids = enqueue(db, "ledger", 5);
-    let seen = Arc::new(AtomicBool::new(false));
-    let (seen_in, url) = (Arc::clone(&seen), db.url.clone());
-    let mut registry = Registry::new();
-    registry.register(
-        "ledger",
-        move |task: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
-            write_ledger(task, tx)?;
-            if task.biz_id() == "3" {
-                // Seen from another connection while the chunk runs: pending (nothing was
-                // written to the tasks at the claim), not locked (a cancel would not wait),
-                // and leased (a claim skips every one of them).
-                assert_eq!(
-                    count_on(
-                        &url,
-                        "SELECT count(*) AS n FROM async_task WHERE state = 'pending'"
-                    ),
-                    5
-                );
-                let free = "SELECT count(*) AS n FROM (SELECT id FROM async_task
-                            FOR UPDATE SKIP LOCKED) s";
-                let mut other = url.connect()?;
-                diesel::sql_query("BEGIN").execute(&mut other)?;
-                let free = diesel::sql_query(free).get_result::<Count>(&mut other)?.n;
-                diesel::sql_query("ROLLBACK").execute(&mut other)?;
-                assert_eq!(free, 5, "no task row of the chunk is locked");
-                assert_eq!(
-                    count_on(&url, "SELECT count(*) AS n FROM async_lease"),
-                    5,
-                    "every task of the chunk is leased"
-                );
-                let mut stamp = Registry::new();
-                stamp.register("ledger", write_ledger);
-                let other = Worker::new(&url, stamp, chunk_config(ClaimStyle::Stamp))?;
-                assert_eq!(other.claim()?.len(), 0, "another node's claim takes none");
-                seen_in.store(true, Ordering::SeqCst);
-            }
-            Ok(())
-        },
-    );
-    let w = Worker::new(&db.url, registry, chunk_config(ClaimStyle::Lock)).unwrap();
-    let tally = w.run_once().unwrap();
-    assert!(seen.load(Ordering::SeqCst), "the handler looked");
-    assert_eq!((tally.claimed, tally.done), (5, 5), "{tally:?}");
-    for id in ids {
-        let row = db.task(id);
-        assert_eq!((row.state.as_str(), row.failures), ("done", 0));
-        assert_eq!(row.owner, Some(w.node_id()), "the node that ran it");
-        assert_eq!(db.ledger_rows(id), 1);
-    }
-}
-
-#[test]
-fn a_locked_chunk_whose_connection_dies_leaves_its_tasks_pending_with_no_failure_counted() {
-    let db = &TestDb::postgres();
-    let ids = enqueue(db, "ledger", 5);
-    let calls = Arc::new(AtomicUsize::new(0));
-    let killed = Arc::new(AtomicBool::new(false));
-    let (calls_in, killed_in, url) = (Arc::clone(&calls), Arc::clone(&killed), db.url.clone());
-    let mut registry = Registry::new();
-    registry.register(
-        "ledger",
-        move |task: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
-            calls_in.fetch_add(1, Ordering::SeqCst);
-            write_ledger(task, tx)?;
-            if task.biz_id() == "3" && !killed_in.swap(true, Ordering::SeqCst) {
-                // The chunk's server process dies, as with a crash of the worker or a
-                // restart of the server: its transaction rolls back.
-                let own = count_on_tx(tx, "SELECT pg_backend_pid()::bigint AS n")?;
-                diesel::sql_query(format!("SELECT pg_terminate_backend({own})"))
-                    .execute(&mut url.connect()?)?;
-            }
-            Ok(())
-        },
-    );
-    let w = Worker::new(&db.url, registry, chunk_config(ClaimStyle::Lock)).unwrap();
-    let tally = w.run_once().unwrap();
-    assert!(killed.load(Ordering::SeqCst));
-    // The chunk rolled back (task 4's handler found the connection gone); then each task
-    // ran alone, task 3's kill not repeated.
-    assert_eq!((tally.done, tally.retried), (5, 0), "{tally:?}");
-    assert_eq!(
-        calls.load(Ordering::SeqCst),
-        4 + 5,
-        "the chunk, then each task alone"
-    );
-    for id in ids {
-        let row = db.task(id);
-        assert_eq!(
-            (row.state.as_str(), row.failures),
-            ("done", 0),
-            "no failure counted"
-        );
-        assert_eq!(db.ledger_rows(id), 1, "task {id}: exactly one effect");
-    }
-}
-
 /// The chunk's commit happened but its reply was lost (a proxy forwards the COMMIT, then
 /// drops the connection): the worker asks the database whether the chunk's transaction
 /// committed, counts the tasks done and runs no handler again.
@@ -237,42 +138,295 @@ fn a_locked_chunk_whose_commit_reply_was_lost_is_counted_done_and_not_run_again(
     }
 }
 
-#[test]
-fn lock_and_stamp_workers_draining_one_table_run_every_task_exactly_once() {
-    let db = &TestDb::postgres();
-    enqueue(db, "ledger", 600);
-    let mut registry = Registry::new();
-    registry.register("ledger", write_ledger);
-    let config = |style| {
-        WorkerConfig::default()
-            .threads(2)
-            .commit_batch(10)
-            .claim_style(style)
-    };
-    let workers = [
-        Worker::new(&db.url, registry.clone(), config(ClaimStyle::Lock)).unwrap(),
-        Worker::new(&db.url, registry.clone(), config(ClaimStyle::Lock)).unwrap(),
-        Worker::new(&db.url, registry, config(ClaimStyle::Stamp)).unwrap(),
-    ];
-    let tallies: Vec<outbox::Tally> = std::thread::scope(|s| {
-        let handles: Vec<_> = workers
-            .iter()
-            .map(|w| s.spawn(move || w.drain().unwrap().tally))
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    });
-    let done: u64 = tallies.iter().map(|t| t.done).sum();
-    assert_eq!(done, 600, "{tallies:?}");
-    assert_eq!(
-        db.count("SELECT count(*) FROM async_task WHERE state = 'done'"),
-        600
-    );
-    assert_eq!(db.count("SELECT count(*) FROM test_ledger"), 600);
-    assert_eq!(
-        db.count("SELECT count(DISTINCT task_id) FROM test_ledger"),
-        600,
-        "no task ran twice"
-    );
+server_backends! {
+    fn a_leased_chunks_tasks_stay_pending_unlocked_and_leased_until_it_commits(db: &TestDb) {
+        let ids = enqueue(db, "ledger", 5);
+        let seen = Arc::new(AtomicBool::new(false));
+        let (seen_in, url) = (Arc::clone(&seen), db.url.clone());
+        let mut registry = Registry::new();
+        registry.register(
+            "ledger",
+            move |task: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
+                write_ledger(task, tx)?;
+                if task.biz_id() == "3" {
+                    // Seen from another connection while the chunk runs: pending (nothing was
+                    // written to the tasks at the claim), not locked (a cancel would not wait),
+                    // and leased (a claim skips every one of them).
+                    assert_eq!(
+                        count_on(
+                            &url,
+                            "SELECT count(*) AS n FROM async_task WHERE state = 'pending'"
+                        ),
+                        5
+                    );
+                    let free = "SELECT id AS n FROM async_task FOR UPDATE SKIP LOCKED";
+                    let mut other = url.connect()?;
+                    diesel::sql_query("BEGIN").execute(&mut other)?;
+                    let free = diesel::sql_query(free).load::<Count>(&mut other)?.len();
+                    diesel::sql_query("ROLLBACK").execute(&mut other)?;
+                    assert_eq!(free, 5, "no task row of the chunk is locked");
+                    assert_eq!(
+                        count_on(&url, "SELECT count(*) AS n FROM async_lease"),
+                        5,
+                        "every task of the chunk is leased"
+                    );
+                    let mut stamp = Registry::new();
+                    stamp.register("ledger", write_ledger);
+                    let other = Worker::new(&url, stamp, chunk_config(ClaimStyle::Stamp))?;
+                    assert_eq!(other.claim()?.len(), 0, "another node's claim takes none");
+                    seen_in.store(true, Ordering::SeqCst);
+                }
+                Ok(())
+            },
+        );
+        let w = Worker::new(&db.url, registry, chunk_config(ClaimStyle::Lock)).unwrap();
+        let tally = w.run_once().unwrap();
+        assert!(seen.load(Ordering::SeqCst), "the handler looked");
+        assert_eq!((tally.claimed, tally.done), (5, 5), "{tally:?}");
+        for id in ids {
+            let row = db.task(id);
+            assert_eq!((row.state.as_str(), row.failures), ("done", 0));
+            assert_eq!(row.owner, Some(w.node_id()), "the node that ran it");
+            assert_eq!(db.ledger_rows(id), 1);
+        }
+    }
+
+    fn a_locked_chunk_whose_connection_dies_leaves_its_tasks_pending_with_no_failure_counted(db: &TestDb) {
+        let ids = enqueue(db, "ledger", 5);
+        let calls = Arc::new(AtomicUsize::new(0));
+        let killed = Arc::new(AtomicBool::new(false));
+        let (calls_in, killed_in, url) = (Arc::clone(&calls), Arc::clone(&killed), db.url.clone());
+        let mut registry = Registry::new();
+        registry.register(
+            "ledger",
+            move |task: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
+                calls_in.fetch_add(1, Ordering::SeqCst);
+                write_ledger(task, tx)?;
+                if task.biz_id() == "3" && !killed_in.swap(true, Ordering::SeqCst) {
+                    // The chunk's server process dies, as with a crash of the worker or a
+                    // restart of the server: its transaction rolls back.
+                    let (own, end) = match url.backend() {
+                        Backend::Mysql => ("SELECT CAST(CONNECTION_ID() AS SIGNED) AS n", "KILL"),
+                        _ => ("SELECT pg_backend_pid()::bigint AS n", "SELECT pg_terminate_backend"),
+                    };
+                    let own = count_on_tx(tx, own)?;
+                    diesel::sql_query(format!("{end}({own})")).execute(&mut url.connect()?)?;
+                }
+                Ok(())
+            },
+        );
+        let w = Worker::new(&db.url, registry, chunk_config(ClaimStyle::Lock)).unwrap();
+        let tally = w.run_once().unwrap();
+        assert!(killed.load(Ordering::SeqCst));
+        // The chunk rolled back (task 4's handler found the connection gone); then each task
+        // ran alone, task 3's kill not repeated.
+        assert_eq!((tally.done, tally.retried), (5, 0), "{tally:?}");
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            4 + 5,
+            "the chunk, then each task alone"
+        );
+        for id in ids {
+            let row = db.task(id);
+            assert_eq!(
+                (row.state.as_str(), row.failures),
+                ("done", 0),
+                "no failure counted"
+            );
+            assert_eq!(db.ledger_rows(id), 1, "task {id}: exactly one effect");
+        }
+    }
+
+    fn lock_and_stamp_workers_draining_one_table_run_every_task_exactly_once(db: &TestDb) {
+        enqueue(db, "ledger", 600);
+        let mut registry = Registry::new();
+        registry.register("ledger", write_ledger);
+        let config = |style| {
+            WorkerConfig::default()
+                .threads(2)
+                .commit_batch(10)
+                .claim_style(style)
+        };
+        let workers = [
+            Worker::new(&db.url, registry.clone(), config(ClaimStyle::Lock)).unwrap(),
+            Worker::new(&db.url, registry.clone(), config(ClaimStyle::Lock)).unwrap(),
+            Worker::new(&db.url, registry, config(ClaimStyle::Stamp)).unwrap(),
+        ];
+        let tallies: Vec<outbox::Tally> = std::thread::scope(|s| {
+            let handles: Vec<_> = workers
+                .iter()
+                .map(|w| s.spawn(move || w.drain().unwrap().tally))
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let done: u64 = tallies.iter().map(|t| t.done).sum();
+        assert_eq!(done, 600, "{tallies:?}");
+        assert_eq!(
+            db.count("SELECT count(*) FROM async_task WHERE state = 'done'"),
+            600
+        );
+        assert_eq!(db.count("SELECT count(*) FROM test_ledger"), 600);
+        assert_eq!(
+            db.count("SELECT count(DISTINCT task_id) FROM test_ledger"),
+            600,
+            "no task ran twice"
+        );
+    }
+
+    /// A node dies (its heartbeat stops) while its leased chunk runs: rescue charges each of
+    /// its tasks one failure and one death, once, and deletes the leases; the chunk's late
+    /// completion lands nothing. A chunk past its lease's deadline is charged the same way,
+    /// without a death counted.
+    fn a_dead_nodes_or_a_late_chunks_leases_are_charged_once_and_their_completion_lands_nothing(db: &TestDb) {
+        use std::time::{Duration, Instant};
+        let ids = enqueue(db, "ledger", 3);
+        let (started, release) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+        let (started_in, release_in) = (Arc::clone(&started), Arc::clone(&release));
+        let mut registry = Registry::new();
+        registry.register(
+            "ledger",
+            move |task: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
+                write_ledger(task, tx)?;
+                started_in.store(true, Ordering::SeqCst);
+                // Hung outside SQL until the test lets it go.
+                while !release_in.load(Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Ok(())
+            },
+        );
+        // Only the test moves heartbeats and deadlines.
+        let quiet = |registry| {
+            let config = chunk_config(ClaimStyle::Lock)
+                .heartbeat(Duration::from_secs(3600))
+                .dead_after(Duration::from_secs(7200));
+            Worker::new(&db.url, registry, config).unwrap()
+        };
+        let rescuer = quiet(crate::ledger_registry("ledger"));
+        for (round, late) in [(1, false), (2, true)] {
+            started.store(false, Ordering::SeqCst);
+            release.store(false, Ordering::SeqCst);
+            let leasing = quiet(registry.clone());
+            std::thread::scope(|s| {
+                let running = s.spawn(|| leasing.run_once().unwrap());
+                let _release = SetOnDrop(Arc::clone(&release));
+                let since = Instant::now();
+                while !started.load(Ordering::SeqCst) {
+                    assert!(since.elapsed() < Duration::from_secs(20), "the chunk never ran");
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                assert_eq!(db.count("SELECT count(*) FROM async_lease"), 3);
+                if late {
+                    let past = match db.backend() {
+                        Backend::Mysql => "UTC_TIMESTAMP(3) - INTERVAL 1 SECOND",
+                        _ => "now() - interval '1 second'",
+                    };
+                    db.exec(&format!("UPDATE async_lease SET deadline_at = {past}"));
+                } else {
+                    crate::rescue::kill_heartbeat(db, leasing.node_id());
+                }
+                let report = rescuer.rescue_once().unwrap();
+                assert_eq!((report.pending, report.dead), (3, 0), "round {round}: {report:?}");
+                assert_eq!(db.count("SELECT count(*) FROM async_lease"), 0, "round {round}");
+                let again = rescuer.rescue_once().unwrap();
+                assert_eq!(again.pending, 0, "round {round}: charged once");
+                for &id in &ids {
+                    let row = db.task(id);
+                    assert_eq!((row.state.as_str(), row.failures), ("pending", round), "task {id}");
+                    let why = match late {
+                        true => "its lock-claimed chunk ran past its deadline",
+                        false => "the node stopped heartbeating",
+                    };
+                    let error = row.last_error.unwrap_or_default();
+                    assert!(error.starts_with(&format!("rescued from node {}: {why}", leasing.node_id())), "{error}");
+                    assert_eq!(db.count(&format!("SELECT suspect FROM async_task WHERE id = {id}")), 1, "a death counted once, a late chunk's not");
+                }
+                release.store(true, Ordering::SeqCst);
+                let tally = running.join().unwrap();
+                assert_eq!(tally.done, 0, "round {round}: {tally:?}");
+            });
+            for &id in &ids {
+                assert_eq!(db.ledger_rows(id), 0, "round {round}: the chunk's effects rolled back");
+            }
+            db.make_all_due();
+        }
+    }
+
+
+    /// A handler that hangs outside SQL (an HTTP call, a sleep) past its domain's timeout, in a
+    /// leased chunk: the domain watchdog charges it one failure and ends the chunk, whose other
+    /// tasks are free at once, for any node to run, while the hung thread still sleeps; when it
+    /// returns, nothing its chunk did lands.
+    fn a_hung_handler_past_its_domains_timeout_frees_the_rest_of_its_leased_chunk(db: &TestDb) {
+        use outbox::domain::Domain;
+        use std::time::{Duration, Instant};
+        let nap = enqueue(db, "nap", 1)[0];
+        let quick = enqueue(db, "quick", 3);
+        let release = Arc::new(AtomicBool::new(false));
+        let release_in = Arc::clone(&release);
+
+        let mut registry = Registry::new();
+        registry.register("quick", write_ledger);
+        registry.register(
+            "nap",
+            move |task: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
+                write_ledger(task, tx)?;
+                // Hung outside SQL, its transaction idle, until the test lets it go.
+                while !release_in.load(Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Ok(())
+            },
+        );
+        let config = WorkerConfig::default()
+            .threads(1)
+            .queue(0)
+            .page_size(4)
+            .commit_batch(4)
+            .claim_style(ClaimStyle::Lock)
+            .domain(Domain::max("naps", ["nap", "quick"], 1).timeout(Duration::from_secs(1)));
+        let hung = Worker::new(&db.url, registry, config).unwrap();
+        std::thread::scope(|s| {
+            let running = s.spawn(|| hung.run_once().unwrap());
+            let _release = SetOnDrop(Arc::clone(&release));
+            let started = Instant::now();
+            while db.task(nap).failures == 0 {
+                assert!(
+                    started.elapsed() < Duration::from_secs(20),
+                    "the hung handler was not charged"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let task = db.task(nap);
+            assert_eq!((task.state.as_str(), task.failures), ("pending", 1));
+            assert!(task.last_error.unwrap_or_default().contains("timed out"));
+            assert_eq!(
+                db.count("SELECT count(*) FROM async_lease"),
+                0,
+                "the chunk ended"
+            );
+            // The hung thread still sleeps; another node runs the rest of its chunk now.
+            let other = Worker::new(
+                &db.url,
+                crate::ledger_registry("quick"),
+                chunk_config(ClaimStyle::Stamp),
+            )
+            .unwrap();
+            assert_eq!(other.drain().unwrap().tally.done, 3);
+            release.store(true, Ordering::SeqCst);
+            let tally = running.join().unwrap();
+            assert_eq!(tally.done, 0, "{tally:?}");
+        });
+        for id in quick {
+            assert_eq!(db.task(id).state, "done");
+            assert_eq!(db.ledger_rows(id), 1, "task {id}: exactly one effect");
+        }
+        assert_eq!(
+            db.ledger_rows(nap),
+            0,
+            "the hung chunk's effects rolled back"
+        );
+    }
 }
 
 #[test]
@@ -337,83 +491,6 @@ fn the_lock_statement_scans_the_claim_index_in_order_without_sorting() {
             "a sort of more than the candidates: {sort}\n{plan}"
         );
     }
-}
-
-/// A handler that hangs outside SQL (an HTTP call, a sleep) past its domain's timeout, in a
-/// leased chunk: the domain watchdog charges it one failure and ends the chunk, whose other
-/// tasks are free at once, for any node to run, while the hung thread still sleeps; when it
-/// returns, nothing its chunk did lands.
-#[test]
-fn a_hung_handler_past_its_domains_timeout_frees_the_rest_of_its_leased_chunk() {
-    use outbox::domain::Domain;
-    use std::time::{Duration, Instant};
-    let db = &TestDb::postgres();
-    let nap = enqueue(db, "nap", 1)[0];
-    let quick = enqueue(db, "quick", 3);
-    let release = Arc::new(AtomicBool::new(false));
-    let release_in = Arc::clone(&release);
-
-    let mut registry = Registry::new();
-    registry.register("quick", write_ledger);
-    registry.register(
-        "nap",
-        move |task: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
-            write_ledger(task, tx)?;
-            // Hung outside SQL, its transaction idle, until the test lets it go.
-            while !release_in.load(Ordering::SeqCst) {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            Ok(())
-        },
-    );
-    let config = WorkerConfig::default()
-        .threads(1)
-        .queue(0)
-        .page_size(4)
-        .commit_batch(4)
-        .claim_style(ClaimStyle::Lock)
-        .domain(Domain::max("naps", ["nap", "quick"], 1).timeout(Duration::from_secs(1)));
-    let hung = Worker::new(&db.url, registry, config).unwrap();
-    std::thread::scope(|s| {
-        let running = s.spawn(|| hung.run_once().unwrap());
-        let _release = SetOnDrop(Arc::clone(&release));
-        let started = Instant::now();
-        while db.task(nap).failures == 0 {
-            assert!(
-                started.elapsed() < Duration::from_secs(20),
-                "the hung handler was not charged"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let task = db.task(nap);
-        assert_eq!((task.state.as_str(), task.failures), ("pending", 1));
-        assert!(task.last_error.unwrap_or_default().contains("timed out"));
-        assert_eq!(
-            db.count("SELECT count(*) FROM async_lease"),
-            0,
-            "the chunk ended"
-        );
-        // The hung thread still sleeps; another node runs the rest of its chunk now.
-        let other = Worker::new(
-            &db.url,
-            crate::ledger_registry("quick"),
-            chunk_config(ClaimStyle::Stamp),
-        )
-        .unwrap();
-        assert_eq!(other.drain().unwrap().tally.done, 3);
-        release.store(true, Ordering::SeqCst);
-        let tally = running.join().unwrap();
-        assert_eq!(tally.done, 0, "{tally:?}");
-    });
-    for id in quick {
-        assert_eq!(db.task(id).state, "done");
-        assert_eq!(db.ledger_rows(id), 1, "task {id}: exactly one effect");
-    }
-    assert_eq!(
-        db.ledger_rows(nap),
-        0,
-        "the hung chunk's effects rolled back"
-    );
 }
 
 /// The guide's pattern (docs/guide/src/cancel.md), under lock claims: the producer locks its order,
@@ -538,6 +615,65 @@ impl Drop for SetOnDrop {
     fn drop(&mut self) {
         self.0.store(true, Ordering::SeqCst);
     }
+}
+
+/// A chunk's completion reads no lease but its own: with other chunks' leases in the table,
+/// one of them locked by another transaction (as a chunk completing at the same moment locks
+/// its own), the completion goes through. MariaDB read the whole lease table for the deletion
+/// of a chunk's leases (a young table's statistics), waited for every lease another chunk had
+/// locked, and concurrent chunks deadlocked, each rolled back.
+#[cfg(feature = "mysql")]
+#[test]
+fn a_chunks_completion_on_mysql_waits_for_no_other_chunks_leases() {
+    use diesel::connection::SimpleConnection;
+    use std::time::{Duration, Instant};
+    let db = &TestDb::mysql();
+    // One chunk of 50: a deletion of 50 leases among 200.
+    let ids = enqueue(db, "ledger", 50);
+    // 150 leases of other tasks (another node's chunks in flight), the table's statistics
+    // taken with them.
+    db.exec(
+        "INSERT INTO async_lease (task_id, node_id, token, chunk, deadline_at)
+         SELECT 1000000 + seq, 999, 0, 1, UTC_TIMESTAMP(3) + INTERVAL 1 HOUR FROM seq_1_to_150",
+    );
+    db.exec("ANALYZE TABLE async_lease");
+    let mut other = db.conn();
+    other
+        .batch_execute("BEGIN; SELECT task_id FROM async_lease WHERE task_id = 1000001 FOR UPDATE")
+        .unwrap();
+    let w = Worker::new(
+        &db.url,
+        crate::ledger_registry("ledger"),
+        chunk_config(ClaimStyle::Lock)
+            .page_size(50)
+            .commit_batch(50),
+    )
+    .unwrap();
+    let tally = std::thread::scope(|s| {
+        let running = s.spawn(|| w.run_once().unwrap());
+        let since = Instant::now();
+        while !running.is_finished() && since.elapsed() < Duration::from_secs(15) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let waited = !running.is_finished();
+        other.batch_execute("ROLLBACK").unwrap();
+        let tally = running.join().unwrap();
+        assert!(
+            !waited,
+            "the chunk waited for another chunk's lease ({tally:?})"
+        );
+        tally
+    });
+    assert_eq!((tally.claimed, tally.done), (50, 50), "{tally:?}");
+    for id in ids {
+        assert_eq!(db.task(id).state, "done");
+        assert_eq!(db.ledger_rows(id), 1);
+    }
+    assert_eq!(
+        db.count("SELECT count(*) FROM async_lease"),
+        150,
+        "the others' leases kept"
+    );
 }
 
 /// A lease is found by its task only: a chunk's completion deletes its leases by task id

@@ -294,17 +294,25 @@ pub fn fault_db(backend: Backend) -> (TestDb, Db) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Lock claims: a process's sessions and the tasks it leases (PostgreSQL)
+// Lock claims: a process's sessions and the tasks it leases
 // ---------------------------------------------------------------------------------------------
 
 /// The open sessions of the process labelled `app` (its `application_name`, see
-/// [`crate::scenario::Scenario::spawn`]) on this database.
+/// [`crate::scenario::Scenario::spawn`]) on this database. MySQL names no application on a
+/// session: there, every session on the database but the test's own (the scenarios that ask
+/// run one process at a time).
 pub fn sessions(db: &Db, app: &str) -> i64 {
-    db.count(&format!(
-        "SELECT count(*) FROM pg_stat_activity
-         WHERE datname = current_database() AND application_name = '{}'",
-        quote(app)
-    ))
+    match db.backend() {
+        Backend::Mysql => db.count(
+            "SELECT count(*) FROM information_schema.PROCESSLIST
+              WHERE DB = DATABASE() AND ID <> CONNECTION_ID()",
+        ),
+        _ => db.count(&format!(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND application_name = '{}'",
+            quote(app)
+        )),
+    }
 }
 
 /// The pending tasks leased by the node named `node` (`None`: by any node): the tasks of

@@ -30,10 +30,10 @@ struct Kill {
 fn held(db: &Db, node: Option<i64>) -> Vec<i64> {
     node.map(|n| {
         let leases = match db.backend() {
-            Backend::Postgres => {
+            Backend::Postgres | Backend::Mysql => {
                 format!(" UNION SELECT task_id AS n FROM async_lease WHERE node_id = {n}")
             }
-            _ => String::new(),
+            Backend::Sqlite => String::new(),
         };
         db.numbers(&format!(
             "SELECT id AS n FROM async_task WHERE owner = {n} AND state = 'running'{leases}"

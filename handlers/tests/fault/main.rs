@@ -30,11 +30,11 @@
 //! strategies' fleets also runs as `NAME_mysql`, with the same assertions; the server restart
 //! is `restarted_mid_run_{fast,immediate}_mysql` on a MariaDB server of its own
 //! (`mysql.sh restart fast` is a clean shutdown, `immediate` a SIGKILL of the server). Lock
-//! claims (`OUTBOX_FAULT_CLAIM=lock`) are PostgreSQL's only.
+//! claims (`OUTBOX_FAULT_CLAIM=lock`) run on both servers, not on SQLite.
 //!
 //! Scenarios run one at a time (they are heavy). `OUTBOX_FAULT_PROFILE=long` runs the long
 //! profile (more kills, terminations, restarts, drains, repetitions); unset or `short` is the
-//! default. `OUTBOX_FAULT_CLAIM=lock` runs every PostgreSQL worker with lock claims
+//! default. `OUTBOX_FAULT_CLAIM=lock` runs every PostgreSQL and MySQL worker with lock claims
 //! (`--claim lock --commit-batch 20`, a scenario's own flags still applied over them; SQLite
 //! workers unchanged), and the scenarios assert what lock claims promise where it differs
 //! from stamping (see [`Claim`]); unset runs the workers with their default claims. Each
@@ -107,17 +107,18 @@ fn by_profile<T>(short: T, long: T) -> T {
 // Claim styles
 // ---------------------------------------------------------------------------------------------
 
-/// How the scenarios' PostgreSQL workers claim tasks (`OUTBOX_FAULT_CLAIM`).
+/// How the scenarios' PostgreSQL and MySQL workers claim tasks (`OUTBOX_FAULT_CLAIM`).
 ///
-/// With lock claims a chunk's tasks are locked, not marked running, and nothing is written
-/// until the chunk commits: a process that dies mid-chunk rolls it back, leaving its tasks
-/// pending with their failures unchanged (nothing to rescue), and a task that aborts its
-/// process every time is retried without end. The scenarios assert that instead of rescues.
+/// With lock claims a chunk's tasks are leased (a row of `async_lease` each), not marked
+/// running, and nothing is written to them until the chunk commits: a process that dies
+/// mid-chunk rolls its transaction back and leaves its leases, which rescue charges as it
+/// charges a stamped claim's tasks; a hung handler is charged by the watchdog as it ends the
+/// chunk. The scenarios assert what differs from stamping.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Claim {
     /// The workers' default (`--claim auto`: stamping in strict mode).
     Default,
-    /// `--claim lock --commit-batch` [`LOCK_COMMIT_BATCH`] on PostgreSQL.
+    /// `--claim lock --commit-batch` [`LOCK_COMMIT_BATCH`] on PostgreSQL and MySQL.
     Lock,
 }
 
@@ -135,7 +136,7 @@ fn claim() -> Claim {
 
 /// Whether the workers of a scenario on `backend` take lock claims.
 fn locks(backend: &str) -> bool {
-    claim() == Claim::Lock && backend == "postgres"
+    claim() == Claim::Lock && backend != "sqlite"
 }
 
 /// How often a bounded wait re-checks its condition.

@@ -8,7 +8,7 @@
 //! participants' ranks, is read back by id and owner.
 
 use diesel::mysql::{Mysql, MysqlConnection};
-use diesel::sql_types::{BigInt, Nullable, Text};
+use diesel::sql_types::{BigInt, Integer, Nullable, Text};
 use diesel::Connection;
 use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
 
@@ -18,13 +18,33 @@ use crate::driver::fair_sql::{
     first_suspect, others_pending, shares_statement, suspects_exist as suspects, DueList, Found,
 };
 use crate::driver::ring_sql::{picked, shares_of};
-use crate::driver::{ClaimRow, Claiming, Due, Pick, Picked};
+use crate::driver::{ChunkRuns, ClaimRow, Claiming, Due, Pick, Picked};
 use crate::sql::Statement;
 
+/// What a claim does with the rows it picks and locks: stamps them (running, owner, token,
+/// deadline), or leases them for their chunks' transactions (`lease.rs`: a row of
+/// `async_lease` each, the task rows not written).
+#[derive(Clone, Copy)]
+pub(super) enum Take {
+    Stamp,
+    Lease(ChunkRuns),
+}
+
+/// See [`crate::driver::Driver::task_claim_page`]: [`take_page`] stamping.
 pub(in crate::driver) fn claim_page(
     conn: &mut MysqlConnection,
     claim: &Claiming<'_>,
     pick: &Pick<'_>,
+) -> QueryResult<Picked> {
+    take_page(conn, claim, pick, Take::Stamp)
+}
+
+/// Picks a page as `pick` says, in one transaction, and takes it as `take` says.
+pub(super) fn take_page(
+    conn: &mut MysqlConnection,
+    claim: &Claiming<'_>,
+    pick: &Pick<'_>,
+    take: Take,
 ) -> QueryResult<Picked> {
     let (owner, except, limit, timeout_ms) =
         (claim.owner, claim.except, claim.limit, claim.timeout_ms);
@@ -34,7 +54,7 @@ pub(in crate::driver) fn claim_page(
         let (after, lap, passes) = match pick {
             Pick::Fair { after, lap, passes } => (after, lap, passes),
             Pick::Solo { tenant, probe } => {
-                let rows = pick_page(conn, *tenant, &due, limit, owner, timeout_ms)?;
+                let rows = pick_page(conn, *tenant, &due, limit, (owner, timeout_ms), take)?;
                 let crowded = (*probe || rows.is_empty())
                     && others_pending(*tenant, except.as_ref())
                         .get_result::<Found>(conn)?
@@ -57,11 +77,18 @@ pub(in crate::driver) fn claim_page(
         let rows = match shares.as_slice() {
             [] => Vec::new(),
             [only] if only.tenant.is_none() => {
-                pick_page(conn, None, &due, limit, owner, timeout_ms)?
+                pick_page(conn, None, &due, limit, (owner, timeout_ms), take)?
             }
             _ => {
                 let ids = page_ids(conn, &shares, &due, limit)?;
-                mark(conn, owner, &ids, timeout_ms)?
+                match take {
+                    Take::Stamp => mark(conn, owner, &ids, timeout_ms)?,
+                    Take::Lease(runs) => {
+                        let rows = read_pending(conn, &ids)?;
+                        lease(conn, owner, &rows, runs, timeout_ms)?;
+                        rows
+                    }
+                }
             }
         };
         Ok(picked(rows, &shares, ring_end, ring_cut))
@@ -72,21 +99,90 @@ pub(in crate::driver) fn claim_page(
 const CLAIMED: &str = "id, keyword, biz_id, biz_data, tenant, failures, max_attempts,
     claim_token + 1 AS claim_token, priority";
 
-/// Claims the first `limit` due tasks of `tenant` (`None`: those without one) for `owner`:
-/// picked and read whole by one locking read, then marked (see [`stamp`]). Locked from the
-/// pick to the commit, the rows read are the rows marked: no read-back.
+/// The columns of a [`ClaimRow`] as a lease leaves it: the task row is not written.
+const LEASED: &str = "id, keyword, biz_id, biz_data, tenant, failures, max_attempts,
+    claim_token, priority";
+
+/// Claims the first `limit` due tasks of `tenant` (`None`: those without one) for `owner`,
+/// their deadline `timeout_ms` from now: picked and read whole by one locking read, then
+/// stamped or leased (see [`stamp`], [`lease`]). Locked from the pick to the commit, the
+/// rows read are the rows taken: no read-back.
 fn pick_page(
     conn: &mut MysqlConnection,
     tenant: Option<&str>,
     due: &DueList<Mysql>,
     limit: i64,
-    owner: i64,
-    timeout_ms: i64,
+    (owner, timeout_ms): (i64, i64),
+    take: Take,
 ) -> QueryResult<Vec<ClaimRow>> {
-    let rows: Vec<ClaimRow> = pick_statement("", CLAIMED, tenant, due, limit).load(conn)?;
-    let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
-    stamp(conn, owner, &ids, timeout_ms)?;
+    let columns = match take {
+        Take::Stamp => CLAIMED,
+        Take::Lease(_) => LEASED,
+    };
+    let rows: Vec<ClaimRow> = pick_statement("", columns, tenant, due, limit).load(conn)?;
+    match take {
+        Take::Stamp => {
+            let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
+            stamp(conn, owner, &ids, timeout_ms)?;
+        }
+        Take::Lease(runs) => lease(conn, owner, &rows, runs, timeout_ms)?,
+    }
     Ok(rows)
+}
+
+/// The tasks `ids` (locked by this transaction, pending), whole, in claim order.
+fn read_pending(conn: &mut MysqlConnection, ids: &[i64]) -> QueryResult<Vec<ClaimRow>> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    Statement::<Mysql>::new("SELECT ")
+        .sql(LEASED)
+        .sql(" FROM async_task WHERE state = 'pending' AND id IN ")
+        .with(|s| list::ids(s, ids))
+        .sql(" ORDER BY priority, run_at, id")
+        .load(conn)
+}
+
+/// Leases the tasks `rows` (locked by this transaction, pending, in claim order) for
+/// `owner`: a row of `async_lease` each, with the task's token, its chunk's run (`runs`,
+/// as [`chunk_of`] numbers it) and a deadline `timeout_ms` from now.
+fn lease(
+    conn: &mut MysqlConnection,
+    owner: i64,
+    rows: &[ClaimRow],
+    runs: ChunkRuns,
+    timeout_ms: i64,
+) -> QueryResult<()> {
+    let mut statement = Statement::<Mysql>::new(
+        "INSERT INTO async_lease (task_id, node_id, token, chunk, deadline_at) VALUES ",
+    );
+    for (i, row) in rows.iter().enumerate() {
+        statement = statement
+            .sql(if i == 0 { "(" } else { ", (" })
+            .bind::<BigInt, _>(row.id)
+            .sql(", ")
+            .bind::<BigInt, _>(owner)
+            .sql(", ")
+            .bind::<BigInt, _>(row.claim_token)
+            .sql(", ")
+            .bind::<Integer, _>(chunk_of(runs, i))
+            .sql(concat!(", ", now!(), " + INTERVAL "))
+            .bind::<BigInt, _>(timeout_ms)
+            .sql(" * 1000 MICROSECOND)");
+    }
+    if !rows.is_empty() {
+        statement.execute(conn)?;
+    }
+    Ok(())
+}
+
+/// The run of the chunk of a page's `i`-th task (from 0): pages are cut in claim order into
+/// chunks of `runs.per`, numbered from `runs.first`, as a lease's `chunk` (an `INT`: the
+/// low 31 bits, as on PostgreSQL).
+pub(super) fn chunk_of(runs: ChunkRuns, i: usize) -> i32 {
+    let i = i64::try_from(i).unwrap_or(i64::MAX);
+    let run = (runs.first + i / runs.per.max(1)) & 0x7fff_ffff;
+    i32::try_from(run).expect("31 bits fit")
 }
 
 /// The first `limit` due tasks of `tenant` (`None`: those without one), locked.
@@ -103,7 +199,7 @@ fn pick_ids(
 
 /// Claims the tasks `ids` (locked by this transaction, pending) for `owner`: running,
 /// claim token bumped, deadline `timeout_ms` from now; returns the page in claim order.
-fn mark(
+pub(super) fn mark(
     conn: &mut MysqlConnection,
     owner: i64,
     ids: &[i64],

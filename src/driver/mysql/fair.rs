@@ -36,6 +36,11 @@ impl FairSql for Mysql {
     const TENANT_KEY: &'static str = "pending_tenant";
     const TENANT_PENDING: &'static str = "pending_tenant IS NOT NULL";
     const SUSPECT_PENDING: &'static str = "pending_suspect = 1";
+    // One probe of the lease's primary key per candidate (the table holds the chunks in
+    // flight). A scalar test MariaDB runs per row, after the row's lock: a lease committed
+    // by the claim that held the lock before is seen.
+    const NOT_LEASED: &'static str =
+        " AND NOT EXISTS (SELECT 1 FROM async_lease l WHERE l.task_id = async_task.id)";
     // The ring's counter and a weight are read as BIGINT only so cast.
     const BIGINT: [&'static str; 2] = ["CAST(", " AS SIGNED)"];
     // A scalar subquery, not EXISTS: MariaDB turns EXISTS into a semi-join that

@@ -15,6 +15,7 @@ mod chain;
 mod claim;
 mod enqueue;
 mod fair;
+mod lease;
 mod list;
 mod maintenance;
 mod operate;
@@ -40,7 +41,7 @@ use diesel::mysql::MysqlConnection;
 use diesel::{QueryResult, RunQueryDsl};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations};
 
-use super::{Claim, Conn, Driver, LeaseDriver, MigrationError, TaskFilter, TxMark};
+use super::{Claim, Conn, Driver, MigrationError, TaskFilter, TxMark};
 
 const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/mysql");
 
@@ -49,9 +50,6 @@ const MIGRATION_LOCK: &str = "outbox.migrations";
 
 /// How long a migration run waits for another one's lock, in seconds.
 const MIGRATION_LOCK_WAIT_S: u32 = 300;
-
-// No lock claims (see `LeaseDriver`).
-impl LeaseDriver for MysqlConnection {}
 
 impl Driver for MysqlConnection {
     fn conn(&mut self) -> Conn<'_> {

@@ -112,32 +112,48 @@ pub(in crate::driver) fn complete_many(
                 .sql(" AND (id, claim_token) IN ")
                 .with(|s| list::pairs(s, claims))
         })?;
-        if held.is_empty() {
-            return Ok(0);
-        }
-        let childless = Statement::<Mysql>::new(SET_DONE_CHILDLESS)
-            .sql(" WHERE state = 'running' AND NOT has_children AND id IN ")
-            .with(|s| list::ids(s, &held))
-            .execute(conn);
-        // A parent among them: a refused statement changed nothing; one that passed over
-        // the tasks flagged as parents marked the others.
-        let childless = match childless {
-            Ok(n) if n == held.len() => return Ok(n),
-            Ok(n) => n,
-            Err(e) if is_refused(&e) => 0,
-            Err(e) => return Err(e),
-        };
-        let parents = Statement::<Mysql>::new(SET_DONE_RELEASING)
-            .sql(" WHERE state = 'running' AND id IN ")
-            .with(|s| list::ids(s, &held))
-            .execute(conn)?;
-        chain::release_children(conn, &held)?;
-        Ok(childless + parents)
+        finish_held(conn, &held, "running", |s| s)
     })
 }
 
+/// Marks done the tasks `held` (locked by this transaction, in the state `from`), `set`
+/// appending to the `SET` of each `UPDATE`, and releases the children of those that have
+/// any (looked up only when one has). Returns how many it marked.
+pub(super) fn finish_held(
+    conn: &mut MysqlConnection,
+    held: &[i64],
+    from: &'static str,
+    set: impl Fn(Statement<Mysql>) -> Statement<Mysql>,
+) -> QueryResult<usize> {
+    if held.is_empty() {
+        return Ok(0);
+    }
+    let childless = set(Statement::<Mysql>::new(SET_DONE_CHILDLESS))
+        .sql(" WHERE state = '")
+        .sql(from)
+        .sql("' AND NOT has_children AND id IN ")
+        .with(|s| list::ids(s, held))
+        .execute(conn);
+    // A parent among them: a refused statement changed nothing; one that passed over the
+    // tasks flagged as parents marked the others.
+    let childless = match childless {
+        Ok(n) if n == held.len() => return Ok(n),
+        Ok(n) => n,
+        Err(e) if is_refused(&e) => 0,
+        Err(e) => return Err(e),
+    };
+    let parents = set(Statement::<Mysql>::new(SET_DONE_RELEASING))
+        .sql(" WHERE state = '")
+        .sql(from)
+        .sql("' AND id IN ")
+        .with(|s| list::ids(s, held))
+        .execute(conn)?;
+    chain::release_children(conn, held)?;
+    Ok(childless + parents)
+}
+
 /// Runs `f` in the transaction open on `conn`, or in one of its own when none is.
-fn in_transaction<T>(
+pub(super) fn in_transaction<T>(
     conn: &mut MysqlConnection,
     f: impl FnOnce(&mut MysqlConnection) -> QueryResult<T>,
 ) -> QueryResult<T> {
@@ -164,6 +180,27 @@ pub(super) fn cancel(conn: &mut MysqlConnection, id: i64) -> QueryResult<usize> 
         }
         Ok(n)
     })
+}
+
+/// Appends when a rescued task runs again: now, plus its backoff after `failures` failures
+/// (doubling from `rescue.backoff_base_ms` up to its max, with its jitter). Read before
+/// `failures` changes.
+pub(super) fn backoff_after(
+    statement: Statement<Mysql>,
+    rescue: &RescueParams,
+) -> Statement<Mysql> {
+    statement
+        .sql(concat!(now!(), " + INTERVAL ROUND(LEAST(LEAST("))
+        .bind::<BigInt, _>(rescue.backoff_base_ms)
+        .sql(" * POW(2, LEAST(failures, 40)), ")
+        .bind::<BigInt, _>(rescue.backoff_max_ms)
+        .sql(") * (1 - ")
+        .bind::<Double, _>(rescue.backoff_jitter)
+        .sql(" + 2 * ")
+        .bind::<Double, _>(rescue.backoff_jitter)
+        .sql(" * RAND()), ")
+        .bind::<BigInt, _>(rescue.backoff_max_ms)
+        .sql(") * 1000) MICROSECOND")
 }
 
 /// Rescue: the running tasks past their deadline or whose owner is not a live node, locked
@@ -226,21 +263,9 @@ pub(in crate::driver) fn rescue_many(
                 run_at = CASE WHEN "
         ))
         .with(at_max)
-        .sql(concat!(
-            " THEN run_at ELSE ",
-            now!(),
-            " + INTERVAL ROUND(LEAST(LEAST("
-        ))
-        .bind::<BigInt, _>(rescue.backoff_base_ms)
-        .sql(" * POW(2, LEAST(failures, 40)), ")
-        .bind::<BigInt, _>(rescue.backoff_max_ms)
-        .sql(") * (1 - ")
-        .bind::<Double, _>(rescue.backoff_jitter)
-        .sql(" + 2 * ")
-        .bind::<Double, _>(rescue.backoff_jitter)
-        .sql(" * RAND()), ")
-        .bind::<BigInt, _>(rescue.backoff_max_ms)
-        .sql(") * 1000) MICROSECOND END, finished_at = CASE WHEN ")
+        .sql(" THEN run_at ELSE ")
+        .with(|s| backoff_after(s, rescue))
+        .sql(" END, finished_at = CASE WHEN ")
         .with(at_max)
         .sql(concat!(" THEN ", now!(), " END, owner = CASE WHEN "))
         .with(at_max)

@@ -33,6 +33,8 @@ impl FairSql for Sqlite {
         "tenant IS NOT NULL AND state = 'pending' AND state IN ('pending', 'blocked', 'running')";
     // The suspects' index's predicate.
     const SUSPECT_PENDING: &'static str = "state = 'pending' AND suspect >= 2";
+    // No lock claims on SQLite: no leases.
+    const NOT_LEASED: &'static str = "";
     // Integers are 64-bit already.
     const BIGINT: [&'static str; 2] = ["", ""];
     const FOUND: [&'static str; 2] = ["EXISTS (", ")"];

@@ -10,7 +10,8 @@ use outbox::Backend;
 /// random. Every focus is a place where two features meet and a fault hits them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Focus {
-    /// A handler that aborts its process, in batched chunks (lock claims on PostgreSQL).
+    /// A handler that aborts its process, in batched chunks (lock claims on PostgreSQL and
+    /// MySQL).
     AbortInChunk,
     /// A worker frozen (SIGSTOP) while it holds tasks, resumed later.
     Frozen,
@@ -152,8 +153,8 @@ impl Plan {
         };
         let commit_batch = if batched { rng.usize(4..=20) } else { 1 };
         let claim = match (backend, batched, rng.u8(..4)) {
-            (Backend::Postgres, true, 0) => "stamp",
-            (Backend::Postgres, true, _) => "lock",
+            (Backend::Postgres | Backend::Mysql, true, 0) => "stamp",
+            (Backend::Postgres | Backend::Mysql, true, _) => "lock",
             _ => "auto",
         };
         let threads = rng.usize(1..=4);

@@ -1,0 +1,340 @@
+//! Lock claims on MySQL: a chunk's tasks leased in `async_lease` by the claim's transaction
+//! (the pick locks the rows `SKIP LOCKED`, as a stamping claim's does, and inserts a lease
+//! each instead of stamping them), then run in a transaction of their own and marked done in
+//! it as their leases are deleted: one write of the task row, against a stamped claim's two,
+//! each of which moves the row's entries in every index that leads with its state. A lease
+//! that outlives its chunk is rescued.
+//!
+//! Unlike PostgreSQL's, the lease table is logged (InnoDB: see the migration), and rescue
+//! ends no session: MySQL has no advisory lock a transaction holds to its end. A frozen
+//! chunk's transaction keeps what its handlers locked until the server ends its session, as
+//! a stamped chunk's does; its late completion finds its leases gone and writes nothing.
+
+use diesel::mysql::{Mysql, MysqlConnection};
+use diesel::result::{DatabaseErrorKind, Error};
+use diesel::sql_types::{BigInt, Bool, Integer, Text};
+use diesel::Connection;
+use diesel::{QueryResult, QueryableByName, RunQueryDsl};
+
+use super::claim::{chunk_of, mark, take_page, Take};
+use super::{chain, list, task};
+use crate::db::transaction::depth_of;
+use crate::driver::{
+    ChunkRuns, ClaimRow, Claiming, LeaseCharge, LeaseDriver, Pick, Picked, RescueParams, RescuedRow,
+};
+use crate::sql::Statement;
+
+/// How many times a claim is taken when its leases meet another claim's.
+const LEASE_ATTEMPTS: u32 = 3;
+
+/// A lease and its task, locked together.
+#[derive(QueryableByName)]
+struct Held {
+    #[diesel(sql_type = BigInt)]
+    id: i64,
+    #[diesel(sql_type = BigInt)]
+    node_id: i64,
+    /// Past its deadline.
+    #[diesel(sql_type = Bool)]
+    late: bool,
+    /// The task is still pending under the lease's token: the lease holds it.
+    #[diesel(sql_type = Bool)]
+    holds: bool,
+}
+
+/// The tasks of `ids` and their leases that pass `test` (on `l`, the lease), locked
+/// together, task then lease, in id order: every locking read of leases takes this order
+/// (the task row first, through its primary key, as every completion's: see
+/// docs/notes/2026-11-25-mysql-hang.md), so that a completion and rescue never lock the same
+/// pair the other way round.
+fn lock_with_leases(
+    conn: &mut MysqlConnection,
+    ids: &[i64],
+    test: impl FnOnce(Statement<Mysql>) -> Statement<Mysql>,
+) -> QueryResult<Vec<Held>> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    Statement::<Mysql>::new(concat!(
+        "SELECT STRAIGHT_JOIN t.id, l.node_id, l.deadline_at < ",
+        now!(),
+        " AS late, t.state = 'pending' AND t.claim_token = l.token AS holds
+           FROM async_task t FORCE INDEX (PRIMARY)
+           JOIN async_lease l FORCE INDEX (PRIMARY) ON l.task_id = t.id
+          WHERE t.id IN "
+    ))
+    .with(|s| list::ids(s, ids))
+    .sql(" AND ")
+    .with(test)
+    .sql(" ORDER BY t.id FOR UPDATE")
+    .load(conn)
+}
+
+/// The tasks of `ids` that `owner`'s leases hold, locked with their leases.
+fn lock_leased(conn: &mut MysqlConnection, owner: i64, ids: &[i64]) -> QueryResult<Vec<i64>> {
+    let held = lock_with_leases(conn, ids, |s| {
+        s.sql("l.node_id = ").bind::<BigInt, _>(owner)
+    })?;
+    Ok(held.into_iter().filter(|h| h.holds).map(|h| h.id).collect())
+}
+
+/// The deletion of leases by task, then the list of tasks. Through the primary key, named:
+/// a young table's statistics led the optimizer to read the whole table, and every chunk's
+/// completion then waited for the leases the others had locked (deadlocks, each chunk rolled
+/// back). Only the multiple-table form of `DELETE` takes an index hint.
+const DELETE_LEASES: &str = "DELETE l FROM async_lease l FORCE INDEX (PRIMARY) WHERE l.task_id IN ";
+
+/// Deletes `owner`'s leases of `ids`; how many.
+fn drop_leases(conn: &mut MysqlConnection, owner: i64, ids: &[i64]) -> QueryResult<usize> {
+    if ids.is_empty() {
+        return Ok(0);
+    }
+    Statement::<Mysql>::new(DELETE_LEASES)
+        .with(|s| list::ids(s, ids))
+        .sql(" AND l.node_id = ")
+        .bind::<BigInt, _>(owner)
+        .execute(conn)
+}
+
+/// When a charged task runs again.
+enum Delay<'a> {
+    /// After this many milliseconds.
+    Fixed(i64),
+    /// After rescue's backoff.
+    Backoff(&'a RescueParams),
+}
+
+/// What a charge writes besides the failure.
+struct Charge<'a> {
+    /// `last_error`.
+    error: &'a str,
+    /// Added to `suspect` (a death of the task's node).
+    suspect: i32,
+    /// The owner a task that ends dead keeps.
+    owner: i64,
+    delay: Delay<'a>,
+    default_max_attempts: i32,
+}
+
+/// Charges the tasks `ids` (locked, pending under their leases) a failure: pending again
+/// after the delay, or dead at max attempts (their descendants cancelled), with a new claim
+/// token. MySQL assigns `SET`'s columns left to right: every column that reads `failures`
+/// comes before it changes.
+fn charge(conn: &mut MysqlConnection, ids: &[i64], charge: &Charge<'_>) -> QueryResult<()> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let at_max = |s: Statement<Mysql>| {
+        s.sql("failures + 1 >= COALESCE(max_attempts, ")
+            .bind::<Integer, _>(charge.default_max_attempts)
+            .sql(")")
+    };
+    Statement::<Mysql>::new("UPDATE async_task SET last_error = ")
+        .bind::<Text, _>(charge.error.to_owned())
+        .sql(", suspect = suspect + ")
+        .bind::<Integer, _>(charge.suspect)
+        .sql(", run_at = CASE WHEN ")
+        .with(at_max)
+        .sql(" THEN run_at ELSE ")
+        .with(|s| match charge.delay {
+            Delay::Fixed(ms) => s
+                .sql(concat!(now!(), " + INTERVAL "))
+                .bind::<BigInt, _>(ms)
+                .sql(" * 1000 MICROSECOND"),
+            Delay::Backoff(rescue) => task::backoff_after(s, rescue),
+        })
+        .sql(" END, finished_at = CASE WHEN ")
+        .with(at_max)
+        .sql(concat!(" THEN ", now!(), " END, owner = CASE WHEN "))
+        .with(at_max)
+        .sql(" THEN ")
+        .bind::<BigInt, _>(charge.owner)
+        .sql(" END, state = CASE WHEN ")
+        .with(at_max)
+        .sql(concat!(
+            " THEN 'dead' ELSE 'pending' END, claim_token = claim_token + 1, updated_at = ",
+            now!(),
+            ", failures = failures + 1 WHERE state = 'pending' AND id IN "
+        ))
+        .with(|s| list::ids(s, ids))
+        .execute(conn)?;
+    Ok(())
+}
+
+/// The tasks `ids`, read back after a charge; the descendants of those that ended dead
+/// cancelled.
+fn charged(conn: &mut MysqlConnection, ids: &[i64]) -> QueryResult<Vec<RescuedRow>> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let rows: Vec<RescuedRow> = Statement::<Mysql>::new(
+        "SELECT id, state, last_error AS reason, keyword, biz_id, tenant
+           FROM async_task WHERE id IN ",
+    )
+    .with(|s| list::ids(s, ids))
+    .sql(" ORDER BY id")
+    .load(conn)?;
+    let dead: Vec<i64> = rows
+        .iter()
+        .filter(|r| r.state == "dead")
+        .map(|r| r.id)
+        .collect();
+    chain::cancel_descendants_of(conn, &dead, "dead")?;
+    Ok(rows)
+}
+
+impl LeaseDriver for MysqlConnection {
+    fn task_lease_page(
+        &mut self,
+        claim: &Claiming<'_>,
+        chunk: ChunkRuns,
+        pick: &Pick<'_>,
+    ) -> QueryResult<(Picked, Vec<i64>)> {
+        // The pick's test for a lease reads with the statement's view, which may predate a
+        // lease another claim committed while the pick walked: it then locks that task once
+        // the other claim has let it go, and its insert meets the other's lease. The claim
+        // rolls back whole and is taken again, with a view of its own.
+        let mut attempt = 1;
+        let picked = loop {
+            match take_page(self, claim, pick, Take::Lease(chunk)) {
+                Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, _))
+                    if attempt < LEASE_ATTEMPTS =>
+                {
+                    attempt += 1;
+                }
+                taken => break taken?,
+            }
+        };
+        let runs = (0..picked.rows.len())
+            .map(|i| i64::from(chunk_of(chunk, i)))
+            .collect();
+        Ok((picked, runs))
+    }
+
+    fn task_complete_leased(&mut self, owner: i64, ids: &[i64]) -> QueryResult<usize> {
+        // Only in the chunk's own transaction: a handler that ended it left the rest to
+        // autocommit, and the completion must not pretend to be atomic with the handlers.
+        if !matches!(depth_of(self), Some(depth) if depth > 0) {
+            return Ok(0);
+        }
+        // The leases and their tasks locked first, so that the check for links of the
+        // completion's UPDATE reads after every lock (see `task::finish_held`).
+        let held = lock_leased(self, owner, ids)?;
+        let n = task::finish_held(self, &held, "pending", |s| {
+            s.sql(", owner = ").bind::<BigInt, _>(owner).sql(concat!(
+                ", claim_token = claim_token + 1, claimed_at = ",
+                now!()
+            ))
+        })?;
+        drop_leases(self, owner, ids)?;
+        Ok(n)
+    }
+
+    fn task_claim_leased(
+        &mut self,
+        owner: i64,
+        ids: &[i64],
+        timeout_ms: i64,
+    ) -> QueryResult<Vec<ClaimRow>> {
+        self.transaction(|conn| {
+            let held = lock_leased(conn, owner, ids)?;
+            drop_leases(conn, owner, ids)?;
+            mark(conn, owner, &held, timeout_ms)
+        })
+    }
+
+    fn task_release_leased(&mut self, owner: i64, ids: &[i64]) -> QueryResult<usize> {
+        drop_leases(self, owner, ids)
+    }
+
+    fn task_charge_leased(
+        &mut self,
+        owner: i64,
+        lease: &LeaseCharge<'_>,
+    ) -> QueryResult<Option<String>> {
+        // Every lease of the chunk goes; only the hung task is charged. The others are free
+        // at once, and the chunk's late completion finds no lease of its own.
+        self.transaction(|conn| {
+            let held = lock_leased(conn, owner, &[lease.task])?;
+            drop_leases(conn, owner, lease.chunk_ids)?;
+            let how = Charge {
+                error: lease.error,
+                suspect: 0,
+                owner,
+                delay: Delay::Fixed(lease.delay_ms),
+                default_max_attempts: lease.default_max_attempts,
+            };
+            charge(conn, &held, &how)?;
+            Ok(charged(conn, &held)?.into_iter().next().map(|r| r.state))
+        })
+    }
+
+    fn task_rescue_leases(&mut self, rescue: &RescueParams) -> QueryResult<Vec<RescuedRow>> {
+        #[derive(QueryableByName)]
+        struct Lapsed {
+            #[diesel(sql_type = BigInt)]
+            task_id: i64,
+        }
+        // The leases of nodes that are not live (dead, frozen, cut off, gone), and those past
+        // their deadline: found without locks, then locked with their tasks and the test
+        // repeated (a completion under way is waited for, and has deleted its leases).
+        let lapsed = |s: Statement<Mysql>| {
+            s.sql(concat!(
+                "(l.deadline_at < ",
+                now!(),
+                " OR NOT EXISTS (SELECT 1 FROM async_node n
+                                  WHERE n.id = l.node_id AND n.state = 'alive'
+                                    AND n.heartbeat_at >= ",
+                now!(),
+                " - INTERVAL "
+            ))
+            .bind::<BigInt, _>(rescue.dead_after_ms)
+            .sql(" * 1000 MICROSECOND))")
+        };
+        self.transaction(|conn| {
+            let found: Vec<Lapsed> =
+                Statement::<Mysql>::new("SELECT task_id FROM async_lease l WHERE ")
+                    .with(lapsed)
+                    .load(conn)?;
+            if found.is_empty() {
+                return Ok(Vec::new());
+            }
+            let found: Vec<i64> = found.into_iter().map(|l| l.task_id).collect();
+            let locked = lock_with_leases(conn, &found, lapsed)?;
+            // Each node's tasks charged apart, late leases apart from a dead node's: the
+            // reason and the count of deaths differ.
+            let mut groups: Vec<(i64, bool, Vec<i64>)> = Vec::new();
+            for held in locked.iter().filter(|h| h.holds) {
+                match groups
+                    .iter_mut()
+                    .find(|(node, late, _)| *node == held.node_id && *late == held.late)
+                {
+                    Some((_, _, ids)) => ids.push(held.id),
+                    None => groups.push((held.node_id, held.late, vec![held.id])),
+                }
+            }
+            for (node, late, ids) in &groups {
+                let why = match late {
+                    true => "its lock-claimed chunk ran past its deadline",
+                    false => "the node stopped heartbeating",
+                };
+                let error = format!("rescued from node {node}: {why}");
+                let how = Charge {
+                    error: &error,
+                    suspect: i32::from(!late),
+                    owner: *node,
+                    delay: Delay::Backoff(rescue),
+                    default_max_attempts: rescue.default_max_attempts,
+                };
+                charge(conn, ids, &how)?;
+            }
+            let gone: Vec<i64> = locked.iter().map(|h| h.id).collect();
+            Statement::<Mysql>::new(DELETE_LEASES)
+                .with(|s| list::ids(s, &gone))
+                .execute(conn)?;
+            let mut ids: Vec<i64> = groups.into_iter().flat_map(|(_, _, ids)| ids).collect();
+            ids.sort_unstable();
+            charged(conn, &ids)
+        })
+    }
+}
