@@ -219,6 +219,13 @@ impl Timeouts {
                 watched.failures,
                 &error,
             )?;
+            // On MySQL no mark names the chunk's session: the hung handler's statement is
+            // killed, after the charge, so that what it waits on or holds is let go.
+            let statement = Session {
+                mark: None,
+                backend: watched.session.backend,
+            };
+            self.end_session(conn, key, &statement);
             log_charged(watched, &error, state.as_deref());
             return Ok((state.as_deref() == Some("dead")).then_some(error));
         }

@@ -372,12 +372,21 @@ every_backend! {
 
 /// Registers `sleepy`: writes its ledger row, then waits in `pg_sleep(60)` (PostgreSQL).
 fn register_sleepy(registry: &mut Registry) {
+    register_sleepy_on(registry, outbox::Backend::Postgres);
+}
+
+/// [`register_sleepy`] on `backend`: a minute's sleep in a statement of the server's.
+fn register_sleepy_on(registry: &mut Registry, backend: outbox::Backend) {
+    let sleep = match backend {
+        outbox::Backend::Mysql => "SELECT SLEEP(60)",
+        _ => "SELECT pg_sleep(60)",
+    };
     registry.register(
         "sleepy",
-        |t: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
+        move |t: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
             use diesel::RunQueryDsl;
             insert_ledger_row(t, tx.conn()?)?;
-            diesel::sql_query("SELECT pg_sleep(60)").execute(tx.conn()?)?;
+            diesel::sql_query(sleep).execute(tx.conn()?)?;
             Ok(())
         },
     );
@@ -425,42 +434,43 @@ fn lock_claims_keep_a_reserved_domains_thread_for_it() {
     reserved_isolates(&TestDb::postgres(), lock_config(4), None);
 }
 
-/// Under lock claims a handler past its domain's timeout has its chunk's transaction
-/// cancelled; the chunk's tasks run again one by one under stamp claims, where the timeout
-/// charges the task a failure.
-#[test]
-fn lock_claims_charge_a_handler_past_its_domains_timeout() {
-    let db = &TestDb::postgres();
-    enqueue_batch(&mut db.conn(), &tasks("sleepy", 1)).unwrap();
-    enqueue_batch(&mut db.conn(), &tasks("quick", 1)).unwrap();
-    let mut registry = crate::ledger_registry("quick");
-    register_sleepy(&mut registry);
-    let worker = Worker::new(
-        &db.url,
-        registry,
-        lock_config(2).domain(
-            Domain::max("sleepy", ["sleepy", "quick"], 1).timeout(Duration::from_millis(300)),
-        ),
-    )
-    .unwrap();
-    assert_eq!(worker.claim_style(), ClaimStyle::Lock);
-    let started = Instant::now();
-    let report = worker.drain().unwrap();
-    assert!(
-        started.elapsed() < Duration::from_secs(30),
-        "pg_sleep was not cancelled"
-    );
-    assert_eq!(report.tally.done, 1, "{report:?}");
-    let sleepy = db.task(db.count("SELECT id FROM async_task WHERE keyword = 'sleepy'"));
-    assert_eq!((sleepy.state.as_str(), sleepy.failures), ("pending", 1));
-    assert!(sleepy.last_error.unwrap_or_default().contains("timed out"));
-    assert_eq!(
-        db.count("SELECT count(*) FROM test_ledger"),
-        1,
-        "the quick task's effect is there, the sleepy one's rolled back"
-    );
-    let node = published(db, &worker);
-    assert_eq!((node.domains[1].running, node.domains[1].stuck), (0, 0));
+server_backends! {
+    /// Under lock claims a handler past its domain's timeout has its chunk ended: the
+    /// session terminated on PostgreSQL, the sleeping statement killed on MySQL (the chunk's
+    /// thread is free again at once); the task is charged a failure, the chunk's other task
+    /// runs again.
+    fn lock_claims_charge_a_handler_past_its_domains_timeout(db: &TestDb) {
+        enqueue_batch(&mut db.conn(), &tasks("sleepy", 1)).unwrap();
+        enqueue_batch(&mut db.conn(), &tasks("quick", 1)).unwrap();
+        let mut registry = crate::ledger_registry("quick");
+        register_sleepy_on(&mut registry, db.backend());
+        let worker = Worker::new(
+            &db.url,
+            registry,
+            lock_config(2).domain(
+                Domain::max("sleepy", ["sleepy", "quick"], 1).timeout(Duration::from_millis(300)),
+            ),
+        )
+        .unwrap();
+        assert_eq!(worker.claim_style(), ClaimStyle::Lock);
+        let started = Instant::now();
+        let report = worker.drain().unwrap();
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the sleep was not cancelled"
+        );
+        assert_eq!(report.tally.done, 1, "{report:?}");
+        let sleepy = db.task(db.count("SELECT id FROM async_task WHERE keyword = 'sleepy'"));
+        assert_eq!((sleepy.state.as_str(), sleepy.failures), ("pending", 1));
+        assert!(sleepy.last_error.unwrap_or_default().contains("timed out"));
+        assert_eq!(
+            db.count("SELECT count(*) FROM test_ledger"),
+            1,
+            "the quick task's effect is there, the sleepy one's rolled back"
+        );
+        let node = published(db, &worker);
+        assert_eq!((node.domains[1].running, node.domains[1].stuck), (0, 0));
+    }
 }
 
 /// Polls `done` until it holds, for at most 10 s.

@@ -632,10 +632,18 @@ fn a_chunks_completion_on_mysql_waits_for_no_other_chunks_leases() {
     let ids = enqueue(db, "ledger", 50);
     // 150 leases of other tasks (another node's chunks in flight), the table's statistics
     // taken with them.
-    db.exec(
-        "INSERT INTO async_lease (task_id, node_id, token, chunk, deadline_at)
-         SELECT 1000000 + seq, 999, 0, 1, UTC_TIMESTAMP(3) + INTERVAL 1 HOUR FROM seq_1_to_150",
-    );
+    let others: Vec<String> = (1..=150)
+        .map(|i| {
+            format!(
+                "({}, 999, 0, 1, UTC_TIMESTAMP(3) + INTERVAL 1 HOUR)",
+                1_000_000 + i
+            )
+        })
+        .collect();
+    db.exec(&format!(
+        "INSERT INTO async_lease (task_id, node_id, token, chunk, deadline_at) VALUES {}",
+        others.join(", ")
+    ));
     db.exec("ANALYZE TABLE async_lease");
     let mut other = db.conn();
     other

@@ -93,6 +93,17 @@ impl Db {
         self.with(sql, |c| c.batch_execute(sql));
     }
 
+    /// [`Db::count`] read uncommitted (MySQL: the level of the statement's own transaction,
+    /// set in the same turn of the connection).
+    pub fn count_uncommitted(&self, sql: &str) -> i64 {
+        let query = format!("SELECT ({sql}) AS n");
+        self.with(sql, |c| {
+            c.batch_execute("SET TRANSACTION ISOLATION LEVEL READ UNCOMMITTED")?;
+            diesel::sql_query(&query).get_result::<N>(c)
+        })
+        .n
+    }
+
     /// `SELECT (sql) AS n`.
     pub fn count(&self, sql: &str) -> i64 {
         let query = format!("SELECT ({sql}) AS n");

@@ -266,8 +266,7 @@ fn chunk_mid_way(db: &Db, worker: &Proc) -> bool {
         // worker, read uncommitted (the next transaction's level), is a handler's effect in
         // a chunk that has not committed.
         Backend::Mysql => {
-            db.exec("SET TRANSACTION ISOLATION LEVEL READ UNCOMMITTED");
-            db.count(&format!(
+            db.count_uncommitted(&format!(
                 "SELECT count(*) FROM fault_ledger f
                    JOIN async_lease l ON l.task_id = f.task_id
                    JOIN async_node o ON o.id = l.node_id

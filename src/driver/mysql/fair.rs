@@ -37,8 +37,9 @@ impl FairSql for Mysql {
     const TENANT_PENDING: &'static str = "pending_tenant IS NOT NULL";
     const SUSPECT_PENDING: &'static str = "pending_suspect = 1";
     // One probe of the lease's primary key per candidate (the table holds the chunks in
-    // flight). A scalar test MariaDB runs per row, after the row's lock: a lease committed
-    // by the claim that held the lock before is seen.
+    // flight), run per row after the row's lock, as a consistent read: it may not see a lease
+    // committed after the statement's view was taken (the lease claim then meets it at its
+    // insert and is taken again, `lease.rs`).
     const NOT_LEASED: &'static str =
         " AND NOT EXISTS (SELECT 1 FROM async_lease l WHERE l.task_id = async_task.id)";
     // The ring's counter and a weight are read as BIGINT only so cast.

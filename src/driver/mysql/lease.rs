@@ -8,7 +8,11 @@
 //! Unlike PostgreSQL's, the lease table is logged (InnoDB: see the migration), and rescue
 //! ends no session: MySQL has no advisory lock a transaction holds to its end. A frozen
 //! chunk's transaction keeps what its handlers locked until the server ends its session, as
-//! a stamped chunk's does; its late completion finds its leases gone and writes nothing.
+//! a stamped chunk's does. Its late completion finds its leases gone, or taken again under a
+//! new token, and writes nothing; unless this node has leased the same tasks again since,
+//! under their new tokens: then the late chunk completes them and the newer one rolls back
+//! (each task's in-database effects still land once). The domain watchdog kills a hung
+//! handler's statement (`KILL QUERY`).
 
 use diesel::mysql::{Mysql, MysqlConnection};
 use diesel::result::{DatabaseErrorKind, Error};
@@ -17,10 +21,11 @@ use diesel::Connection;
 use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 
 use super::claim::{chunk_of, mark, take_page, Take};
-use super::{chain, list, task};
+use super::{list, task};
 use crate::db::transaction::depth_of;
 use crate::driver::{
-    ChunkRuns, ClaimRow, Claiming, LeaseCharge, LeaseDriver, Pick, Picked, RescueParams, RescuedRow,
+    ChunkRuns, ClaimRow, Claiming, Due, LeaseCharge, LeaseDriver, Pick, Picked, RescueParams,
+    RescuedRow,
 };
 use crate::sql::Statement;
 
@@ -161,28 +166,6 @@ fn charge(conn: &mut MysqlConnection, ids: &[i64], charge: &Charge<'_>) -> Query
     Ok(())
 }
 
-/// The tasks `ids`, read back after a charge; the descendants of those that ended dead
-/// cancelled.
-fn charged(conn: &mut MysqlConnection, ids: &[i64]) -> QueryResult<Vec<RescuedRow>> {
-    if ids.is_empty() {
-        return Ok(Vec::new());
-    }
-    let rows: Vec<RescuedRow> = Statement::<Mysql>::new(
-        "SELECT id, state, last_error AS reason, keyword, biz_id, tenant
-           FROM async_task WHERE id IN ",
-    )
-    .with(|s| list::ids(s, ids))
-    .sql(" ORDER BY id")
-    .load(conn)?;
-    let dead: Vec<i64> = rows
-        .iter()
-        .filter(|r| r.state == "dead")
-        .map(|r| r.id)
-        .collect();
-    chain::cancel_descendants_of(conn, &dead, "dead")?;
-    Ok(rows)
-}
-
 impl LeaseDriver for MysqlConnection {
     fn task_lease_page(
         &mut self,
@@ -209,6 +192,11 @@ impl LeaseDriver for MysqlConnection {
             .map(|i| i64::from(chunk_of(chunk, i)))
             .collect();
         Ok((picked, runs))
+    }
+
+    fn task_lease_plan(&mut self, due: &Due<'_>, limit: i64) -> QueryResult<Vec<String>> {
+        // The lease claim picks as the stamp claim does.
+        super::claim::claim_plan(self, due, limit)
     }
 
     fn task_complete_leased(&mut self, owner: i64, ids: &[i64]) -> QueryResult<usize> {
@@ -255,7 +243,10 @@ impl LeaseDriver for MysqlConnection {
         // Every lease of the chunk goes; only the hung task is charged. The others are free
         // at once, and the chunk's late completion finds no lease of its own.
         self.transaction(|conn| {
-            let held = lock_leased(conn, owner, &[lease.task])?;
+            // The chunk's tasks and leases locked first, in the order every locking read of
+            // leases takes, then only the hung task kept.
+            let held = lock_leased(conn, owner, lease.chunk_ids)?;
+            let held: Vec<i64> = held.into_iter().filter(|&id| id == lease.task).collect();
             drop_leases(conn, owner, lease.chunk_ids)?;
             let how = Charge {
                 error: lease.error,
@@ -265,7 +256,10 @@ impl LeaseDriver for MysqlConnection {
                 default_max_attempts: lease.default_max_attempts,
             };
             charge(conn, &held, &how)?;
-            Ok(charged(conn, &held)?.into_iter().next().map(|r| r.state))
+            Ok(task::charged(conn, &held)?
+                .into_iter()
+                .next()
+                .map(|r| r.state))
         })
     }
 
@@ -278,19 +272,7 @@ impl LeaseDriver for MysqlConnection {
         // The leases of nodes that are not live (dead, frozen, cut off, gone), and those past
         // their deadline: found without locks, then locked with their tasks and the test
         // repeated (a completion under way is waited for, and has deleted its leases).
-        let lapsed = |s: Statement<Mysql>| {
-            s.sql(concat!(
-                "(l.deadline_at < ",
-                now!(),
-                " OR NOT EXISTS (SELECT 1 FROM async_node n
-                                  WHERE n.id = l.node_id AND n.state = 'alive'
-                                    AND n.heartbeat_at >= ",
-                now!(),
-                " - INTERVAL "
-            ))
-            .bind::<BigInt, _>(rescue.dead_after_ms)
-            .sql(" * 1000 MICROSECOND))")
-        };
+        let lapsed = |s| task::lapsed(s, ("l.deadline_at", "l.node_id"), rescue.dead_after_ms);
         self.transaction(|conn| {
             let found: Vec<Lapsed> =
                 Statement::<Mysql>::new("SELECT task_id FROM async_lease l WHERE ")
@@ -334,7 +316,7 @@ impl LeaseDriver for MysqlConnection {
                 .execute(conn)?;
             let mut ids: Vec<i64> = groups.into_iter().flat_map(|(_, _, ids)| ids).collect();
             ids.sort_unstable();
-            charged(conn, &ids)
+            task::charged(conn, &ids)
         })
     }
 }

@@ -182,6 +182,31 @@ pub(super) fn cancel(conn: &mut MysqlConnection, id: i64) -> QueryResult<usize> 
     })
 }
 
+/// Appends that a claim has lapsed: its deadline (the column `deadline`) is past, or its
+/// node (the column `node`) is not live, by the database clock.
+pub(super) fn lapsed(
+    statement: Statement<Mysql>,
+    (deadline, node): (&'static str, &'static str),
+    dead_after_ms: i64,
+) -> Statement<Mysql> {
+    statement
+        .sql("(")
+        .sql(deadline)
+        .sql(concat!(
+            " < ",
+            now!(),
+            " OR NOT EXISTS (SELECT 1 FROM async_node n WHERE n.id = "
+        ))
+        .sql(node)
+        .sql(concat!(
+            " AND n.state = 'alive' AND n.heartbeat_at >= ",
+            now!(),
+            " - INTERVAL "
+        ))
+        .bind::<BigInt, _>(dead_after_ms)
+        .sql(" * 1000 MICROSECOND))")
+}
+
 /// Appends when a rescued task runs again: now, plus its backoff after `failures` failures
 /// (doubling from `rescue.backoff_base_ms` up to its max, with its jitter). Read before
 /// `failures` changes.
@@ -212,17 +237,11 @@ pub(in crate::driver) fn rescue_many(
     rescue: &RescueParams,
 ) -> QueryResult<Vec<RescuedRow>> {
     let lapsed = |s: Statement<Mysql>| {
-        s.sql(concat!(
-            "state = 'running' AND (deadline_at < ",
-            now!(),
-            " OR NOT EXISTS (SELECT 1 FROM async_node n
-                              WHERE n.id = async_task.owner AND n.state = 'alive'
-                                AND n.heartbeat_at >= ",
-            now!(),
-            " - INTERVAL "
-        ))
-        .bind::<BigInt, _>(rescue.dead_after_ms)
-        .sql(" * 1000 MICROSECOND))")
+        lapsed(
+            s.sql("state = 'running' AND "),
+            ("deadline_at", "async_task.owner"),
+            rescue.dead_after_ms,
+        )
     };
     conn.transaction(|conn| {
         // Found without locks, then locked through the primary key with the test repeated
@@ -278,19 +297,28 @@ pub(in crate::driver) fn rescue_many(
         ))
         .with(|s| list::ids(s, &ids))
         .execute(conn)?;
-        let rows: Vec<RescuedRow> = Statement::<Mysql>::new(
-            "SELECT id, state, last_error AS reason, keyword, biz_id, tenant
-               FROM async_task WHERE id IN ",
-        )
-        .with(|s| list::ids(s, &ids))
-        .sql(" ORDER BY id")
-        .load(conn)?;
-        let dead: Vec<i64> = rows
-            .iter()
-            .filter(|r| r.state == "dead")
-            .map(|r| r.id)
-            .collect();
-        chain::cancel_descendants_of(conn, &dead, "dead")?;
-        Ok(rows)
+        charged(conn, &ids)
     })
+}
+
+/// The tasks `ids`, read back after a charge; the descendants of those that ended dead
+/// cancelled.
+pub(super) fn charged(conn: &mut MysqlConnection, ids: &[i64]) -> QueryResult<Vec<RescuedRow>> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let rows: Vec<RescuedRow> = Statement::<Mysql>::new(
+        "SELECT id, state, last_error AS reason, keyword, biz_id, tenant
+           FROM async_task WHERE id IN ",
+    )
+    .with(|s| list::ids(s, ids))
+    .sql(" ORDER BY id")
+    .load(conn)?;
+    let dead: Vec<i64> = rows
+        .iter()
+        .filter(|r| r.state == "dead")
+        .map(|r| r.id)
+        .collect();
+    chain::cancel_descendants_of(conn, &dead, "dead")?;
+    Ok(rows)
 }
