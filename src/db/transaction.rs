@@ -88,6 +88,20 @@ pub(crate) fn is_infrastructure(error: &diesel::result::Error) -> bool {
     }
 }
 
+/// Whether a database error is a deadlock's: the statement or transaction was the victim
+/// the server chose (PostgreSQL's 40P01, InnoDB's 1213), and was rolled back; run again, it
+/// may pass.
+pub(crate) fn is_deadlock(error: &diesel::result::Error) -> bool {
+    match error {
+        diesel::result::Error::DatabaseError(_, info) => {
+            let message = info.message();
+            message.starts_with("deadlock detected")
+                || message.starts_with("Deadlock found when trying to get lock")
+        }
+        _ => false,
+    }
+}
+
 /// Whether a diesel error says that the connection itself is gone (server restarted, backend
 /// terminated, network cut) rather than that a statement failed.
 pub(crate) fn is_connection_error(error: &diesel::result::Error) -> bool {

@@ -31,10 +31,13 @@ use super::plan::PlanLane;
 use super::record::record_or_unwind;
 use super::settings::millis;
 use super::tally::{Outcome, Tally};
-use crate::db::transaction::{is_connection_error, mark_broken, DiscardBroken};
+use crate::db::transaction::{is_connection_error, is_deadlock, mark_broken, DiscardBroken};
 use crate::driver::{driver, ChunkRuns, Claiming, Due, TxMark};
 use crate::error::{OpContext, Result};
 use crate::task::ClaimedTask;
+
+/// How many times a lease claim that was a deadlock's victim is taken.
+const LEASE_ATTEMPTS: u32 = 3;
 
 /// A chunk leased by this node: its tasks and the mark its transaction holds.
 pub(super) struct LeasedChunk {
@@ -113,20 +116,29 @@ impl Worker {
         };
         let asked = Instant::now();
         let deadline = asked + lane.timeout;
-        let (leased, chunk_of) = driver(&mut conn)
-            .task_lease_page(
-                &Claiming {
-                    owner: self.node.id(),
-                    due: &due,
-                    except: &limited,
-                    limit,
-                    timeout_ms: millis(lane.timeout),
-                },
-                runs,
-                &pick.as_pick(),
-            )
-            .discard_broken(&mut conn)
-            .op("task lease")?;
+        let claiming = Claiming {
+            owner: self.node.id(),
+            due: &due,
+            except: &limited,
+            limit,
+            timeout_ms: millis(lane.timeout),
+        };
+        // A lease claim whose snapshot predates a chunk's completion may wait for the
+        // completion's deletion of a lease while the completion waits for a task the claim
+        // has locked: the server ends one of them, and the claim, which wrote nothing that
+        // stays, is taken again.
+        let mut attempt = 1;
+        let (leased, chunk_of) = loop {
+            match driver(&mut conn).task_lease_page(&claiming, runs, &pick.as_pick()) {
+                Err(e) if is_deadlock(&e) && attempt < LEASE_ATTEMPTS => {
+                    log::debug!("a lease claim was a deadlock's victim; taken again: {e}");
+                    attempt += 1;
+                }
+                leased => break leased,
+            }
+        }
+        .discard_broken(&mut conn)
+        .op("task lease")?;
         drop(conn);
         self.observers.claimed(asked);
         let runs_of: std::collections::HashMap<i64, i64> = leased
