@@ -244,10 +244,27 @@ impl LeaseDriver for MysqlConnection {
         // at once, and the chunk's late completion finds no lease of its own.
         self.transaction(|conn| {
             // The chunk's tasks and leases locked first, in the order every locking read of
-            // leases takes, then only the hung task kept.
-            let held = lock_leased(conn, owner, lease.chunk_ids)?;
-            let held: Vec<i64> = held.into_iter().filter(|&id| id == lease.task).collect();
+            // leases takes.
+            let (held, freed): (Vec<i64>, Vec<i64>) = lock_leased(conn, owner, lease.chunk_ids)?
+                .into_iter()
+                .partition(|&id| id == lease.task);
             drop_leases(conn, owner, lease.chunk_ids)?;
+            // The others may run again elsewhere after their handlers ran in this chunk: the
+            // note says why (on PostgreSQL the chunk's transaction id tells it; InnoDB gives a
+            // handler no id to record).
+            if !freed.is_empty() {
+                Statement::<Mysql>::new(
+                    "UPDATE async_task SET last_error = CONCAT('released: task ', ",
+                )
+                .bind::<BigInt, _>(lease.task)
+                .sql(concat!(
+                    ", ' of its chunk ran past its timeout'), updated_at = ",
+                    now!(),
+                    " WHERE state = 'pending' AND id IN "
+                ))
+                .with(|s| list::ids(s, &freed))
+                .execute(conn)?;
+            }
             let how = Charge {
                 error: lease.error,
                 suspect: 0,
