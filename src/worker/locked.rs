@@ -36,7 +36,7 @@ use crate::driver::{driver, ChunkRuns, Claiming, Due, TxMark};
 use crate::error::{OpContext, Result};
 use crate::task::ClaimedTask;
 
-/// How many times a lease claim that was a deadlock's victim is taken.
+/// How many times a lease claim that lost a race to another (see `lease_page`) is taken.
 const LEASE_ATTEMPTS: u32 = 3;
 
 /// A chunk leased by this node: its tasks and the mark its transaction holds.
@@ -123,15 +123,26 @@ impl Worker {
             limit,
             timeout_ms: millis(lane.timeout),
         };
-        // A lease claim whose snapshot predates a chunk's completion may wait for the
-        // completion's deletion of a lease while the completion waits for a task the claim
-        // has locked: the server ends one of them, and the claim, which wrote nothing that
-        // stays, is taken again.
+        // A lease claim whose snapshot predates another claim's lease loses a race, and it
+        // wrote nothing that stays, so it is taken again, with a snapshot of its own: on
+        // PostgreSQL it may wait for a chunk's completion to delete an old lease while the
+        // completion waits for a task the claim has locked (the server ends one of them, a
+        // deadlock); on MySQL its insert meets the other claim's lease (a duplicate key).
+        let lost_race = |e: &diesel::result::Error| {
+            is_deadlock(e)
+                || matches!(
+                    e,
+                    diesel::result::Error::DatabaseError(
+                        diesel::result::DatabaseErrorKind::UniqueViolation,
+                        _
+                    )
+                )
+        };
         let mut attempt = 1;
         let (leased, chunk_of) = loop {
             match driver(&mut conn).task_lease_page(&claiming, runs, &pick.as_pick()) {
-                Err(e) if is_deadlock(&e) && attempt < LEASE_ATTEMPTS => {
-                    log::debug!("a lease claim was a deadlock's victim; taken again: {e}");
+                Err(e) if lost_race(&e) && attempt < LEASE_ATTEMPTS => {
+                    log::debug!("a lease claim lost a race to another; taken again: {e}");
                     attempt += 1;
                 }
                 leased => break leased,

@@ -239,47 +239,59 @@ every_claim_style! {
         db.make_all_due();
         assert_eq!(w.run_once().unwrap().retried, 1);
     }
-
-
 }
 
 /// A chunk whose commit happened but whose reply was lost (a proxy forwards the COMMIT, then
-/// drops the connection): the worker finds its tasks done under their own claims and counts
-/// them done, without running their handlers again. PostgreSQL only (a server to proxy).
-/// Stamped claims; `lock::…` has the same for lock claims.
+/// drops the connection): the worker finds its tasks done under their own claims (stamp
+/// claims), or asks whether the chunk's transaction committed (lock claims), counts them
+/// done, and runs no handler again. PostgreSQL only (a server to proxy).
 #[test]
 fn a_chunk_whose_commit_reply_was_lost_is_counted_done_and_not_run_again() {
-    let db = &TestDb::postgres();
-    let ids = five_tasks(db);
-    let proxy = crate::proxy::CommitReplyLoser::start(&db.url_text);
-    let calls = Arc::new(AtomicUsize::new(0));
-    let calls_in = Arc::clone(&calls);
-    let mut registry = Registry::new();
-    registry.register(
-        "ledger",
-        move |task: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
-            calls_in.fetch_add(1, Ordering::SeqCst);
-            write_ledger(task, tx)?;
-            if task.biz_id() == "5" {
-                // The chunk's connection: its COMMIT's reply is lost, no other's.
-                diesel::RunQueryDsl::execute(
-                    diesel::sql_query(crate::proxy::CommitReplyLoser::ARM),
-                    tx.conn()?,
-                )?;
-            }
-            Ok(())
-        },
-    );
-    let url = outbox::DatabaseUrl::parse(&proxy.url).unwrap();
-    let config = one_chunk_config().claim_style(ClaimStyle::Stamp);
-    let w = Worker::new(&url, registry, config).unwrap();
-    let tally = w.run_once().unwrap();
-    assert_eq!(proxy.lost(), 1, "the chunk's commit reply was lost");
-    assert_eq!((tally.done, tally.lost), (5, 0), "{tally:?}");
-    assert_eq!(calls.load(Ordering::SeqCst), 5, "no handler ran twice");
-    for id in ids {
-        assert_eq!(db.task(id).state, "done");
-        assert_eq!(db.ledger_rows(id), 1, "task {id}: exactly one effect");
+    for style in [ClaimStyle::Stamp, ClaimStyle::Lock] {
+        let db = &TestDb::postgres();
+        let ids = five_tasks(db);
+        let proxy = crate::proxy::CommitReplyLoser::start(&db.url_text);
+        let calls = Arc::new(AtomicUsize::new(0));
+        let calls_in = Arc::clone(&calls);
+        let mut registry = Registry::new();
+        registry.register(
+            "ledger",
+            move |task: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
+                calls_in.fetch_add(1, Ordering::SeqCst);
+                write_ledger(task, tx)?;
+                if task.biz_id() == "5" {
+                    // The chunk's connection: its COMMIT's reply is lost, no other's.
+                    diesel::RunQueryDsl::execute(
+                        diesel::sql_query(crate::proxy::CommitReplyLoser::ARM),
+                        tx.conn()?,
+                    )?;
+                }
+                Ok(())
+            },
+        );
+        let url = outbox::DatabaseUrl::parse(&proxy.url).unwrap();
+        let w = Worker::new(&url, registry, one_chunk_config().claim_style(style)).unwrap();
+        let tally = w.run_once().unwrap();
+        assert_eq!(
+            proxy.lost(),
+            1,
+            "{style}: the chunk's commit reply was lost ({tally:?}, {} handler calls)",
+            calls.load(Ordering::SeqCst)
+        );
+        assert_eq!((tally.done, tally.lost), (5, 0), "{style}: {tally:?}");
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            5,
+            "{style}: no handler ran twice"
+        );
+        for id in ids {
+            assert_eq!(db.task(id).state, "done");
+            assert_eq!(
+                db.ledger_rows(id),
+                1,
+                "{style}: task {id}: exactly one effect"
+            );
+        }
     }
 }
 

@@ -95,49 +95,6 @@ fn a_lock_claim_writes_one_row_version_per_task_and_a_stamped_claim_two() {
     assert_eq!(updates_for_five_tasks(ClaimStyle::Stamp), 10);
 }
 
-/// The chunk's commit happened but its reply was lost (a proxy forwards the COMMIT, then
-/// drops the connection): the worker asks the database whether the chunk's transaction
-/// committed, counts the tasks done and runs no handler again.
-#[test]
-fn a_locked_chunk_whose_commit_reply_was_lost_is_counted_done_and_not_run_again() {
-    let db = &TestDb::postgres();
-    let ids = enqueue(db, "ledger", 5);
-    let proxy = crate::proxy::CommitReplyLoser::start(&db.url_text);
-    let calls = Arc::new(AtomicUsize::new(0));
-    let calls_in = Arc::clone(&calls);
-    let mut registry = Registry::new();
-    registry.register(
-        "ledger",
-        move |task: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
-            calls_in.fetch_add(1, Ordering::SeqCst);
-            write_ledger(task, tx)?;
-            if task.biz_id() == "5" {
-                // The chunk's connection: its COMMIT's reply is lost, no other's.
-                diesel::RunQueryDsl::execute(
-                    diesel::sql_query(crate::proxy::CommitReplyLoser::ARM),
-                    tx.conn()?,
-                )?;
-            }
-            Ok(())
-        },
-    );
-    let url = DatabaseUrl::parse(&proxy.url).unwrap();
-    let w = Worker::new(&url, registry, chunk_config(ClaimStyle::Lock)).unwrap();
-    let tally = w.run_once().unwrap();
-    assert_eq!(
-        proxy.lost(),
-        1,
-        "the chunk's commit reply was lost ({tally:?}, {} handler calls)",
-        calls.load(Ordering::SeqCst)
-    );
-    assert_eq!((tally.done, tally.lost), (5, 0), "{tally:?}");
-    assert_eq!(calls.load(Ordering::SeqCst), 5, "no handler ran twice");
-    for id in ids {
-        assert_eq!(db.task(id).state, "done");
-        assert_eq!(db.ledger_rows(id), 1, "task {id}: exactly one effect");
-    }
-}
-
 server_backends! {
     fn a_leased_chunks_tasks_stay_pending_unlocked_and_leased_until_it_commits(db: &TestDb) {
         let ids = enqueue(db, "ledger", 5);

@@ -15,7 +15,6 @@
 //! handler's statement (`KILL QUERY`).
 
 use diesel::mysql::{Mysql, MysqlConnection};
-use diesel::result::{DatabaseErrorKind, Error};
 use diesel::sql_types::{BigInt, Bool, Integer, Text};
 use diesel::Connection;
 use diesel::{QueryResult, QueryableByName, RunQueryDsl};
@@ -28,9 +27,6 @@ use crate::driver::{
     RescuedRow,
 };
 use crate::sql::Statement;
-
-/// How many times a claim is taken when its leases meet another claim's.
-const LEASE_ATTEMPTS: u32 = 3;
 
 /// A lease and its task, locked together.
 #[derive(QueryableByName)]
@@ -175,19 +171,9 @@ impl LeaseDriver for MysqlConnection {
     ) -> QueryResult<(Picked, Vec<i64>)> {
         // The pick's test for a lease reads with the statement's view, which may predate a
         // lease another claim committed while the pick walked: it then locks that task once
-        // the other claim has let it go, and its insert meets the other's lease. The claim
-        // rolls back whole and is taken again, with a view of its own.
-        let mut attempt = 1;
-        let picked = loop {
-            match take_page(self, claim, pick, Take::Lease(chunk)) {
-                Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, _))
-                    if attempt < LEASE_ATTEMPTS =>
-                {
-                    attempt += 1;
-                }
-                taken => break taken?,
-            }
-        };
+        // the other claim has let it go, and its insert meets the other's lease (a duplicate
+        // key). The claim rolls back whole; the worker takes it again (`worker/locked.rs`).
+        let picked = take_page(self, claim, pick, Take::Lease(chunk))?;
         let runs = (0..picked.rows.len())
             .map(|i| i64::from(chunk_of(chunk, i)))
             .collect();

@@ -153,7 +153,7 @@ pub(super) fn finish_held(
 }
 
 /// Runs `f` in the transaction open on `conn`, or in one of its own when none is.
-pub(super) fn in_transaction<T>(
+fn in_transaction<T>(
     conn: &mut MysqlConnection,
     f: impl FnOnce(&mut MysqlConnection) -> QueryResult<T>,
 ) -> QueryResult<T> {
