@@ -35,29 +35,32 @@ pub trait LeaseDriver {
     }
 
     /// In the transaction of the chunk's leases (opened by [`super::Driver::transaction_begin`]): marks
-    /// done the tasks `ids` still leased by `owner` under their tokens, deleting the leases,
-    /// recording `owner` and a new claim token; returns how many it marked.
-    fn task_complete_leased(&mut self, owner: i64, ids: &[i64]) -> QueryResult<usize> {
-        let _ = (owner, ids);
+    /// done the tasks of `claims` (`(id, token)`, as the lease claim returned them) still
+    /// leased by `owner` under those tokens, deleting the leases, recording `owner` and a new
+    /// claim token; returns how many it marked. A newer lease of `owner` on the same task
+    /// (under the token a rescue's charge gave it) is another chunk's: left as it is.
+    fn task_complete_leased(&mut self, owner: i64, claims: &[(i64, i64)]) -> QueryResult<usize> {
+        let _ = (owner, claims);
         Err(lock_claims_unsupported())
     }
 
-    /// After a chunk rolled back: claims, the stamping way, those of the tasks `ids` still
-    /// leased by `owner` and pending, deleting their leases, in one statement.
+    /// After a chunk rolled back: claims, the stamping way, those of the tasks of `claims`
+    /// still leased by `owner` under those tokens and pending, deleting their leases, in one
+    /// statement.
     fn task_claim_leased(
         &mut self,
         owner: i64,
-        ids: &[i64],
+        claims: &[(i64, i64)],
         timeout_ms: i64,
     ) -> QueryResult<Vec<ClaimRow>> {
-        let _ = (owner, ids, timeout_ms);
+        let _ = (owner, claims, timeout_ms);
         Err(lock_claims_unsupported())
     }
 
-    /// Deletes `owner`'s leases of `ids` (their chunk never ran): the tasks are free again,
-    /// no failure counted. Returns how many it deleted.
-    fn task_release_leased(&mut self, owner: i64, ids: &[i64]) -> QueryResult<usize> {
-        let _ = (owner, ids);
+    /// Deletes `owner`'s leases of `claims` under those tokens (their chunk never ran): the
+    /// tasks are free again, no failure counted. Returns how many it deleted.
+    fn task_release_leased(&mut self, owner: i64, claims: &[(i64, i64)]) -> QueryResult<usize> {
+        let _ = (owner, claims);
         Err(lock_claims_unsupported())
     }
 

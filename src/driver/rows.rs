@@ -36,8 +36,9 @@ pub struct ChunkRuns {
 pub struct LeaseCharge<'a> {
     /// The task charged a failure.
     pub task: i64,
-    /// Every task of its chunk (their leases are deleted; the others are not charged).
-    pub chunk_ids: &'a [i64],
+    /// Every task of its chunk, `(id, token)` (their leases under those tokens are deleted;
+    /// the others are not charged).
+    pub chunk: &'a [(i64, i64)],
     /// What `last_error` says.
     pub error: &'a str,
     /// The retry's delay, when the failure is not the last.

@@ -139,6 +139,11 @@ pub struct ClaimedTask {
 }
 
 impl ClaimedTask {
+    /// `(id, claim token)`: what a write of a chunk's tasks names each by.
+    pub(crate) fn id_token(&self) -> (i64, i64) {
+        (self.context.id, self.claim_token)
+    }
+
     /// The fence of this claim.
     pub(crate) fn claim(&self) -> crate::driver::Claim {
         crate::driver::Claim {

@@ -208,10 +208,7 @@ impl Worker {
         let Ok(mut conn) = self.pool.get() else {
             return strict(&chunk);
         };
-        let claims: Vec<(i64, i64)> = chunk
-            .iter()
-            .map(|task| (task.context.id, task.claim_token))
-            .collect();
+        let claims: Vec<(i64, i64)> = chunk.iter().map(ClaimedTask::id_token).collect();
         let owner = chunk[0].owner;
         // The completion of several tasks must be all or nothing even when no handler opened
         // the transaction: one BEGIN per chunk.

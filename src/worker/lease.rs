@@ -13,11 +13,11 @@ use crate::driver::{driver, LeaseCharge, TxMark};
 use crate::error::{OpContext, Result};
 
 /// What ends a leased chunk for a task that runs past its timeout: the mark of the chunk's
-/// transaction and every task of the chunk.
+/// transaction and every task of the chunk, `(id, token)`.
 #[derive(Debug, Clone)]
 pub(crate) struct ChunkLease {
     pub(crate) mark: TxMark,
-    pub(crate) ids: Arc<[i64]>,
+    pub(crate) claims: Arc<[(i64, i64)]>,
 }
 
 /// Numbers the transactions of this process (their marks' runs).
@@ -58,7 +58,7 @@ pub(crate) fn charge_leased(
         .delay(failures.saturating_add(1).unsigned_abs(), fastrand::f64());
     let charge = LeaseCharge {
         task,
-        chunk_ids: &lease.ids,
+        chunk: &lease.claims,
         error,
         delay_ms: millis(delay),
         default_max_attempts: settings.max_attempts,

@@ -192,6 +192,7 @@ impl Worker {
     /// Runs a leased chunk's handlers in one transaction and marks the tasks done in it.
     pub(super) fn execute_leased(&self, chunk: LeasedChunk) -> Vec<Outcome> {
         let LeasedChunk { mark, tasks } = chunk;
+        let claims: Vec<(i64, i64)> = tasks.iter().map(ClaimedTask::id_token).collect();
         let ids: Vec<i64> = tasks.iter().map(|task| task.context.id).collect();
         let handlers = tasks
             .iter()
@@ -218,12 +219,12 @@ impl Worker {
         }
         let lease = ChunkLease {
             mark,
-            ids: Arc::from(ids.as_slice()),
+            claims: Arc::from(claims.as_slice()),
         };
         let owner = self.node.id();
         let ran = Cell::new(0);
         let result = self.run_chunk(&mut conn, Some(&lease), &tasks, &handlers, &ran, |conn| {
-            driver(conn).task_complete_leased(owner, &ids)
+            driver(conn).task_complete_leased(owner, &claims)
         });
         drop(conn);
         match result {
@@ -245,7 +246,7 @@ impl Worker {
     /// `ran` (their handlers ran in the chunk) noted as running again. A task no longer
     /// leased is done (a commit whose reply was lost) or another's (counted lost).
     fn rerun_leased(&self, tasks: &[ClaimedTask], ran: &[i64]) -> Vec<Outcome> {
-        let ids: Vec<i64> = tasks.iter().map(|task| task.context.id).collect();
+        let claims: Vec<(i64, i64)> = tasks.iter().map(ClaimedTask::id_token).collect();
         if self.is_stopping() {
             // Stopping (or the hang watchdog is about to exit): claimed now, they would be
             // left running for rescue to charge; they are released as they are.
@@ -253,7 +254,7 @@ impl Worker {
         }
         log::debug!(
             "a leased chunk of {} tasks rolled back; running them one by one",
-            ids.len()
+            claims.len()
         );
         // Retried through an outage (the chunk may have failed for one) until the leases'
         // deadline: one that ends before it charges the tasks nothing.
@@ -262,7 +263,7 @@ impl Worker {
         let claimed = self.retry_until("a rolled-back chunk's claim", lease_deadline, |conn| {
             let deadline = Instant::now() + timeout;
             driver(conn)
-                .task_claim_leased(self.node.id(), &ids, millis(timeout))
+                .task_claim_leased(self.node.id(), &claims, millis(timeout))
                 .map(|rows| claimed_tasks(rows, self.node.id(), deadline))
         });
         let claimed = match claimed {
@@ -271,9 +272,9 @@ impl Worker {
                 log::warn!(
                     "a leased chunk of {} tasks rolled back and could not be claimed again: \
                      {e}; rescue charges them at their deadline",
-                    ids.len()
+                    claims.len()
                 );
-                return vec![Outcome::Abandoned; ids.len()];
+                return vec![Outcome::Abandoned; claims.len()];
             }
         };
         // Just claimed, so held unless cancelled since: only a task whose handler ran in the
@@ -321,20 +322,20 @@ impl Worker {
     /// Deletes this node's leases of `tasks` (their chunk never ran, or is stopping): free
     /// again, no failure; retried through an outage until the leases' deadline.
     fn release_leased(&self, tasks: &[ClaimedTask]) -> Vec<Outcome> {
-        let ids: Vec<i64> = tasks.iter().map(|task| task.context.id).collect();
+        let claims: Vec<(i64, i64)> = tasks.iter().map(ClaimedTask::id_token).collect();
         let deadline = tasks.first().map_or_else(Instant::now, |t| t.deadline);
         let released = self.retry_until("a chunk's release", deadline, |conn| {
-            driver(conn).task_release_leased(self.node.id(), &ids)
+            driver(conn).task_release_leased(self.node.id(), &claims)
         });
         match released {
-            Ok(_) => vec![Outcome::Released; ids.len()],
+            Ok(_) => vec![Outcome::Released; claims.len()],
             Err(e) => {
                 log::warn!(
                     "a leased chunk of {} tasks could not be released: {e}; rescue frees \
                      them at their deadline",
-                    ids.len()
+                    claims.len()
                 );
-                vec![Outcome::Abandoned; ids.len()]
+                vec![Outcome::Abandoned; claims.len()]
             }
         }
     }

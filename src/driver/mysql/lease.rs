@@ -9,10 +9,8 @@
 //! ends no session: MySQL has no advisory lock a transaction holds to its end. A frozen
 //! chunk's transaction keeps what its handlers locked until the server ends its session, as
 //! a stamped chunk's does. Its late completion finds its leases gone, or taken again under a
-//! new token, and writes nothing; unless this node has leased the same tasks again since,
-//! under their new tokens: then the late chunk completes them and the newer one rolls back
-//! (each task's in-database effects still land once). The domain watchdog kills a hung
-//! handler's statement (`KILL QUERY`).
+//! new token (by this node too: every write names the chunk's tokens), and writes nothing.
+//! The domain watchdog kills a hung handler's statement (`KILL QUERY`).
 
 use diesel::mysql::{Mysql, MysqlConnection};
 use diesel::sql_types::{BigInt, Bool, Integer, Text};
@@ -71,11 +69,28 @@ fn lock_with_leases(
     .load(conn)
 }
 
-/// The tasks of `ids` that `owner`'s leases hold, locked with their leases.
-fn lock_leased(conn: &mut MysqlConnection, owner: i64, ids: &[i64]) -> QueryResult<Vec<i64>> {
-    let held = lock_with_leases(conn, ids, |s| {
-        s.sql("l.node_id = ").bind::<BigInt, _>(owner)
-    })?;
+/// The ids of `claims` (`(id, token)`).
+fn ids_of(claims: &[(i64, i64)]) -> Vec<i64> {
+    claims.iter().map(|&(id, _)| id).collect()
+}
+
+/// `owner`'s leases on the tasks of `claims`, under those tokens: a newer lease of the same
+/// node on the same task (taken after this chunk's was rescued) is not this chunk's.
+fn owned(statement: Statement<Mysql>, owner: i64, claims: &[(i64, i64)]) -> Statement<Mysql> {
+    statement
+        .sql("l.node_id = ")
+        .bind::<BigInt, _>(owner)
+        .sql(" AND (l.task_id, l.token) IN ")
+        .with(|s| list::pairs(s, claims))
+}
+
+/// The tasks of `claims` that `owner`'s leases hold, locked with their leases.
+fn lock_leased(
+    conn: &mut MysqlConnection,
+    owner: i64,
+    claims: &[(i64, i64)],
+) -> QueryResult<Vec<i64>> {
+    let held = lock_with_leases(conn, &ids_of(claims), |s| owned(s, owner, claims))?;
     Ok(held.into_iter().filter(|h| h.holds).map(|h| h.id).collect())
 }
 
@@ -85,15 +100,19 @@ fn lock_leased(conn: &mut MysqlConnection, owner: i64, ids: &[i64]) -> QueryResu
 /// back). Only the multiple-table form of `DELETE` takes an index hint.
 const DELETE_LEASES: &str = "DELETE l FROM async_lease l FORCE INDEX (PRIMARY) WHERE l.task_id IN ";
 
-/// Deletes `owner`'s leases of `ids`; how many.
-fn drop_leases(conn: &mut MysqlConnection, owner: i64, ids: &[i64]) -> QueryResult<usize> {
-    if ids.is_empty() {
+/// Deletes `owner`'s leases of `claims`; how many.
+fn drop_leases(
+    conn: &mut MysqlConnection,
+    owner: i64,
+    claims: &[(i64, i64)],
+) -> QueryResult<usize> {
+    if claims.is_empty() {
         return Ok(0);
     }
     Statement::<Mysql>::new(DELETE_LEASES)
-        .with(|s| list::ids(s, ids))
-        .sql(" AND l.node_id = ")
-        .bind::<BigInt, _>(owner)
+        .with(|s| list::ids(s, &ids_of(claims)))
+        .sql(" AND ")
+        .with(|s| owned(s, owner, claims))
         .execute(conn)
 }
 
@@ -185,7 +204,7 @@ impl LeaseDriver for MysqlConnection {
         super::claim::claim_plan(self, due, limit)
     }
 
-    fn task_complete_leased(&mut self, owner: i64, ids: &[i64]) -> QueryResult<usize> {
+    fn task_complete_leased(&mut self, owner: i64, claims: &[(i64, i64)]) -> QueryResult<usize> {
         // Only in the chunk's own transaction: a handler that ended it left the rest to
         // autocommit, and the completion must not pretend to be atomic with the handlers.
         if !matches!(depth_of(self), Some(depth) if depth > 0) {
@@ -193,32 +212,32 @@ impl LeaseDriver for MysqlConnection {
         }
         // The leases and their tasks locked first, so that the check for links of the
         // completion's UPDATE reads after every lock (see `task::finish_held`).
-        let held = lock_leased(self, owner, ids)?;
+        let held = lock_leased(self, owner, claims)?;
         let n = task::finish_held(self, &held, "pending", |s| {
             s.sql(", owner = ").bind::<BigInt, _>(owner).sql(concat!(
                 ", claim_token = claim_token + 1, claimed_at = ",
                 now!()
             ))
         })?;
-        drop_leases(self, owner, ids)?;
+        drop_leases(self, owner, claims)?;
         Ok(n)
     }
 
     fn task_claim_leased(
         &mut self,
         owner: i64,
-        ids: &[i64],
+        claims: &[(i64, i64)],
         timeout_ms: i64,
     ) -> QueryResult<Vec<ClaimRow>> {
         self.transaction(|conn| {
-            let held = lock_leased(conn, owner, ids)?;
-            drop_leases(conn, owner, ids)?;
+            let held = lock_leased(conn, owner, claims)?;
+            drop_leases(conn, owner, claims)?;
             mark(conn, owner, &held, timeout_ms)
         })
     }
 
-    fn task_release_leased(&mut self, owner: i64, ids: &[i64]) -> QueryResult<usize> {
-        drop_leases(self, owner, ids)
+    fn task_release_leased(&mut self, owner: i64, claims: &[(i64, i64)]) -> QueryResult<usize> {
+        drop_leases(self, owner, claims)
     }
 
     fn task_charge_leased(
@@ -231,10 +250,10 @@ impl LeaseDriver for MysqlConnection {
         self.transaction(|conn| {
             // The chunk's tasks and leases locked first, in the order every locking read of
             // leases takes.
-            let (held, freed): (Vec<i64>, Vec<i64>) = lock_leased(conn, owner, lease.chunk_ids)?
+            let (held, freed): (Vec<i64>, Vec<i64>) = lock_leased(conn, owner, lease.chunk)?
                 .into_iter()
                 .partition(|&id| id == lease.task);
-            drop_leases(conn, owner, lease.chunk_ids)?;
+            drop_leases(conn, owner, lease.chunk)?;
             // The others may run again elsewhere after their handlers ran in this chunk: the
             // note says why (on PostgreSQL the chunk's transaction id tells it; InnoDB gives a
             // handler no id to record).

@@ -94,13 +94,27 @@ fn lease_statement(
     )
 }
 
-/// The leases of `owner` on `ids`, deleted: `WITH gone AS (DELETE … RETURNING task_id,
-/// token)`, then what follows.
-fn leases_gone(owner: i64, ids: &[i64]) -> Statement<Pg> {
-    Statement::<Pg>::new("WITH gone AS (DELETE FROM async_lease WHERE task_id = ANY(")
-        .bind::<Array<BigInt>, _>(ids.to_vec())
+/// The leases of `owner` on the tasks of `claims` (`(id, token)`), under those tokens,
+/// deleted, after `prefix`. The token fences out a newer lease of the same node on the same
+/// task (taken after this chunk's was rescued): it is not this chunk's to complete or free.
+fn leases_deleted(prefix: &'static str, owner: i64, claims: &[(i64, i64)]) -> Statement<Pg> {
+    let (ids, tokens): (Vec<i64>, Vec<i64>) = claims.iter().copied().unzip();
+    Statement::<Pg>::new(prefix)
+        .sql("DELETE FROM async_lease WHERE task_id = ANY(")
+        .bind::<Array<BigInt>, _>(ids.clone())
         .sql(") AND node_id = ")
         .bind::<BigInt, _>(owner)
+        .sql(" AND token = (")
+        .bind::<Array<BigInt>, _>(tokens)
+        .sql(")[array_position(")
+        .bind::<Array<BigInt>, _>(ids)
+        .sql(", task_id)]")
+}
+
+/// [`leases_deleted`] as `WITH gone AS (DELETE … RETURNING task_id, token)`, then what
+/// follows.
+fn leases_gone(owner: i64, claims: &[(i64, i64)]) -> Statement<Pg> {
+    leases_deleted("WITH gone AS (", owner, claims)
 }
 
 /// The sessions holding the advisory locks of the engine's transactions (`pg_locks`), in
@@ -163,13 +177,13 @@ impl LeaseDriver for PgConnection {
         )
     }
 
-    fn task_complete_leased(&mut self, owner: i64, ids: &[i64]) -> QueryResult<usize> {
+    fn task_complete_leased(&mut self, owner: i64, claims: &[(i64, i64)]) -> QueryResult<usize> {
         // Only in the chunk's own transaction: a handler that ended it (a COMMIT of its own)
         // left the rest to autocommit, where `now()` is this statement's start, and the
         // completion must not pretend to be atomic with the handlers. The lease's token fences
         // out a task claimed another way meanwhile; its state, a cancel. `now()` is the start of
         // the chunk's transaction.
-        leases_gone(owner, ids)
+        leases_gone(owner, claims)
             .sql(
                 " AND now() <> statement_timestamp() RETURNING task_id, token)
                 UPDATE async_task t SET state = 'done', owner = ",
@@ -187,10 +201,10 @@ impl LeaseDriver for PgConnection {
     fn task_claim_leased(
         &mut self,
         owner: i64,
-        ids: &[i64],
+        claims: &[(i64, i64)],
         timeout_ms: i64,
     ) -> QueryResult<Vec<ClaimRow>> {
-        let picked = leases_gone(owner, ids).sql(
+        let picked = leases_gone(owner, claims).sql(
             " RETURNING task_id, token),
             picked AS (
                 SELECT t.id FROM async_task t JOIN gone ON gone.task_id = t.id
@@ -200,12 +214,8 @@ impl LeaseDriver for PgConnection {
         stamp_picked(picked, owner, timeout_ms).load(self)
     }
 
-    fn task_release_leased(&mut self, owner: i64, ids: &[i64]) -> QueryResult<usize> {
-        Statement::<Pg>::new("DELETE FROM async_lease WHERE task_id = ANY(")
-            .bind::<Array<BigInt>, _>(ids.to_vec())
-            .sql(") AND node_id = ")
-            .bind::<BigInt, _>(owner)
-            .execute(self)
+    fn task_release_leased(&mut self, owner: i64, claims: &[(i64, i64)]) -> QueryResult<usize> {
+        leases_deleted("", owner, claims).execute(self)
     }
 
     fn task_charge_leased(
@@ -220,7 +230,7 @@ impl LeaseDriver for PgConnection {
         }
         // Every lease of the chunk goes; only the hung task is charged. The others are free at
         // once, and the chunk's late completion finds no lease of its own.
-        let charged: Vec<Charged> = leases_gone(owner, charge.chunk_ids)
+        let charged: Vec<Charged> = leases_gone(owner, charge.chunk)
             .sql(" RETURNING task_id, token) UPDATE async_task t SET failures = t.failures + 1, state = CASE WHEN t.failures + 1 >= COALESCE(t.max_attempts, ")
             .bind::<Integer, _>(charge.default_max_attempts)
             .sql(") THEN 'dead' ELSE 'pending' END, run_at = CASE WHEN t.failures + 1 >= COALESCE(t.max_attempts, ")
