@@ -99,7 +99,6 @@ impl Worker {
         if keywords.is_empty() {
             return Ok((Vec::new(), false));
         }
-        let mut conn = self.pool.get().op("task lease")?;
         let per = self.settings.commit_batch.max(1);
         let runs = ChunkRuns {
             first: reserve_runs(want.div_ceil(per)),
@@ -128,6 +127,9 @@ impl Worker {
         // PostgreSQL it may wait for a chunk's completion to delete an old lease while the
         // completion waits for a task the claim has locked (the server ends one of them, a
         // deadlock); on MySQL its insert meets the other claim's lease (a duplicate key).
+        // Each attempt on a connection of its own: on MySQL the pool discards one a statement
+        // failed on, and Connector/C would have the retry's pick wait for ever for the rows
+        // of a pick that failed mid-result (`db::reply`).
         let lost_race = |e: &diesel::result::Error| {
             is_deadlock(e)
                 || matches!(
@@ -140,7 +142,11 @@ impl Worker {
         };
         let mut attempt = 1;
         let (leased, chunk_of) = loop {
-            match driver(&mut conn).task_lease_page(&claiming, runs, &pick.as_pick()) {
+            let mut conn = self.pool.get().op("task lease")?;
+            match driver(&mut conn)
+                .task_lease_page(&claiming, runs, &pick.as_pick())
+                .discard_broken(&mut conn)
+            {
                 Err(e) if lost_race(&e) && attempt < LEASE_ATTEMPTS => {
                     log::debug!("a lease claim lost a race to another; taken again: {e}");
                     attempt += 1;
@@ -148,9 +154,7 @@ impl Worker {
                 leased => break leased,
             }
         }
-        .discard_broken(&mut conn)
         .op("task lease")?;
-        drop(conn);
         self.observers.claimed(asked);
         let runs_of: std::collections::HashMap<i64, i64> = leased
             .rows
