@@ -297,7 +297,7 @@ impl Worker {
             if claimed.iter().any(|c| c.context.id == task.context.id) {
                 continue;
             }
-            let outcome = if self.is_done_by_this_node(task.context.id) {
+            let outcome = if self.is_done_by_this_chunk(task) {
                 log::warn!(
                     "task {}: its chunk's commit happened and the reply was lost",
                     task.context.id
@@ -312,14 +312,18 @@ impl Worker {
         outcomes
     }
 
-    /// Whether the task `id` is done under this node (its chunk's completion committed).
-    fn is_done_by_this_node(&self, id: i64) -> bool {
+    /// Whether `task` is done by its leased chunk's completion: under this node, with the
+    /// token that completion gives (its lease's plus one). A newer chunk of this node that
+    /// completed the task after a rescue (two tokens on) is not this one.
+    fn is_done_by_this_chunk(&self, task: &ClaimedTask) -> bool {
         let Ok(mut conn) = self.pool.get() else {
             return false;
         };
         matches!(
-            driver(&mut conn).task_get_claim(id),
-            Ok(Some(c)) if c.state == "done" && c.owner == Some(self.node.id())
+            driver(&mut conn).task_get_claim(task.context.id),
+            Ok(Some(c)) if c.state == "done"
+                && c.owner == Some(self.node.id())
+                && c.claim_token == task.claim_token + 1
         )
     }
 

@@ -315,92 +315,13 @@ server_backends! {
     /// first returns, its completion lands nothing and takes nothing of the second's (its
     /// leases, its tasks); the second completes them, and each task's effects land once.
     fn a_late_chunk_lands_nothing_over_its_own_nodes_newer_lease(db: &TestDb) {
-        use std::time::{Duration, Instant};
-        let ids = enqueue(db, "ledger", 3);
-        // The first chunk's handlers (attempt 1) wait for `first`, the second's for `second`.
-        let gates = Arc::new([AtomicBool::new(false), AtomicBool::new(false)]);
-        let started = Arc::new(AtomicUsize::new(0));
-        let (gates_in, started_in) = (Arc::clone(&gates), Arc::clone(&started));
-        let mut registry = Registry::new();
-        registry.register(
-            "ledger",
-            move |task: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
-                write_ledger(task, tx)?;
-                let gate = usize::from(task.attempt() > 1);
-                started_in.fetch_max(gate + 1, Ordering::SeqCst);
-                let since = Instant::now();
-                while !gates_in[gate].load(Ordering::SeqCst) {
-                    if since.elapsed() > Duration::from_secs(30) {
-                        return Err(anyhow::anyhow!("gate {gate} never opened").into());
-                    }
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-                Ok(())
-            },
-        );
-        // The claim loop on two threads: the second chunk is leased and runs while the first's
-        // handler hangs on the other. Only the test rescues, and moves deadlines.
-        let config = chunk_config(ClaimStyle::Lock)
-            .threads(2)
-            .listen(false)
-            .poll_interval(Duration::from_millis(20))
-            .heartbeat(Duration::from_secs(3600))
-            .dead_after(Duration::from_secs(7200));
-        let leasing = Worker::new(&db.url, registry, config.clone()).unwrap();
-        let rescuer = Worker::new(&db.url, crate::ledger_registry("ledger"), config).unwrap();
-        let wait = |what: &str, done: &dyn Fn() -> bool| {
-            let since = Instant::now();
-            while !done() {
-                assert!(since.elapsed() < Duration::from_secs(20), "{what}");
-                std::thread::sleep(Duration::from_millis(5));
-            }
-        };
-        let past = match db.backend() {
-            Backend::Mysql => "UTC_TIMESTAMP(3) - INTERVAL 1 SECOND",
-            _ => "now() - interval '1 second'",
-        };
-        let stop = leasing.stop_flag();
-        let report = std::thread::scope(|s| {
-            let [first_gate, second_gate] = &*gates;
-            // A failed assertion opens both gates and stops the loop, so that the scope ends.
-            let _open = (
-                SetOnDrop::at(first_gate),
-                SetOnDrop::at(second_gate),
-                SetOnDrop(Arc::clone(&stop)),
-            );
-            let running = s.spawn(|| leasing.run().unwrap());
-            wait("the first chunk never ran", &|| started.load(Ordering::SeqCst) >= 1);
-            db.exec(&format!("UPDATE async_lease SET deadline_at = {past}"));
-            assert_eq!(rescuer.rescue_once().unwrap().pending, 3);
-            db.make_all_due();
-            wait("the second chunk never ran", &|| started.load(Ordering::SeqCst) >= 2);
-            assert_eq!(db.count("SELECT count(*) FROM async_lease"), 3, "leased again");
-            first_gate.store(true, Ordering::SeqCst);
-            wait("the first chunk never ended", &|| {
-                let t = leasing.totals();
-                t.done + t.lost + t.released + t.abandoned + t.retried >= 3
-            });
-            let late = leasing.totals();
-            assert_eq!(late.done, 0, "the late chunk completed nothing: {late:?}");
-            assert_eq!(
-                db.count("SELECT count(*) FROM async_lease"),
-                3,
-                "the newer chunk's leases are its own still"
-            );
-            for &id in &ids {
-                assert_eq!(db.task(id).state, "pending", "task {id}");
-            }
-            second_gate.store(true, Ordering::SeqCst);
-            wait("the second chunk never completed", &|| leasing.totals().done >= 3);
-            stop.store(true, Ordering::SeqCst);
-            running.join().unwrap()
-        });
-        assert_eq!(report.tally.done, 3, "{report:?}");
-        for &id in &ids {
-            let row = db.task(id);
-            assert_eq!((row.state.as_str(), row.failures), ("done", 1), "task {id}");
-            assert_eq!(db.ledger_rows(id), 1, "task {id}: its effects landed once");
-        }
+        late_chunk_and_newer_lease(db, Returns::LateFirst);
+    }
+
+    /// As above, the newer chunk completing first: the late one that then returns counts
+    /// none of the tasks done (they are the newer chunk's).
+    fn a_late_chunk_counts_nothing_its_own_nodes_newer_lease_completed(db: &TestDb) {
+        late_chunk_and_newer_lease(db, Returns::NewerFirst);
     }
 
     /// A handler that hangs outside SQL (an HTTP call, a sleep) past its domain's timeout, in a
@@ -670,12 +591,6 @@ impl Drop for SetAtDrop<'_> {
     }
 }
 
-impl SetOnDrop {
-    fn at(flag: &AtomicBool) -> SetAtDrop<'_> {
-        SetAtDrop(flag)
-    }
-}
-
 impl Drop for SetOnDrop {
     fn drop(&mut self) {
         self.0.store(true, Ordering::SeqCst);
@@ -935,4 +850,126 @@ fn a_chunk_that_could_not_take_its_marks_leaves_its_connection_usable() {
         db.count("SELECT count(*) FROM async_task WHERE state = 'done'"),
         10
     );
+}
+
+/// Which chunk of [`late_chunk_and_newer_lease`] returns first.
+#[derive(PartialEq)]
+enum Returns {
+    LateFirst,
+    NewerFirst,
+}
+
+/// A chunk leased by a worker whose handlers hang is rescued past its deadline; the same worker
+/// leases the tasks again in a second chunk whose handlers hang too; then the chunks return in
+/// the order `returns` says. Whichever comes first, the late chunk completes, claims, frees
+/// and counts nothing; the newer one completes every task, each task's effects landing once.
+fn late_chunk_and_newer_lease(db: &TestDb, returns: Returns) {
+    use std::time::{Duration, Instant};
+    let ids = enqueue(db, "ledger", 3);
+    // The first chunk's handlers (attempt 1) wait for `first`, the second's for `second`.
+    let gates = Arc::new([AtomicBool::new(false), AtomicBool::new(false)]);
+    let started = Arc::new(AtomicUsize::new(0));
+    let (gates_in, started_in) = (Arc::clone(&gates), Arc::clone(&started));
+    let mut registry = Registry::new();
+    registry.register(
+        "ledger",
+        move |task: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
+            write_ledger(task, tx)?;
+            let gate = usize::from(task.attempt() > 1);
+            started_in.fetch_max(gate + 1, Ordering::SeqCst);
+            let since = Instant::now();
+            while !gates_in[gate].load(Ordering::SeqCst) {
+                if since.elapsed() > Duration::from_secs(30) {
+                    return Err(anyhow::anyhow!("gate {gate} never opened").into());
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Ok(())
+        },
+    );
+    // The claim loop on two threads: the second chunk is leased and runs while the first's
+    // handler hangs on the other. Only the test rescues, and moves deadlines.
+    let config = chunk_config(ClaimStyle::Lock)
+        .threads(2)
+        .listen(false)
+        .poll_interval(Duration::from_millis(20))
+        .heartbeat(Duration::from_secs(3600))
+        .dead_after(Duration::from_secs(7200));
+    let leasing = Worker::new(&db.url, registry, config.clone()).unwrap();
+    let rescuer = Worker::new(&db.url, crate::ledger_registry("ledger"), config).unwrap();
+    let wait = |what: &str, done: &dyn Fn() -> bool| {
+        let since = Instant::now();
+        while !done() {
+            assert!(since.elapsed() < Duration::from_secs(20), "{what}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    let past = match db.backend() {
+        Backend::Mysql => "UTC_TIMESTAMP(3) - INTERVAL 1 SECOND",
+        _ => "now() - interval '1 second'",
+    };
+    let stop = leasing.stop_flag();
+    let report = std::thread::scope(|s| {
+        let [first_gate, second_gate] = &*gates;
+        // A failed assertion opens both gates and stops the loop, so that the scope ends.
+        let _open = (
+            SetAtDrop(first_gate),
+            SetAtDrop(second_gate),
+            SetOnDrop(Arc::clone(&stop)),
+        );
+        let running = s.spawn(|| leasing.run().unwrap());
+        wait("the first chunk never ran", &|| {
+            started.load(Ordering::SeqCst) >= 1
+        });
+        db.exec(&format!("UPDATE async_lease SET deadline_at = {past}"));
+        assert_eq!(rescuer.rescue_once().unwrap().pending, 3);
+        db.make_all_due();
+        wait("the second chunk never ran", &|| {
+            started.load(Ordering::SeqCst) >= 2
+        });
+        assert_eq!(
+            db.count("SELECT count(*) FROM async_lease"),
+            3,
+            "leased again"
+        );
+        let ended = || {
+            let t = leasing.totals();
+            t.done + t.lost + t.released + t.abandoned + t.retried
+        };
+        if returns == Returns::LateFirst {
+            first_gate.store(true, Ordering::SeqCst);
+            wait("the first chunk never ended", &|| ended() >= 3);
+            let late = leasing.totals();
+            assert_eq!(late.done, 0, "the late chunk completed nothing: {late:?}");
+            assert_eq!(
+                db.count("SELECT count(*) FROM async_lease"),
+                3,
+                "the newer chunk's leases are its own still"
+            );
+            for &id in &ids {
+                assert_eq!(db.task(id).state, "pending", "task {id}");
+            }
+        }
+        second_gate.store(true, Ordering::SeqCst);
+        if returns == Returns::NewerFirst {
+            wait("the newer chunk never completed", &|| {
+                leasing.totals().done >= 3
+            });
+            first_gate.store(true, Ordering::SeqCst);
+        }
+        wait("the chunks never ended", &|| ended() >= 6);
+        stop.store(true, Ordering::SeqCst);
+        running.join().unwrap()
+    });
+    let tally = &report.tally;
+    assert_eq!(
+        (tally.claimed, tally.done, tally.lost),
+        (6, 3, 3),
+        "the newer chunk done, the late one's tasks lost to it: {report:?}"
+    );
+    for &id in &ids {
+        let row = db.task(id);
+        assert_eq!((row.state.as_str(), row.failures), ("done", 1), "task {id}");
+        assert_eq!(db.ledger_rows(id), 1, "task {id}: its effects landed once");
+    }
 }
