@@ -71,9 +71,11 @@ fi
 # scripts/mysql.sh as pg.sh does PostgreSQL. They are never skipped: the build below enables
 # the `mysql` feature, which links the MySQL client library (libmariadb-dev-compat).
 mysql_started=
+unpacked=
 # One trap for both servers from here on (installed before the start, so that a half-started
-# server is cleaned up too).
+# server is cleaned up too), and the packaged crate's unpacked copy (below).
 stop_servers() {
+    [[ -z $unpacked ]] || rm -rf "$unpacked"
     # The PgBouncers the CLI tests start (handlers/tests/cli/pgbouncer.rs, by
     # scripts/pgbouncer.sh, which installs Debian's package if missing) are this run's.
     "$repo_root/scripts/pgbouncer.sh" stop || true
@@ -132,6 +134,7 @@ unpacked=$(mktemp -d)
 tar xzf "$target_dir"/package/outbox-*.crate -C "$unpacked"
 CARGO_TARGET_DIR=$target_dir cargo test --locked --lib --manifest-path "$unpacked"/outbox-*/Cargo.toml -- db::url
 rm -rf "$unpacked"
+unpacked=
 
 step "cargo fmt"
 cargo fmt --all -- --check
