@@ -76,6 +76,36 @@ pub(super) fn lock_by_key(
     ids: &[i64],
     test: impl FnOnce(Statement<Mysql>) -> Statement<Mysql>,
 ) -> QueryResult<Vec<i64>> {
+    lock_by_key_or(conn, ids, test, OnLocked::Wait)
+}
+
+/// What a locking read does with a row another transaction holds.
+#[derive(Clone, Copy)]
+pub(super) enum OnLocked {
+    /// Waits for it, then reads it as that transaction left it.
+    Wait,
+    /// Passes it over (rescue: a row held is a completion under way, or one frozen midway,
+    /// whose locks last as long as its session; waiting for it held up every other rescue).
+    Skip,
+}
+
+impl OnLocked {
+    /// The locking clause.
+    pub(super) fn clause(self) -> &'static str {
+        match self {
+            OnLocked::Wait => " FOR UPDATE",
+            OnLocked::Skip => " FOR UPDATE SKIP LOCKED",
+        }
+    }
+}
+
+/// [`lock_by_key`], a row another transaction holds waited for or passed over.
+pub(super) fn lock_by_key_or(
+    conn: &mut MysqlConnection,
+    ids: &[i64],
+    test: impl FnOnce(Statement<Mysql>) -> Statement<Mysql>,
+    on_locked: OnLocked,
+) -> QueryResult<Vec<i64>> {
     if ids.is_empty() {
         return Ok(Vec::new());
     }
@@ -84,7 +114,8 @@ pub(super) fn lock_by_key(
             .with(|s| list::ids(s, ids))
             .sql(" AND ")
             .with(test)
-            .sql(" ORDER BY id FOR UPDATE")
+            .sql(" ORDER BY id")
+            .sql(on_locked.clause())
             .load(conn)?;
     Ok(locked.into_iter().map(|l| l.id).collect())
 }

@@ -17,6 +17,7 @@ use diesel::sql_types::{BigInt, Bool, Integer, Text};
 use diesel::Connection;
 use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 
+use super::chain::OnLocked;
 use super::claim::{chunk_of, mark, take_page, Take};
 use super::{list, task};
 use crate::db::transaction::depth_of;
@@ -50,6 +51,7 @@ fn lock_with_leases(
     conn: &mut MysqlConnection,
     ids: &[i64],
     test: impl FnOnce(Statement<Mysql>) -> Statement<Mysql>,
+    on_locked: OnLocked,
 ) -> QueryResult<Vec<Held>> {
     if ids.is_empty() {
         return Ok(Vec::new());
@@ -65,7 +67,8 @@ fn lock_with_leases(
     .with(|s| list::ids(s, ids))
     .sql(" AND ")
     .with(test)
-    .sql(" ORDER BY t.id FOR UPDATE")
+    .sql(" ORDER BY t.id")
+    .sql(on_locked.clause())
     .load(conn)
 }
 
@@ -90,7 +93,12 @@ fn lock_leased(
     owner: i64,
     claims: &[(i64, i64)],
 ) -> QueryResult<Vec<i64>> {
-    let held = lock_with_leases(conn, &ids_of(claims), |s| owned(s, owner, claims))?;
+    let held = lock_with_leases(
+        conn,
+        &ids_of(claims),
+        |s| owned(s, owner, claims),
+        OnLocked::Wait,
+    )?;
     Ok(held.into_iter().filter(|h| h.holds).map(|h| h.id).collect())
 }
 
@@ -293,7 +301,9 @@ impl LeaseDriver for MysqlConnection {
         }
         // The leases of nodes that are not live (dead, frozen, cut off, gone), and those past
         // their deadline: found without locks, then locked with their tasks and the test
-        // repeated (a completion under way is waited for, and has deleted its leases).
+        // repeated. A pair another transaction holds is passed over (`OnLocked::Skip`): a
+        // completion under way deletes its leases; one frozen midway holds them as long as
+        // its session, and waiting for it held up the rescue of every other lease.
         let lapsed = |s| task::lapsed(s, ("l.deadline_at", "l.node_id"), rescue.dead_after_ms);
         self.transaction(|conn| {
             let found: Vec<Lapsed> =
@@ -304,7 +314,7 @@ impl LeaseDriver for MysqlConnection {
                 return Ok(Vec::new());
             }
             let found: Vec<i64> = found.into_iter().map(|l| l.task_id).collect();
-            let locked = lock_with_leases(conn, &found, lapsed)?;
+            let locked = lock_with_leases(conn, &found, lapsed, OnLocked::Skip)?;
             // Each node's tasks charged apart, late leases apart from a dead node's: the
             // reason and the count of deaths differ.
             let mut groups: Vec<(i64, bool, Vec<i64>)> = Vec::new();

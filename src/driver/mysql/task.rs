@@ -8,7 +8,8 @@ use diesel::sql_types::{BigInt, Double, Integer};
 use diesel::Connection;
 use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 
-use super::{chain, list};
+use super::chain::{self, OnLocked};
+use super::list;
 use crate::db::transaction::depth_of;
 use crate::driver::{fence, Claim, RescueParams, RescuedRow};
 use crate::sql::Statement;
@@ -246,8 +247,9 @@ pub(in crate::driver) fn rescue_many(
     conn.transaction(|conn| {
         // Found without locks, then locked through the primary key with the test repeated
         // (`chain::lock_by_key`: a locking read through the deadline index deadlocked with
-        // completions). The test's read of `async_node` locks nothing (READ COMMITTED), so
-        // heartbeats never wait on it.
+        // completions), a row held by another transaction passed over (`OnLocked::Skip`: a
+        // completion under way, a rescuer, or a chunk frozen midway). The test's read of
+        // `async_node` locks nothing (READ COMMITTED), so heartbeats never wait on it.
         let found: Vec<Id> = Statement::<Mysql>::new(
             "SELECT id FROM async_task FORCE INDEX (async_task_deadline_idx) WHERE ",
         )
@@ -257,7 +259,7 @@ pub(in crate::driver) fn rescue_many(
             return Ok(Vec::new());
         }
         let found: Vec<i64> = found.into_iter().map(|i| i.id).collect();
-        let ids = chain::lock_by_key(conn, &found, lapsed)?;
+        let ids = chain::lock_by_key_or(conn, &found, lapsed, OnLocked::Skip)?;
         if ids.is_empty() {
             return Ok(Vec::new());
         }
