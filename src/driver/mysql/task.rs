@@ -230,9 +230,9 @@ pub(super) fn backoff_after(
 }
 
 /// Rescue: the running tasks past their deadline or whose owner is not a live node, locked
-/// (a completion under way is waited for, and its task then no longer matches), each
-/// returned to pending after a backoff or, at max attempts, dead (its descendants
-/// cancelled), counting a failure; then read back.
+/// (one another transaction holds, a completion under way or frozen midway, is passed over
+/// until a later pass), each returned to pending after a backoff or, at max attempts, dead
+/// (its descendants cancelled), counting a failure; then read back.
 pub(in crate::driver) fn rescue_many(
     conn: &mut MysqlConnection,
     rescue: &RescueParams,
