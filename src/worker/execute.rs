@@ -224,7 +224,7 @@ impl Worker {
             }
             // The connection failed at or after the chunk's completion: the commit may have
             // happened with its reply lost. The chunk is all or nothing, so one task tells.
-            Err(ChunkRollback::Database(_)) if self.is_done_under_claim(&chunk[0]) => {
+            Err(ChunkRollback::Database(_)) if self.is_done_under(&chunk[0].claim()) => {
                 log::warn!(
                     "a chunk of {} tasks found done under its claims after a database error: \
                      its commit happened and the reply was lost",

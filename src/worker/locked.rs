@@ -32,7 +32,7 @@ use super::record::record_or_unwind;
 use super::settings::millis;
 use super::tally::{Outcome, Tally};
 use crate::db::transaction::{is_connection_error, is_deadlock, mark_broken, DiscardBroken};
-use crate::driver::{driver, ChunkRuns, Claiming, Due, TxMark};
+use crate::driver::{driver, ChunkRuns, Claim, Claiming, Due, TxMark};
 use crate::error::{OpContext, Result};
 use crate::task::ClaimedTask;
 
@@ -312,19 +312,14 @@ impl Worker {
         outcomes
     }
 
-    /// Whether `task` is done by its leased chunk's completion: under this node, with the
-    /// token that completion gives (its lease's plus one). A newer chunk of this node that
-    /// completed the task after a rescue (two tokens on) is not this one.
+    /// Whether `task` is done by its leased chunk's completion: under the token that
+    /// completion gives (its lease's plus one). A newer chunk of this node that completed the
+    /// task after a rescue (two tokens on) is not this one.
     fn is_done_by_this_chunk(&self, task: &ClaimedTask) -> bool {
-        let Ok(mut conn) = self.pool.get() else {
-            return false;
-        };
-        matches!(
-            driver(&mut conn).task_get_claim(task.context.id),
-            Ok(Some(c)) if c.state == "done"
-                && c.owner == Some(self.node.id())
-                && c.claim_token == task.claim_token + 1
-        )
+        self.is_done_under(&Claim {
+            token: task.claim_token + 1,
+            ..task.claim()
+        })
     }
 
     /// Deletes this node's leases of `tasks` (their chunk never ran, or is stopping): free

@@ -182,13 +182,13 @@ impl Worker {
         unreachable!("the loop returns")
     }
 
-    /// Whether `task` is done under its own claim, on a connection of the pool (`false` when
-    /// the database cannot say).
-    pub(super) fn is_done_under_claim(&self, task: &ClaimedTask) -> bool {
+    /// Whether the task of `claim` is done under that very claim, on a connection of the pool
+    /// (`false` when the database cannot say).
+    pub(super) fn is_done_under(&self, claim: &Claim) -> bool {
         let Ok(mut conn) = self.pool.get() else {
             return false;
         };
-        done_under(&mut conn, &task.claim())
+        done_under(&mut conn, claim)
     }
 
     /// What a fenced write that touched no row means: the claim was taken over, or the task
