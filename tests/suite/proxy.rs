@@ -1,12 +1,12 @@
 //! TCP proxies in front of the test servers. [`CommitReplyLoser`] (PostgreSQL) can lose a
 //! commit's reply: once a connection is armed (it sends [`CommitReplyLoser::ARM`]), it
-//! forwards the next `COMMIT` that connection sends (a simple-query message) and then closes
-//! it both ways, so the server commits and the client never hears so. [`ReplySwallower`]
+//! forwards the next `COMMIT` that connection sends (a simple-query message) and closes it
+//! both ways when the reply comes, so the server commits and the client never hears so. [`ReplySwallower`]
 //! (PostgreSQL, MySQL) keeps a connection open and drops the server's replies on it.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread;
 
@@ -57,11 +57,15 @@ impl CommitReplyLoser {
 }
 
 /// Copies bytes both ways; the client's side is watched for [`CommitReplyLoser::ARM`], then
-/// for a COMMIT.
+/// for a COMMIT. The COMMIT goes to the server, and the connection is closed both ways when
+/// the server's reply comes, instead of it: the commit has happened by then, so a client that
+/// asks at once on another connection finds it.
 fn relay(client: TcpStream, upstream: TcpStream, lost: Arc<AtomicUsize>) {
     let (mut client_r, mut upstream_w) =
         (client.try_clone().unwrap(), upstream.try_clone().unwrap());
     let (mut upstream_r, mut client_w) = (upstream, client);
+    let swallow = Arc::new(AtomicBool::new(false));
+    let swallow_in = Arc::clone(&swallow);
     thread::spawn(move || {
         let mut buf = [0u8; 65536];
         let mark = CommitReplyLoser::ARM.as_bytes();
@@ -72,17 +76,19 @@ fn relay(client: TcpStream, upstream: TcpStream, lost: Arc<AtomicUsize>) {
                 Ok(n) => n,
             };
             let data = &buf[..n];
+            armed |= data.windows(mark.len()).any(|w| w == mark);
+            let commits = armed && data.windows(COMMIT.len()).any(|w| w == COMMIT);
+            if commits {
+                // Set before the COMMIT leaves: its reply is the next thing the server sends.
+                swallow_in.store(true, Ordering::SeqCst);
+            }
             if upstream_w.write_all(data).is_err() {
                 break;
             }
-            armed |= data.windows(mark.len()).any(|w| w == mark);
-            let commits = data.windows(COMMIT.len()).any(|w| w == COMMIT);
-            if commits && armed {
-                // The server has the COMMIT; its reply goes nowhere.
+            if commits {
                 lost.fetch_add(1, Ordering::SeqCst);
-                let _ = upstream_w.shutdown(Shutdown::Both);
-                let _ = client_r.shutdown(Shutdown::Both);
-                break;
+                // The other side closes the connection when the reply comes.
+                return;
             }
         }
         let _ = upstream_w.shutdown(Shutdown::Both);
@@ -94,6 +100,11 @@ fn relay(client: TcpStream, upstream: TcpStream, lost: Arc<AtomicUsize>) {
                 Ok(0) | Err(_) => break,
                 Ok(n) => n,
             };
+            if swallow.load(Ordering::SeqCst) {
+                // The server has committed; its reply goes nowhere.
+                let _ = upstream_r.shutdown(Shutdown::Both);
+                break;
+            }
             if client_w.write_all(&buf[..n]).is_err() {
                 break;
             }
