@@ -1,19 +1,23 @@
 //! The fair claim's statements of SQLite and MySQL, written once: the walk of the ring of
 //! tenants with each participant's weight ([`shares_statement`]), the due tasks of one
 //! participant ([`first_due`]), the probe of a solo claim ([`others_pending`]) and the
-//! suspects' ([`first_suspect`], [`suspects_exist`]). PostgreSQL's ring is a `LATERAL` join
-//! of its own (`driver/postgres/fair.rs`).
+//! suspects' ([`first_suspect`], [`suspects_exist`]), and the choice between them that a
+//! claim makes ([`choose_page`]). PostgreSQL's ring is a `LATERAL` join of its own
+//! (`driver/postgres/fair.rs`).
 //!
 //! What the two spell differently is [`FairSql`], implemented beside each backend's claim
 //! (`sqlite/fair.rs`, `mysql/fair.rs`): the index hints, tuned by `EXPLAIN` on each; how a
 //! list is bound; a cast, a table-less `SELECT`, a test for a row.
 
 use diesel::backend::Backend;
+use diesel::connection::LoadConnection;
+use diesel::query_dsl::LoadQuery;
 use diesel::serialize::ToSql;
 use diesel::sql_types::{BigInt, HasSqlType, Text};
+use diesel::{QueryResult, RunQueryDsl};
 
-use super::ring_sql::{walk, window};
-use super::Due;
+use super::ring_sql::{picked, shares_of, walk, window, Share, ShareRow};
+use super::{ClaimRow, Claiming, Due, Pick, Picked};
 use crate::sql::Statement;
 use crate::strategy::Partition;
 
@@ -306,4 +310,55 @@ pub(super) fn suspects_exist<B: FairSql>() -> Statement<B> {
         .sql(" WHERE ")
         .sql(B::SUSPECT_PENDING)
         .sql(") AS found")
+}
+
+/// The page a claim of SQLite or MySQL takes as `pick` says, in the claim's transaction: a
+/// solo claim takes its participant's first due tasks (`solo`) and, when asked to or when it
+/// found none, probes for another participant; a fair claim walks the ring for the shares and
+/// takes the page from them (`shared`), or the tasks without a tenant alone as a solo claim
+/// does. `solo` and `shared` take the rows the backend's way (stamped, or leased).
+pub(super) fn choose_page<B: FairSql, C: LoadConnection<Backend = B>>(
+    conn: &mut C,
+    claim: &Claiming<'_>,
+    pick: &Pick<'_>,
+    due: &DueList<B>,
+    mut solo: impl FnMut(&mut C, Option<&str>) -> QueryResult<Vec<ClaimRow>>,
+    shared: impl FnOnce(&mut C, &[Share]) -> QueryResult<Vec<ClaimRow>>,
+) -> QueryResult<Picked>
+where
+    String: ToSql<Text, B>,
+    i64: ToSql<BigInt, B>,
+    Statement<B>: for<'q> LoadQuery<'q, C, ShareRow> + for<'q> LoadQuery<'q, C, Found>,
+{
+    let except = (!claim.except.is_empty()).then(|| B::list(claim.except));
+    let (after, lap, passes) = match pick {
+        Pick::Fair { after, lap, passes } => (after, lap, passes),
+        Pick::Solo { tenant, probe } => {
+            let rows = solo(conn, *tenant)?;
+            let crowded = (*probe || rows.is_empty())
+                && others_pending(*tenant, except.as_ref())
+                    .get_result::<Found>(conn)?
+                    .found();
+            return Ok(Picked {
+                weights: vec![(tenant.map(str::to_owned), 1)],
+                rows,
+                crowded,
+                ring_end: None,
+                ring_cut: false,
+                shared: Vec::new(),
+            });
+        }
+    };
+    let limit = claim.limit;
+    let (shares, ring_end, ring_cut) = shares_of(
+        shares_statement("", due, except.as_ref(), (after, lap), limit).load(conn)?,
+        passes,
+        limit,
+    );
+    let rows = match shares.as_slice() {
+        [] => Vec::new(),
+        [only] if only.tenant.is_none() => solo(conn, None)?,
+        _ => shared(conn, &shares)?,
+    };
+    Ok(picked(rows, &shares, ring_end, ring_cut))
 }

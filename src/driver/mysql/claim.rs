@@ -15,9 +15,8 @@ use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
 use super::fair::{self, page_ids, pick_statement};
 use super::list;
 use crate::driver::fair_sql::{
-    first_suspect, others_pending, shares_statement, suspects_exist as suspects, DueList, Found,
+    choose_page, first_suspect, shares_statement, suspects_exist as suspects, DueList, Found,
 };
-use crate::driver::ring_sql::{picked, shares_of};
 use crate::driver::{ChunkRuns, ClaimRow, Claiming, Due, Pick, Picked};
 use crate::sql::Statement;
 
@@ -46,52 +45,27 @@ pub(super) fn take_page(
     pick: &Pick<'_>,
     take: Take,
 ) -> QueryResult<Picked> {
-    let (owner, except, limit, timeout_ms) =
-        (claim.owner, claim.except, claim.limit, claim.timeout_ms);
+    let (owner, limit, timeout_ms) = (claim.owner, claim.limit, claim.timeout_ms);
     let due = DueList::<Mysql>::of(claim.due);
-    let except = (!except.is_empty()).then_some(except.to_vec());
     conn.transaction(|conn| {
-        let (after, lap, passes) = match pick {
-            Pick::Fair { after, lap, passes } => (after, lap, passes),
-            Pick::Solo { tenant, probe } => {
-                let rows = pick_page(conn, *tenant, &due, limit, (owner, timeout_ms), take)?;
-                let crowded = (*probe || rows.is_empty())
-                    && others_pending(*tenant, except.as_ref())
-                        .get_result::<Found>(conn)?
-                        .found();
-                return Ok(Picked {
-                    weights: vec![(tenant.map(str::to_owned), 1)],
-                    rows,
-                    crowded,
-                    ring_end: None,
-                    ring_cut: false,
-                    shared: Vec::new(),
-                });
-            }
-        };
-        let (shares, ring_end, ring_cut) = shares_of(
-            shares_statement("", &due, except.as_ref(), (after, lap), limit).load(conn)?,
-            passes,
-            limit,
-        );
-        let rows = match shares.as_slice() {
-            [] => Vec::new(),
-            [only] if only.tenant.is_none() => {
-                pick_page(conn, None, &due, limit, (owner, timeout_ms), take)?
-            }
-            _ => {
-                let ids = page_ids(conn, &shares, &due, limit)?;
+        choose_page(
+            conn,
+            claim,
+            pick,
+            &due,
+            |conn, tenant| pick_page(conn, tenant, &due, limit, (owner, timeout_ms), take),
+            |conn, shares| {
+                let ids = page_ids(conn, shares, &due, limit)?;
                 match take {
-                    Take::Stamp => mark(conn, owner, &ids, timeout_ms)?,
+                    Take::Stamp => mark(conn, owner, &ids, timeout_ms),
                     Take::Lease(runs) => {
                         let rows = read_pending(conn, &ids)?;
                         lease(conn, owner, &rows, runs, timeout_ms)?;
-                        rows
+                        Ok(rows)
                     }
                 }
-            }
-        };
-        Ok(picked(rows, &shares, ring_end, ring_cut))
+            },
+        )
     })
 }
 

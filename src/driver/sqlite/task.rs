@@ -6,10 +6,10 @@ use diesel::{OptionalExtension, QueryResult, RunQueryDsl};
 
 use super::fair::page_ids;
 use crate::driver::fair_sql::{
-    first_due, first_suspect, others_pending, shares_statement, suspects_exist as suspects,
-    DueList, FairSql, Found,
+    choose_page, first_due, first_suspect, shares_statement, suspects_exist as suspects, DueList,
+    FairSql, Found,
 };
-use crate::driver::ring_sql::{picked, shares_of, Share};
+use crate::driver::ring_sql::Share;
 use crate::driver::{
     fence, rescue_params, Claim, ClaimRow, Claiming, Due, Pick, Picked, RescueParams, RescuedRow,
 };
@@ -21,9 +21,7 @@ pub(in crate::driver) fn claim_page(
     pick: &Pick<'_>,
 ) -> QueryResult<Picked> {
     let due = DueList::<Sqlite>::of(claim.due);
-    let (owner, except, limit, timeout_ms) =
-        (claim.owner, claim.except, claim.limit, claim.timeout_ms);
-    let except = (!except.is_empty()).then(|| Sqlite::list(except));
+    let (owner, limit, timeout_ms) = (claim.owner, claim.limit, claim.timeout_ms);
     // The node's tasks that finished since its last claim leave the lease index first
     // (see `async_task_lease_idx`): one statement for the page, in the claim's
     // transaction, instead of an index write at every completion.
@@ -35,49 +33,22 @@ pub(in crate::driver) fn claim_page(
         .bind::<BigInt, _>(owner)
         .sql(" AND deadline_at IS NOT NULL AND state <> 'running'")
         .execute(conn)?;
-        let (after, lap, passes) = match pick {
-            Pick::Fair { after, lap, passes } => (after, lap, passes),
-            Pick::Solo { tenant, probe } => {
-                let rows: Vec<ClaimRow> = match tenant {
-                    None => claim_statement("", owner, &due, limit, timeout_ms).load(conn)?,
-                    Some(tenant) => page_ids(
-                        claim_set("", owner, timeout_ms),
-                        &[Share::of(tenant)],
-                        &due,
-                        limit,
-                    )
-                    .sql(CLAIM_RETURNING)
-                    .load(conn)?,
-                };
-                let crowded = (*probe || rows.is_empty())
-                    && others_pending(*tenant, except.as_ref())
-                        .get_result::<Found>(conn)?
-                        .found();
-                return Ok(Picked {
-                    weights: vec![(tenant.map(str::to_owned), 1)],
-                    rows,
-                    crowded,
-                    ring_end: None,
-                    ring_cut: false,
-                    shared: Vec::new(),
-                });
-            }
-        };
-        let (shares, ring_end, ring_cut) = shares_of(
-            shares_statement("", &due, except.as_ref(), (after, lap), limit).load(conn)?,
-            passes,
-            limit,
-        );
-        let rows: Vec<ClaimRow> = match shares.as_slice() {
-            [] => Vec::new(),
-            [only] if only.tenant.is_none() => {
-                claim_statement("", owner, &due, limit, timeout_ms).load(conn)?
-            }
-            _ => page_ids(claim_set("", owner, timeout_ms), &shares, &due, limit)
+        let shared = |conn: &mut SqliteConnection, shares: &[Share]| {
+            page_ids(claim_set("", owner, timeout_ms), shares, &due, limit)
                 .sql(CLAIM_RETURNING)
-                .load(conn)?,
+                .load(conn)
         };
-        Ok(picked(rows, &shares, ring_end, ring_cut))
+        choose_page(
+            conn,
+            claim,
+            pick,
+            &due,
+            |conn, tenant| match tenant {
+                None => claim_statement("", owner, &due, limit, timeout_ms).load(conn),
+                Some(tenant) => shared(conn, &[Share::of(tenant)]),
+            },
+            shared,
+        )
     })
 }
 
