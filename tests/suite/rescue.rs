@@ -559,3 +559,45 @@ fn mysql_rescue_passes_over_a_row_another_transaction_holds() {
     }
     assert_eq!(db.count("SELECT count(*) FROM async_lease"), 0);
 }
+
+server_backends! {
+    /// Rescue passes over a stamped task past its deadline whose row another transaction
+    /// holds, and charges the others at once; the held one is charged once its holder lets
+    /// go. The holder is as a completion frozen between its `UPDATE` and its `COMMIT` (a
+    /// SIGSTOP, a paused VM) while its node still counts as live: on PostgreSQL nothing ends
+    /// that session before the node's heartbeat is `dead_after` old, and rescue, with no lock
+    /// timeout, used to wait for the row for as long as the session lived, every rescuer of
+    /// the fleet with it.
+    fn rescue_passes_over_a_late_task_whose_row_another_transaction_holds(db: &TestDb) {
+        use diesel::RunQueryDsl;
+        use std::sync::mpsc;
+        enqueue_n(db, 2);
+        let late = quiet_worker(db);
+        let ids: Vec<i64> = late.claim().unwrap().iter().map(|t| t.context.id()).collect();
+        assert_eq!(ids.len(), 2);
+        pass_deadlines(db);
+        let mut holder = db.conn();
+        diesel::sql_query("BEGIN").execute(&mut holder).unwrap();
+        let hold = match db.backend() {
+            outbox::Backend::Mysql => "UPDATE async_task FORCE INDEX (PRIMARY) SET updated_at = UTC_TIMESTAMP(3) WHERE id = ",
+            _ => "UPDATE async_task SET updated_at = now() WHERE id = ",
+        };
+        diesel::sql_query(format!("{hold}{}", ids[0])).execute(&mut holder).unwrap();
+        let rescuer = quiet_worker(db);
+        let (sent, passed) = mpsc::channel();
+        let report = std::thread::scope(|s| {
+            s.spawn(|| sent.send(rescuer.rescue_once().unwrap()).unwrap());
+            let report = passed.recv_timeout(Duration::from_secs(20));
+            // Let go in any case, so that a waiting pass returns and the scope ends.
+            diesel::sql_query("ROLLBACK").execute(&mut holder).unwrap();
+            report
+        });
+        let report = report.expect("the rescue pass waited for the held row");
+        assert_eq!(report.pending, 1, "the task no one holds: {report:?}");
+        assert_eq!((db.task(ids[1]).state.as_str(), db.task(ids[1]).failures), ("pending", 1));
+        assert_eq!(db.task(ids[0]).state, "running", "held: passed over");
+        let report = rescuer.rescue_once().unwrap();
+        assert_eq!(report.pending, 1, "let go: {report:?}");
+        assert_eq!((db.task(ids[0]).state.as_str(), db.task(ids[0]).failures), ("pending", 1));
+    }
+}

@@ -213,9 +213,13 @@ pub(in crate::driver) fn rescue_many(
     rescue: &RescueParams,
 ) -> QueryResult<Vec<RescuedRow>> {
     // In SET, every column reference reads the row as it was before this UPDATE; random() is
-    // drawn per row, so that the tasks of a dead node do not all come due at once. A
-    // concurrent rescuer blocks on the row lock and then re-checks the WHERE clause
-    // against the updated row, so a task is rescued once.
+    // drawn per row, so that the tasks of a dead node do not all come due at once. The lapsed
+    // tasks are locked first, passing over those another transaction holds (`SKIP LOCKED`): a
+    // completion frozen before its commit while its node still counts as live holds its
+    // rows for as long as its session lives (nothing ends it before the node is dead), and a
+    // pass that waited for it would never end. A held task is charged at a later pass, once
+    // free; a concurrent rescuer passes over the rows this one locked, so a task is rescued
+    // once.
     rescue_params(rescue)
         .sql("\n        UPDATE async_task t SET ")
         .sql(RESCUE_CHARGE)
@@ -228,12 +232,16 @@ pub(in crate::driver) fn rescue_many(
                               ELSE 'the node stopped heartbeating' END,
             suspect = t.suspect + CASE WHEN t.deadline_at < now() THEN 0 ELSE 1 END,
             updated_at = now()
-        FROM params p
-        WHERE t.state = 'running'
-          AND (t.deadline_at < now()
-               OR NOT EXISTS (SELECT 1 FROM async_node n
-                              WHERE n.id = t.owner AND n.state = 'alive'
-                                AND n.heartbeat_at >= now() - p.dead_ms * interval '1 millisecond'))
+        FROM params p,
+             (SELECT c.id FROM async_task c
+               WHERE c.state = 'running'
+                 AND (c.deadline_at < now()
+                      OR NOT EXISTS (SELECT 1 FROM async_node n
+                                     WHERE n.id = c.owner AND n.state = 'alive'
+                                       AND n.heartbeat_at >= now() - (SELECT dead_ms FROM params)
+                                                                    * interval '1 millisecond'))
+               FOR UPDATE SKIP LOCKED) lapsed
+        WHERE t.id = lapsed.id AND t.state = 'running'
         RETURNING t.id, t.state, t.last_error AS reason, t.keyword, t.biz_id, t.tenant",
         )
         .load(conn)
