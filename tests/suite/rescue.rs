@@ -490,77 +490,87 @@ fn mysql_tenant_and_suspect_indexes_hold_only_pending_tasks() {
     );
 }
 
-/// On MySQL, rescue passes over a task whose row another transaction holds (a completion
-/// frozen midway holds its tasks' rows as long as its session lives) and rescues the rest at
-/// once, stamped claims and leases alike; the held ones are rescued once their holder lets
-/// go. Rescue used to wait for the row, until the lock wait timeout failed the whole pass.
-#[cfg(feature = "mysql")]
-#[test]
-fn mysql_rescue_passes_over_a_row_another_transaction_holds() {
-    use diesel::RunQueryDsl;
-    let db = &TestDb::mysql();
-    let dying = quiet_worker(db);
-    let survivor = quiet_worker(db);
-    let new_tasks = |prefix: &str| -> Vec<i64> {
-        let tasks: Vec<NewTask> = (0..2)
-            .map(|i| NewTask::new("ledger", format!("{prefix}{i}")))
-            .collect();
-        let keys = enqueue_batch(&mut db.conn(), &tasks).unwrap();
-        keys.iter().map(|k| k.id).collect()
-    };
-    let stamped = new_tasks("s");
-    assert_eq!(dying.claim().unwrap().len(), 2);
-    let leased = new_tasks("l");
-    for &id in &leased {
-        db.exec(&format!(
-            "INSERT INTO async_lease (task_id, node_id, token, chunk, deadline_at)
-             SELECT id, {}, claim_token, 1, UTC_TIMESTAMP(3) + INTERVAL 1 HOUR
-               FROM async_task WHERE id = {id}",
-            dying.node_id()
-        ));
-    }
-    kill_heartbeat(db, dying.node_id());
-
-    // One stamped and one leased task held, as a completion frozen after its locking read
-    // (through the primary key, as a completion reads them: a scan of this small table would
-    // lock every row).
-    let mut holder = db.conn();
-    diesel::sql_query("BEGIN").execute(&mut holder).unwrap();
-    diesel::sql_query(format!(
-        "SELECT id FROM async_task FORCE INDEX (PRIMARY) WHERE id IN ({}, {}) FOR UPDATE",
-        stamped[0], leased[0]
-    ))
-    .execute(&mut holder)
-    .unwrap();
-    let report = survivor.rescue_once().unwrap();
-    assert_eq!(report.pending, 2, "the two tasks no one holds: {report:?}");
-    assert_eq!(db.task(stamped[1]).state, "pending");
-    assert_eq!(db.task(leased[1]).failures, 1);
-    assert_eq!(db.task(stamped[0]).state, "running", "held: passed over");
-    assert_eq!(
-        db.count(&format!(
-            "SELECT count(*) FROM async_lease WHERE task_id = {}",
-            leased[0]
-        )),
-        1,
-        "held: its lease left for the next pass"
-    );
-
-    diesel::sql_query("ROLLBACK").execute(&mut holder).unwrap();
-    let report = survivor.rescue_once().unwrap();
-    assert_eq!(report.pending, 2, "the two let go: {report:?}");
-    for id in [stamped[0], leased[0]] {
-        let row = db.task(id);
-        assert_eq!(
-            (row.state.as_str(), row.failures),
-            ("pending", 1),
-            "task {id}"
-        );
-    }
-    assert_eq!(db.count("SELECT count(*) FROM async_lease"), 0);
-}
-
 server_backends! {
+    /// Rescue passes over a dead node's task whose row another transaction holds (an
+    /// operator's open transaction; on MySQL also a completion frozen midway, whose session
+    /// nothing ends) and rescues the rest at once, stamped claims and leases alike; the held
+    /// ones are rescued once their holder lets go. Rescue used to wait for the row: on MySQL
+    /// until the lock wait timeout failed the whole pass, on PostgreSQL (leases) for as long
+    /// as the holder kept it.
+    fn rescue_passes_over_a_row_another_transaction_holds(db: &TestDb) {
+        use diesel::RunQueryDsl;
+        use std::sync::mpsc;
+        let dying = quiet_worker(db);
+        let survivor = quiet_worker(db);
+        let new_tasks = |prefix: &str| -> Vec<i64> {
+            let tasks: Vec<NewTask> = (0..2)
+                .map(|i| NewTask::new("ledger", format!("{prefix}{i}")))
+                .collect();
+            let keys = enqueue_batch(&mut db.conn(), &tasks).unwrap();
+            keys.iter().map(|k| k.id).collect()
+        };
+        let stamped = new_tasks("s");
+        assert_eq!(dying.claim().unwrap().len(), 2);
+        let leased = new_tasks("l");
+        let (in_an_hour, by_key) = match db.backend() {
+            outbox::Backend::Mysql => ("UTC_TIMESTAMP(3) + INTERVAL 1 HOUR", "FORCE INDEX (PRIMARY)"),
+            _ => ("now() + interval '1 hour'", ""),
+        };
+        for &id in &leased {
+            db.exec(&format!(
+                "INSERT INTO async_lease (task_id, node_id, token, chunk, deadline_at)
+                 SELECT id, {}, claim_token, 1, {in_an_hour} FROM async_task WHERE id = {id}",
+                dying.node_id()
+            ));
+        }
+        kill_heartbeat(db, dying.node_id());
+
+        // One stamped and one leased task held, as a completion frozen after its locking read
+        // (on MySQL through the primary key, as a completion reads them: a scan of this small
+        // table would lock every row).
+        let mut holder = db.conn();
+        diesel::sql_query("BEGIN").execute(&mut holder).unwrap();
+        diesel::sql_query(format!(
+            "SELECT id FROM async_task {by_key} WHERE id IN ({}, {}) FOR UPDATE",
+            stamped[0], leased[0]
+        ))
+        .execute(&mut holder)
+        .unwrap();
+        let (sent, passed) = mpsc::channel();
+        let report = std::thread::scope(|s| {
+            s.spawn(|| sent.send(survivor.rescue_once().unwrap()).unwrap());
+            let report = passed.recv_timeout(Duration::from_secs(20));
+            // Let go in any case, so that a waiting pass returns and the scope ends.
+            diesel::sql_query("ROLLBACK").execute(&mut holder).unwrap();
+            report
+        });
+        let report = report.expect("the rescue pass waited for the held rows");
+        assert_eq!(report.pending, 2, "the two tasks no one holds: {report:?}");
+        assert_eq!(db.task(stamped[1]).state, "pending");
+        assert_eq!(db.task(leased[1]).failures, 1);
+        assert_eq!(db.task(stamped[0]).state, "running", "held: passed over");
+        assert_eq!(
+            db.count(&format!(
+                "SELECT count(*) FROM async_lease WHERE task_id = {}",
+                leased[0]
+            )),
+            1,
+            "held: its lease left for the next pass"
+        );
+
+        let report = survivor.rescue_once().unwrap();
+        assert_eq!(report.pending, 2, "the two let go: {report:?}");
+        for id in [stamped[0], leased[0]] {
+            let row = db.task(id);
+            assert_eq!(
+                (row.state.as_str(), row.failures),
+                ("pending", 1),
+                "task {id}"
+            );
+        }
+        assert_eq!(db.count("SELECT count(*) FROM async_lease"), 0);
+    }
+
     /// Rescue passes over a stamped task past its deadline whose row another transaction
     /// holds, and charges the others at once; the held one is charged once its holder lets
     /// go. The holder is as a completion frozen between its `UPDATE` and its `COMMIT` (a

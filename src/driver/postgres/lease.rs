@@ -259,17 +259,29 @@ impl LeaseDriver for PgConnection {
     fn task_rescue_leases(&mut self, rescue: &RescueParams) -> QueryResult<Vec<RescuedRow>> {
         // The leases of nodes that are not live (dead, frozen, cut off, gone), and those past
         // their deadline, deleted; their tasks charged a failure as a rescued stamped claim's
-        // are; a death of its node is counted in `suspect`. A concurrent rescuer waits for the
-        // DELETE and then finds the lease gone: a task is charged once.
+        // are; a death of its node is counted in `suspect`. Each lease and its task are locked
+        // first, in the order a completion takes them, passing over those another transaction
+        // holds (`SKIP LOCKED`: a completion in flight, an operator's open transaction; a
+        // frozen chunk's session was ended just before): a held one is charged at a later
+        // pass, and a pass never waits. A concurrent rescuer passes over what this one
+        // locked: a task is charged once.
         rescue_params(rescue)
             .sql(
-                ", gone AS (
-                    DELETE FROM async_lease l USING params p
+                ", lapsed AS (
+                    SELECT l.task_id, l.deadline_at < now() AS late FROM async_lease l
                      WHERE l.deadline_at < now()
                         OR NOT EXISTS (SELECT 1 FROM async_node n
                                         WHERE n.id = l.node_id AND n.state = 'alive'
-                                          AND n.heartbeat_at >= now() - p.dead_ms * interval '1 millisecond')
-                    RETURNING l.task_id, l.token, l.node_id, l.deadline_at < now() AS late
+                                          AND n.heartbeat_at >= now() - (SELECT dead_ms FROM params)
+                                                                       * interval '1 millisecond')
+                       FOR UPDATE SKIP LOCKED
+                ), free AS (
+                    SELECT t.id FROM async_task t WHERE t.id IN (SELECT task_id FROM lapsed)
+                       FOR NO KEY UPDATE SKIP LOCKED
+                ), gone AS (
+                    DELETE FROM async_lease l USING lapsed x
+                     WHERE l.task_id = x.task_id AND l.task_id IN (SELECT id FROM free)
+                    RETURNING l.task_id, l.token, l.node_id, x.late
                 )
                 UPDATE async_task t SET ",
             )
