@@ -498,8 +498,6 @@ server_backends! {
     /// until the lock wait timeout failed the whole pass, on PostgreSQL (leases) for as long
     /// as the holder kept it.
     fn rescue_passes_over_a_row_another_transaction_holds(db: &TestDb) {
-        use diesel::RunQueryDsl;
-        use std::sync::mpsc;
         let dying = quiet_worker(db);
         let survivor = quiet_worker(db);
         let new_tasks = |prefix: &str| -> Vec<i64> {
@@ -528,23 +526,11 @@ server_backends! {
         // One stamped and one leased task held, as a completion frozen after its locking read
         // (on MySQL through the primary key, as a completion reads them: a scan of this small
         // table would lock every row).
-        let mut holder = db.conn();
-        diesel::sql_query("BEGIN").execute(&mut holder).unwrap();
-        diesel::sql_query(format!(
+        let hold = format!(
             "SELECT id FROM async_task {by_key} WHERE id IN ({}, {}) FOR UPDATE",
             stamped[0], leased[0]
-        ))
-        .execute(&mut holder)
-        .unwrap();
-        let (sent, passed) = mpsc::channel();
-        let report = std::thread::scope(|s| {
-            s.spawn(|| sent.send(survivor.rescue_once().unwrap()).unwrap());
-            let report = passed.recv_timeout(Duration::from_secs(20));
-            // Let go in any case, so that a waiting pass returns and the scope ends.
-            diesel::sql_query("ROLLBACK").execute(&mut holder).unwrap();
-            report
-        });
-        let report = report.expect("the rescue pass waited for the held rows");
+        );
+        let report = rescue_while_held(db, &survivor, &hold);
         assert_eq!(report.pending, 2, "the two tasks no one holds: {report:?}");
         assert_eq!(db.task(stamped[1]).state, "pending");
         assert_eq!(db.task(leased[1]).failures, 1);
@@ -579,30 +565,17 @@ server_backends! {
     /// timeout, used to wait for the row for as long as the session lived, every rescuer of
     /// the fleet with it.
     fn rescue_passes_over_a_late_task_whose_row_another_transaction_holds(db: &TestDb) {
-        use diesel::RunQueryDsl;
-        use std::sync::mpsc;
         enqueue_n(db, 2);
         let late = quiet_worker(db);
         let ids: Vec<i64> = late.claim().unwrap().iter().map(|t| t.context.id()).collect();
         assert_eq!(ids.len(), 2);
         pass_deadlines(db);
-        let mut holder = db.conn();
-        diesel::sql_query("BEGIN").execute(&mut holder).unwrap();
         let hold = match db.backend() {
             outbox::Backend::Mysql => "UPDATE async_task FORCE INDEX (PRIMARY) SET updated_at = UTC_TIMESTAMP(3) WHERE id = ",
             _ => "UPDATE async_task SET updated_at = now() WHERE id = ",
         };
-        diesel::sql_query(format!("{hold}{}", ids[0])).execute(&mut holder).unwrap();
         let rescuer = quiet_worker(db);
-        let (sent, passed) = mpsc::channel();
-        let report = std::thread::scope(|s| {
-            s.spawn(|| sent.send(rescuer.rescue_once().unwrap()).unwrap());
-            let report = passed.recv_timeout(Duration::from_secs(20));
-            // Let go in any case, so that a waiting pass returns and the scope ends.
-            diesel::sql_query("ROLLBACK").execute(&mut holder).unwrap();
-            report
-        });
-        let report = report.expect("the rescue pass waited for the held row");
+        let report = rescue_while_held(db, &rescuer, &format!("{hold}{}", ids[0]));
         assert_eq!(report.pending, 1, "the task no one holds: {report:?}");
         assert_eq!((db.task(ids[1]).state.as_str(), db.task(ids[1]).failures), ("pending", 1));
         assert_eq!(db.task(ids[0]).state, "running", "held: passed over");
@@ -610,4 +583,23 @@ server_backends! {
         assert_eq!(report.pending, 1, "let go: {report:?}");
         assert_eq!((db.task(ids[0]).state.as_str(), db.task(ids[0]).failures), ("pending", 1));
     }
+}
+
+/// One rescue pass of `rescuer` while another connection holds the rows that `hold` locks, in
+/// a transaction it leaves open; the holder lets go when the pass has returned, or after 20 s
+/// if it has not. Fails if the pass waited for the rows.
+fn rescue_while_held(db: &TestDb, rescuer: &Worker, hold: &str) -> outbox::RescueReport {
+    use diesel::RunQueryDsl;
+    let mut holder = db.conn();
+    diesel::sql_query("BEGIN").execute(&mut holder).unwrap();
+    diesel::sql_query(hold).execute(&mut holder).unwrap();
+    let (sent, passed) = std::sync::mpsc::channel();
+    let report = std::thread::scope(|s| {
+        s.spawn(|| sent.send(rescuer.rescue_once().unwrap()).unwrap());
+        let report = passed.recv_timeout(Duration::from_secs(20));
+        // Let go in any case, so that a waiting pass returns and the scope ends.
+        diesel::sql_query("ROLLBACK").execute(&mut holder).unwrap();
+        report
+    });
+    report.expect("the rescue pass waited for the held rows")
 }
