@@ -290,10 +290,11 @@ pub trait Driver: LeaseDriver + ops::OpsDriver {
 
     /// Returns to pending (or dead, at max attempts) every running task whose owner is not a
     /// live node (no heartbeat for `dead_after_ms`, gone, unknown) or whose deadline has
-    /// passed, counting a failure. One statement that re-checks those conditions itself.
+    /// passed, counting a failure; a task whose row another transaction holds is passed over,
+    /// for a later pass.
     fn task_rescue_many(&mut self, rescue: &RescueParams) -> QueryResult<Vec<RescuedRow>> {
-        // Per backend: one UPDATE that re-checks its conditions, in each backend's words (MySQL has
-        // no `WITH … UPDATE` and cascades without triggers).
+        // Per backend: the tasks locked `SKIP LOCKED` and charged, in each backend's words (MySQL
+        // has no `WITH … UPDATE` and cascades without triggers).
         per_backend!(self.task_rescue_many(rescue))
     }
 

@@ -3,10 +3,10 @@
 //! failure, so that a task that kills its worker ends dead instead of looping.
 //!
 //! Every live node rescues, on a thread of its own every heartbeat interval (±10%, so that a
-//! fleet does not rescue in step), and `drain` once at start. The rescue is one UPDATE whose
-//! WHERE clause re-checks the conditions itself (never select-then-update), so concurrent
-//! rescuers never rescue a task twice, and a node that recovers in the meantime keeps its
-//! tasks. Each rescued task waits the retry backoff of its failure count, with the same
+//! fleet does not rescue in step), and `drain` once at start. The rescue locks the tasks that
+//! meet its conditions, passing over those another transaction holds (a later pass takes
+//! them), and charges what it locked in the same statement: concurrent rescuers never rescue a
+//! task twice, and a node that recovers in the meantime keeps its tasks. Each rescued task waits the retry backoff of its failure count, with the same
 //! jitter as a handler's failure, so that a dead node's tasks do not all come due in the same
 //! instant. A rescued task's late completion by its old owner is fenced out.
 

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use outbox::{enqueue_batch, NewTask, Worker};
+use outbox::{enqueue, enqueue_batch, NewTask, Worker};
 
 use crate::support::TestDb;
 use crate::{ledger_registry, small_config};
@@ -491,25 +491,25 @@ fn mysql_tenant_and_suspect_indexes_hold_only_pending_tasks() {
 }
 
 server_backends! {
-    /// Rescue passes over a dead node's task whose row another transaction holds (an
-    /// operator's open transaction; on MySQL also a completion frozen midway, whose session
-    /// nothing ends) and rescues the rest at once, stamped claims and leases alike; the held
-    /// ones are rescued once their holder lets go. Rescue used to wait for the row: on MySQL
-    /// until the lock wait timeout failed the whole pass, on PostgreSQL (leases) for as long
-    /// as the holder kept it.
+    /// Rescue passes over a dead node's task or lease whose row another transaction holds (an
+    /// operator's open transaction, a completion under way; on MySQL also a completion frozen
+    /// midway, whose session nothing ends) and rescues the rest at once, stamped claims and
+    /// leases alike; the held ones are rescued once their holder lets go. Rescue used to wait
+    /// for the row: on MySQL until the lock wait timeout failed the whole pass, on PostgreSQL
+    /// (leases) for as long as the holder kept it.
     fn rescue_passes_over_a_row_another_transaction_holds(db: &TestDb) {
         let dying = quiet_worker(db);
         let survivor = quiet_worker(db);
-        let new_tasks = |prefix: &str| -> Vec<i64> {
-            let tasks: Vec<NewTask> = (0..2)
+        let new_tasks = |prefix: &str, n: usize| -> Vec<i64> {
+            let tasks: Vec<NewTask> = (0..n)
                 .map(|i| NewTask::new("ledger", format!("{prefix}{i}")))
                 .collect();
             let keys = enqueue_batch(&mut db.conn(), &tasks).unwrap();
             keys.iter().map(|k| k.id).collect()
         };
-        let stamped = new_tasks("s");
+        let stamped = new_tasks("s", 2);
         assert_eq!(dying.claim().unwrap().len(), 2);
-        let leased = new_tasks("l");
+        let leased = new_tasks("l", 3);
         let (in_an_hour, by_key) = match db.backend() {
             outbox::Backend::Mysql => ("UTC_TIMESTAMP(3) + INTERVAL 1 HOUR", "FORCE INDEX (PRIMARY)"),
             _ => ("now() + interval '1 hour'", ""),
@@ -525,28 +525,32 @@ server_backends! {
 
         // One stamped and one leased task held, as a completion frozen after its locking read
         // (on MySQL through the primary key, as a completion reads them: a scan of this small
-        // table would lock every row).
-        let hold = format!(
-            "SELECT id FROM async_task {by_key} WHERE id IN ({}, {}) FOR UPDATE",
-            stamped[0], leased[0]
-        );
-        let report = rescue_while_held(db, &survivor, &hold);
+        // table would lock every row); and a third lease, as a completion that has deleted it
+        // and not committed.
+        let holds = [
+            format!(
+                "SELECT id FROM async_task {by_key} WHERE id IN ({}, {}) FOR UPDATE",
+                stamped[0], leased[0]
+            ),
+            format!("DELETE FROM async_lease WHERE task_id = {}", leased[2]),
+        ];
+        let report = rescue_while_held(db, &survivor, &holds).unwrap();
         assert_eq!(report.pending, 2, "the two tasks no one holds: {report:?}");
         assert_eq!(db.task(stamped[1]).state, "pending");
         assert_eq!(db.task(leased[1]).failures, 1);
         assert_eq!(db.task(stamped[0]).state, "running", "held: passed over");
-        assert_eq!(
-            db.count(&format!(
-                "SELECT count(*) FROM async_lease WHERE task_id = {}",
-                leased[0]
-            )),
-            1,
-            "held: its lease left for the next pass"
-        );
+        for id in [leased[0], leased[2]] {
+            assert_eq!(db.task(id).failures, 0, "task {id}: held, passed over");
+            assert_eq!(
+                db.count(&format!("SELECT count(*) FROM async_lease WHERE task_id = {id}")),
+                1,
+                "task {id}: held, its lease left for the next pass"
+            );
+        }
 
         let report = survivor.rescue_once().unwrap();
-        assert_eq!(report.pending, 2, "the two let go: {report:?}");
-        for id in [stamped[0], leased[0]] {
+        assert_eq!(report.pending, 3, "the three let go: {report:?}");
+        for id in [stamped[0], leased[0], leased[2]] {
             let row = db.task(id);
             assert_eq!(
                 (row.state.as_str(), row.failures),
@@ -575,7 +579,7 @@ server_backends! {
             _ => "UPDATE async_task SET updated_at = now() WHERE id = ",
         };
         let rescuer = quiet_worker(db);
-        let report = rescue_while_held(db, &rescuer, &format!("{hold}{}", ids[0]));
+        let report = rescue_while_held(db, &rescuer, &[format!("{hold}{}", ids[0])]).unwrap();
         assert_eq!(report.pending, 1, "the task no one holds: {report:?}");
         assert_eq!((db.task(ids[1]).state.as_str(), db.task(ids[1]).failures), ("pending", 1));
         assert_eq!(db.task(ids[0]).state, "running", "held: passed over");
@@ -585,21 +589,110 @@ server_backends! {
     }
 }
 
-/// One rescue pass of `rescuer` while another connection holds the rows that `hold` locks, in
-/// a transaction it leaves open; the holder lets go when the pass has returned, or after 20 s
-/// if it has not. Fails if the pass waited for the rows.
-fn rescue_while_held(db: &TestDb, rescuer: &Worker, hold: &str) -> outbox::RescueReport {
+/// One rescue pass of `rescuer` while another connection holds the rows that the statements
+/// `holds` lock, in a transaction it leaves open; the holder lets go when the pass has
+/// returned, or after 20 s if it has not. Fails if the pass waited for the rows that long.
+fn rescue_while_held(
+    db: &TestDb,
+    rescuer: &Worker,
+    holds: &[String],
+) -> outbox::Result<outbox::RescueReport> {
     use diesel::RunQueryDsl;
     let mut holder = db.conn();
     diesel::sql_query("BEGIN").execute(&mut holder).unwrap();
-    diesel::sql_query(hold).execute(&mut holder).unwrap();
+    for hold in holds {
+        diesel::sql_query(hold).execute(&mut holder).unwrap();
+    }
     let (sent, passed) = std::sync::mpsc::channel();
     let report = std::thread::scope(|s| {
-        s.spawn(|| sent.send(rescuer.rescue_once().unwrap()).unwrap());
+        s.spawn(|| sent.send(rescuer.rescue_once()).unwrap());
         let report = passed.recv_timeout(Duration::from_secs(20));
         // Let go in any case, so that a waiting pass returns and the scope ends.
         diesel::sql_query("ROLLBACK").execute(&mut holder).unwrap();
         report
     });
     report.expect("the rescue pass waited for the held rows")
+}
+
+server_backends! {
+    /// A rescue pass that charges a task dead at its last attempt must cancel its descendants,
+    /// and those locks wait: when another transaction holds a descendant's row (a completion of
+    /// its other parent frozen before its commit), the pass fails after rescue's short lock
+    /// timeout, all of it rolled back, instead of waiting for as long as that transaction
+    /// lives (PostgreSQL: no lock timeout; MySQL: 50 s). The pass after the holder lets go
+    /// charges the task dead and cancels the child.
+    fn a_rescue_pass_that_must_cancel_a_held_descendant_fails_soon_and_the_next_one_cancels_it(db: &TestDb) {
+        let parent = enqueue(&mut db.conn(), &NewTask::new("ledger", "parent").max_attempts(1))
+            .unwrap()
+            .id;
+        let child = enqueue(&mut db.conn(), &NewTask::new("ledger", "child").after(parent))
+            .unwrap()
+            .id;
+        assert_eq!(db.task(child).state, "blocked");
+        let late = quiet_worker(db);
+        assert_eq!(late.claim().unwrap().len(), 1, "the parent alone is due");
+        pass_deadlines(db);
+        let by_key = match db.backend() {
+            outbox::Backend::Mysql => "FORCE INDEX (PRIMARY)",
+            _ => "",
+        };
+        let hold = format!("SELECT id FROM async_task {by_key} WHERE id = {child} FOR UPDATE");
+        let rescuer = quiet_worker(db);
+        let error = rescue_while_held(db, &rescuer, &[hold])
+            .expect_err("the pass cannot cancel the held child")
+            .to_string()
+            .to_lowercase();
+        assert!(error.contains("lock") && error.contains("timeout"), "{error}");
+        assert_eq!(db.task(parent).state, "running", "the failed pass wrote nothing");
+        assert_eq!(db.task(child).state, "blocked");
+
+        let report = rescuer.rescue_once().unwrap();
+        assert_eq!(report.dead, 1, "{report:?}");
+        assert_eq!(db.task(parent).state, "dead");
+        assert_eq!(db.task(child).state, "cancelled");
+    }
+}
+
+/// A rescue pass that ends the session of a dead node's transaction (`pg_terminate_backend`)
+/// charges in the same pass the task whose row that transaction held: it waits for the
+/// session to be gone before its `UPDATE`, which passes over rows still held
+/// (`SKIP LOCKED`). The holder here is a transaction marked as the engine marks its own (the
+/// shared advisory locks of its node and of its run), as a completion frozen before its
+/// commit.
+#[test]
+fn a_rescue_pass_that_ends_a_dead_nodes_session_charges_what_it_held_in_the_same_pass() {
+    use diesel::RunQueryDsl;
+    let db = &TestDb::postgres();
+    enqueue_n(db, 2);
+    let dying = quiet_worker(db);
+    let ids: Vec<i64> = dying
+        .claim()
+        .unwrap()
+        .iter()
+        .map(|t| t.context.id())
+        .collect();
+    assert_eq!(ids.len(), 2);
+    let mut holder = db.conn();
+    diesel::sql_query("BEGIN").execute(&mut holder).unwrap();
+    // The classes of the node's and the run's locks (`driver/postgres/lease.rs`).
+    diesel::sql_query(format!(
+        "SELECT pg_advisory_xact_lock_shared(1868721665, {}),
+                pg_advisory_xact_lock_shared(1868722689, 7)",
+        dying.node_id() & 0x7fff_ffff
+    ))
+    .execute(&mut holder)
+    .unwrap();
+    diesel::sql_query(format!(
+        "UPDATE async_task SET updated_at = now() WHERE id = {}",
+        ids[0]
+    ))
+    .execute(&mut holder)
+    .unwrap();
+    kill_heartbeat(db, dying.node_id());
+    let report = quiet_worker(db).rescue_once().unwrap();
+    assert_eq!(report.sessions_ended, 1, "{report:?}");
+    assert_eq!(report.pending, 2, "the held task too: {report:?}");
+    for &id in &ids {
+        assert_eq!(db.task(id).failures, 1, "task {id}");
+    }
 }

@@ -305,50 +305,52 @@ impl LeaseDriver for MysqlConnection {
         // completion under way deletes its leases; one frozen midway holds them as long as
         // its session, and waiting for it held up the rescue of every other lease.
         let lapsed = |s| task::lapsed(s, ("l.deadline_at", "l.node_id"), rescue.dead_after_ms);
-        self.transaction(|conn| {
-            let found: Vec<Lapsed> =
-                Statement::<Mysql>::new("SELECT task_id FROM async_lease l WHERE ")
-                    .with(lapsed)
-                    .load(conn)?;
-            if found.is_empty() {
-                return Ok(Vec::new());
-            }
-            let found: Vec<i64> = found.into_iter().map(|l| l.task_id).collect();
-            let locked = lock_with_leases(conn, &found, lapsed, OnLocked::Skip)?;
-            // Each node's tasks charged apart, late leases apart from a dead node's: the
-            // reason and the count of deaths differ.
-            let mut groups: Vec<(i64, bool, Vec<i64>)> = Vec::new();
-            for held in locked.iter().filter(|h| h.holds) {
-                match groups
-                    .iter_mut()
-                    .find(|(node, late, _)| *node == held.node_id && *late == held.late)
-                {
-                    Some((_, _, ids)) => ids.push(held.id),
-                    None => groups.push((held.node_id, held.late, vec![held.id])),
+        super::rescue_waiting_briefly(self, |conn| {
+            conn.transaction(|conn| {
+                let found: Vec<Lapsed> =
+                    Statement::<Mysql>::new("SELECT task_id FROM async_lease l WHERE ")
+                        .with(lapsed)
+                        .load(conn)?;
+                if found.is_empty() {
+                    return Ok(Vec::new());
                 }
-            }
-            for (node, late, ids) in &groups {
-                let why = match late {
-                    true => "its lock-claimed chunk ran past its deadline",
-                    false => "the node stopped heartbeating",
-                };
-                let error = format!("rescued from node {node}: {why}");
-                let how = Charge {
-                    error: &error,
-                    suspect: i32::from(!late),
-                    owner: *node,
-                    delay: Delay::Backoff(rescue),
-                    default_max_attempts: rescue.default_max_attempts,
-                };
-                charge(conn, ids, &how)?;
-            }
-            let gone: Vec<i64> = locked.iter().map(|h| h.id).collect();
-            Statement::<Mysql>::new(DELETE_LEASES)
-                .with(|s| list::ids(s, &gone))
-                .execute(conn)?;
-            let mut ids: Vec<i64> = groups.into_iter().flat_map(|(_, _, ids)| ids).collect();
-            ids.sort_unstable();
-            task::charged(conn, &ids)
+                let found: Vec<i64> = found.into_iter().map(|l| l.task_id).collect();
+                let locked = lock_with_leases(conn, &found, lapsed, OnLocked::Skip)?;
+                // Each node's tasks charged apart, late leases apart from a dead node's: the
+                // reason and the count of deaths differ.
+                let mut groups: Vec<(i64, bool, Vec<i64>)> = Vec::new();
+                for held in locked.iter().filter(|h| h.holds) {
+                    match groups
+                        .iter_mut()
+                        .find(|(node, late, _)| *node == held.node_id && *late == held.late)
+                    {
+                        Some((_, _, ids)) => ids.push(held.id),
+                        None => groups.push((held.node_id, held.late, vec![held.id])),
+                    }
+                }
+                for (node, late, ids) in &groups {
+                    let why = match late {
+                        true => "its lock-claimed chunk ran past its deadline",
+                        false => "the node stopped heartbeating",
+                    };
+                    let error = format!("rescued from node {node}: {why}");
+                    let how = Charge {
+                        error: &error,
+                        suspect: i32::from(!late),
+                        owner: *node,
+                        delay: Delay::Backoff(rescue),
+                        default_max_attempts: rescue.default_max_attempts,
+                    };
+                    charge(conn, ids, &how)?;
+                }
+                let gone: Vec<i64> = locked.iter().map(|h| h.id).collect();
+                Statement::<Mysql>::new(DELETE_LEASES)
+                    .with(|s| list::ids(s, &gone))
+                    .execute(conn)?;
+                let mut ids: Vec<i64> = groups.into_iter().flat_map(|(_, _, ids)| ids).collect();
+                ids.sort_unstable();
+                task::charged(conn, &ids)
+            })
         })
     }
 }

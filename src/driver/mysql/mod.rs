@@ -132,3 +132,22 @@ impl Driver for MysqlConnection {
         maintenance::kill_query(self, pid)
     }
 }
+
+/// Runs a rescue statement's transaction `f` with InnoDB's lock wait timeout at 2 s for this
+/// session, then back to the server's. Its locks of tasks and leases pass over rows another
+/// transaction holds (`SKIP LOCKED`), but a dead task's descendants are cancelled with locks
+/// that wait (`chain::cancel_descendants`), and a completion frozen while it holds one would
+/// hold the pass for the server's timeout (50 s by default) before failing it. Past 2 s it fails
+/// at once, and the next pass (a heartbeat later) tries again.
+pub(super) fn rescue_waiting_briefly<T>(
+    conn: &mut MysqlConnection,
+    f: impl FnOnce(&mut MysqlConnection) -> QueryResult<T>,
+) -> QueryResult<T> {
+    conn.batch_execute("SET SESSION innodb_lock_wait_timeout = 2")?;
+    let result = f(conn);
+    // A failure here fails the connection's statement, and the pool drops the connection
+    // (`db/reply.rs`) rather than hand it out with the short timeout.
+    let reset = conn.batch_execute("SET SESSION innodb_lock_wait_timeout = DEFAULT");
+    let value = result?;
+    reset.map(|()| value)
+}

@@ -244,62 +244,64 @@ pub(in crate::driver) fn rescue_many(
             rescue.dead_after_ms,
         )
     };
-    conn.transaction(|conn| {
-        // Found without locks, then locked through the primary key with the test repeated
-        // (`chain::lock_by_key`: a locking read through the deadline index deadlocked with
-        // completions), a row held by another transaction passed over (`OnLocked::Skip`: a
-        // completion under way, a rescuer, or a chunk frozen midway). The test's read of
-        // `async_node` locks nothing (READ COMMITTED), so heartbeats never wait on it.
-        let found: Vec<Id> = Statement::<Mysql>::new(
-            "SELECT id FROM async_task FORCE INDEX (async_task_deadline_idx) WHERE ",
-        )
-        .with(lapsed)
-        .load(conn)?;
-        if found.is_empty() {
-            return Ok(Vec::new());
-        }
-        let found: Vec<i64> = found.into_iter().map(|i| i.id).collect();
-        let ids = chain::lock_by_key_or(conn, &found, lapsed, OnLocked::Skip)?;
-        if ids.is_empty() {
-            return Ok(Vec::new());
-        }
-        let at_max = |s: Statement<Mysql>| {
-            s.sql("failures + 1 >= COALESCE(max_attempts, ")
-                .bind::<Integer, _>(rescue.default_max_attempts)
-                .sql(")")
-        };
-        // MySQL assigns SET's columns left to right, each seeing the ones before: every
-        // column that reads failures, owner or the deadline comes before they change.
-        Statement::<Mysql>::new(
-            "UPDATE async_task SET
+    super::rescue_waiting_briefly(conn, |conn| {
+        conn.transaction(|conn| {
+            // Found without locks, then locked through the primary key with the test repeated
+            // (`chain::lock_by_key`: a locking read through the deadline index deadlocked with
+            // completions), a row held by another transaction passed over (`OnLocked::Skip`: a
+            // completion under way, a rescuer, or a chunk frozen midway). The test's read of
+            // `async_node` locks nothing (READ COMMITTED), so heartbeats never wait on it.
+            let found: Vec<Id> = Statement::<Mysql>::new(
+                "SELECT id FROM async_task FORCE INDEX (async_task_deadline_idx) WHERE ",
+            )
+            .with(lapsed)
+            .load(conn)?;
+            if found.is_empty() {
+                return Ok(Vec::new());
+            }
+            let found: Vec<i64> = found.into_iter().map(|i| i.id).collect();
+            let ids = chain::lock_by_key_or(conn, &found, lapsed, OnLocked::Skip)?;
+            if ids.is_empty() {
+                return Ok(Vec::new());
+            }
+            let at_max = |s: Statement<Mysql>| {
+                s.sql("failures + 1 >= COALESCE(max_attempts, ")
+                    .bind::<Integer, _>(rescue.default_max_attempts)
+                    .sql(")")
+            };
+            // MySQL assigns SET's columns left to right, each seeing the ones before: every
+            // column that reads failures, owner or the deadline comes before they change.
+            Statement::<Mysql>::new(
+                "UPDATE async_task SET
                 last_error = CONCAT('rescued from node ', COALESCE(owner, '(none)'), ': ',
                     CASE WHEN deadline_at < ",
-        )
-        .sql(concat!(
-            now!(),
-            " THEN 'running past its deadline' ELSE 'the node stopped heartbeating' END),
+            )
+            .sql(concat!(
+                now!(),
+                " THEN 'running past its deadline' ELSE 'the node stopped heartbeating' END),
                 suspect = suspect + CASE WHEN deadline_at < ",
-            now!(),
-            " THEN 0 ELSE 1 END,
+                now!(),
+                " THEN 0 ELSE 1 END,
                 run_at = CASE WHEN "
-        ))
-        .with(at_max)
-        .sql(" THEN run_at ELSE ")
-        .with(|s| backoff_after(s, rescue))
-        .sql(" END, finished_at = CASE WHEN ")
-        .with(at_max)
-        .sql(concat!(" THEN ", now!(), " END, owner = CASE WHEN "))
-        .with(at_max)
-        .sql(" THEN owner END, state = CASE WHEN ")
-        .with(at_max)
-        .sql(concat!(
-            " THEN 'dead' ELSE 'pending' END, deadline_at = NULL, updated_at = ",
-            now!(),
-            ", failures = failures + 1 WHERE state = 'running' AND id IN "
-        ))
-        .with(|s| list::ids(s, &ids))
-        .execute(conn)?;
-        charged(conn, &ids)
+            ))
+            .with(at_max)
+            .sql(" THEN run_at ELSE ")
+            .with(|s| backoff_after(s, rescue))
+            .sql(" END, finished_at = CASE WHEN ")
+            .with(at_max)
+            .sql(concat!(" THEN ", now!(), " END, owner = CASE WHEN "))
+            .with(at_max)
+            .sql(" THEN owner END, state = CASE WHEN ")
+            .with(at_max)
+            .sql(concat!(
+                " THEN 'dead' ELSE 'pending' END, deadline_at = NULL, updated_at = ",
+                now!(),
+                ", failures = failures + 1 WHERE state = 'running' AND id IN "
+            ))
+            .with(|s| list::ids(s, &ids))
+            .execute(conn)?;
+            charged(conn, &ids)
+        })
     })
 }
 

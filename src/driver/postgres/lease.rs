@@ -264,8 +264,10 @@ impl LeaseDriver for PgConnection {
         // holds (`SKIP LOCKED`: a completion in flight, an operator's open transaction; a
         // frozen chunk's session was ended just before): a held one is charged at a later
         // pass, and a pass never waits. A concurrent rescuer passes over what this one
-        // locked: a task is charged once.
-        rescue_params(rescue)
+        // locked: a task is charged once. A lock it must still wait for (a dead task's
+        // descendants) fails it after `RESCUE_SETTINGS`' lock timeout.
+        super::with_local(self, super::RESCUE_SETTINGS, |conn| {
+            rescue_params(rescue)
             .sql(
                 ", lapsed AS (
                     SELECT l.task_id, l.deadline_at < now() AS late FROM async_lease l
@@ -300,7 +302,8 @@ impl LeaseDriver for PgConnection {
                  WHERE t.id = g.task_id AND t.claim_token = g.token AND t.state = 'pending'
                 RETURNING t.id, t.state, t.last_error AS reason, t.keyword, t.biz_id, t.tenant",
             )
-            .load(self)
+            .load(conn)
+        })
     }
 
     fn session_end_stale(&mut self, dead_after_ms: i64) -> QueryResult<i64> {
@@ -310,10 +313,13 @@ impl LeaseDriver for PgConnection {
             n: i64,
         }
         // Reading pg_locks takes the lock manager's partition locks for a moment: once a pass.
+        // Each ended session is waited for, up to 1 s (the timeout argument, PostgreSQL 14 and
+        // later), so that the rescue statements after this find its locks gone, rather than
+        // passing over its rows (`SKIP LOCKED`) until the next pass.
         let ended: Ended = Statement::<Pg>::new(MARKS)
             .sql(
                 "
-            SELECT count(*) FILTER (WHERE CASE WHEN m.may_end THEN pg_terminate_backend(m.pid) END) AS n
+            SELECT count(*) FILTER (WHERE CASE WHEN m.may_end THEN pg_terminate_backend(m.pid, 1000) END) AS n
               FROM (SELECT DISTINCT pid, node, run, may_end FROM marks) m
              WHERE NOT EXISTS (SELECT 1 FROM async_node a
                                 WHERE a.id & 2147483647 = m.node AND a.state = 'alive'

@@ -63,16 +63,36 @@ pub(super) fn without_jit<T>(
     conn: &mut PgConnection,
     claim: impl FnOnce(&mut PgConnection) -> QueryResult<T>,
 ) -> QueryResult<T> {
+    with_local(conn, "SET LOCAL jit = off", claim)
+}
+
+/// What a rescue statement's transaction sets. JIT off, as for a claim: its estimate grows
+/// with the running tasks, and it reads them through an index. A lock timeout: its locks of
+/// tasks and leases pass over rows another transaction holds (`SKIP LOCKED`), but the chains'
+/// trigger cancels a dead task's descendants with locks that wait, and a frozen transaction
+/// holding one of them would hold the pass, and every later one, for as long as its session
+/// lived (PostgreSQL has no lock timeout by default). Past 2 s the statement fails, rolled
+/// back whole, and the next pass (a heartbeat later) tries again, after ending the sessions of
+/// the nodes that died meanwhile.
+pub(super) const RESCUE_SETTINGS: &str = "SET LOCAL jit = off; SET LOCAL lock_timeout = '2s'";
+
+/// Runs `f` in a transaction whose `settings` (`SET LOCAL …`) are applied first: a
+/// transaction of its own, begun in the same round trip, or the caller's.
+pub(super) fn with_local<T>(
+    conn: &mut PgConnection,
+    settings: &'static str,
+    f: impl FnOnce(&mut PgConnection) -> QueryResult<T>,
+) -> QueryResult<T> {
     match crate::db::transaction::depth_of(conn) {
         Some(0) => {}
         Some(_) => {
-            conn.batch_execute("SET LOCAL jit = off")?;
-            return claim(conn);
+            conn.batch_execute(settings)?;
+            return f(conn);
         }
         None => return Err(diesel::result::Error::BrokenTransactionManager),
     }
-    begin_with(conn, "BEGIN; SET LOCAL jit = off")?;
-    match claim(conn) {
+    begin_with(conn, &format!("BEGIN; {settings}"))?;
+    match f(conn) {
         Ok(value) => {
             AnsiTransactionManager::commit_transaction(conn)?;
             Ok(value)

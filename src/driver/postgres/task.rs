@@ -219,12 +219,15 @@ pub(in crate::driver) fn rescue_many(
     // rows for as long as its session lives (nothing ends it before the node is dead), and a
     // pass that waited for it would never end. A held task is charged at a later pass, once
     // free; a concurrent rescuer passes over the rows this one locked, so a task is rescued
-    // once.
-    rescue_params(rescue)
-        .sql("\n        UPDATE async_task t SET ")
-        .sql(RESCUE_CHARGE)
-        .sql(
-            ",
+    // once. A lock the statement must still wait for (a dead task's descendants, cancelled by
+    // the chains' trigger) fails it after `RESCUE_SETTINGS`' lock timeout; the next pass
+    // tries again.
+    super::with_local(conn, super::RESCUE_SETTINGS, |conn| {
+        rescue_params(rescue)
+            .sql("\n        UPDATE async_task t SET ")
+            .sql(RESCUE_CHARGE)
+            .sql(
+                ",
             owner = CASE WHEN t.failures + 1 >= COALESCE(t.max_attempts, p.default_max)
                          THEN t.owner END,
             last_error = 'rescued from node ' || COALESCE(t.owner::text, '(none)') || ': ' ||
@@ -240,11 +243,12 @@ pub(in crate::driver) fn rescue_many(
                                      WHERE n.id = c.owner AND n.state = 'alive'
                                        AND n.heartbeat_at >= now() - (SELECT dead_ms FROM params)
                                                                     * interval '1 millisecond'))
-               FOR UPDATE SKIP LOCKED) lapsed
+               FOR NO KEY UPDATE SKIP LOCKED) lapsed
         WHERE t.id = lapsed.id AND t.state = 'running'
         RETURNING t.id, t.state, t.last_error AS reason, t.keyword, t.biz_id, t.tenant",
-        )
-        .load(conn)
+            )
+            .load(conn)
+    })
 }
 
 /// The failure a rescue charges a task `t` (under `rescue_params`' `p`): the count, dead at
