@@ -313,6 +313,17 @@ impl Error {
         matches!(self, Error::Database { source, .. }
             if crate::db::transaction::is_connection_error(source))
     }
+
+    /// Whether a statement failed because a lock it waited for was not granted within the
+    /// session's lock timeout: PostgreSQL's `lock_timeout` (SQLSTATE 55P03), InnoDB's
+    /// `innodb_lock_wait_timeout` (error 1205). Matched by the messages' openings.
+    pub(crate) fn is_lock_timeout(&self) -> bool {
+        matches!(self, Error::Database {
+            source: diesel::result::Error::DatabaseError(_, info), ..
+        } if ["canceling statement due to lock timeout", "Lock wait timeout exceeded"]
+            .iter()
+            .any(|opening| info.message().starts_with(opening)))
+    }
 }
 
 /// Shortens a message to at most `max` bytes on a character boundary, marking the cut.

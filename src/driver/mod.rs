@@ -298,6 +298,14 @@ pub trait Driver: LeaseDriver + ops::OpsDriver {
         per_backend!(self.task_rescue_many(rescue))
     }
 
+    /// The dying parents among the lapsed tasks, stamped or leased, by id: at their last
+    /// attempt, with children. Cancelling a task's descendants at its death waits for their
+    /// locks, so rescue charges these one at a time, apart from the rest (`rescue.only`).
+    /// None on SQLite, whose rescue waits for no row.
+    fn task_rescue_dying(&mut self, rescue: &RescueParams) -> QueryResult<Vec<i64>> {
+        per_backend!(self.task_rescue_dying(rescue))
+    }
+
     /// Task counts per keyword and state, with the age of the oldest due pending task.
     fn task_count_by_keyword_state(&mut self) -> QueryResult<Vec<KeywordStateCount>> {
         task_sql::task_count_by_keyword_state(self.conn())

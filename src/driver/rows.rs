@@ -147,6 +147,9 @@ pub struct RescueParams {
     pub backoff_max_ms: i64,
     /// The relative jitter of each rescued task's delay (0 to 1).
     pub backoff_jitter: f64,
+    /// `None`: the pass's statements take every lapsed task but the dying parents
+    /// ([`super::Driver::task_rescue_dying`]); `Some(id)`: that task alone, if lapsed.
+    pub only: Option<i64>,
 }
 
 /// A rescued task: its id, its new state (`pending` or `dead`), and why it was rescued

@@ -5,10 +5,17 @@
 //! Every live node rescues, on a thread of its own every heartbeat interval (±10%, so that a
 //! fleet does not rescue in step), and `drain` once at start. The rescue locks the tasks that
 //! meet its conditions, passing over those another transaction holds (a later pass takes
-//! them), and charges what it locked in the same statement: concurrent rescuers never rescue a
-//! task twice, and a node that recovers in the meantime keeps its tasks. Each rescued task waits the retry backoff of its failure count, with the same
-//! jitter as a handler's failure, so that a dead node's tasks do not all come due in the same
-//! instant. A rescued task's late completion by its old owner is fenced out.
+//! them), and charges what it locked in the same transaction: concurrent rescuers never rescue
+//! a task twice, and a node that recovers in the meantime keeps its tasks. Each rescued task
+//! waits the retry backoff of its failure count, with the same jitter as a handler's failure,
+//! so that a dead node's tasks do not all come due in the same instant. A rescued task's late
+//! completion by its old owner is fenced out.
+//!
+//! A task that dies at its last attempt has its descendants cancelled, and those locks wait
+//! (a child's other parent's completion holds the child's row). So the dying parents are
+//! charged after the rest, one at a time, each in a transaction of its own with a short lock
+//! timeout: one whose descendants another transaction holds is left for a later pass, and
+//! holds up nothing else.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -17,7 +24,7 @@ use super::observers::Observers;
 use super::suspects::Suspects;
 use crate::db::transaction::DiscardBroken;
 use crate::db::DbPool;
-use crate::driver::{driver, RescueParams};
+use crate::driver::{driver, RescueParams, RescuedRow};
 use crate::error::{OpContext, Result};
 
 /// What a rescue pass did.
@@ -31,6 +38,9 @@ pub struct RescueReport {
     /// Sessions of the transactions of nodes that are not live, or of chunks past their
     /// deadline, ended (PostgreSQL).
     pub sessions_ended: u64,
+    /// Tasks to die at their last attempt whose descendants another transaction held past
+    /// the lock timeout: left for a later pass.
+    pub deferred: u64,
 }
 
 /// The rescue service of one worker.
@@ -87,16 +97,45 @@ impl Rescuer {
             }
             Err(_) => {}
         }
-        let mut rows = driver(&mut conn)
-            .task_rescue_many(&self.params)
+        // Each statement commits alone: the rows of those that succeeded are reported (hooks,
+        // metrics) whatever the others did, and the pass returns the first failure after.
+        let mut rows = Vec::new();
+        let mut failed = None;
+        for leased in [false, true] {
+            match self.charge(&mut conn, &self.params, leased) {
+                Ok(charged) => rows.extend(charged),
+                Err(e) => failed = failed.or(Some(e)),
+            }
+        }
+        let dying = driver(&mut conn)
+            .task_rescue_dying(&self.params)
             .discard_broken(&mut conn)
-            .op("task rescue")?;
-        rows.extend(
-            driver(&mut conn)
-                .task_rescue_leases(&self.params)
-                .discard_broken(&mut conn)
-                .op("task rescue")?,
-        );
+            .op("task rescue");
+        match dying {
+            Ok(ids) => {
+                for id in ids {
+                    let one = RescueParams {
+                        only: Some(id),
+                        ..self.params
+                    };
+                    let mut charged = Vec::new();
+                    for leased in [false, true] {
+                        match self.charge(&mut conn, &one, leased) {
+                            Ok(more) => charged.extend(more),
+                            Err(e) if e.is_lock_timeout() => {
+                                log::warn!(
+                                    "rescue: task {id} dies at its last attempt, and another                                      transaction holds one of its descendants: left for a                                      later pass ({e})"
+                                );
+                                report.deferred += 1;
+                            }
+                            Err(e) => failed = failed.or(Some(e)),
+                        }
+                    }
+                    rows.extend(charged);
+                }
+            }
+            Err(e) => failed = failed.or(Some(e)),
+        }
         self.observers.rescued(&rows);
         let mut marked = false;
         for row in rows {
@@ -114,6 +153,23 @@ impl Rescuer {
                 .discard_broken(&mut conn)
                 .op("task rescue")?;
         self.suspects.found(suspects);
-        Ok(report)
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(report),
+        }
+    }
+
+    /// One rescue statement of `params`: the stamped tasks', or the leases'.
+    fn charge(
+        &self,
+        conn: &mut crate::db::PooledConnection,
+        params: &RescueParams,
+        leased: bool,
+    ) -> Result<Vec<RescuedRow>> {
+        let charged = match leased {
+            false => driver(conn).task_rescue_many(params),
+            true => driver(conn).task_rescue_leases(params),
+        };
+        charged.discard_broken(conn).op("task rescue")
     }
 }

@@ -86,6 +86,7 @@ impl Services {
                     backoff_base_ms: millis(settings.backoff.base),
                     backoff_max_ms: millis(settings.backoff.max),
                     backoff_jitter: settings.backoff.jitter,
+                    only: None,
                 },
                 observers.clone(),
                 Arc::clone(&suspects),

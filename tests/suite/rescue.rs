@@ -615,41 +615,60 @@ fn rescue_while_held(
 }
 
 server_backends! {
-    /// A rescue pass that charges a task dead at its last attempt must cancel its descendants,
-    /// and those locks wait: when another transaction holds a descendant's row (a completion of
-    /// its other parent frozen before its commit), the pass fails after rescue's short lock
-    /// timeout, all of it rolled back, instead of waiting for as long as that transaction
-    /// lives (PostgreSQL: no lock timeout; MySQL: 50 s). The pass after the holder lets go
-    /// charges the task dead and cancels the child.
-    fn a_rescue_pass_that_must_cancel_a_held_descendant_fails_soon_and_the_next_one_cancels_it(db: &TestDb) {
-        let parent = enqueue(&mut db.conn(), &NewTask::new("ledger", "parent").max_attempts(1))
-            .unwrap()
-            .id;
-        let child = enqueue(&mut db.conn(), &NewTask::new("ledger", "child").after(parent))
-            .unwrap()
-            .id;
-        assert_eq!(db.task(child).state, "blocked");
+    /// A task that rescue charges dead at its last attempt has its descendants cancelled,
+    /// with locks that wait. When another transaction holds a descendant's row (a completion
+    /// of the child's other parent frozen before its commit, an operator), that parent alone
+    /// is left for a later pass, after rescue's short lock timeout: the pass charges the rest,
+    /// stamped and leased, instead of waiting for as long as the holder lives (PostgreSQL: no
+    /// lock timeout; MySQL: 50 s) or failing whole. The pass after the holder lets go charges
+    /// the parents dead and cancels their children.
+    fn a_task_dying_with_a_held_descendant_is_left_for_a_later_pass_and_holds_up_nothing(db: &TestDb) {
+        let new_task = |task: NewTask| enqueue(&mut db.conn(), &task).unwrap().id;
+        let parents = [
+            new_task(NewTask::new("ledger", "stamped parent").max_attempts(1)),
+            new_task(NewTask::new("ledger", "other").max_attempts(5)),
+        ];
+        let children = [new_task(NewTask::new("ledger", "stamped child").after(parents[0]))];
         let late = quiet_worker(db);
-        assert_eq!(late.claim().unwrap().len(), 1, "the parent alone is due");
+        assert_eq!(late.claim().unwrap().len(), 2, "the parent and the other");
         pass_deadlines(db);
-        let by_key = match db.backend() {
-            outbox::Backend::Mysql => "FORCE INDEX (PRIMARY)",
-            _ => "",
+        // A leased parent at its last attempt too, its lease past its deadline.
+        let leased = new_task(NewTask::new("ledger", "leased parent").max_attempts(1));
+        let leased_child = new_task(NewTask::new("ledger", "leased child").after(leased));
+        let (lapsed, by_key) = match db.backend() {
+            outbox::Backend::Mysql => ("UTC_TIMESTAMP(3) - INTERVAL 1 SECOND", "FORCE INDEX (PRIMARY)"),
+            _ => ("now() - interval '1 second'", ""),
         };
-        let hold = format!("SELECT id FROM async_task {by_key} WHERE id = {child} FOR UPDATE");
+        db.exec(&format!(
+            "INSERT INTO async_lease (task_id, node_id, token, chunk, deadline_at)
+             SELECT id, {}, claim_token, 1, {lapsed} FROM async_task WHERE id = {leased}",
+            late.node_id()
+        ));
+        let hold = format!(
+            "SELECT id FROM async_task {by_key} WHERE id IN ({}, {leased_child}) FOR UPDATE",
+            children[0]
+        );
         let rescuer = quiet_worker(db);
-        let error = rescue_while_held(db, &rescuer, &[hold])
-            .expect_err("the pass cannot cancel the held child")
-            .to_string()
-            .to_lowercase();
-        assert!(error.contains("lock") && error.contains("timeout"), "{error}");
-        assert_eq!(db.task(parent).state, "running", "the failed pass wrote nothing");
-        assert_eq!(db.task(child).state, "blocked");
+        let report = rescue_while_held(db, &rescuer, &[hold]).unwrap();
+        assert_eq!(
+            (report.pending, report.dead, report.deferred),
+            (1, 0, 2),
+            "the other charged, the two parents left: {report:?}"
+        );
+        assert_eq!(db.task(parents[1]).failures, 1);
+        for id in [parents[0], leased] {
+            assert_eq!(db.task(id).failures, 0, "task {id}: left as it was");
+        }
+        assert_eq!(db.count("SELECT count(*) FROM async_lease"), 1, "its lease too");
 
         let report = rescuer.rescue_once().unwrap();
-        assert_eq!(report.dead, 1, "{report:?}");
-        assert_eq!(db.task(parent).state, "dead");
-        assert_eq!(db.task(child).state, "cancelled");
+        assert_eq!((report.dead, report.deferred), (2, 0), "{report:?}");
+        for id in [parents[0], leased] {
+            assert_eq!(db.task(id).state, "dead", "task {id}");
+        }
+        for id in [children[0], leased_child] {
+            assert_eq!(db.task(id).state, "cancelled", "task {id}");
+        }
     }
 }
 

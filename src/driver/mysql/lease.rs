@@ -304,7 +304,20 @@ impl LeaseDriver for MysqlConnection {
         // repeated. A pair another transaction holds is passed over (`OnLocked::Skip`): a
         // completion under way deletes its leases; one frozen midway holds them as long as
         // its session, and waiting for it held up the rescue of every other lease.
-        let lapsed = |s| task::lapsed(s, ("l.deadline_at", "l.node_id"), rescue.dead_after_ms);
+        let lapsed = |s| {
+            let s = task::lapsed(s, ("l.deadline_at", "l.node_id"), rescue.dead_after_ms);
+            match rescue.only {
+                Some(only) => s.sql(" AND l.task_id = ").bind::<BigInt, _>(only),
+                None => task::dying(
+                    s.sql(
+                        " AND NOT EXISTS (SELECT 1 FROM async_task d WHERE d.id = l.task_id AND ",
+                    ),
+                    "d",
+                    rescue,
+                )
+                .sql(")"),
+            }
+        };
         super::rescue_waiting_briefly(self, |conn| {
             conn.transaction(|conn| {
                 let found: Vec<Lapsed> =

@@ -33,7 +33,8 @@ pub(super) use enqueue::{
 pub(super) use maintenance::prune_tasks as task_prune_batch;
 pub(super) use operate::retry as task_retry;
 pub(super) use task::{
-    complete as task_complete, complete_many as task_complete_many, rescue_many as task_rescue_many,
+    complete as task_complete, complete_many as task_complete_many,
+    rescue_dying as task_rescue_dying, rescue_many as task_rescue_many,
 };
 
 use diesel::connection::{AnsiTransactionManager, SimpleConnection, TransactionManager};

@@ -208,6 +208,55 @@ pub(super) fn lapsed(
         .sql(" * 1000 MICROSECOND))")
 }
 
+/// Appends that the task `task` (a table or alias) is a dying parent: at its last attempt,
+/// with children, whose cancelling at its death (`chain::cancel_descendants`) waits for
+/// locks. By its links, not `has_children`: a producer's `parent_id` shorthand cannot set that
+/// flag on MySQL while the parent runs.
+pub(super) fn dying(
+    statement: Statement<Mysql>,
+    task: &'static str,
+    rescue: &RescueParams,
+) -> Statement<Mysql> {
+    statement
+        .sql(task)
+        .sql(".failures + 1 >= COALESCE(")
+        .sql(task)
+        .sql(".max_attempts, ")
+        .bind::<Integer, _>(rescue.default_max_attempts)
+        .sql(") AND EXISTS (SELECT 1 FROM async_task_parent k WHERE k.parent_id = ")
+        .sql(task)
+        .sql(".id)")
+}
+
+/// See [`crate::driver::Driver::task_rescue_dying`]: stamped, then leased, read without locks.
+pub(in crate::driver) fn rescue_dying(
+    conn: &mut MysqlConnection,
+    rescue: &RescueParams,
+) -> QueryResult<Vec<i64>> {
+    let statement = Statement::<Mysql>::new(
+        "SELECT id FROM async_task FORCE INDEX (async_task_deadline_idx)
+          WHERE state = 'running' AND ",
+    );
+    let statement = lapsed(
+        statement,
+        ("deadline_at", "async_task.owner"),
+        rescue.dead_after_ms,
+    );
+    let statement = dying(statement.sql(" AND "), "async_task", rescue).sql(
+        " UNION SELECT l.task_id AS id FROM async_lease l JOIN async_task d ON d.id = l.task_id
+          WHERE ",
+    );
+    let statement = lapsed(
+        statement,
+        ("l.deadline_at", "l.node_id"),
+        rescue.dead_after_ms,
+    );
+    let ids: Vec<Id> = dying(statement.sql(" AND "), "d", rescue)
+        .sql(" ORDER BY id")
+        .load(conn)?;
+    Ok(ids.into_iter().map(|i| i.id).collect())
+}
+
 /// Appends when a rescued task runs again: now, plus its backoff after `failures` failures
 /// (doubling from `rescue.backoff_base_ms` up to its max, with its jitter). Read before
 /// `failures` changes.
@@ -238,11 +287,15 @@ pub(in crate::driver) fn rescue_many(
     rescue: &RescueParams,
 ) -> QueryResult<Vec<RescuedRow>> {
     let lapsed = |s: Statement<Mysql>| {
-        lapsed(
+        let s = lapsed(
             s.sql("state = 'running' AND "),
             ("deadline_at", "async_task.owner"),
             rescue.dead_after_ms,
-        )
+        );
+        match rescue.only {
+            Some(only) => s.sql(" AND id = ").bind::<BigInt, _>(only),
+            None => dying(s.sql(" AND NOT ("), "async_task", rescue).sql(")"),
+        }
     };
     super::rescue_waiting_briefly(conn, |conn| {
         conn.transaction(|conn| {

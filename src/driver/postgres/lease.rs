@@ -14,7 +14,7 @@ use diesel::pg::{Pg, PgConnection};
 use diesel::sql_types::{Array, BigInt, Integer, Text};
 use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 
-use super::task::{picked, plan_lines, stamp_picked, PickedRow, RESCUE_CHARGE};
+use super::task::{picked, plan_lines, rescue_scope, stamp_picked, PickedRow, RESCUE_CHARGE};
 use crate::driver::{
     rescue_params, ChunkRuns, ClaimRow, Claiming, Due, LeaseCharge, LeaseDriver, Passes, Pick,
     Picked, RescueParams, RescuedRow, TxMark,
@@ -271,11 +271,15 @@ impl LeaseDriver for PgConnection {
             .sql(
                 ", lapsed AS (
                     SELECT l.task_id, l.deadline_at < now() AS late FROM async_lease l
-                     WHERE l.deadline_at < now()
+                     WHERE (l.deadline_at < now()
                         OR NOT EXISTS (SELECT 1 FROM async_node n
                                         WHERE n.id = l.node_id AND n.state = 'alive'
                                           AND n.heartbeat_at >= now() - (SELECT dead_ms FROM params)
-                                                                       * interval '1 millisecond')
+                                                                       * interval '1 millisecond'))",
+            )
+            .with(|s| rescue_scope(s, rescue, "l.task_id"))
+            .sql(
+                "
                        FOR UPDATE SKIP LOCKED
                 ), free AS (
                     SELECT t.id FROM async_task t WHERE t.id IN (SELECT task_id FROM lapsed)

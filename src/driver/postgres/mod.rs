@@ -17,7 +17,8 @@ pub(super) use task::{
     claim_suspect as task_claim_suspect, complete as task_complete,
     complete_many as task_complete_many, find_many as task_find_many,
     insert_many as task_insert_many, link_parents as task_link_parents,
-    rescue_many as task_rescue_many, suspects_exist as task_suspects_exist,
+    rescue_dying as task_rescue_dying, rescue_many as task_rescue_many,
+    suspects_exist as task_suspects_exist,
 };
 pub(super) use tenant::claim_limited as task_claim_limited;
 

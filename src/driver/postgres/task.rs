@@ -242,13 +242,90 @@ pub(in crate::driver) fn rescue_many(
                       OR NOT EXISTS (SELECT 1 FROM async_node n
                                      WHERE n.id = c.owner AND n.state = 'alive'
                                        AND n.heartbeat_at >= now() - (SELECT dead_ms FROM params)
-                                                                    * interval '1 millisecond'))
+                                                                    * interval '1 millisecond'))",
+            )
+            .with(|s| rescue_scope(s, rescue, "c.id"))
+            .sql(
+                "
                FOR NO KEY UPDATE SKIP LOCKED) lapsed
         WHERE t.id = lapsed.id AND t.state = 'running'
         RETURNING t.id, t.state, t.last_error AS reason, t.keyword, t.biz_id, t.tenant",
             )
             .load(conn)
     })
+}
+
+/// Appends that the task of alias `task` is a dying parent: at its last attempt, with
+/// children, whose cancelling at its death (the chains' trigger) waits for locks. After
+/// `rescue_params`.
+fn dying(statement: Statement<Pg>, task: &'static str) -> Statement<Pg> {
+    statement
+        .sql(task)
+        .sql(".has_children AND ")
+        .sql(task)
+        .sql(".failures + 1 >= COALESCE(")
+        .sql(task)
+        .sql(".max_attempts, (SELECT default_max FROM params))")
+}
+
+/// Appends which lapsed tasks a rescue statement takes, `id` naming their id: `rescue.only`
+/// alone, or every one but the dying parents, which rescue charges one at a time
+/// ([`rescue_dying`]).
+pub(super) fn rescue_scope(
+    statement: Statement<Pg>,
+    rescue: &RescueParams,
+    id: &'static str,
+) -> Statement<Pg> {
+    match rescue.only {
+        Some(only) => statement
+            .sql(" AND ")
+            .sql(id)
+            .sql(" = ")
+            .bind::<BigInt, _>(only),
+        None => dying(
+            statement
+                .sql(" AND NOT EXISTS (SELECT 1 FROM async_task d WHERE d.id = ")
+                .sql(id)
+                .sql(" AND "),
+            "d",
+        )
+        .sql(")"),
+    }
+}
+
+/// See [`crate::driver::Driver::task_rescue_dying`]: stamped, then leased.
+pub(in crate::driver) fn rescue_dying(
+    conn: &mut PgConnection,
+    rescue: &RescueParams,
+) -> QueryResult<Vec<i64>> {
+    #[derive(QueryableByName)]
+    struct Id {
+        #[diesel(sql_type = BigInt)]
+        id: i64,
+    }
+    let lapsed = |s: Statement<Pg>, deadline: &'static str, node: &'static str| {
+        s.sql(" AND (")
+            .sql(deadline)
+            .sql(" < now() OR NOT EXISTS (SELECT 1 FROM async_node n WHERE n.id = ")
+            .sql(node)
+            .sql(
+                " AND n.state = 'alive'
+                   AND n.heartbeat_at >= now() - (SELECT dead_ms FROM params)
+                                                 * interval '1 millisecond')) AND ",
+            )
+    };
+    let statement = rescue_params(rescue).sql(
+        "
+        SELECT t.id FROM async_task t WHERE t.state = 'running'",
+    );
+    let statement = dying(lapsed(statement, "t.deadline_at", "t.owner"), "t").sql(
+        "
+        UNION SELECT t.id FROM async_lease l JOIN async_task t ON t.id = l.task_id WHERE TRUE",
+    );
+    let ids: Vec<Id> = dying(lapsed(statement, "l.deadline_at", "l.node_id"), "t")
+        .sql(" ORDER BY id")
+        .load(conn)?;
+    Ok(ids.into_iter().map(|i| i.id).collect())
 }
 
 /// The failure a rescue charges a task `t` (under `rescue_params`' `p`): the count, dead at

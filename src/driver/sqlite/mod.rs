@@ -27,8 +27,8 @@ pub(super) use ops::retry as task_retry;
 pub(super) use task::{
     claim_limited as task_claim_limited, claim_page as task_claim_page,
     claim_plan as task_claim_plan, claim_suspect as task_claim_suspect, complete as task_complete,
-    complete_many as task_complete_many, rescue_many as task_rescue_many,
-    suspects_exist as task_suspects_exist,
+    complete_many as task_complete_many, rescue_dying as task_rescue_dying,
+    rescue_many as task_rescue_many, suspects_exist as task_suspects_exist,
 };
 
 use std::time::{Duration, Instant};

@@ -165,9 +165,22 @@ fn rescue_statement(rescue: &RescueParams) -> Statement<Sqlite> {
                 " OR NOT EXISTS (SELECT 1 FROM async_node n
                                   WHERE n.id = async_task.owner AND n.state = 'alive'
                                     AND n.heartbeat_at >= datetime('now', 'subsec',
-                                        printf('-%.3f seconds', (SELECT dead_ms FROM params) / 1000.0))))
-                RETURNING id, state, last_error AS reason, keyword, biz_id, tenant"
+                                        printf('-%.3f seconds', (SELECT dead_ms FROM params) / 1000.0))))"
             ))
+    .with(|s| match rescue.only {
+        Some(only) => s.sql(" AND id = ").bind::<BigInt, _>(only),
+        None => s,
+    })
+    .sql(" RETURNING id, state, last_error AS reason, keyword, biz_id, tenant")
+}
+
+/// See [`crate::driver::Driver::task_rescue_dying`]: none. Rescue runs under SQLite's one
+/// write lock and waits for no row, so it charges every lapsed task in one statement.
+pub(in crate::driver) fn rescue_dying(
+    _conn: &mut SqliteConnection,
+    _rescue: &RescueParams,
+) -> QueryResult<Vec<i64>> {
+    Ok(Vec::new())
 }
 
 /// The claim of tasks without a tenant due for `due`, after `prefix` (empty, or `EXPLAIN
