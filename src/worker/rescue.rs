@@ -43,6 +43,10 @@ pub struct RescueReport {
     pub deferred: u64,
 }
 
+/// The most dying parents a pass leaves for later, each after a lock timeout (2 s), before it
+/// leaves the rest untried: a pass that meets many held descendants stays short.
+const MAX_DEFERRED: u64 = 3;
+
 /// The rescue service of one worker.
 pub(crate) struct Rescuer {
     pool: DbPool,
@@ -76,8 +80,8 @@ impl Rescuer {
     /// failure (a node's death counted in `suspect`), and notes whether suspects wait to be
     /// claimed alone.
     pub(crate) fn run_once(&self) -> Result<RescueReport> {
-        let mut conn = self.pool.get().op("task rescue")?;
         let mut report = RescueReport::default();
+        let mut conn = self.pool.get().op("task rescue")?;
         match driver(&mut conn)
             .session_end_stale(self.params.dead_after_ms)
             .discard_broken(&mut conn)
@@ -97,41 +101,52 @@ impl Rescuer {
             }
             Err(_) => {}
         }
-        // Each statement commits alone: the rows of those that succeeded are reported (hooks,
-        // metrics) whatever the others did, and the pass returns the first failure after.
+        drop(conn);
+        // Each statement commits alone, on a connection of its own from the pool (which
+        // discards one whose statement failed: on MySQL a statement whose rows ended in an
+        // error can leave its cached statement waiting for ever at its next run, see
+        // `db/reply.rs`). The rows of those that succeeded are reported (hooks, metrics)
+        // whatever the others did, and the pass returns the first failure after.
         let mut rows = Vec::new();
         let mut failed = None;
         for leased in [false, true] {
-            match self.charge(&mut conn, &self.params, leased) {
+            match self.charge(&self.params, leased) {
                 Ok(charged) => rows.extend(charged),
                 Err(e) => failed = failed.or(Some(e)),
             }
         }
-        let dying = driver(&mut conn)
-            .task_rescue_dying(&self.params)
-            .discard_broken(&mut conn)
-            .op("task rescue");
-        match dying {
-            Ok(ids) => {
-                for id in ids {
+        match self.dying() {
+            Ok(mut ids) => {
+                // In no fixed order: the parents a held descendant defers at every pass do
+                // not keep the others behind them for good.
+                fastrand::shuffle(&mut ids);
+                for (n, &id) in ids.iter().enumerate() {
+                    if report.deferred >= MAX_DEFERRED {
+                        log::warn!(
+                            "rescue: {} more task(s) dying at their last attempt left for a \
+                             later pass",
+                            ids.len() - n
+                        );
+                        break;
+                    }
                     let one = RescueParams {
                         only: Some(id),
                         ..self.params
                     };
-                    let mut charged = Vec::new();
                     for leased in [false, true] {
-                        match self.charge(&mut conn, &one, leased) {
-                            Ok(more) => charged.extend(more),
+                        match self.charge(&one, leased) {
+                            Ok(charged) => rows.extend(charged),
                             Err(e) if e.is_lock_timeout() => {
                                 log::warn!(
-                                    "rescue: task {id} dies at its last attempt, and another                                      transaction holds one of its descendants: left for a                                      later pass ({e})"
+                                    "rescue: task {id} dies at its last attempt, and a lock \
+                                     its charge needs (one of its descendants') is held by \
+                                     another transaction: left for a later pass ({e})"
                                 );
                                 report.deferred += 1;
                             }
                             Err(e) => failed = failed.or(Some(e)),
                         }
                     }
-                    rows.extend(charged);
                 }
             }
             Err(e) => failed = failed.or(Some(e)),
@@ -147,29 +162,36 @@ impl Rescuer {
                 marked |= row.reason.ends_with("the node stopped heartbeating");
             }
         }
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        let mut conn = self.pool.get().op("task rescue")?;
         let suspects = marked
             || driver(&mut conn)
                 .task_suspects_exist()
                 .discard_broken(&mut conn)
                 .op("task rescue")?;
         self.suspects.found(suspects);
-        match failed {
-            Some(e) => Err(e),
-            None => Ok(report),
-        }
+        Ok(report)
     }
 
-    /// One rescue statement of `params`: the stamped tasks', or the leases'.
-    fn charge(
-        &self,
-        conn: &mut crate::db::PooledConnection,
-        params: &RescueParams,
-        leased: bool,
-    ) -> Result<Vec<RescuedRow>> {
+    /// One rescue statement of `params`, the stamped tasks' or the leases', on a pooled
+    /// connection of its own.
+    fn charge(&self, params: &RescueParams, leased: bool) -> Result<Vec<RescuedRow>> {
+        let mut conn = self.pool.get().op("task rescue")?;
         let charged = match leased {
-            false => driver(conn).task_rescue_many(params),
-            true => driver(conn).task_rescue_leases(params),
+            false => driver(&mut conn).task_rescue_many(params),
+            true => driver(&mut conn).task_rescue_leases(params),
         };
-        charged.discard_broken(conn).op("task rescue")
+        charged.discard_broken(&mut conn).op("task rescue")
+    }
+
+    /// The dying parents among the lapsed tasks, on a pooled connection of its own.
+    fn dying(&self) -> Result<Vec<i64>> {
+        let mut conn = self.pool.get().op("task rescue")?;
+        driver(&mut conn)
+            .task_rescue_dying(&self.params)
+            .discard_broken(&mut conn)
+            .op("task rescue")
     }
 }

@@ -628,13 +628,19 @@ server_backends! {
             new_task(NewTask::new("ledger", "stamped parent").max_attempts(1)),
             new_task(NewTask::new("ledger", "other").max_attempts(5)),
         ];
-        let children = [new_task(NewTask::new("ledger", "stamped child").after(parents[0]))];
+        // Two children each: the cascade's locking read of several rows is what, on MySQL,
+        // can leave a cached statement broken when it times out.
+        let children = [
+            new_task(NewTask::new("ledger", "stamped child").after(parents[0])),
+            new_task(NewTask::new("ledger", "stamped child 2").after(parents[0])),
+        ];
         let late = quiet_worker(db);
         assert_eq!(late.claim().unwrap().len(), 2, "the parent and the other");
         pass_deadlines(db);
         // A leased parent at its last attempt too, its lease past its deadline.
         let leased = new_task(NewTask::new("ledger", "leased parent").max_attempts(1));
         let leased_child = new_task(NewTask::new("ledger", "leased child").after(leased));
+        let leased_child_2 = new_task(NewTask::new("ledger", "leased child 2").after(leased));
         let (lapsed, by_key) = match db.backend() {
             outbox::Backend::Mysql => ("UTC_TIMESTAMP(3) - INTERVAL 1 SECOND", "FORCE INDEX (PRIMARY)"),
             _ => ("now() - interval '1 second'", ""),
@@ -666,7 +672,7 @@ server_backends! {
         for id in [parents[0], leased] {
             assert_eq!(db.task(id).state, "dead", "task {id}");
         }
-        for id in [children[0], leased_child] {
+        for id in [children[0], children[1], leased_child, leased_child_2] {
             assert_eq!(db.task(id).state, "cancelled", "task {id}");
         }
     }

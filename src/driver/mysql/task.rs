@@ -251,9 +251,11 @@ pub(in crate::driver) fn rescue_dying(
         ("l.deadline_at", "l.node_id"),
         rescue.dead_after_ms,
     );
-    let ids: Vec<Id> = dying(statement.sql(" AND "), "d", rescue)
-        .sql(" ORDER BY id")
-        .load(conn)?;
+    let ids: Vec<Id> = super::rescue_waiting_briefly(conn, |conn| {
+        dying(statement.sql(" AND "), "d", rescue)
+            .sql(" ORDER BY id")
+            .load(conn)
+    })?;
     Ok(ids.into_iter().map(|i| i.id).collect())
 }
 
@@ -304,11 +306,12 @@ pub(in crate::driver) fn rescue_many(
             // completions), a row held by another transaction passed over (`OnLocked::Skip`: a
             // completion under way, a rescuer, or a chunk frozen midway). The test's read of
             // `async_node` locks nothing (READ COMMITTED), so heartbeats never wait on it.
-            let found: Vec<Id> = Statement::<Mysql>::new(
-                "SELECT id FROM async_task FORCE INDEX (async_task_deadline_idx) WHERE ",
-            )
-            .with(lapsed)
-            .load(conn)?;
+            // One task alone (a dying parent) by its key, the rest through the deadline index.
+            let index = match rescue.only {
+                Some(_) => "SELECT id FROM async_task FORCE INDEX (PRIMARY) WHERE ",
+                None => "SELECT id FROM async_task FORCE INDEX (async_task_deadline_idx) WHERE ",
+            };
+            let found: Vec<Id> = Statement::<Mysql>::new(index).with(lapsed).load(conn)?;
             if found.is_empty() {
                 return Ok(Vec::new());
             }

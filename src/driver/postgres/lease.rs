@@ -277,12 +277,19 @@ impl LeaseDriver for PgConnection {
                                           AND n.heartbeat_at >= now() - (SELECT dead_ms FROM params)
                                                                        * interval '1 millisecond'))",
             )
-            .with(|s| rescue_scope(s, rescue, "l.task_id"))
+            .with(|s| match rescue.only {
+                Some(only) => s.sql(" AND l.task_id = ").bind::<BigInt, _>(only),
+                None => s,
+            })
             .sql(
                 "
                        FOR UPDATE SKIP LOCKED
                 ), free AS (
-                    SELECT t.id FROM async_task t WHERE t.id IN (SELECT task_id FROM lapsed)
+                    SELECT t.id FROM async_task t WHERE t.id IN (SELECT task_id FROM lapsed)",
+            )
+            .with(|s| rescue_scope(s, rescue, "t"))
+            .sql(
+                "
                        FOR NO KEY UPDATE SKIP LOCKED
                 ), gone AS (
                     DELETE FROM async_lease l USING lapsed x

@@ -244,7 +244,7 @@ pub(in crate::driver) fn rescue_many(
                                        AND n.heartbeat_at >= now() - (SELECT dead_ms FROM params)
                                                                     * interval '1 millisecond'))",
             )
-            .with(|s| rescue_scope(s, rescue, "c.id"))
+            .with(|s| rescue_scope(s, rescue, "c"))
             .sql(
                 "
                FOR NO KEY UPDATE SKIP LOCKED) lapsed
@@ -268,28 +268,21 @@ fn dying(statement: Statement<Pg>, task: &'static str) -> Statement<Pg> {
         .sql(".max_attempts, (SELECT default_max FROM params))")
 }
 
-/// Appends which lapsed tasks a rescue statement takes, `id` naming their id: `rescue.only`
-/// alone, or every one but the dying parents, which rescue charges one at a time
-/// ([`rescue_dying`]).
+/// Appends which lapsed tasks a rescue statement takes, `task` the alias of their row:
+/// `rescue.only` alone, or every one but the dying parents, which rescue charges one at a
+/// time ([`rescue_dying`]).
 pub(super) fn rescue_scope(
     statement: Statement<Pg>,
     rescue: &RescueParams,
-    id: &'static str,
+    task: &'static str,
 ) -> Statement<Pg> {
     match rescue.only {
         Some(only) => statement
             .sql(" AND ")
-            .sql(id)
-            .sql(" = ")
+            .sql(task)
+            .sql(".id = ")
             .bind::<BigInt, _>(only),
-        None => dying(
-            statement
-                .sql(" AND NOT EXISTS (SELECT 1 FROM async_task d WHERE d.id = ")
-                .sql(id)
-                .sql(" AND "),
-            "d",
-        )
-        .sql(")"),
+        None => dying(statement.sql(" AND NOT ("), task).sql(")"),
     }
 }
 
@@ -322,9 +315,11 @@ pub(in crate::driver) fn rescue_dying(
         "
         UNION SELECT t.id FROM async_lease l JOIN async_task t ON t.id = l.task_id WHERE TRUE",
     );
-    let ids: Vec<Id> = dying(lapsed(statement, "l.deadline_at", "l.node_id"), "t")
-        .sql(" ORDER BY id")
-        .load(conn)?;
+    let ids: Vec<Id> = super::with_local(conn, super::RESCUE_SETTINGS, |conn| {
+        dying(lapsed(statement, "l.deadline_at", "l.node_id"), "t")
+            .sql(" ORDER BY id")
+            .load(conn)
+    })?;
     Ok(ids.into_iter().map(|i| i.id).collect())
 }
 
