@@ -25,7 +25,7 @@ use super::suspects::Suspects;
 use crate::db::transaction::DiscardBroken;
 use crate::db::DbPool;
 use crate::driver::{driver, RescueParams, RescuedRow};
-use crate::error::{OpContext, Result};
+use crate::error::{Error, OpContext, Result};
 
 /// What a rescue pass did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -46,6 +46,25 @@ pub struct RescueReport {
 /// The most dying parents a pass leaves for later, each after a lock timeout (2 s), before it
 /// leaves the rest untried: a pass that meets many held descendants stays short.
 const MAX_DEFERRED: u64 = 3;
+
+/// The failures of a pass's statements: the first, which the pass returns at its end, and
+/// whether one said that the database cannot be reached (no connection from the pool, or the
+/// connection lost), which ends the pass's statements there: each of the others would first
+/// wait out a checkout of its own.
+#[derive(Default)]
+struct Failures {
+    first: Option<Error>,
+    unreachable: bool,
+}
+
+impl Failures {
+    /// Records `e`; whether the pass stops its statements.
+    fn add(&mut self, e: Error) -> bool {
+        self.unreachable |= matches!(e, Error::Pool { .. }) || e.is_connection_lost();
+        self.first.get_or_insert(e);
+        self.unreachable
+    }
+}
 
 /// The rescue service of one worker.
 pub(crate) struct Rescuer {
@@ -106,21 +125,30 @@ impl Rescuer {
         // discards one whose statement failed: on MySQL a statement whose rows ended in an
         // error can leave its cached statement waiting for ever at its next run, see
         // `db/reply.rs`). The rows of those that succeeded are reported (hooks, metrics)
-        // whatever the others did, and the pass returns the first failure after.
+        // whatever the others did, and the pass returns the first failure after (see
+        // `Failures`).
         let mut rows = Vec::new();
-        let mut failed = None;
+        let mut failures = Failures::default();
         for leased in [false, true] {
             match self.charge(&self.params, leased) {
                 Ok(charged) => rows.extend(charged),
-                Err(e) => failed = failed.or(Some(e)),
+                Err(e) => {
+                    if failures.add(e) {
+                        break;
+                    }
+                }
             }
         }
-        match self.dying() {
+        let dying = match failures.unreachable {
+            true => Ok(Vec::new()),
+            false => self.dying(),
+        };
+        match dying {
             Ok(mut ids) => {
                 // In no fixed order: the parents a held descendant defers at every pass do
                 // not keep the others behind them for good.
                 fastrand::shuffle(&mut ids);
-                for (n, &id) in ids.iter().enumerate() {
+                'parents: for (n, &id) in ids.iter().enumerate() {
                     if report.deferred >= MAX_DEFERRED {
                         log::warn!(
                             "rescue: {} more task(s) dying at their last attempt left for a \
@@ -144,12 +172,18 @@ impl Rescuer {
                                 );
                                 report.deferred += 1;
                             }
-                            Err(e) => failed = failed.or(Some(e)),
+                            Err(e) => {
+                                if failures.add(e) {
+                                    break 'parents;
+                                }
+                            }
                         }
                     }
                 }
             }
-            Err(e) => failed = failed.or(Some(e)),
+            Err(e) => {
+                failures.add(e);
+            }
         }
         self.observers.rescued(&rows);
         let mut marked = false;
@@ -162,7 +196,7 @@ impl Rescuer {
                 marked |= row.reason.ends_with("the node stopped heartbeating");
             }
         }
-        if let Some(e) = failed {
+        if let Some(e) = failures.first {
             return Err(e);
         }
         let mut conn = self.pool.get().op("task rescue")?;
