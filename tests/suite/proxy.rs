@@ -1,8 +1,9 @@
 //! TCP proxies in front of the test servers. [`CommitReplyLoser`] (PostgreSQL) can lose a
 //! commit's reply: once a connection is armed (it sends [`CommitReplyLoser::ARM`]), it
 //! forwards the next `COMMIT` that connection sends (a simple-query message) and closes it
-//! both ways when the reply comes, so the server commits and the client never hears so. [`ReplySwallower`]
-//! (PostgreSQL, MySQL) keeps a connection open and drops the server's replies on it.
+//! both ways when the reply comes, so the server commits and the client never hears so.
+//! [`ReplySwallower`] (PostgreSQL, MySQL) keeps a connection open and drops the server's
+//! replies on it.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};

@@ -138,8 +138,9 @@ impl Driver for MysqlConnection {
 /// session, then back to the server's. Its locks of tasks and leases pass over rows another
 /// transaction holds (`SKIP LOCKED`), but a dead task's descendants are cancelled with locks
 /// that wait (`chain::cancel_descendants`), and a completion frozen while it holds one would
-/// hold the pass for the server's timeout (50 s by default) before failing it. Past 2 s it fails
-/// at once, and the next pass (a heartbeat later) tries again.
+/// hold the pass for the server's timeout (50 s by default). Past 2 s the statement fails:
+/// rescue charges a dying parent in a statement of its own, and leaves one that fails so for a
+/// later pass (`worker/rescue.rs`).
 pub(super) fn rescue_waiting_briefly<T>(
     conn: &mut MysqlConnection,
     f: impl FnOnce(&mut MysqlConnection) -> QueryResult<T>,

@@ -264,8 +264,9 @@ impl LeaseDriver for PgConnection {
         // holds (`SKIP LOCKED`: a completion in flight, an operator's open transaction; a
         // frozen chunk's session was ended just before): a held one is charged at a later
         // pass, and a pass never waits. A concurrent rescuer passes over what this one
-        // locked: a task is charged once. A lock it must still wait for (a dead task's
-        // descendants) fails it after `RESCUE_SETTINGS`' lock timeout.
+        // locked: a task is charged once. A lock it must still wait for (a dying parent's
+        // descendants, when `rescue.only` names it) fails it after `RESCUE_SETTINGS`' lock
+        // timeout.
         super::with_local(self, super::RESCUE_SETTINGS, |conn| {
             rescue_params(rescue)
             .sql(
@@ -324,13 +325,13 @@ impl LeaseDriver for PgConnection {
             n: i64,
         }
         // Reading pg_locks takes the lock manager's partition locks for a moment: once a pass.
-        // Each ended session is waited for, up to 1 s (the timeout argument, PostgreSQL 14 and
-        // later), so that the rescue statements after this find its locks gone, rather than
-        // passing over its rows (`SKIP LOCKED`) until the next pass.
+        // `pg_terminate_backend` returns before the ended session has let its locks go: a row
+        // it still holds when the rescue statements after this reach it is passed over (`SKIP
+        // LOCKED`) and charged at the next pass.
         let ended: Ended = Statement::<Pg>::new(MARKS)
             .sql(
                 "
-            SELECT count(*) FILTER (WHERE CASE WHEN m.may_end THEN pg_terminate_backend(m.pid, 1000) END) AS n
+            SELECT count(*) FILTER (WHERE CASE WHEN m.may_end THEN pg_terminate_backend(m.pid) END) AS n
               FROM (SELECT DISTINCT pid, node, run, may_end FROM marks) m
              WHERE NOT EXISTS (SELECT 1 FROM async_node a
                                 WHERE a.id & 2147483647 = m.node AND a.state = 'alive'

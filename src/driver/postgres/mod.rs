@@ -73,8 +73,8 @@ pub(super) fn without_jit<T>(
 /// trigger cancels a dead task's descendants with locks that wait, and a frozen transaction
 /// holding one of them would hold the pass, and every later one, for as long as its session
 /// lived (PostgreSQL has no lock timeout by default). Past 2 s the statement fails, rolled
-/// back whole, and the next pass (a heartbeat later) tries again, after ending the sessions of
-/// the nodes that died meanwhile.
+/// back whole: rescue charges a dying parent in a statement of its own, and leaves one that
+/// fails so for a later pass (`worker/rescue.rs`).
 pub(super) const RESCUE_SETTINGS: &str = "SET LOCAL jit = off; SET LOCAL lock_timeout = '2s'";
 
 /// Runs `f` in a transaction whose `settings` (`SET LOCAL …`) are applied first: a

@@ -219,9 +219,9 @@ pub(in crate::driver) fn rescue_many(
     // rows for as long as its session lives (nothing ends it before the node is dead), and a
     // pass that waited for it would never end. A held task is charged at a later pass, once
     // free; a concurrent rescuer passes over the rows this one locked, so a task is rescued
-    // once. A lock the statement must still wait for (a dead task's descendants, cancelled by
-    // the chains' trigger) fails it after `RESCUE_SETTINGS`' lock timeout; the next pass
-    // tries again.
+    // once. A lock the statement must still wait for (a dying parent's descendants, cancelled
+    // by the chains' trigger, when `rescue.only` names it) fails it after `RESCUE_SETTINGS`'
+    // lock timeout.
     super::with_local(conn, super::RESCUE_SETTINGS, |conn| {
         rescue_params(rescue)
             .sql("\n        UPDATE async_task t SET ")
