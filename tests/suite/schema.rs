@@ -368,6 +368,7 @@ sqlite_and_postgres! {
                 include_str!("../../migrations/postgres/2026-11-24-000005_task_rules/down.sql"),
             ],
             Backend::Sqlite => &[
+                include_str!("../../migrations/sqlite/2026-11-26-000020_state_check_by_comparisons/down.sql"),
                 include_str!("../../migrations/sqlite/2026-11-25-000015_lease_claims/down.sql"),
                 include_str!("../../migrations/sqlite/2026-11-24-000010_task_chains/down.sql"),
                 include_str!("../../migrations/sqlite/2026-11-24-000005_task_rules/down.sql"),
@@ -377,7 +378,7 @@ sqlite_and_postgres! {
         for down in downs {
             db.exec(down);
         }
-        db.exec("DELETE FROM __diesel_schema_migrations WHERE version IN ('20261124000005', '20261124000010', '20261125000015', '20261126000016', '20261126000017')");
+        db.exec("DELETE FROM __diesel_schema_migrations WHERE version IN ('20261124000005', '20261124000010', '20261125000015', '20261126000016', '20261126000017', '20261126000020')");
         let mut conn = db.conn();
         for i in 0..5 {
             enqueue(&mut conn, &NewTask::new("k", i.to_string()).tenant("t").payload(&serde_json::json!({"i": i}))).unwrap();
@@ -402,4 +403,69 @@ sqlite_and_postgres! {
         };
         assert_eq!(db.count(indexes), 2);
     }
+}
+
+/// Migration 000020 spells SQLite's state rule as comparisons, in place (an `IN` list of more
+/// than two constants is a temporary b-tree that every statement checking the rule builds
+/// again): on a file with a task in each state, every task stays, the file is sound, the rule
+/// holds on a new connection and on one that read the schema before the migration.
+#[test]
+fn sqlite_state_rule_is_respelled_in_place_and_still_holds() {
+    let db = &TestDb::sqlite();
+    db.exec(include_str!(
+        "../../migrations/sqlite/2026-11-26-000020_state_check_by_comparisons/down.sql"
+    ));
+    db.exec("DELETE FROM __diesel_schema_migrations WHERE version = '20261126000020'");
+    let in_list = "SELECT count(*) FROM sqlite_schema WHERE name = 'async_task'
+                   AND sql LIKE '%CHECK (state IN (%'";
+    assert_eq!(db.count(in_list), 1, "down.sql spells the rule as the list");
+    let states = ["pending", "running", "done", "dead", "cancelled", "blocked"];
+    for state in states {
+        accepted(
+            db,
+            "a known state",
+            ", state",
+            &format!("'k', 'before-{state}', '{state}'"),
+        );
+    }
+    let mut before = db.conn();
+    diesel::sql_query("UPDATE async_task SET state = 'done' WHERE id = -1")
+        .execute(&mut before)
+        .unwrap();
+    let applied = outbox::run_migrations(&mut db.conn()).unwrap();
+    assert_eq!(applied, ["20261126000020"]);
+    assert_eq!(db.count(in_list), 0, "the rule is spelled as comparisons");
+    assert_eq!(
+        db.count("SELECT count(*) FROM pragma_integrity_check WHERE integrity_check = 'ok'"),
+        1
+    );
+    for state in states {
+        let n = format!(
+            "SELECT count(*) FROM async_task WHERE biz_id = 'before-{state}' AND state = '{state}'"
+        );
+        assert_eq!(db.count(&n), 1, "{state}");
+        accepted(
+            db,
+            "a known state",
+            ", state",
+            &format!("'k', 'after-{state}', '{state}'"),
+        );
+    }
+    refused(db, "an unknown state", ", state", "'k', 'x', 'finished'");
+    refused(
+        db,
+        "a state in another case",
+        ", state",
+        "'k', 'x', 'Pending'",
+    );
+    refused(db, "no state", ", state", "'k', 'x', NULL");
+    let stale = diesel::sql_query(
+        "INSERT INTO async_task (keyword, biz_id, state) VALUES ('k', 'x', 'finished')",
+    )
+    .execute(&mut before);
+    assert!(
+        stale.is_err(),
+        "a connection that read the schema before the migration keeps the rule"
+    );
+    assert_eq!(db.count("SELECT count(*) FROM async_task"), 12);
 }
