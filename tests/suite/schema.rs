@@ -469,3 +469,57 @@ fn sqlite_state_rule_is_respelled_in_place_and_still_holds() {
     );
     assert_eq!(db.count("SELECT count(*) FROM async_task"), 12);
 }
+
+/// On MariaDB the engine's claims and completions run without the table's CHECKs: MariaDB
+/// evaluates every CHECK of a row at every UPDATE of it, the payload's among them, and these
+/// statements write only the engine's own columns. Shown by a task whose `biz_id` breaks its
+/// rule (written with the checks off, as an operator could): it is claimed and completed in
+/// strict mode and in batched mode under both claim styles, where each claim or completion
+/// failed on the rule before. A producer's write is still held to every rule.
+#[cfg(feature = "mysql")]
+#[test]
+fn mariadb_claims_and_completions_do_not_check_the_producers_rules_again() {
+    use outbox::{ClaimStyle, Worker};
+    let db = &TestDb::mysql();
+    let long = "b".repeat(200);
+    let configs = [
+        ("strict", crate::small_config()),
+        (
+            "batched, stamp claims",
+            crate::small_config()
+                .commit_batch(5)
+                .claim_style(ClaimStyle::Stamp),
+        ),
+        (
+            "batched, lock claims",
+            crate::small_config()
+                .commit_batch(5)
+                .queue(0)
+                .claim_style(ClaimStyle::Lock),
+        ),
+    ];
+    for (i, (name, config)) in configs.into_iter().enumerate() {
+        db.exec(&format!(
+            "SET STATEMENT check_constraint_checks = 0 FOR
+             INSERT INTO async_task (keyword, biz_id) VALUES ('k', '{i}{long}')"
+        ));
+        let w = Worker::new(&db.url, crate::ledger_registry("k"), config).expect("worker");
+        let tally = w.drain().unwrap_or_else(|e| panic!("{name}: {e}")).tally;
+        assert_eq!(tally.done, 1, "{name}");
+        assert_eq!(
+            db.count(&format!(
+                "SELECT count(*) FROM async_task WHERE biz_id = '{i}{long}' AND state = 'done'"
+            )),
+            1,
+            "{name}"
+        );
+    }
+    refused(db, "a biz_id over 128 bytes", "", &format!("'k', '{long}'"));
+    db.exec("INSERT INTO async_task (keyword, biz_id) VALUES ('other', 'fine')");
+    assert!(
+        diesel::sql_query("UPDATE async_task SET biz_data = 'not json' WHERE biz_id = 'fine'")
+            .execute(&mut db.conn())
+            .is_err(),
+        "a producer's UPDATE is held to the payload's rule"
+    );
+}

@@ -68,6 +68,10 @@ pub(super) struct BenchArgs {
     /// Spread the tasks over this many keywords (`bench.noop`, `bench.noop.1`, …) in turn.
     #[arg(long, default_value_t = 1)]
     keywords: usize,
+    /// Give each task a payload of about this many bytes (a JSON object of one string; 0:
+    /// none), at most 60000 (the schema's limit is 65536).
+    #[arg(long, default_value_t = 0)]
+    payload_bytes: usize,
     /// Configure this many domains, one per keyword after the first (`bench.noop.1` …):
     /// odd ones RESERVED 1, even ones MAX half the threads; needs --keywords above it.
     #[arg(long, default_value_t = 0)]
@@ -156,6 +160,16 @@ pub(super) fn run(url: &DatabaseUrl, args: BenchArgs) -> anyhow::Result<()> {
         }
         .into());
     }
+    if args.payload_bytes > 60_000 {
+        return Err(outbox::Error::InvalidConfig {
+            setting: "payload-bytes",
+            reason: format!(
+                "must be at most 60000 (the schema's limit is 65536), not {}",
+                args.payload_bytes
+            ),
+        }
+        .into());
+    }
     if let (Some(strategy), true) = (args.strategy, args.node) {
         let node = crate::bench::strategy::FleetNode {
             strategy,
@@ -214,6 +228,7 @@ pub(super) fn run(url: &DatabaseUrl, args: BenchArgs) -> anyhow::Result<()> {
             max_running: args.max_running,
             max_queued: args.max_queued,
             keywords: args.keywords,
+            payload_bytes: args.payload_bytes,
             domains: args.domains,
             metrics: args.metrics,
             reference: true,
@@ -279,6 +294,7 @@ fn report(backend: &str, bench: &DrainBench, runs: &[DrainFigures], json: bool) 
                 "backlog": bench.backlog,
                 "threads": runs.first().map_or(0, |r| r.threads),
                 "commit_batch": commit_batch,
+                "payload_bytes": bench.payload_bytes,
                 "claim": runs.first().map_or(bench.claim_style, |r| r.claim).to_string(),
                 "handler": bench.handler_name(),
                 "runs": runs.len(),

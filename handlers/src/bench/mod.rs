@@ -80,6 +80,8 @@ pub struct DrainBench {
     pub max_queued: Option<i32>,
     /// Keywords the tasks are spread over in turn (at least 1; see [`keyword`]).
     pub keywords: usize,
+    /// Bytes of each task's payload, about (`{"pad": "xx…"}`; 0: the empty payload).
+    pub payload_bytes: usize,
     /// Domains configured, one per keyword after the first: odd ones RESERVED 1, even ones
     /// MAX half the threads.
     pub domains: usize,
@@ -183,6 +185,7 @@ pub fn drain_bench(url: &DatabaseUrl, bench: &DrainBench) -> anyhow::Result<Drai
         bench.backlog,
         bench.tenants,
         bench.keywords.max(1),
+        bench.payload_bytes,
     )?;
     let enqueue_per_s = bench.backlog as f64 / started.elapsed().as_secs_f64();
     if scratch.url.backend() == Backend::Postgres {
@@ -285,19 +288,25 @@ fn noop_registry(keywords: usize, open_tx: bool) -> Registry {
 }
 
 /// Enqueues `n` no-op tasks, [`ENQUEUE_BATCH`] per statement and transaction, spread over
-/// `tenants` tenants in turn (none when 0) and `keywords` keywords in turn.
+/// `tenants` tenants in turn (none when 0) and `keywords` keywords in turn, each with a
+/// payload of about `payload_bytes` bytes (none when 0).
 fn enqueue_noop(
     conn: &mut DbConnection,
     n: usize,
     tenants: usize,
     keywords: usize,
+    payload_bytes: usize,
 ) -> anyhow::Result<()> {
+    let payload = serde_json::json!({ "pad": "x".repeat(payload_bytes.saturating_sub(11)) });
     let mut next = 0;
     while next < n {
         let end = (next + ENQUEUE_BATCH).min(n);
         let batch: Vec<NewTask> = (next..end)
             .map(|i| {
-                let task = NewTask::new(keyword(i % keywords), i.to_string());
+                let mut task = NewTask::new(keyword(i % keywords), i.to_string());
+                if payload_bytes > 0 {
+                    task = task.payload(&payload);
+                }
                 match tenants {
                     0 => task,
                     t => task.tenant(format!("t{}", i % t)),

@@ -162,7 +162,7 @@ pub fn fleet_drain(
     let scratch = Scratch::create(url)?;
     let mut conn = scratch.url.connect()?;
     run_migrations(&mut conn)?;
-    enqueue_noop(&mut conn, bench.tasks, 0, 1)?;
+    enqueue_noop(&mut conn, bench.tasks, 0, 1, 0)?;
     conn.batch_execute("ANALYZE async_task")?;
     let _ = conn.batch_execute("CHECKPOINT");
     let mut nodes: Vec<NodeProc> = (0..bench.nodes)

@@ -9,7 +9,8 @@ every_backend! {
     fn bench_reports_every_configuration_as_json_and_leaves_nothing_behind(db: &TestDb) {
         let dir = workdir();
         let out = run(outbox_on(db, dir.path()).args([
-            "bench", "--tasks", "300", "--runs", "2", "--commit-batch", "10", "--json",
+            "bench", "--tasks", "300", "--runs", "2", "--commit-batch", "10", "--payload-bytes",
+            "1000", "--json",
         ]))
         .expect_code(0);
         let lines: Vec<serde_json::Value> = out
@@ -28,6 +29,7 @@ every_backend! {
             }
         }
         assert_eq!(lines[1]["commit_batch"], 10);
+        assert_eq!(lines[1]["payload_bytes"], 1000);
         // The URL's own database was not touched: bench works on scratch databases.
         assert_eq!(tasks_in(db, "pending") + tasks_in(db, "done"), 0);
         assert_eq!(entries(dir.path()), Vec::<String>::new(), "bench wrote into the working directory");
@@ -71,6 +73,7 @@ fn bench_rejects_bad_settings() {
         &["bench", "--tasks", "0"],
         &["bench", "--tasks", "100", "--backlog", "10"],
         &["bench", "--commit-batch", "0", "--mode", "batched"],
+        &["bench", "--payload-bytes", "60001"],
     ] {
         run(outbox(dir.path()).args(args)).expect_code(2);
     }

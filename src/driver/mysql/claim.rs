@@ -201,7 +201,7 @@ fn stamp(conn: &mut MysqlConnection, owner: i64, ids: &[i64], timeout_ms: i64) -
         return Ok(());
     }
     // UTC_TIMESTAMP is the statement's start: one time for every row.
-    Statement::<Mysql>::new("UPDATE async_task SET state = 'running', owner = ")
+    Statement::<Mysql>::new(concat!(hot_update!(), " SET state = 'running', owner = "))
         .bind::<BigInt, _>(owner)
         .sql(concat!(
             ", claim_token = claim_token + 1, claimed_at = ",

@@ -38,7 +38,8 @@ macro_rules! done {
 /// locked before the statement or as its only one: an `UPDATE` of several rows that waits
 /// for a later row's lock reads with the view its first row opened.
 const SET_DONE_CHILDLESS: &str = concat!(
-    "UPDATE async_task SET state = CASE WHEN EXISTS (
+    hot_update!(),
+    " SET state = CASE WHEN EXISTS (
         SELECT 1 FROM async_task_parent l WHERE l.parent_id = async_task.id) THEN NULL ELSE 'done' END, ",
     done!()
 );
@@ -46,17 +47,18 @@ const SET_DONE_CHILDLESS: &str = concat!(
 /// The `UPDATE … SET` of a completion that releases the task's children (the caller then
 /// does): `has_children` made true if a link shows any.
 const SET_DONE_RELEASING: &str = concat!(
-    "UPDATE async_task SET state = 'done', ",
+    hot_update!(),
+    " SET state = 'done', ",
     done!(),
     ", has_children = has_children
         OR EXISTS (SELECT 1 FROM async_task_parent l WHERE l.parent_id = async_task.id)"
 );
 
 /// Whether `error` is [`SET_DONE_CHILDLESS`] refusing a task that has children: the NULL
-/// refused by strict mode (outbox's connections set it), or, on a connection whose
-/// `sql_mode` a handler cleared, the empty text MySQL stores instead refused by the state's
-/// CHECK (MariaDB's error 4025 and MySQL's 3819 both name the constraint; MySQL enforces
-/// CHECK from 8.0.16).
+/// refused by strict mode (outbox's connections set it, and on MariaDB the statement itself:
+/// `hot_update!`), or, on MySQL, on a connection whose `sql_mode` a handler cleared, the empty
+/// text MySQL stores instead refused by the state's CHECK (MySQL's error 3819 names the
+/// constraint, as MariaDB's 4025 does; MySQL enforces CHECK from 8.0.16).
 fn is_refused(error: &diesel::result::Error) -> bool {
     use diesel::result::{DatabaseErrorKind, Error};
     match error {
