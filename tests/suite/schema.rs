@@ -470,15 +470,17 @@ fn sqlite_state_rule_is_respelled_in_place_and_still_holds() {
     assert_eq!(db.count("SELECT count(*) FROM async_task"), 12);
 }
 
-/// On MariaDB the engine's claims and completions run without the table's CHECKs: MariaDB
-/// evaluates every CHECK of a row at every UPDATE of it, the payload's among them, and these
-/// statements write only the engine's own columns. Shown by a task whose `biz_id` breaks its
-/// rule (written with the checks off, as an operator could): it is claimed and completed in
-/// strict mode and in batched mode under both claim styles, where each claim or completion
-/// failed on the rule before. A producer's write is still held to every rule.
+/// On MariaDB the engine's claims, completions and rescue charges run without the table's
+/// CHECKs: MariaDB evaluates every CHECK of a row at every UPDATE of it, the payload's among
+/// them, and these statements write only the engine's own columns. Shown by tasks whose
+/// `biz_id` breaks its rule (written with the checks off, as an operator could): one is
+/// claimed and completed in strict mode and in batched mode under both claim styles, and a
+/// rescue pass charges such a task, stamped or leased, with a sound one beside it; each
+/// failed on the rule before (the claim; the whole pass). A producer's write is still held to
+/// every rule. (MariaDB only: the test writes with `SET STATEMENT`, which MySQL 8 has not.)
 #[cfg(feature = "mysql")]
 #[test]
-fn mariadb_claims_and_completions_do_not_check_the_producers_rules_again() {
+fn mariadb_claims_completions_and_rescue_do_not_check_the_producers_rules_again() {
     use outbox::{ClaimStyle, Worker};
     let db = &TestDb::mysql();
     let long = "b".repeat(200);
@@ -515,6 +517,34 @@ fn mariadb_claims_and_completions_do_not_check_the_producers_rules_again() {
         );
     }
     refused(db, "a biz_id over 128 bytes", "", &format!("'k', '{long}'"));
+    // Lapsed: two stamped tasks of a node that never lived (one breaking the rule) and a
+    // leased one breaking it.
+    let lapsed = |biz_id: &str, state: &str| {
+        db.exec(&format!(
+            "SET STATEMENT check_constraint_checks = 0 FOR
+             INSERT INTO async_task (keyword, biz_id, state, owner, claim_token, claimed_at, deadline_at)
+             VALUES ('k', '{biz_id}', '{state}', 999, 1, UTC_TIMESTAMP(3) - INTERVAL 1 MINUTE,
+                     UTC_TIMESTAMP(3) - INTERVAL 1 SECOND)"
+        ));
+    };
+    lapsed(&format!("stamped{long}"), "running");
+    lapsed("stamped-sound", "running");
+    lapsed(&format!("leased{long}"), "pending");
+    db.exec(&format!(
+        "INSERT INTO async_lease (task_id, node_id, token, chunk, deadline_at)
+         SELECT id, 999, claim_token, 1, UTC_TIMESTAMP(3) - INTERVAL 1 SECOND
+           FROM async_task WHERE biz_id = 'leased{long}'"
+    ));
+    let report = crate::rescue::quiet_worker(db)
+        .rescue_once()
+        .expect("the rescue pass charges every lapsed task");
+    assert_eq!(report.pending, 3, "{report:?}");
+    assert_eq!(
+        db.count("SELECT count(*) FROM async_task WHERE owner = 999 OR state = 'running'"),
+        0
+    );
+    assert_eq!(db.count("SELECT count(*) FROM async_lease"), 0);
+
     db.exec("INSERT INTO async_task (keyword, biz_id) VALUES ('other', 'fine')");
     assert!(
         diesel::sql_query("UPDATE async_task SET biz_data = 'not json' WHERE biz_id = 'fine'")

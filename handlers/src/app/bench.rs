@@ -68,8 +68,8 @@ pub(super) struct BenchArgs {
     /// Spread the tasks over this many keywords (`bench.noop`, `bench.noop.1`, …) in turn.
     #[arg(long, default_value_t = 1)]
     keywords: usize,
-    /// Give each task a payload of about this many bytes (a JSON object of one string; 0:
-    /// none), at most 60000 (the schema's limit is 65536).
+    /// Give each task a payload of this many bytes (a JSON object of one string, at least 10
+    /// bytes; 0: the empty payload), at most 60000 (the schema's limit is 65536).
     #[arg(long, default_value_t = 0)]
     payload_bytes: usize,
     /// Configure this many domains, one per keyword after the first (`bench.noop.1` …):

@@ -80,7 +80,7 @@ pub struct DrainBench {
     pub max_queued: Option<i32>,
     /// Keywords the tasks are spread over in turn (at least 1; see [`keyword`]).
     pub keywords: usize,
-    /// Bytes of each task's payload, about (`{"pad": "xx…"}`; 0: the empty payload).
+    /// Bytes of each task's payload (`{"pad":"xx…"}`, at least 10; 0: the empty payload).
     pub payload_bytes: usize,
     /// Domains configured, one per keyword after the first: odd ones RESERVED 1, even ones
     /// MAX half the threads.
@@ -297,7 +297,8 @@ fn enqueue_noop(
     keywords: usize,
     payload_bytes: usize,
 ) -> anyhow::Result<()> {
-    let payload = serde_json::json!({ "pad": "x".repeat(payload_bytes.saturating_sub(11)) });
+    // `{"pad":""}` is 10 bytes as written.
+    let payload = serde_json::json!({ "pad": "x".repeat(payload_bytes.saturating_sub(10)) });
     let mut next = 0;
     while next < n {
         let end = (next + ENQUEUE_BATCH).min(n);

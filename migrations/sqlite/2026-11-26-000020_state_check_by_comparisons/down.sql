@@ -7,3 +7,5 @@ UPDATE sqlite_schema
        'CHECK (state IN (''pending'', ''running'', ''done'', ''dead'', ''cancelled'', ''blocked''))')
  WHERE type = 'table' AND name = 'async_task';
 PRAGMA writable_schema = RESET;
+CREATE TABLE async_schema_version_bump (x);
+DROP TABLE async_schema_version_bump;

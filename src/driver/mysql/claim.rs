@@ -201,29 +201,32 @@ fn stamp(conn: &mut MysqlConnection, owner: i64, ids: &[i64], timeout_ms: i64) -
         return Ok(());
     }
     // UTC_TIMESTAMP is the statement's start: one time for every row.
-    Statement::<Mysql>::new(concat!(hot_update!(), " SET state = 'running', owner = "))
-        .bind::<BigInt, _>(owner)
-        .sql(concat!(
-            ", claim_token = claim_token + 1, claimed_at = ",
-            now!(),
-            ", updated_at = ",
-            now!(),
-            ", deadline_at = ",
-            now!(),
-            " + INTERVAL "
-        ))
-        .bind::<BigInt, _>(timeout_ms)
-        // The links a producer's `parent_id` shorthand wrote under a pending task, which
-        // could not set its `has_children`: set now, so that its completion takes the way
-        // that releases children at once (`task::complete`, whose own check is what
-        // guarantees it; this one only spares it a refused statement).
-        .sql(
-            " * 1000 MICROSECOND, has_children = has_children
+    Statement::<Mysql>::new(concat!(
+        engine_update!(),
+        " SET state = 'running', owner = "
+    ))
+    .bind::<BigInt, _>(owner)
+    .sql(concat!(
+        ", claim_token = claim_token + 1, claimed_at = ",
+        now!(),
+        ", updated_at = ",
+        now!(),
+        ", deadline_at = ",
+        now!(),
+        " + INTERVAL "
+    ))
+    .bind::<BigInt, _>(timeout_ms)
+    // The links a producer's `parent_id` shorthand wrote under a pending task, which
+    // could not set its `has_children`: set now, so that its completion takes the way
+    // that releases children at once (`task::complete`, whose own check is what
+    // guarantees it; this one only spares it a refused statement).
+    .sql(
+        " * 1000 MICROSECOND, has_children = has_children
                 OR EXISTS (SELECT 1 FROM async_task_parent l WHERE l.parent_id = async_task.id)
               WHERE state = 'pending' AND id IN ",
-        )
-        .with(|s| list::ids(s, ids))
-        .execute(conn)?;
+    )
+    .with(|s| list::ids(s, ids))
+    .execute(conn)?;
     Ok(())
 }
 

@@ -157,7 +157,7 @@ fn charge(conn: &mut MysqlConnection, ids: &[i64], charge: &Charge<'_>) -> Query
             .bind::<Integer, _>(charge.default_max_attempts)
             .sql(")")
     };
-    Statement::<Mysql>::new("UPDATE async_task SET last_error = ")
+    Statement::<Mysql>::new(concat!(engine_update!(), " SET last_error = "))
         .bind::<Text, _>(charge.error.to_owned())
         .sql(", suspect = suspect + ")
         .bind::<Integer, _>(charge.suspect)

@@ -18,15 +18,17 @@ macro_rules! sql_mode {
     };
 }
 
-// Opens the engine's hot `UPDATE`s of `async_task` (a claim's stamp, a completion). MariaDB
-// evaluates every CHECK of a row at every UPDATE of it, whichever columns change: the
-// payload's `JSON_VALID` and scans among them, about 40 µs a row for a payload of 4 KB
-// (docs/notes/2026-11-26-mariadb-checks.md). These statements write only the engine's own
-// columns, with values the rules allow, so MariaDB runs them without the CHECKs, and under
-// the engine's SQL mode whatever a handler made of the session's: a NULL state is refused
-// still (see `task::is_refused`). A MariaDB-only executable comment: MySQL reads a comment
-// and checks as before.
-macro_rules! hot_update {
+// Opens the engine's `UPDATE`s of `async_task` that write only its own columns, with values
+// the rules allow: a claim's stamp, a completion, rescue's charges. MariaDB evaluates every
+// CHECK of a row at every UPDATE of it, whichever columns change: the payload's `JSON_VALID`
+// and scans among them, about 40 µs a row for a payload of 4 KB, and a row that breaks a rule
+// (written with the checks off) failed every claim of its page and every rescue pass
+// (docs/notes/2026-11-26-mariadb-checks.md). MariaDB runs these without the CHECKs, in the
+// engine's strict mode whatever a handler made of the session's: a NULL state is still
+// refused (`task::is_refused`). Only the mode's run-time flags apply to a statement already
+// parsed; these statements use no quoting, `||` or backslash that its parse-time flags would
+// change. A MariaDB-only executable comment: MySQL reads a comment and checks as before.
+macro_rules! engine_update {
     () => {
         concat!(
             "/*M!100300 SET STATEMENT check_constraint_checks = 0, sql_mode = ",

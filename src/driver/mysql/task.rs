@@ -38,7 +38,7 @@ macro_rules! done {
 /// locked before the statement or as its only one: an `UPDATE` of several rows that waits
 /// for a later row's lock reads with the view its first row opened.
 const SET_DONE_CHILDLESS: &str = concat!(
-    hot_update!(),
+    engine_update!(),
     " SET state = CASE WHEN EXISTS (
         SELECT 1 FROM async_task_parent l WHERE l.parent_id = async_task.id) THEN NULL ELSE 'done' END, ",
     done!()
@@ -47,7 +47,7 @@ const SET_DONE_CHILDLESS: &str = concat!(
 /// The `UPDATE … SET` of a completion that releases the task's children (the caller then
 /// does): `has_children` made true if a link shows any.
 const SET_DONE_RELEASING: &str = concat!(
-    hot_update!(),
+    engine_update!(),
     " SET state = 'done', ",
     done!(),
     ", has_children = has_children
@@ -56,7 +56,7 @@ const SET_DONE_RELEASING: &str = concat!(
 
 /// Whether `error` is [`SET_DONE_CHILDLESS`] refusing a task that has children: the NULL
 /// refused by strict mode (outbox's connections set it, and on MariaDB the statement itself:
-/// `hot_update!`), or, on MySQL, on a connection whose `sql_mode` a handler cleared, the empty
+/// `engine_update!`), or, on MySQL, on a connection whose `sql_mode` a handler cleared, the empty
 /// text MySQL stores instead refused by the state's CHECK (MySQL's error 3819 names the
 /// constraint, as MariaDB's 4025 does; MySQL enforces CHECK from 8.0.16).
 fn is_refused(error: &diesel::result::Error) -> bool {
@@ -329,11 +329,12 @@ pub(in crate::driver) fn rescue_many(
             };
             // MySQL assigns SET's columns left to right, each seeing the ones before: every
             // column that reads failures, owner or the deadline comes before they change.
-            Statement::<Mysql>::new(
-                "UPDATE async_task SET
+            Statement::<Mysql>::new(concat!(
+                engine_update!(),
+                " SET
                 last_error = CONCAT('rescued from node ', COALESCE(owner, '(none)'), ': ',
-                    CASE WHEN deadline_at < ",
-            )
+                    CASE WHEN deadline_at < "
+            ))
             .sql(concat!(
                 now!(),
                 " THEN 'running past its deadline' ELSE 'the node stopped heartbeating' END),
