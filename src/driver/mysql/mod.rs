@@ -22,7 +22,7 @@ macro_rules! sql_mode {
 // the rules allow: a claim's stamp, a completion, rescue's charges. MariaDB evaluates every
 // CHECK of a row at every UPDATE of it, whichever columns change: the payload's `JSON_VALID`
 // and scans among them, about 40 µs a row for a payload of 4 KB, and a row that breaks a rule
-// (written with the checks off) failed every claim of its page and every rescue pass
+// (written with the checks off) would fail every claim of its page and every rescue pass
 // (docs/notes/2026-11-26-mariadb-checks.md). MariaDB runs these without the CHECKs, in the
 // engine's strict mode whatever a handler made of the session's: a NULL state is still
 // refused (`task::is_refused`). Only the mode's run-time flags apply to a statement already
