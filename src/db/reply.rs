@@ -35,6 +35,8 @@
 //! uses a lock wait timeout). So a MySQL connection on which a statement failed is not used
 //! again: the pool drops it when it comes back, the heartbeat opens a new one.
 
+#[cfg(feature = "mysql")]
+use std::sync::atomic::AtomicI64;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
@@ -103,6 +105,10 @@ struct Watched {
     timeout: ReplyTimeout,
     backend: Backend,
     state: Mutex<Statement>,
+    /// The node this session works for, as its server knows it (MySQL's named lock, see
+    /// `driver/mysql/session.rs`); 0 for none.
+    #[cfg(feature = "mysql")]
+    node: AtomicI64,
 }
 
 #[derive(Debug, Default)]
@@ -162,6 +168,8 @@ pub(crate) fn watch(
         timeout,
         backend,
         state: Mutex::default(),
+        #[cfg(feature = "mysql")]
+        node: AtomicI64::new(0),
     });
     if watched.socket.is_some() && timeout != ReplyTimeout::Off {
         let mut registry = registry();
@@ -196,6 +204,22 @@ pub(crate) fn must_not_be_reused(conn: &mut super::DbConnection) -> bool {
     };
     let statement = clock.watched.lock();
     statement.cut || (statement.failed && clock.watched.backend == Backend::Mysql)
+}
+
+/// The node `conn`'s session works for as its server knows it (0: none), as
+/// [`set_session_node`] noted; `None` for a connection without the statement clock.
+#[cfg(feature = "mysql")]
+pub(crate) fn session_node<C: diesel::Connection>(conn: &mut C) -> Option<i64> {
+    let clock = conn.instrumentation().downcast_ref::<StatementClock>()?;
+    Some(clock.watched.node.load(Ordering::Relaxed))
+}
+
+/// Notes that `conn`'s session now works for `node` as its server knows it.
+#[cfg(feature = "mysql")]
+pub(crate) fn set_session_node<C: diesel::Connection>(conn: &mut C, node: i64) {
+    if let Some(clock) = conn.instrumentation().downcast_ref::<StatementClock>() {
+        clock.watched.node.store(node, Ordering::Relaxed);
+    }
 }
 
 /// The watched connections (weakly: a connection dropped is forgotten at the next look).

@@ -87,11 +87,21 @@ pub trait LeaseDriver {
         Ok(Vec::new())
     }
 
-    /// Ends (`pg_terminate_backend`) the sessions of the engine's transactions whose node is
-    /// not live (no heartbeat for `dead_after_ms`, gone, unknown) or whose chunk's lease is
-    /// past its deadline, so that what they hold (locks of rows a handler wrote) is free
-    /// and nothing they write later lands; returns how many. 0 on SQLite and MySQL (no lock
-    /// names a transaction's chunk there).
+    /// Notes on the server that this connection's session works for `node`, on MySQL (a
+    /// named lock, taken when the node changes: `mysql/session.rs`), so that
+    /// [`LeaseDriver::session_end_stale`] can end it once the node is no longer live. Nothing
+    /// elsewhere: PostgreSQL marks each transaction instead ([`super::Driver::transaction_begin`]).
+    fn session_tag(&mut self, node: i64) -> QueryResult<()> {
+        let _ = node;
+        Ok(())
+    }
+
+    /// Ends the sessions of nodes no longer live, so that what they hold (a claim's page, the
+    /// rows a chunk or a handler wrote) is free and nothing they write later lands; returns
+    /// how many. On PostgreSQL (`pg_terminate_backend`) those of the engine's transactions
+    /// whose node is not live (no heartbeat for `dead_after_ms`, gone, unknown) or whose
+    /// chunk's lease is past its deadline; on MySQL (`KILL CONNECTION`) those tagged by
+    /// [`LeaseDriver::session_tag`] for a node not live; 0 on SQLite.
     fn session_end_stale(&mut self, dead_after_ms: i64) -> QueryResult<i64> {
         let _ = dead_after_ms;
         Ok(0)

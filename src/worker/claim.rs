@@ -245,7 +245,7 @@ impl Worker {
         }
         self.ensure_heartbeat_fresh()?;
         let limited = self.services.limits.tenants();
-        let mut conn = self.pool.get().op("task claim")?;
+        let mut conn = self.engine_conn().op("task claim")?;
         let owner = self.node.id();
         // The local deadline starts before the statement, so it never ends after the
         // database's.
@@ -398,7 +398,7 @@ impl Worker {
     ) -> Result<Option<ClaimedTask>> {
         self.ensure_heartbeat_fresh()?;
         let limited = self.services.limits.tenants();
-        let mut conn = self.pool.get().op("task claim")?;
+        let mut conn = self.engine_conn().op("task claim")?;
         let owner = self.node.id();
         let asked = Instant::now();
         let rows = {

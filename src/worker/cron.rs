@@ -83,7 +83,7 @@ impl Worker {
         if schedules.is_empty() {
             return Ok(CronPass::default());
         }
-        let mut conn = self.pool.get().op("schedule read")?;
+        let mut conn = self.engine_conn().op("schedule read")?;
         let result = self.pass(&mut conn, &schedules);
         if matches!(&result, Err(e) if e.is_connection_lost()) {
             mark_broken(&mut conn);

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use super::lease::{next_run, ChunkLease};
 use super::timeouts::{ChunkOf, Session};
-use crate::db::DbConnection;
+use crate::db::{DbConnection, PooledConnection};
 use crate::driver::{driver, Claim, TxMark};
 use crate::handler::{Handler, HandlerError, TaskTx};
 use crate::task::ClaimedTask;
@@ -71,7 +71,7 @@ impl Worker {
             );
             return self.release(task, None);
         };
-        let mut conn = match self.pool.get() {
+        let mut conn = match self.engine_conn() {
             Ok(conn) => conn,
             Err(e) => {
                 log::warn!("task {}: no connection to run it: {e}", claim.id);
@@ -205,7 +205,7 @@ impl Worker {
         else {
             return strict(&chunk);
         };
-        let Ok(mut conn) = self.pool.get() else {
+        let Ok(mut conn) = self.engine_conn() else {
             return strict(&chunk);
         };
         let claims: Vec<(i64, i64)> = chunk.iter().map(ClaimedTask::id_token).collect();
@@ -252,7 +252,7 @@ impl Worker {
         // A check that cannot be made (the pool's connection lost with the chunk's, a read
         // that fails) runs the task: its completion is fenced all the same, while a task
         // skipped here would wait, running under this live node, for its chunk's deadline.
-        let Ok(mut conn) = self.pool.get() else {
+        let Ok(mut conn) = self.engine_conn() else {
             return true;
         };
         if ran {
@@ -267,6 +267,11 @@ impl Worker {
             Ok(None) => false,
             Err(_) => true,
         }
+    }
+
+    /// A connection of the pool for this node's work ([`super::heartbeat::node_conn`]).
+    pub(super) fn engine_conn(&self) -> Result<PooledConnection, r2d2::Error> {
+        super::heartbeat::node_conn(&self.pool, self.node.id())
     }
 
     /// The mark of a new transaction of this node on PostgreSQL (see

@@ -16,7 +16,7 @@ use super::cancels::CancelWatch;
 use super::domains::DomainControl;
 use super::strategy::StrategyControl;
 use super::tenants::RunLimits;
-use crate::db::{DatabaseUrl, DbConnection};
+use crate::db::{DatabaseUrl, DbConnection, DbPool, PooledConnection};
 use crate::driver::driver;
 use crate::error::{OpContext, Result};
 
@@ -51,6 +51,22 @@ impl Node {
     pub(crate) fn name(&self) -> &str {
         &self.name
     }
+}
+
+/// A connection of `pool` for the work of the node `node` (claims, tasks, chunks, charges,
+/// rescue, cron). On MySQL its session then says which node it works for
+/// ([`crate::driver::LeaseDriver::session_tag`]: one statement the first time, or when the
+/// node's id changed), so that rescue ends it once the node is no longer live: a process
+/// frozen while it holds a transaction open keeps its rows locked until its session ends. A
+/// tag that fails (a connection the server ended while this process was frozen) is logged at
+/// debug level and the work goes on: its next statement finds the connection lost, and the
+/// pool drops a connection on which a statement failed.
+pub(crate) fn node_conn(pool: &DbPool, node: i64) -> Result<PooledConnection, r2d2::Error> {
+    let mut conn = pool.get()?;
+    if let Err(e) = driver(&mut conn).session_tag(node) {
+        log::debug!("node {node}: a connection's session could not be tagged: {e}");
+    }
+    Ok(conn)
 }
 
 /// The heartbeat's state between beats.

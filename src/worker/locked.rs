@@ -142,7 +142,7 @@ impl Worker {
         };
         let mut attempt = 1;
         let (leased, chunk_of) = loop {
-            let mut conn = self.pool.get().op("task lease")?;
+            let mut conn = self.engine_conn().op("task lease")?;
             match driver(&mut conn)
                 .task_lease_page(&claiming, runs, &pick.as_pick())
                 .discard_broken(&mut conn)
@@ -206,7 +206,7 @@ impl Worker {
             // Stopping, or (a bug) a keyword without a handler: none has run.
             return self.release_leased(&tasks);
         };
-        let mut conn = match self.pool.get() {
+        let mut conn = match self.engine_conn() {
             Ok(conn) => conn,
             Err(e) => {
                 log::warn!("a leased chunk of {} tasks: no connection: {e}", ids.len());

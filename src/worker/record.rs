@@ -101,7 +101,7 @@ impl Worker {
         let claim = task.claim();
         let mut pause = WRITE_RETRY_PAUSE;
         for attempt in 1.. {
-            let result = match self.pool.get() {
+            let result = match self.engine_conn() {
                 Ok(mut conn) => {
                     let _turn = self.writer_turn.take();
                     match write(&mut conn).discard_broken(&mut conn) {
@@ -158,7 +158,7 @@ impl Worker {
     ) -> Result<T, String> {
         let mut pause = WRITE_RETRY_PAUSE;
         for attempt in 1.. {
-            let error = match self.pool.get() {
+            let error = match self.engine_conn() {
                 Ok(mut conn) => match write(&mut conn).discard_broken(&mut conn) {
                     Ok(value) => {
                         if attempt > 1 {

@@ -20,10 +20,11 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use super::heartbeat::Node;
 use super::observers::Observers;
 use super::suspects::Suspects;
 use crate::db::transaction::DiscardBroken;
-use crate::db::DbPool;
+use crate::db::{DbPool, PooledConnection};
 use crate::driver::{driver, RescueParams, RescuedRow};
 use crate::error::{Error, OpContext, Result};
 
@@ -36,7 +37,7 @@ pub struct RescueReport {
     /// Tasks that reached their max attempts and are now dead.
     pub dead: u64,
     /// Sessions of the transactions of nodes that are not live, or of chunks past their
-    /// deadline, ended (PostgreSQL).
+    /// deadline, ended (PostgreSQL; on MySQL the sessions of nodes that are not live).
     pub sessions_ended: u64,
     /// Tasks to die at their last attempt whose descendants another transaction held past
     /// the lock timeout: left for a later pass.
@@ -69,6 +70,8 @@ impl Failures {
 /// The rescue service of one worker.
 pub(crate) struct Rescuer {
     pool: DbPool,
+    /// This node: its connections say so on MySQL ([`super::heartbeat::node_conn`]).
+    node: Arc<Node>,
     params: RescueParams,
     observers: Observers,
     suspects: Arc<Suspects>,
@@ -79,12 +82,14 @@ pub(crate) struct Rescuer {
 impl Rescuer {
     pub(crate) fn new(
         pool: DbPool,
+        node: Arc<Node>,
         params: RescueParams,
         observers: Observers,
         suspects: Arc<Suspects>,
     ) -> Self {
         Rescuer {
             pool,
+            node,
             params,
             observers,
             suspects,
@@ -100,7 +105,7 @@ impl Rescuer {
     /// claimed alone.
     pub(crate) fn run_once(&self) -> Result<RescueReport> {
         let mut report = RescueReport::default();
-        let mut conn = self.pool.get().op("task rescue")?;
+        let mut conn = self.conn().op("task rescue")?;
         match driver(&mut conn)
             .session_end_stale(self.params.dead_after_ms)
             .discard_broken(&mut conn)
@@ -112,9 +117,10 @@ impl Rescuer {
                 }
                 self.ending_failed.store(false, Ordering::Relaxed);
             }
-            // The statement leaves out the sessions this role may not end (another role's,
-            // unless a member of it or of pg_signal_backend); an error here is the server's
-            // (a lost connection): the rescue itself still holds.
+            // The statements leave out the sessions this role may not end (PostgreSQL: another
+            // role's, unless a member of it or of pg_signal_backend; MySQL: another user's);
+            // an error here is the server's (a lost connection, a `KILL` refused): the rescue
+            // itself still holds.
             Err(e) if !self.ending_failed.swap(true, Ordering::Relaxed) => {
                 log::warn!("rescue: could not end the sessions of nodes no longer live: {e}");
             }
@@ -199,7 +205,7 @@ impl Rescuer {
         if let Some(e) = failures.first {
             return Err(e);
         }
-        let mut conn = self.pool.get().op("task rescue")?;
+        let mut conn = self.conn().op("task rescue")?;
         let suspects = marked
             || driver(&mut conn)
                 .task_suspects_exist()
@@ -209,10 +215,15 @@ impl Rescuer {
         Ok(report)
     }
 
+    /// A connection of the pool for this node's rescue.
+    fn conn(&self) -> std::result::Result<PooledConnection, r2d2::Error> {
+        super::heartbeat::node_conn(&self.pool, self.node.id())
+    }
+
     /// One rescue statement of `params`, the stamped tasks' or the leases', on a pooled
     /// connection of its own.
     fn charge(&self, params: &RescueParams, leased: bool) -> Result<Vec<RescuedRow>> {
-        let mut conn = self.pool.get().op("task rescue")?;
+        let mut conn = self.conn().op("task rescue")?;
         let charged = match leased {
             false => driver(&mut conn).task_rescue_many(params),
             true => driver(&mut conn).task_rescue_leases(params),
@@ -222,7 +233,7 @@ impl Rescuer {
 
     /// The dying parents among the lapsed tasks, on a pooled connection of its own.
     fn dying(&self) -> Result<Vec<i64>> {
-        let mut conn = self.pool.get().op("task rescue")?;
+        let mut conn = self.conn().op("task rescue")?;
         driver(&mut conn)
             .task_rescue_dying(&self.params)
             .discard_broken(&mut conn)

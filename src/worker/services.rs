@@ -80,6 +80,7 @@ impl Services {
             timeouts: Arc::new(timeouts),
             rescuer: Arc::new(Rescuer::new(
                 pool.clone(),
+                Arc::clone(node),
                 RescueParams {
                     dead_after_ms: millis(settings.dead_after),
                     default_max_attempts: settings.max_attempts,
@@ -130,18 +131,19 @@ impl Services {
             },
         )?;
         // The domains' timeouts, checked ten times a second.
-        let (timeouts, pool_, settings_, observers_) = (
+        let (timeouts, pool_, settings_, observers_, node_) = (
             Arc::clone(&services.timeouts),
             pool.clone(),
             settings.clone(),
             observers.clone(),
+            Arc::clone(node),
         );
         services.spawn(
             "timeouts",
             id,
             || Duration::from_millis(100),
             move || {
-                timeouts.run_once(&pool_, &settings_, &observers_);
+                timeouts.run_once((&pool_, node_.id()), &settings_, &observers_);
             },
         )?;
         // Apart from the heartbeat: on SQLite a beat can wait the whole busy timeout on the

@@ -141,7 +141,7 @@ impl Timeouts {
     /// many it ended.
     pub(crate) fn run_once(
         &self,
-        pool: &DbPool,
+        (pool, node): (&DbPool, i64),
         settings: &Settings,
         observers: &Observers,
     ) -> usize {
@@ -165,8 +165,7 @@ impl Timeouts {
             late
         };
         for (key, watched) in &late {
-            match pool
-                .get()
+            match super::heartbeat::node_conn(pool, node)
                 .op("task timeout")
                 .and_then(|mut conn| self.end(&mut conn, settings, *key, watched))
             {

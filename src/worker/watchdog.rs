@@ -170,17 +170,19 @@ pub(crate) fn charge_hung(pool: &DbPool, settings: &Settings, owner: i64, hung: 
          node ended its chunk's transaction",
         hung.running_for
     );
-    let charged = pool.get().op("task timeout").and_then(|mut conn| {
-        charge_leased(
-            &mut conn,
-            settings,
-            owner,
-            lease,
-            hung.task,
-            hung.failures,
-            &error,
-        )
-    });
+    let charged = super::heartbeat::node_conn(pool, owner)
+        .op("task timeout")
+        .and_then(|mut conn| {
+            charge_leased(
+                &mut conn,
+                settings,
+                owner,
+                lease,
+                hung.task,
+                hung.failures,
+                &error,
+            )
+        });
     match charged {
         Ok(Some(state)) => log::error!(
             "task {}: hung in a leased chunk; its chunk ended and a failure counted ({state})",

@@ -89,6 +89,46 @@ every_backend! {
         assert_eq!(db.count("SELECT count(*) FROM async_task WHERE state = 'done'"), 2);
     }
 
+    fn two_rescuers_at_once_charge_each_task_of_a_dead_node_once(db: &TestDb) {
+        // Every live node runs rescue: two passes that meet on the same dead node's tasks
+        // must charge each once between them, and neither may fail or wait for the other
+        // past its pass (they pass over the rows the other holds).
+        enqueue_n(db, 40);
+        let dying = quiet_worker(db);
+        let mut held = 0;
+        while held < 40 {
+            let page = dying.claim().unwrap();
+            assert!(!page.is_empty(), "claimed {held} of 40");
+            held += page.len();
+        }
+        kill_heartbeat(db, dying.node_id());
+        let rescuers = [quiet_worker(db), quiet_worker(db)];
+        let start = std::sync::Barrier::new(2);
+        let reports: Vec<_> = std::thread::scope(|s| {
+            let passes: Vec<_> = rescuers
+                .iter()
+                .map(|r| {
+                    let start = &start;
+                    s.spawn(move || {
+                        start.wait();
+                        r.rescue_once()
+                    })
+                })
+                .collect();
+            passes.into_iter().map(|p| p.join().unwrap().unwrap()).collect()
+        });
+        // A row one pass held when the other reached it is charged by the first; a pass
+        // that found nothing left is fine. A later pass finds nothing more.
+        let charged: u64 = reports.iter().map(|r| r.pending).sum();
+        let later = rescuers[0].rescue_once().unwrap();
+        assert_eq!(charged + later.pending, 40, "{reports:?} then {later:?}");
+        assert_eq!(
+            db.count("SELECT count(*) FROM async_task WHERE state = 'pending' AND failures = 1"),
+            40,
+            "each task charged once: {reports:?}"
+        );
+    }
+
     fn the_tasks_of_a_node_that_stopped_heartbeating_are_rescued_once(db: &TestDb) {
         enqueue_n(db, 3);
         let dying = quiet_worker(db);
@@ -723,4 +763,140 @@ fn a_rescue_pass_ends_a_dead_nodes_session_and_charges_the_task_it_held() {
     for &id in &ids {
         assert_eq!(db.task(id).failures, 1, "task {id}");
     }
+}
+
+/// The sessions of this test's database that say they work for `node` (the named lock of
+/// `driver/mysql/session.rs`).
+#[cfg(feature = "mysql")]
+fn sessions_of(db: &TestDb, node: i64) -> i64 {
+    db.count(&format!(
+        "SELECT count(*) FROM information_schema.PROCESSLIST p
+          WHERE p.DB = DATABASE()
+            AND IS_USED_LOCK(CONCAT('outbox-node-', {node}, '-', p.ID)) = p.ID"
+    ))
+}
+
+/// On MySQL, a process frozen (SIGSTOP, a paused VM) inside a task's transaction holds the
+/// rows it locked until its session ends, and no statement of rescue may take them: MySQL
+/// has no lock a transaction holds to its end that another session can list. The worker's
+/// connections say which node they work for (a named lock), and a rescue pass ends those of
+/// a node no longer live, here a handler's transaction frozen after it locked its own task's
+/// row, as a completion's locking read does; in strict mode, and in a batched chunk of
+/// stamp claims and of lock claims. The node's tasks are charged in the same pass; the
+/// sessions of a live node are left alone; the handler, woken, writes nothing.
+#[cfg(feature = "mysql")]
+#[test]
+fn a_rescue_pass_ends_a_frozen_nodes_sessions_on_mysql_and_charges_the_task_it_held() {
+    use outbox::ClaimStyle;
+    // Batched: a page of two tasks is one chunk, run on one thread, the frozen task first
+    // (one task alone would run as in strict mode). Strict: one task (a second one would run
+    // beside it, on the claiming thread).
+    let batched = small_config().threads(1).commit_batch(10);
+    for (name, config, tasks) in [
+        ("strict", small_config(), 1),
+        (
+            "batched, stamp claims",
+            batched.clone().claim_style(ClaimStyle::Stamp),
+            2,
+        ),
+        (
+            "batched, lock claims",
+            batched.queue(0).claim_style(ClaimStyle::Lock),
+            2,
+        ),
+    ] {
+        frozen_inside_a_task(name, config, tasks);
+    }
+}
+
+#[cfg(feature = "mysql")]
+fn frozen_inside_a_task(name: &str, config: outbox::WorkerConfig, tasks: usize) {
+    use diesel::RunQueryDsl;
+    use std::sync::{mpsc, Mutex};
+    let db = &TestDb::mysql();
+    // A live node whose claim tagged its connection: left alone.
+    let live = quiet_worker(db);
+    assert!(live.claim().unwrap().is_empty());
+    assert_eq!(
+        sessions_of(db, live.node_id()),
+        1,
+        "{name}: a claim's session says its node"
+    );
+    enqueue_n(db, tasks);
+    let (held_tx, held_rx) = mpsc::channel::<i64>();
+    let (wake_tx, wake_rx) = mpsc::channel::<()>();
+    let (held_tx, wake_rx) = (Mutex::new(held_tx), Mutex::new(wake_rx));
+    let first = std::sync::atomic::AtomicBool::new(true);
+    let mut registry = outbox::Registry::new();
+    registry.register(
+        "ledger",
+        move |task: &outbox::TaskContext, tx: &mut outbox::TaskTx| {
+            diesel::sql_query(format!(
+                "SELECT id FROM async_task WHERE id = {} FOR UPDATE",
+                task.id()
+            ))
+            .execute(tx.conn()?)?;
+            // The first handler to run freezes until the test wakes it; the others (after
+            // it: the chunk's other task, a rerun) run through.
+            if first.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                held_tx.lock().unwrap().send(task.id()).unwrap();
+                let _ = wake_rx.lock().unwrap().recv();
+            }
+            crate::insert_ledger_row(task, tx.conn()?)?;
+            Ok(())
+        },
+    );
+    let config = config
+        .heartbeat(Duration::from_secs(3600))
+        .dead_after(Duration::from_secs(7200));
+    let frozen = Worker::new(&db.url, registry, config).unwrap();
+    std::thread::scope(|scope| {
+        // Owned here, so that a failed assertion wakes the handler as it unwinds.
+        let wake_tx = wake_tx;
+        let run = scope.spawn(|| frozen.run_once());
+        let id = held_rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the handler holds its row");
+        assert!(sessions_of(db, frozen.node_id()) >= 1, "{name}");
+        let node = frozen.node_id();
+        // Stamped (running under it) or leased by it.
+        let held = db.count(&format!(
+            "SELECT count(*) FROM async_task WHERE owner = {node} AND state = 'running'"
+        )) + db.count(&format!(
+            "SELECT count(*) FROM async_lease WHERE node_id = {node}"
+        ));
+        assert!(held >= 1, "{name}");
+        kill_heartbeat(db, frozen.node_id());
+        let report = quiet_worker(db).rescue_once().unwrap();
+        assert!(report.sessions_ended >= 1, "{name}: {report:?}");
+        assert_eq!(
+            i64::try_from(report.pending).unwrap(),
+            held,
+            "{name}: all it held charged in the same pass: {report:?}"
+        );
+        assert_eq!(sessions_of(db, frozen.node_id()), 0, "{name}");
+        assert_eq!(
+            sessions_of(db, live.node_id()),
+            1,
+            "{name}: a live node's session kept"
+        );
+        let task = db.task(id);
+        assert_eq!(
+            (task.state.as_str(), task.failures),
+            ("pending", 1),
+            "{name}"
+        );
+        wake_tx.send(()).unwrap();
+        let _ = run.join().unwrap();
+        assert_eq!(
+            db.count("SELECT count(*) FROM async_task WHERE state = 'pending' AND failures = 1"),
+            held,
+            "{name}: fenced out"
+        );
+        assert_eq!(
+            db.count("SELECT count(*) FROM test_ledger"),
+            0,
+            "{name}: nothing written"
+        );
+    });
 }

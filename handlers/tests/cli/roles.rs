@@ -258,3 +258,61 @@ fn a_rescue_ends_the_stale_sessions_its_role_may_end_and_only_those() {
     drop(db);
     let _ = admin.batch_execute(&format!("DROP ROLE IF EXISTS {role}"));
 }
+
+/// On MySQL too: a rescue under the guide's grants ends the sessions of nodes no longer live
+/// that its user may end (its own user's: it sees no other's without `PROCESS`) and only
+/// those. Each session here has a transaction open (its snapshot taken) and holds the named
+/// lock by which a worker's connection names its node (`driver/mysql/session.rs`), as a
+/// frozen worker's; both nodes stopped heartbeating an hour ago.
+#[cfg(feature = "mysql")]
+#[test]
+fn a_rescue_ends_the_stale_sessions_its_user_may_end_and_only_those_on_mysql() {
+    use diesel::connection::SimpleConnection;
+    let db = TestDb::mysql();
+    let dir = workdir();
+    let user = role_name("rescuer");
+    let database = db.url_text.rsplit('/').next().expect("database name");
+    db.exec(&format!(
+        "DROP USER IF EXISTS '{user}'@'%'; CREATE USER '{user}'@'%'"
+    ));
+    db.exec(
+        &guide_grants("mysql.md", "CREATE USER 'outbox_worker'")
+            .replace("outbox_worker", &user)
+            .replace("app.", &format!("{database}.")),
+    );
+    let url = url_as(&db, &user);
+    db.exec(
+        "INSERT INTO async_node (id, name, state, heartbeat_at) VALUES \
+         (900001, 'ghost-owner', 'alive', UTC_TIMESTAMP(3) - INTERVAL 1 HOUR), \
+         (900002, 'ghost-user', 'alive', UTC_TIMESTAMP(3) - INTERVAL 1 HOUR)",
+    );
+    let hold = |url: &str, node: i64| {
+        let mut conn = outbox::DatabaseUrl::parse(url)
+            .expect("url")
+            .connect()
+            .expect("connection");
+        conn.batch_execute(&format!(
+            "DO GET_LOCK(CONCAT('outbox-node-{node}-', CONNECTION_ID()), 0); BEGIN; \
+             SELECT count(*) FROM async_node"
+        ))
+        .expect("lock taken");
+        conn
+    };
+    let mut owners = hold(&db.url_text, 900001);
+    let mut users = hold(&url, 900002);
+
+    // A drain's rescue pass, as the restricted user.
+    run(outbox_as(&url, dir.path()).arg("drain"))
+        .expect_code(0)
+        .output_lacks("could not end the sessions");
+    assert!(
+        users.batch_execute("SELECT 1").is_err(),
+        "the user's own stale session was not ended"
+    );
+    assert!(
+        owners.batch_execute("SELECT 1").is_ok(),
+        "the owner's session was ended by a user that may not"
+    );
+    drop(owners);
+    db.exec(&format!("DROP USER IF EXISTS '{user}'@'%'"));
+}

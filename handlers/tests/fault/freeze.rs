@@ -1,8 +1,7 @@
 //! A worker frozen mid-work (SIGSTOP: a paused VM, a stalled host, a partition that outlasts
 //! TCP) holds its tasks no longer than its `--dead-after` and a bounded margin, in every claim
-//! style: a live worker's rescue then frees them, charging each a failure (on PostgreSQL it
-//! also ends the frozen worker's sessions, so that what their transactions lock is free), and
-//! runs them. When the frozen worker resumes, nothing it writes lands: its late completions
+//! style: a live worker's rescue then frees them, charging each a failure (it also ends the
+//! frozen worker's sessions, so that what their transactions lock is free), and runs them. When the frozen worker resumes, nothing it writes lands: its late completions
 //! are fenced out (a stamped claim's token, a lease gone) or its sessions are gone.
 //!
 //! Not on SQLite: a process frozen while it holds SQLite's one write lock stops every writer
@@ -25,7 +24,7 @@ const MARGIN: Duration = Duration::from_secs(5);
 /// The tasks the node `node` holds: running under it, or leased by it (lock claims).
 fn held(db: &Db, node: i64) -> Vec<i64> {
     let leases = match db.backend() {
-        Backend::Postgres => {
+        Backend::Postgres | Backend::Mysql => {
             format!(" UNION SELECT task_id AS n FROM async_lease WHERE node_id = {node}")
         }
         _ => String::new(),
@@ -86,6 +85,17 @@ fn frozen_worker(backend: Backend, claim: &'static str) {
         took <= dead_after + MARGIN,
         "the frozen worker's tasks waited {took:?}, past --dead-after {dead_after:?} + {MARGIN:?}"
     );
+    // On MySQL every connection the frozen worker had taken for its work says its node, and
+    // the live worker's rescue ended them (on PostgreSQL only the transactions open at the
+    // freeze are, which depends on where it landed).
+    if db.backend() == Backend::Mysql {
+        assert!(
+            live.stderr_text()
+                .contains("session(s) of nodes no longer live"),
+            "the live worker ended no session of the frozen one\n{}",
+            tail(&live.stderr, 20)
+        );
+    }
     let rescued = db.count(&format!(
         "SELECT count(*) FROM async_task WHERE last_error LIKE 'rescued from node {node}:%'"
     ));
@@ -168,4 +178,10 @@ fn frozen_worker_postgres_lock() {
 #[test]
 fn frozen_worker_mysql() {
     frozen_worker(Backend::Mysql, "stamp");
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn frozen_worker_mysql_lock() {
+    frozen_worker(Backend::Mysql, "lock");
 }

@@ -5,11 +5,11 @@
 //! each of which moves the row's entries in every index that leads with its state. A lease
 //! that outlives its chunk is rescued.
 //!
-//! Unlike PostgreSQL's, the lease table is logged (InnoDB: see the migration), and rescue
-//! ends no session: MySQL has no advisory lock a transaction holds to its end. A frozen
-//! chunk's transaction keeps what its handlers locked until the server ends its session, as
-//! a stamped chunk's does. Its late completion finds its leases gone, or taken again under a
-//! new token (by this node too: every write names the chunk's tokens), and writes nothing.
+//! Unlike PostgreSQL's, the lease table is logged (InnoDB: see the migration), and a chunk's
+//! transaction carries no mark: rescue finds a frozen chunk by its session's node
+//! (`session.rs`), and ends it once the node is no longer live, as a stamped chunk's. Its
+//! late completion finds its leases gone, or taken again under a new token (by this node
+//! too: every write names the chunk's tokens), and writes nothing.
 //! The domain watchdog kills a hung handler's statement (`KILL QUERY`).
 
 use diesel::mysql::{Mysql, MysqlConnection};
@@ -19,7 +19,7 @@ use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 
 use super::chain::OnLocked;
 use super::claim::{chunk_of, mark, take_page, Take};
-use super::{list, task};
+use super::{list, session, task};
 use crate::db::transaction::depth_of;
 use crate::driver::{
     ChunkRuns, ClaimRow, Claiming, Due, LeaseCharge, LeaseDriver, Pick, Picked, RescueParams,
@@ -190,6 +190,14 @@ fn charge(conn: &mut MysqlConnection, ids: &[i64], charge: &Charge<'_>) -> Query
 }
 
 impl LeaseDriver for MysqlConnection {
+    fn session_tag(&mut self, node: i64) -> QueryResult<()> {
+        session::tag(self, node)
+    }
+
+    fn session_end_stale(&mut self, dead_after_ms: i64) -> QueryResult<i64> {
+        session::end_stale(self, dead_after_ms)
+    }
+
     fn task_lease_page(
         &mut self,
         claim: &Claiming<'_>,

@@ -46,6 +46,7 @@ mod lease;
 mod list;
 mod maintenance;
 mod operate;
+mod session;
 mod task;
 
 // The backend's functions of the [`Driver`] methods it shares the shape of, under their names.
