@@ -324,9 +324,11 @@ impl Slots {
         if lane.spec.paused || lane.spec.released {
             return 0;
         }
-        // Each chunk not yet started counted on a shared thread: at worst a chunk waits a
-        // moment for one of its lane's own.
-        let queued: usize = self.lanes.iter().map(|l| l.queued).sum();
+        // Each chunk not yet started that could start on a shared thread counted on one: at
+        // worst a chunk waits a moment for one of its lane's own.
+        let queued: usize = (0..self.lanes.len())
+            .map(|j| self.queued_for_shared(j))
+            .sum();
         let shared = self.shared_free().saturating_sub(queued);
         match lane.spec.mode {
             DomainMode::Max if i > 0 => lane
@@ -353,6 +355,24 @@ impl Slots {
     /// Whether some lane is worth a claim ([`Slots::worth_claiming_for`]).
     pub(crate) fn worth_claiming(&self) -> bool {
         (0..self.lanes.len()).any(|i| self.worth_claiming_for(i))
+    }
+
+    /// How many of lane `i`'s queued tasks would take a shared thread were one free now:
+    /// those beyond its free threads of its own, and, for a `MAX` domain (a database's share
+    /// of a fleet among them), no more than its cap leaves. A lane at its cap starts nothing
+    /// until one of its own tasks ends, and then on the slot that task leaves: counted
+    /// against the others' room, the queue of a database whose handlers block (its share all
+    /// running) left the other databases of a fleet no room for a lock claim while it blocked.
+    fn queued_for_shared(&self, i: usize) -> usize {
+        let lane = &self.lanes[i];
+        let own_free = Self::reserved(&lane.spec).saturating_sub(lane.own);
+        let beyond_own = lane.queued.saturating_sub(own_free);
+        match lane.spec.mode {
+            DomainMode::Max if i > 0 => {
+                beyond_own.min(lane.spec.threads.saturating_sub(lane.running()))
+            }
+            _ => beyond_own,
+        }
     }
 
     /// Whether lane `i` is not paused and has at least two thirds of its capacity free (a

@@ -182,6 +182,34 @@ fn lock_room_counts_other_lanes_chunks_not_yet_started() {
     assert_eq!(slots.lock_room(2), 1);
 }
 
+/// A fleet of two databases on two threads, under lock claims (no queue): the first's
+/// handlers block on its thread, and it has a chunk waiting for that thread. That chunk
+/// cannot start before one of its own ends, so it leaves the second its thread to lock a
+/// chunk for (counted against it, the second claimed nothing while the first blocked).
+#[test]
+fn a_blocked_databases_waiting_chunk_leaves_the_others_their_lock_room() {
+    let mut slots = Slots::new(2, 0, 1000);
+    let shares = slots.share_out(2, 0);
+    for share in &shares {
+        slots.set(
+            share.lane,
+            spec("default", DomainMode::Max, share.threads, share.queue),
+        );
+    }
+    let (blocked, other) = (shares[0].lane, shares[1].lane);
+    assert_eq!(slots.start(blocked), Some(Slot::Shared));
+    slots.queued(blocked);
+    assert_eq!(
+        slots.start(blocked),
+        None,
+        "its chunk waits for its own thread"
+    );
+    assert_eq!(slots.lock_room(other), 1);
+    // A chunk of the other's waiting counts against it, as before.
+    slots.queued(other);
+    assert_eq!(slots.lock_room(other), 0);
+}
+
 #[test]
 fn a_fleets_databases_share_the_threads_out_and_none_takes_anothers() {
     // 7 threads, a queue of 5, 3 databases: 3, 2, 2 threads; 2, 2, 1 queued.

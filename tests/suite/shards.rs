@@ -414,8 +414,44 @@ fn a_blocked_database_leaves_the_other_its_pace(
     share: usize,
     mode: Mode,
 ) {
+    paced_beside_a_blocked_database(db, config, share, mode, None);
+}
+
+/// [`a_blocked_database_leaves_the_other_its_pace`], with `tenant` (a name and its
+/// `max_running`) set in both databases and given to every other task of each.
+fn paced_beside_a_blocked_database(
+    db: &TestDb,
+    config: WorkerConfig,
+    share: usize,
+    mode: Mode,
+    tenant: Option<(&str, i32)>,
+) {
     const QUICK: usize = 60;
     let (slow, quick) = (another(db), another(db));
+    let tenant_of = |i: usize| tenant.filter(|_| i.is_multiple_of(2)).map(|(name, _)| name);
+    if let Some((name, max_running)) = tenant {
+        for db in [&slow, &quick] {
+            outbox::set_tenant(
+                &mut db.conn(),
+                name,
+                &outbox::TenantLimits::default().max_running(Some(max_running)),
+                "test",
+            )
+            .unwrap();
+        }
+    }
+    let enqueue = |db: &TestDb, n: usize| {
+        let tasks: Vec<NewTask> = (0..n)
+            .map(|i| {
+                let task = NewTask::new("ledger", format!("order-{i}"));
+                match tenant_of(i) {
+                    Some(t) => task.tenant(t),
+                    None => task,
+                }
+            })
+            .collect();
+        enqueue_batch(&mut db.conn(), &tasks).unwrap();
+    };
     let gate = std::sync::Arc::new(Gate::default());
     let mut registry = ledger_registry("ledger");
     {
@@ -428,7 +464,13 @@ fn a_blocked_database_leaves_the_other_its_pace(
         );
     }
     let stuck: Vec<NewTask> = (0..20)
-        .map(|i| NewTask::new("stuck", format!("stuck-{i}")))
+        .map(|i| {
+            let task = NewTask::new("stuck", format!("stuck-{i}"));
+            match tenant_of(i) {
+                Some(t) => task.tenant(t),
+                None => task,
+            }
+        })
         .collect();
     enqueue_batch(&mut slow.conn(), &stuck).unwrap();
     // A drain ends when nothing is due: the quick tasks are there from the start; `run`
@@ -527,5 +569,22 @@ fn under_lock_claims_a_database_whose_handlers_block_takes_at_most_its_share() {
         .claim_style(outbox::ClaimStyle::Lock);
     for mode in [Mode::Drain, Mode::Run] {
         a_blocked_database_leaves_the_other_its_pace(&db, config.clone(), 2, mode);
+    }
+}
+
+/// The same under lock claims with a tenant's `max_running` in both databases (its tasks
+/// claimed the stamping way, the others leased), a thread each. The blocked database has a
+/// chunk waiting for its thread; counted against the shared threads, it left the other no
+/// room to lock a chunk for, so the other's claims came back empty while the first blocked:
+/// its `drain` ended with tasks due, its `run` ran nothing (the fault harness's seed 1515).
+#[test]
+fn under_lock_claims_with_a_tenants_limit_a_blocked_database_leaves_the_other_its_pace() {
+    let db = TestDb::postgres();
+    let config = WorkerConfig::default()
+        .threads(2)
+        .commit_batch(10)
+        .claim_style(outbox::ClaimStyle::Lock);
+    for mode in [Mode::Drain, Mode::Run] {
+        paced_beside_a_blocked_database(&db, config.clone(), 1, mode, Some(("t1", 3)));
     }
 }

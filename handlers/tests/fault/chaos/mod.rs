@@ -733,6 +733,10 @@ macro_rules! fixed_seeds {
 // hung in a leased chunk past its timeout freed the chunk's other tasks, which ran their external
 // effects again elsewhere with no `last_error` saying so (MySQL gives a handler no transaction id
 // to tell a rolled-back run by).
+// 1515 (found by `--seeds 24 --first 1500`, on PostgreSQL): under lock claims with a tenant's
+// `max_running`, a database whose handlers blocked had a chunk waiting for its thread, and that
+// chunk was counted against the threads the other database could lock chunks for: the other
+// claimed nothing while the first blocked (`shards::under_lock_claims_with_a_tenants_limit_…`).
 // Seed 503 (SQLite: a domain's suspects left pending for good) is not among them: whether its
 // SIGSTOP ends on time depends on the machine's load, and when it ends late the progress
 // check fails whatever the fix; `rescue::a_suspect_of_a_domain_is_claimed_when_the_lane_before_it_has_none`
@@ -748,6 +752,7 @@ fixed_seeds! {
     seed_307 = 307;
     seed_281 = 281;
     seed_47 = 47;
+    seed_1515 = 1515;
 }
 
 /// `scripts/chaos.sh`: the seed `OUTBOX_CHAOS_SEED`, or `OUTBOX_CHAOS_SEEDS` random seeds
