@@ -202,6 +202,10 @@ impl Worker {
             return Ok(solo_n);
         }
         if self.services.limits.tenants().is_empty() {
+            let limit = self.leasable(lane, limit);
+            if limit == 0 {
+                return Ok(solo_n);
+            }
             return Ok(solo_n + self.refill_locked(feed, tally, lane, limit)?);
         }
         let took = self.take_both_kinds(limit, |limited, n| {
@@ -211,10 +215,27 @@ impl Worker {
                 self.submit_page(feed, page, tally);
                 Ok(stamped)
             } else {
+                let n = self.leasable(lane, n);
+                if n == 0 {
+                    return Ok(0);
+                }
                 self.refill_locked(feed, tally, lane, n)
             }
         })?;
         Ok(solo_n + took)
+    }
+
+    /// At most `limit` tasks to lease for `lane` now: on a domain's or a database's own lane,
+    /// no more chunks than it can start at once ([`super::slots::Slots::lock_room`]), taken
+    /// again after what this refill claimed the stamping way first (a suspect, a tenant's
+    /// limited tasks), which may wait for the lane's threads: a leased chunk never waits for
+    /// a thread with its leases' deadline running. On `default`, the claiming thread runs a
+    /// chunk itself when every thread is busy.
+    fn leasable(&self, lane: &PlanLane, limit: usize) -> usize {
+        match lane.lane {
+            0 => limit,
+            i => limit.min(self.dispatcher.slots().lock_room(i) * self.settings.commit_batch),
+        }
     }
 
     /// Under `least_count`, while this node holds more than half of what it may hold (the

@@ -318,7 +318,8 @@ impl Slots {
     }
 
     /// Under lock claims (no queues): how many chunks lane `i` can start now with no wait,
-    /// counting every lane's chunks not yet started as taking a slot first.
+    /// counting every lane's tasks not yet started that could take a shared thread now as
+    /// taking it first ([`Slots::queued_for_shared`]).
     pub(crate) fn lock_room(&self, i: usize) -> usize {
         let lane = &self.lanes[i];
         if lane.spec.paused || lane.spec.released {

@@ -985,3 +985,76 @@ fn late_chunk_and_newer_lease(db: &TestDb, returns: Returns) {
         assert_eq!(db.ledger_rows(id), 1, "task {id}: its effects landed once");
     }
 }
+
+/// Under lock claims a leased chunk never waits for a thread, its leases' deadline running:
+/// on a domain's lane, what a refill claims the stamping way first (a tenant's limited tasks,
+/// here three that block) takes one of the lane's threads, and the refill then leases only
+/// for the threads left. The lane has two threads: the blocked chunk's, and one for a chunk
+/// of 10 leased tasks. Leasing 17 (its room before the stamped chunk) left a chunk of 7
+/// waiting behind the others with its leases held.
+#[test]
+fn a_refill_leases_only_for_the_threads_its_stamped_tasks_left() {
+    use std::sync::{Condvar, Mutex};
+    let db = &TestDb::postgres();
+    outbox::set_tenant(
+        &mut db.conn(),
+        "t1",
+        &outbox::TenantLimits::default().max_running(Some(3)),
+        "test",
+    )
+    .unwrap();
+    let stuck: Vec<NewTask> = (0..3)
+        .map(|i| NewTask::new("stuck", format!("stuck-{i}")).tenant("t1"))
+        .collect();
+    enqueue_batch(&mut db.conn(), &stuck).unwrap();
+    enqueue(db, "ledger", 17);
+    let gate = Arc::new((Mutex::new(false), Condvar::new()));
+    let mut registry = Registry::new();
+    registry.register("ledger", write_ledger);
+    {
+        let gate = Arc::clone(&gate);
+        registry.register("stuck", move |_: &TaskContext, _: &mut TaskTx| {
+            let (open, opened) = &*gate;
+            let guard = open.lock().unwrap();
+            let _open = opened
+                .wait_timeout_while(guard, std::time::Duration::from_secs(60), |o| !*o)
+                .unwrap();
+            Ok(())
+        });
+    }
+    // A fresh worker's first claim takes the limited tenant's tasks first (then leases).
+    let config = WorkerConfig::default()
+        .threads(2)
+        .commit_batch(10)
+        .claim_style(ClaimStyle::Lock)
+        .domain(outbox::domain::Domain::max("both", ["stuck", "ledger"], 2));
+    let w = Worker::new(&db.url, registry, config).unwrap();
+    let done = "SELECT count(*) FROM async_task WHERE keyword = 'ledger' AND state = 'done'";
+    std::thread::scope(|s| {
+        let run = s.spawn(|| w.run_once());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while db.count(done) < 10 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        // The ten ran on the lane's free thread while the stamped chunk blocked, so the
+        // refill is over: what it leased beyond them would be waiting, leased, now.
+        let (done_now, leased) = (db.count(done), db.count("SELECT count(*) FROM async_lease"));
+        {
+            let (open, opened) = &*gate;
+            *open.lock().unwrap() = true;
+            opened.notify_all();
+        }
+        let tally = run.join().unwrap().unwrap();
+        assert_eq!(
+            db.count("SELECT count(*) FROM async_task WHERE keyword = 'stuck' AND state = 'done'"),
+            3,
+            "{tally:?}"
+        );
+        assert_eq!(
+            (done_now, leased),
+            (10, 0),
+            "with the stamped chunk blocking a thread, one chunk of 10 leased and run, none \
+             waiting: {tally:?}"
+        );
+    });
+}

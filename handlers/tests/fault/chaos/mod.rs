@@ -736,7 +736,8 @@ macro_rules! fixed_seeds {
 // 1515 (found by `--seeds 24 --first 1500`, on PostgreSQL): under lock claims with a tenant's
 // `max_running`, a database whose handlers blocked had a chunk waiting for its thread, and that
 // chunk was counted against the threads the other database could lock chunks for: the other
-// claimed nothing while the first blocked (`shards::under_lock_claims_with_a_tenants_limit_…`).
+// claimed nothing while the first blocked
+// (`shards::under_lock_claims_with_a_tenants_limit_a_blocked_database_leaves_the_other_its_pace`).
 // Seed 503 (SQLite: a domain's suspects left pending for good) is not among them: whether its
 // SIGSTOP ends on time depends on the machine's load, and when it ends late the progress
 // check fails whatever the fix; `rescue::a_suspect_of_a_domain_is_claimed_when_the_lane_before_it_has_none`
