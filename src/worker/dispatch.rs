@@ -388,6 +388,14 @@ impl Dispatcher {
         });
     }
 
+    /// Waits until `ready` holds or `stop` is set, looking again whenever a unit finishes.
+    pub(crate) fn wait_for(&self, ready: impl Fn() -> bool, stop: &AtomicBool) {
+        let ready = || stop.load(Ordering::Relaxed) || ready();
+        if !ready() {
+            self.wait_until(1, ready);
+        }
+    }
+
     /// Waits until nothing of `lanes` runs or waits ([`Slots::idle`]), or `stop` is set: a
     /// database of a fleet waiting for its own tasks, not the others'.
     pub(crate) fn wait_for_lanes_idle(&self, lanes: &[usize], stop: &AtomicBool) {

@@ -242,12 +242,27 @@ impl Worker {
     /// least-loaded other node's tasks plus its slack), waits until enough of them finish
     /// (or none is running here): claims of half that at least, rather than one at a time.
     fn wait_while_capped(&self, feed: &Feed<'_>) {
-        let Some((most, held)) = self.services.strategy.least_count_bound() else {
+        let strategy = &self.services.strategy;
+        let Some((most, held)) = strategy.least_count_bound() else {
             return;
         };
         let want_free = most.div_ceil(2);
         let free = most.saturating_sub(held);
         if free >= want_free {
+            return;
+        }
+        if let Some(lane) = self.own_lane() {
+            // On a fleet's shared pool: this database's own tasks, counted as tasks. The pool's
+            // room counts every database's units (a chunk is one, whatever its tasks), and a
+            // wait for more of it than this database's units can give waited for the others',
+            // which may block for as long as their handlers do.
+            let enough = || {
+                self.dispatcher.slots().idle(lane)
+                    || strategy
+                        .least_count_bound()
+                        .is_none_or(|(most, held)| most.saturating_sub(held) >= most.div_ceil(2))
+            };
+            self.dispatcher.wait_for(enough, &self.stopping);
             return;
         }
         let room = self.dispatcher.room();

@@ -193,7 +193,7 @@ impl Worker {
     }
 
     /// This database's own lane on a fleet's shared pool, when it has one.
-    fn own_lane(&self) -> Option<usize> {
+    pub(super) fn own_lane(&self) -> Option<usize> {
         let home = self.services.domains.plan().home;
         (home != 0).then_some(home)
     }

@@ -414,20 +414,31 @@ fn a_blocked_database_leaves_the_other_its_pace(
     share: usize,
     mode: Mode,
 ) {
-    paced_beside_a_blocked_database(db, config, share, mode, None);
+    paced_beside_a_blocked_database(db, config, share, mode, None, false);
 }
 
 /// [`a_blocked_database_leaves_the_other_its_pace`], with `tenant` (a name and its
-/// `max_running`) set in both databases and given to every other task of each.
+/// `max_running`) set in both databases and given to every other task of each, and with
+/// `peer` another live node in each database, holding nothing (as a `least_count` node
+/// compares itself with).
 fn paced_beside_a_blocked_database(
     db: &TestDb,
     config: WorkerConfig,
     share: usize,
     mode: Mode,
     tenant: Option<(&str, i32)>,
+    peer: bool,
 ) {
     const QUICK: usize = 60;
     let (slow, quick) = (another(db), another(db));
+    if peer {
+        for db in [&slow, &quick] {
+            db.exec(
+                "INSERT INTO async_node (name, strategy, weight, running)
+                 VALUES ('peer', 'default', 1, 0)",
+            );
+        }
+    }
     let tenant_of = |i: usize| tenant.filter(|_| i.is_multiple_of(2)).map(|(name, _)| name);
     if let Some((name, max_running)) = tenant {
         for db in [&slow, &quick] {
@@ -585,6 +596,26 @@ fn under_lock_claims_with_a_tenants_limit_a_blocked_database_leaves_the_other_it
         .commit_batch(10)
         .claim_style(outbox::ClaimStyle::Lock);
     for mode in [Mode::Drain, Mode::Run] {
-        paced_beside_a_blocked_database(&db, config.clone(), 1, mode, Some(("t1", 3)));
+        paced_beside_a_blocked_database(&db, config.clone(), 1, mode, Some(("t1", 3)), false);
+    }
+}
+
+/// A `least_count` fleet beside an idle peer holds at most its slack in each database, and
+/// waits for its own tasks to finish before it claims again: counted in units of the whole
+/// pool (a batched chunk is one, whatever its tasks), that wait also took the other
+/// database's blocked units, and the quick database claimed nothing while the other blocked.
+#[test]
+fn a_least_count_fleet_waits_for_its_own_tasks_not_a_blocked_databases() {
+    let db = TestDb::postgres();
+    let config = WorkerConfig::default()
+        .threads(2)
+        .queue(2)
+        .commit_batch(10)
+        .claim_style(outbox::ClaimStyle::Stamp)
+        .strategy(outbox::Strategy::LeastCount)
+        .slack(4)
+        .dead_after(Duration::from_secs(60));
+    for mode in [Mode::Drain, Mode::Run] {
+        paced_beside_a_blocked_database(&db, config.clone(), 1, mode, None, true);
     }
 }
