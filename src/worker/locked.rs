@@ -61,7 +61,10 @@ impl Worker {
         self.ensure_heartbeat_fresh()?;
         let mut claimed = 0;
         while claimed < limit && !self.is_stopping() {
-            let want = limit - claimed;
+            let want = self.leasable(lane, limit - claimed);
+            if want == 0 {
+                break;
+            }
             let goes_on = || self.services.limits.fair.goes_on(&lane.keywords);
             let (chunks, shared) = match self.lease_page(lane, want) {
                 Ok(page) => page,

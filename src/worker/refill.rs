@@ -120,7 +120,13 @@ impl Worker {
             match took {
                 Ok(took) => {
                     claimed += took;
-                    full |= took >= n;
+                    // Under lock claims a claim may stop short for want of threads (what it
+                    // stamped first took them): full too, so that the next claim waits for
+                    // the lane's room rather than for the poll interval.
+                    full |= took >= n
+                        || (self.settings.lock
+                            && took > 0
+                            && self.dispatcher.slots().lock_room(lane.lane) == 0);
                 }
                 // What was claimed runs; the next claim meets the error.
                 Err(e) if claimed > 0 => {
@@ -202,10 +208,6 @@ impl Worker {
             return Ok(solo_n);
         }
         if self.services.limits.tenants().is_empty() {
-            let limit = self.leasable(lane, limit);
-            if limit == 0 {
-                return Ok(solo_n);
-            }
             return Ok(solo_n + self.refill_locked(feed, tally, lane, limit)?);
         }
         let took = self.take_both_kinds(limit, |limited, n| {
@@ -215,27 +217,24 @@ impl Worker {
                 self.submit_page(feed, page, tally);
                 Ok(stamped)
             } else {
-                let n = self.leasable(lane, n);
-                if n == 0 {
-                    return Ok(0);
-                }
                 self.refill_locked(feed, tally, lane, n)
             }
         })?;
         Ok(solo_n + took)
     }
 
-    /// At most `limit` tasks to lease for `lane` now: on a domain's or a database's own lane,
-    /// no more chunks than it can start at once ([`super::slots::Slots::lock_room`]), taken
-    /// again after what this refill claimed the stamping way first (a suspect, a tenant's
-    /// limited tasks), which may wait for the lane's threads: a leased chunk never waits for
-    /// a thread with its leases' deadline running. On `default`, the claiming thread runs a
-    /// chunk itself when every thread is busy.
-    fn leasable(&self, lane: &PlanLane, limit: usize) -> usize {
-        match lane.lane {
-            0 => limit,
-            i => limit.min(self.dispatcher.slots().lock_room(i) * self.settings.commit_batch),
+    /// At most `limit` tasks to lease for `lane` now: when claims go lane by lane (domains, or
+    /// a database of a fleet), no more chunks than the lane can start at once
+    /// ([`super::slots::Slots::lock_room`]), read again before each page, after what this
+    /// refill claimed the stamping way first (a suspect, a tenant's limited tasks) or leased
+    /// already, which may wait for the lane's threads: a leased chunk never waits for a
+    /// thread with its leases' deadline running. Without lanes, the claiming thread runs a
+    /// chunk itself when every thread is busy (CallerRuns).
+    pub(super) fn leasable(&self, lane: &PlanLane, limit: usize) -> usize {
+        if lane.lane == 0 && !self.services.domains.plan().by_lanes() {
+            return limit;
         }
+        limit.min(self.dispatcher.slots().lock_room(lane.lane) * self.settings.commit_batch)
     }
 
     /// Under `least_count`, while this node holds more than half of what it may hold (the

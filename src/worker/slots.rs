@@ -337,7 +337,13 @@ impl Slots {
                 .threads
                 .saturating_sub(lane.running() + lane.queued)
                 .min(shared),
-            _ => Self::reserved(&lane.spec).saturating_sub(lane.own) + shared,
+            // Its own threads free, less its tasks waiting for them.
+            _ => {
+                Self::reserved(&lane.spec)
+                    .saturating_sub(lane.own)
+                    .saturating_sub(lane.queued)
+                    + shared
+            }
         }
     }
 

@@ -210,6 +210,25 @@ fn a_blocked_databases_waiting_chunk_leaves_the_others_their_lock_room() {
     assert_eq!(slots.lock_room(other), 0);
 }
 
+/// A `RESERVED` lane's own threads free count for its lock room less its tasks already
+/// waiting for them: a chunk claimed the stamping way a moment before, queued and not yet
+/// started, takes one of them first.
+#[test]
+fn a_reserved_lanes_lock_room_leaves_out_what_waits_for_its_own_threads() {
+    // 6 threads: `pay` reserves 2, the other 4 are shared.
+    let mut slots = slots();
+    let pay = 1;
+    assert_eq!(slots.lock_room(pay), 2 + 4);
+    slots.queued(pay);
+    assert_eq!(
+        slots.lock_room(pay),
+        1 + 4,
+        "one own thread taken by what waits"
+    );
+    assert_eq!(slots.start(pay), Some(Slot::Own));
+    assert_eq!(slots.lock_room(pay), 1 + 4, "the same once it started");
+}
+
 #[test]
 fn a_fleets_databases_share_the_threads_out_and_none_takes_anothers() {
     // 7 threads, a queue of 5, 3 databases: 3, 2, 2 threads; 2, 2, 1 queued.

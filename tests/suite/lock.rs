@@ -987,13 +987,37 @@ fn late_chunk_and_newer_lease(db: &TestDb, returns: Returns) {
 }
 
 /// Under lock claims a leased chunk never waits for a thread, its leases' deadline running:
-/// on a domain's lane, what a refill claims the stamping way first (a tenant's limited tasks,
-/// here three that block) takes one of the lane's threads, and the refill then leases only
-/// for the threads left. The lane has two threads: the blocked chunk's, and one for a chunk
-/// of 10 leased tasks. Leasing 17 (its room before the stamped chunk) left a chunk of 7
-/// waiting behind the others with its leases held.
+/// when claims go lane by lane, what a refill claims the stamping way first (a tenant's
+/// limited tasks, here three that block) takes one of the lane's threads, and the refill then
+/// leases only for the threads left. The lane has two threads: the blocked chunk's, and one
+/// for a chunk of 10 leased tasks. Leasing 17 (its room before the stamped chunk) left a chunk
+/// of 7 waiting behind the others with its leases held. On a domain's lane, and on `default`
+/// beside a `RESERVED` domain (whose thread counts in the pool's bound, so the claiming thread
+/// does not run a chunk itself).
 #[test]
 fn a_refill_leases_only_for_the_threads_its_stamped_tasks_left() {
+    use outbox::domain::Domain;
+    let lock = WorkerConfig::default()
+        .commit_batch(10)
+        .claim_style(ClaimStyle::Lock);
+    leases_only_for_the_threads_left(
+        "a domain's lane",
+        lock.clone()
+            .threads(2)
+            .domain(Domain::max("both", ["stuck", "ledger"], 2)),
+        None,
+    );
+    leases_only_for_the_threads_left(
+        "default beside a reserved domain",
+        lock.threads(3).domain(Domain::reserved("pay", ["pay"], 1)),
+        Some("pay"),
+    );
+}
+
+/// The refill claims lane by lane, `default` first, and a fresh worker's first claim of a
+/// lane with a tenant limit takes the limited tasks first: so the lane of `stuck` and
+/// `ledger` is the first with keywords (`other`, registered too, is another lane's).
+fn leases_only_for_the_threads_left(name: &str, config: WorkerConfig, other: Option<&str>) {
     use std::sync::{Condvar, Mutex};
     let db = &TestDb::postgres();
     outbox::set_tenant(
@@ -1008,53 +1032,71 @@ fn a_refill_leases_only_for_the_threads_its_stamped_tasks_left() {
         .collect();
     enqueue_batch(&mut db.conn(), &stuck).unwrap();
     enqueue(db, "ledger", 17);
-    let gate = Arc::new((Mutex::new(false), Condvar::new()));
-    let mut registry = Registry::new();
-    registry.register("ledger", write_ledger);
-    {
-        let gate = Arc::clone(&gate);
-        registry.register("stuck", move |_: &TaskContext, _: &mut TaskTx| {
-            let (open, opened) = &*gate;
-            let guard = open.lock().unwrap();
-            let _open = opened
-                .wait_timeout_while(guard, std::time::Duration::from_secs(60), |o| !*o)
-                .unwrap();
-            Ok(())
-        });
+    // Every handler waits at the gate until the test opens it; `waiting` counts the ledger
+    // handlers there: one is there once a leased chunk runs.
+    #[derive(Default)]
+    struct Gate {
+        open: bool,
+        waiting: usize,
     }
-    // A fresh worker's first claim takes the limited tenant's tasks first (then leases).
-    let config = WorkerConfig::default()
-        .threads(2)
-        .commit_batch(10)
-        .claim_style(ClaimStyle::Lock)
-        .domain(outbox::domain::Domain::max("both", ["stuck", "ledger"], 2));
+    let gate = Arc::new((Mutex::new(Gate::default()), Condvar::new()));
+    let wait = |gate: &(Mutex<Gate>, Condvar), ledger: bool| {
+        let (state, changed) = gate;
+        let mut state = state.lock().unwrap();
+        state.waiting += usize::from(ledger);
+        changed.notify_all();
+        let _open = changed
+            .wait_timeout_while(state, std::time::Duration::from_secs(60), |g| !g.open)
+            .unwrap();
+    };
+    let mut registry = Registry::new();
+    if let Some(other) = other {
+        registry.register(other, write_ledger);
+    }
+    for (keyword, ledger) in [("ledger", true), ("stuck", false)] {
+        let gate = Arc::clone(&gate);
+        registry.register(
+            keyword,
+            move |task: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
+                wait(&gate, ledger);
+                match ledger {
+                    true => write_ledger(task, tx),
+                    false => Ok(()),
+                }
+            },
+        );
+    }
     let w = Worker::new(&db.url, registry, config).unwrap();
-    let done = "SELECT count(*) FROM async_task WHERE keyword = 'ledger' AND state = 'done'";
     std::thread::scope(|s| {
         let run = s.spawn(|| w.run_once());
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while db.count(done) < 10 && std::time::Instant::now() < deadline {
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-        // The ten ran on the lane's free thread while the stamped chunk blocked, so the
-        // refill is over: what it leased beyond them would be waiting, leased, now.
-        let (done_now, leased) = (db.count(done), db.count("SELECT count(*) FROM async_lease"));
         {
-            let (open, opened) = &*gate;
-            *open.lock().unwrap() = true;
-            opened.notify_all();
+            let (state, changed) = &*gate;
+            let state = state.lock().unwrap();
+            let (state, _) = changed
+                .wait_timeout_while(state, std::time::Duration::from_secs(30), |g| {
+                    g.waiting == 0
+                })
+                .unwrap();
+            assert_eq!(state.waiting, 1, "{name}: a leased chunk runs");
+        }
+        // A leased chunk runs beside the blocked stamped one, so the refill that leased it
+        // is over (nothing could finish since): what it leased beyond that chunk waits.
+        let leased = db.count("SELECT count(*) FROM async_lease");
+        {
+            let (state, changed) = &*gate;
+            state.lock().unwrap().open = true;
+            changed.notify_all();
         }
         let tally = run.join().unwrap().unwrap();
         assert_eq!(
             db.count("SELECT count(*) FROM async_task WHERE keyword = 'stuck' AND state = 'done'"),
             3,
-            "{tally:?}"
+            "{name}: {tally:?}"
         );
         assert_eq!(
-            (done_now, leased),
-            (10, 0),
-            "with the stamped chunk blocking a thread, one chunk of 10 leased and run, none \
-             waiting: {tally:?}"
+            leased, 10,
+            "{name}: with the stamped chunk on one thread, one chunk of 10 leased for the \
+             other, none waiting: {tally:?}"
         );
     });
 }
