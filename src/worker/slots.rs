@@ -364,12 +364,10 @@ impl Slots {
         (0..self.lanes.len()).any(|i| self.worth_claiming_for(i))
     }
 
-    /// How many of lane `i`'s queued tasks would take a shared thread were one free now:
-    /// those beyond its free threads of its own, and, for a `MAX` domain (a database's share
-    /// of a fleet among them), no more than its cap leaves. A lane at its cap starts nothing
-    /// until one of its own tasks ends, and then on the slot that task leaves: counted
-    /// against the others' room, the queue of a database whose handlers block (its share all
-    /// running) left the other databases of a fleet no room for a lock claim while it blocked.
+    /// How many of lane `i`'s queued tasks would take a shared thread were one free now: those
+    /// beyond its own free threads, and for a `MAX` domain (a fleet database's share) no more
+    /// than its cap leaves. A lane at its cap starts nothing until one of its tasks ends, and
+    /// then on the slot that task leaves: it must not count against the others' lock room.
     fn queued_for_shared(&self, i: usize) -> usize {
         let lane = &self.lanes[i];
         let own_free = Self::reserved(&lane.spec).saturating_sub(lane.own);
