@@ -421,3 +421,57 @@ fn the_claim_of_a_partitioned_node_is_the_same_plan_with_one_more_filter() {
         ));
     }
 }
+
+/// A `least_count` worker with a domain, past half its bound, waits for its own tasks to
+/// finish, counted as tasks: its `default` lane's one chunk ends, and it claims again while
+/// the domain's handlers stay blocked. Counted in units of the pool (a chunk is one, whatever
+/// its tasks), that wait also took the blocked domain's unit, and `default` ran nothing more
+/// until the domain's handlers returned.
+#[test]
+fn a_least_count_worker_with_a_domain_waits_for_its_own_tasks_not_a_blocked_domains() {
+    let db = &TestDb::postgres();
+    let gate = Arc::new((Mutex::new(false), Condvar::new()));
+    let mut registry = ledger_registry("ledger");
+    {
+        let gate = Arc::clone(&gate);
+        registry.register(
+            "stuck",
+            move |_: &TaskContext, _: &mut TaskTx| -> HandlerResult {
+                let (open, changed) = &*gate;
+                let guard = open.lock().unwrap();
+                let _open = changed
+                    .wait_timeout_while(guard, Duration::from_secs(60), |open| !*open)
+                    .unwrap();
+                Ok(())
+            },
+        );
+    }
+    enqueue_batch(&mut db.conn(), &[NewTask::new("stuck", "stuck")]).unwrap();
+    enqueue(db, "l", 60, None);
+    peer(db, "default", 1, 0);
+    let config = config(Strategy::LeastCount)
+        .slack(4)
+        .queue(2)
+        .commit_batch(10)
+        .claim_style(ClaimStyle::Stamp)
+        .domain(outbox::domain::Domain::max("slow", ["stuck"], 1));
+    let w = Worker::new(&db.url, registry, config).unwrap();
+    let done = "SELECT count(*) FROM async_task WHERE keyword = 'ledger' AND state = 'done'";
+    std::thread::scope(|s| {
+        let drain = s.spawn(|| w.drain());
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while db.count(done) < 60 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let paced = db.count(done);
+        *gate.0.lock().unwrap() = true;
+        gate.1.notify_all();
+        let report = drain.join().unwrap().unwrap();
+        assert_eq!(
+            paced, 60,
+            "with the domain's handler blocked, default ran {paced} of its 60 tasks in 20 s: \
+             {report:?}"
+        );
+        assert_eq!(report.tally.done, 61, "{report:?}");
+    });
+}
