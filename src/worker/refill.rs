@@ -252,8 +252,8 @@ impl Worker {
         }
         if let Some(lane) = self.own_lane() {
             // On a fleet's shared pool: this database's own tasks, counted as tasks. The pool's
-            // room counts every database's units (a chunk is one, whatever its tasks), and a
-            // wait for more of it than this database's units can give waited for the others',
+            // room counts every database's units (a chunk is one, whatever its tasks): a wait
+            // for more of it than this database's units can give would wait for the others',
             // which may block for as long as their handlers do.
             let enough = || {
                 self.dispatcher.slots().idle(lane)

@@ -990,10 +990,10 @@ fn late_chunk_and_newer_lease(db: &TestDb, returns: Returns) {
 /// when claims go lane by lane, what a refill claims the stamping way first (a tenant's
 /// limited tasks, here three that block) takes one of the lane's threads, and the refill then
 /// leases only for the threads left. The lane has two threads: the blocked chunk's, and one
-/// for a chunk of 10 leased tasks. Leasing 17 (its room before the stamped chunk) left a chunk
-/// of 7 waiting behind the others with its leases held. On a domain's lane, and on `default`
-/// beside a `RESERVED` domain (whose thread counts in the pool's bound, so the claiming thread
-/// does not run a chunk itself).
+/// for a chunk of 10 leased tasks. Leasing 17 (its room before the stamped chunk) would leave
+/// a chunk of 7 waiting behind the others with its leases held. On a domain's lane, and on
+/// `default` beside a `RESERVED` domain (whose thread counts in the pool's bound, so the
+/// claiming thread does not run a chunk itself).
 #[test]
 fn a_refill_leases_only_for_the_threads_its_stamped_tasks_left() {
     use outbox::domain::Domain;

@@ -439,7 +439,6 @@ fn paced_beside_a_blocked_database(
             );
         }
     }
-    let tenant_of = |i: usize| tenant.filter(|_| i.is_multiple_of(2)).map(|(name, _)| name);
     if let Some((name, max_running)) = tenant {
         for db in [&slow, &quick] {
             outbox::set_tenant(
@@ -451,17 +450,20 @@ fn paced_beside_a_blocked_database(
             .unwrap();
         }
     }
-    let enqueue = |db: &TestDb, n: usize| {
-        let tasks: Vec<NewTask> = (0..n)
+    // `n` tasks of `keyword`, `prefix-i`, every other one of `tenant` when given.
+    let tasks = |keyword: &str, prefix: &str, n: usize| -> Vec<NewTask> {
+        (0..n)
             .map(|i| {
-                let task = NewTask::new("ledger", format!("order-{i}"));
-                match tenant_of(i) {
-                    Some(t) => task.tenant(t),
+                let task = NewTask::new(keyword, format!("{prefix}-{i}"));
+                match tenant.filter(|_| i.is_multiple_of(2)) {
+                    Some((name, _)) => task.tenant(name),
                     None => task,
                 }
             })
-            .collect();
-        enqueue_batch(&mut db.conn(), &tasks).unwrap();
+            .collect()
+    };
+    let enqueue = |db: &TestDb, n: usize| {
+        enqueue_batch(&mut db.conn(), &tasks("ledger", "order", n)).unwrap();
     };
     let gate = std::sync::Arc::new(Gate::default());
     let mut registry = ledger_registry("ledger");
@@ -474,16 +476,7 @@ fn paced_beside_a_blocked_database(
             },
         );
     }
-    let stuck: Vec<NewTask> = (0..20)
-        .map(|i| {
-            let task = NewTask::new("stuck", format!("stuck-{i}"));
-            match tenant_of(i) {
-                Some(t) => task.tenant(t),
-                None => task,
-            }
-        })
-        .collect();
-    enqueue_batch(&mut slow.conn(), &stuck).unwrap();
+    enqueue_batch(&mut slow.conn(), &tasks("stuck", "stuck", 20)).unwrap();
     // A drain ends when nothing is due: the quick tasks are there from the start; `run`
     // gets them once the slow database's handlers are waiting.
     if let Mode::Drain = mode {
@@ -585,9 +578,9 @@ fn under_lock_claims_a_database_whose_handlers_block_takes_at_most_its_share() {
 
 /// The same under lock claims with a tenant's `max_running` in both databases (its tasks
 /// claimed the stamping way, the others leased), a thread each. The blocked database has a
-/// chunk waiting for its thread; counted against the shared threads, it left the other no
-/// room to lock a chunk for, so the other's claims came back empty while the first blocked:
-/// its `drain` ended with tasks due, its `run` ran nothing (the fault harness's seed 1515).
+/// chunk waiting for its own thread, which must not count against the threads the other may
+/// lock chunks for: the other keeps claiming, its `drain` does not end with tasks due, and its
+/// `run` keeps running (the fault harness's seed 1515).
 #[test]
 fn under_lock_claims_with_a_tenants_limit_a_blocked_database_leaves_the_other_its_pace() {
     let db = TestDb::postgres();
@@ -600,10 +593,10 @@ fn under_lock_claims_with_a_tenants_limit_a_blocked_database_leaves_the_other_it
     }
 }
 
-/// A `least_count` fleet beside an idle peer holds at most its slack in each database, and
-/// waits for its own tasks to finish before it claims again: counted in units of the whole
-/// pool (a batched chunk is one, whatever its tasks), that wait also took the other
-/// database's blocked units, and the quick database claimed nothing while the other blocked.
+/// A `least_count` fleet beside an idle peer, past half its bound in a database, waits for
+/// that database's own tasks to finish before it claims there again, counted as tasks: not
+/// for room in the whole pool (where a batched chunk is one unit, whatever its tasks), which
+/// would take the other database's blocked units too.
 #[test]
 fn a_least_count_fleet_waits_for_its_own_tasks_not_a_blocked_databases() {
     let db = TestDb::postgres();

@@ -422,11 +422,9 @@ fn the_claim_of_a_partitioned_node_is_the_same_plan_with_one_more_filter() {
     }
 }
 
-/// A `least_count` worker with a domain, past half its bound, waits for its own tasks to
-/// finish, counted as tasks: its `default` lane's one chunk ends, and it claims again while
-/// the domain's handlers stay blocked. Counted in units of the pool (a chunk is one, whatever
-/// its tasks), that wait also took the blocked domain's unit, and `default` ran nothing more
-/// until the domain's handlers returned.
+/// A `least_count` worker with a domain keeps `default`'s pace while the domain's handler
+/// blocks: past half its bound it waits for its own tasks to finish, and `default`'s chunks
+/// ending are enough, without the blocked domain's.
 #[test]
 fn a_least_count_worker_with_a_domain_waits_for_its_own_tasks_not_a_blocked_domains() {
     let db = &TestDb::postgres();

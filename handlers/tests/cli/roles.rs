@@ -165,6 +165,22 @@ fn a_role_with_the_guide_grants_works_but_cannot_migrate_on_postgres() {
     );
 }
 
+/// Creates the MySQL user `user` with exactly the guide's grants on `db`'s database; returns
+/// the database's name.
+#[cfg(feature = "mysql")]
+fn mysql_user_with_the_guides_grants(db: &TestDb, user: &str) -> String {
+    let database = db.url_text.rsplit('/').next().expect("database name");
+    db.exec(&format!(
+        "DROP USER IF EXISTS '{user}'@'%'; CREATE USER '{user}'@'%'"
+    ));
+    db.exec(
+        &guide_grants("mysql.md", "CREATE USER 'outbox_worker'")
+            .replace("outbox_worker", user)
+            .replace("app.", &format!("{database}.")),
+    );
+    database.to_owned()
+}
+
 #[cfg(feature = "mysql")]
 #[test]
 fn a_user_with_the_guide_grants_works_but_cannot_migrate_on_mysql() {
@@ -175,15 +191,7 @@ fn a_user_with_the_guide_grants_works_but_cannot_migrate_on_mysql() {
     run(owner.args(["demo", "--enqueue-only", "--tasks", "20"])).expect_code(0);
 
     let user = role_name("worker");
-    let database = db.url_text.rsplit('/').next().expect("database name");
-    db.exec(&format!(
-        "DROP USER IF EXISTS '{user}'@'%'; CREATE USER '{user}'@'%'"
-    ));
-    db.exec(
-        &guide_grants("mysql.md", "CREATE USER 'outbox_worker'")
-            .replace("outbox_worker", &user)
-            .replace("app.", &format!("{database}.")),
-    );
+    let database = mysql_user_with_the_guides_grants(&db, &user);
     for table in ["demo_order", "demo_points_ledger", "demo_coupon"] {
         db.exec(&format!(
             "GRANT SELECT, INSERT, UPDATE, DELETE ON {database}.{table} TO '{user}'@'%'"
@@ -195,14 +203,47 @@ fn a_user_with_the_guide_grants_works_but_cannot_migrate_on_mysql() {
     db.exec(&format!("DROP USER IF EXISTS '{user}'@'%'"));
 }
 
+/// A connection as `url` that has run `sql` (a stale session's transaction and marks).
+fn session_holding(url: &str, sql: &str) -> outbox::DbConnection {
+    use diesel::connection::SimpleConnection;
+    let mut conn = outbox::DatabaseUrl::parse(url)
+        .expect("url")
+        .connect()
+        .expect("connection");
+    conn.batch_execute(sql)
+        .expect("the stale session's statements");
+    conn
+}
+
+/// A drain's rescue pass as `url` (a restricted role) ends `own`, the stale session of that
+/// role, and leaves `other`'s, another role's.
+fn a_drain_ends_only_its_own(
+    url: &str,
+    own: &mut outbox::DbConnection,
+    other: &mut outbox::DbConnection,
+) {
+    use diesel::connection::SimpleConnection;
+    let dir = workdir();
+    run(outbox_as(url, dir.path()).arg("drain"))
+        .expect_code(0)
+        .output_lacks("could not end the sessions");
+    assert!(
+        own.batch_execute("SELECT 1").is_err(),
+        "the role's own stale session was not ended"
+    );
+    assert!(
+        other.batch_execute("SELECT 1").is_ok(),
+        "the owner's session was ended by a role that may not"
+    );
+}
+
 /// A rescue under a role that may not end another role's sessions ends the stale sessions it
-/// may (its own role's) and leaves the others: one it may not end used to fail the whole
-/// statement, so that none was ended.
+/// may (its own role's) and leaves the others: one it may not end does not fail the whole
+/// statement.
 #[test]
 fn a_rescue_ends_the_stale_sessions_its_role_may_end_and_only_those() {
     use diesel::connection::SimpleConnection;
     let db = TestDb::postgres();
-    let dir = workdir();
     let role = role_name("rescuer");
     let server = crate::support::pg_server_url();
     let mut admin = outbox::DatabaseUrl::parse(server)
@@ -228,32 +269,19 @@ fn a_rescue_ends_the_stale_sessions_its_role_may_end_and_only_those() {
          (900002, 'ghost-role', 'gone', now() - interval '1 hour')",
     );
     let hold = |url: &str, node: i64| {
-        let mut conn = outbox::DatabaseUrl::parse(url)
-            .expect("url")
-            .connect()
-            .expect("connection");
-        conn.batch_execute(&format!(
-            "BEGIN; SELECT pg_advisory_xact_lock_shared(1868721665, {node}), \
-             pg_advisory_xact_lock_shared(1868722689, 7)"
-        ))
-        .expect("marks taken");
-        conn
+        session_holding(
+            url,
+            &format!(
+                "BEGIN; SELECT pg_advisory_xact_lock_shared(1868721665, {node}), \
+                 pg_advisory_xact_lock_shared(1868722689, 7)"
+            ),
+        )
     };
     let mut owners = hold(&db.url_text, 900001);
     let mut roles = hold(&url, 900002);
 
     // A drain's rescue pass, as the restricted role.
-    run(outbox_as(&url, dir.path()).arg("drain"))
-        .expect_code(0)
-        .output_lacks("could not end the sessions");
-    assert!(
-        roles.batch_execute("SELECT 1").is_err(),
-        "the role's own stale session was not ended"
-    );
-    assert!(
-        owners.batch_execute("SELECT 1").is_ok(),
-        "the owner's session was ended by a role that may not"
-    );
+    a_drain_ends_only_its_own(&url, &mut roles, &mut owners);
     drop(owners);
     drop(db);
     let _ = admin.batch_execute(&format!("DROP ROLE IF EXISTS {role}"));
@@ -267,19 +295,9 @@ fn a_rescue_ends_the_stale_sessions_its_role_may_end_and_only_those() {
 #[cfg(feature = "mysql")]
 #[test]
 fn a_rescue_ends_the_stale_sessions_its_user_may_end_and_only_those_on_mysql() {
-    use diesel::connection::SimpleConnection;
     let db = TestDb::mysql();
-    let dir = workdir();
     let user = role_name("rescuer");
-    let database = db.url_text.rsplit('/').next().expect("database name");
-    db.exec(&format!(
-        "DROP USER IF EXISTS '{user}'@'%'; CREATE USER '{user}'@'%'"
-    ));
-    db.exec(
-        &guide_grants("mysql.md", "CREATE USER 'outbox_worker'")
-            .replace("outbox_worker", &user)
-            .replace("app.", &format!("{database}.")),
-    );
+    mysql_user_with_the_guides_grants(&db, &user);
     let url = url_as(&db, &user);
     db.exec(
         "INSERT INTO async_node (id, name, state, heartbeat_at) VALUES \
@@ -287,32 +305,19 @@ fn a_rescue_ends_the_stale_sessions_its_user_may_end_and_only_those_on_mysql() {
          (900002, 'ghost-user', 'alive', UTC_TIMESTAMP(3) - INTERVAL 1 HOUR)",
     );
     let hold = |url: &str, node: i64| {
-        let mut conn = outbox::DatabaseUrl::parse(url)
-            .expect("url")
-            .connect()
-            .expect("connection");
-        conn.batch_execute(&format!(
-            "DO GET_LOCK(CONCAT('outbox-node-{node}-', CONNECTION_ID()), 0); BEGIN; \
-             SELECT count(*) FROM async_node"
-        ))
-        .expect("lock taken");
-        conn
+        session_holding(
+            url,
+            &format!(
+                "DO GET_LOCK(CONCAT('outbox-node-{node}-', CONNECTION_ID()), 0); BEGIN; \
+                 SELECT count(*) FROM async_node"
+            ),
+        )
     };
     let mut owners = hold(&db.url_text, 900001);
     let mut users = hold(&url, 900002);
 
     // A drain's rescue pass, as the restricted user.
-    run(outbox_as(&url, dir.path()).arg("drain"))
-        .expect_code(0)
-        .output_lacks("could not end the sessions");
-    assert!(
-        users.batch_execute("SELECT 1").is_err(),
-        "the user's own stale session was not ended"
-    );
-    assert!(
-        owners.batch_execute("SELECT 1").is_ok(),
-        "the owner's session was ended by a user that may not"
-    );
+    a_drain_ends_only_its_own(&url, &mut users, &mut owners);
     drop(owners);
     db.exec(&format!("DROP USER IF EXISTS '{user}'@'%'"));
 }
