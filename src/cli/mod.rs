@@ -76,7 +76,9 @@ use out::say;
 /// }
 /// ```
 pub fn main(registry: Registry) -> ExitCode {
-    main_from(std::env::args_os(), registry)
+    let code = main_from(std::env::args_os(), registry);
+    settle();
+    code
 }
 
 /// Runs the CLI with the given arguments (the first is the program name).
@@ -110,6 +112,18 @@ pub fn finish(result: Result<()>) -> ExitCode {
             eprintln!("outbox: {}", printable(&e.to_string()));
             ExitCode::from(exit_code(&e))
         }
+    }
+}
+
+/// Refuses new server connections and waits until none is being opened: call it last before
+/// the process exits ([`main`] does). A command's pools may still be opening a connection on
+/// their own threads, and a thread inside the client library while the process exits can
+/// abort it ([`crate::db::prepare_exit`]). Waits at most the default connect timeout, which
+/// ends each of them, and a second.
+pub fn settle() {
+    let wait = crate::db::DEFAULT_CONNECT_TIMEOUT + std::time::Duration::from_secs(1);
+    if !crate::db::prepare_exit(wait) {
+        log::warn!("a database connection was still being opened at exit");
     }
 }
 

@@ -2,6 +2,8 @@
 //! r2d2 pool ([`pool`]), write transactions that are `IMMEDIATE` on SQLite
 //! ([`transaction`]), and the reply timeout of server connections ([`reply`]).
 
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+mod exit;
 pub mod pool;
 #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
 pub mod reply;
@@ -11,6 +13,7 @@ mod socket;
 pub mod transaction;
 pub mod url;
 
+pub use exit::prepare_exit;
 pub use multi::DbConnection;
 #[cfg(feature = "sqlite")]
 pub use pool::configure_sqlite;

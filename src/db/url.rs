@@ -363,9 +363,11 @@ impl DatabaseUrl {
         &self,
         open: impl FnOnce(&str) -> std::result::Result<DbConnection, diesel::ConnectionError>,
     ) -> std::result::Result<DbConnection, diesel::ConnectionError> {
-        use super::{reply, socket};
+        use super::{exit, reply, socket};
+        let counted = exit::Connecting::start()?;
         let opening = socket::Opening::start(&self.target);
         let mut conn = open(&self.target)?;
+        drop(counted);
         let socket = match opening.finish(default_port(self.backend)) {
             Ok(socket) => Some(socket),
             Err(unfound) => {

@@ -48,17 +48,23 @@ pub fn main(registry: Registry) -> ExitCode {
     };
     // `run` and `drain` take `--database-url` repeated; the other commands one URL.
     let one_url = || -> anyhow::Result<outbox::DatabaseUrl> { Ok(cli.database.url()?) };
-    let result = match cli.command {
-        Command::Library(command) => {
-            return outbox::cli::finish(
-                cli.database
-                    .urls()
-                    .and_then(|urls| outbox::cli::run_on(command, &urls, registry)),
-            )
-        }
-        Command::Demo(args) => one_url().and_then(|url| demo::run(&url, registry, args)),
-        Command::Bench(args) => one_url().and_then(|url| bench::run(&url, args)),
+    let code = match cli.command {
+        Command::Library(command) => outbox::cli::finish(
+            cli.database
+                .urls()
+                .and_then(|urls| outbox::cli::run_on(command, &urls, registry)),
+        ),
+        Command::Demo(args) => finish(one_url().and_then(|url| demo::run(&url, registry, args))),
+        Command::Bench(args) => finish(one_url().and_then(|url| bench::run(&url, args))),
     };
+    // Last: no connection is being opened when the process exits.
+    outbox::cli::settle();
+    code
+}
+
+/// Prints a command's error as `outbox::cli::finish` does and turns the result into the exit
+/// code.
+fn finish(result: anyhow::Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

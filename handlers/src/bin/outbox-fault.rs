@@ -14,6 +14,10 @@
 //!   (an HTTP call that never returns). `fault.hang_sql`: hangs for an hour in its
 //!   transaction: in a statement on PostgreSQL (`pg_sleep`) and MySQL (`SLEEP`), holding the
 //!   write lock on SQLite.
+//! - `fault.connect_late`: leaves a thread opening a connection to `$OUTBOX_FAULT_CONNECT_URL`,
+//!   and returns once the file `$OUTBOX_FAULT_CONNECT_MARK` exists (the test's relay writes it
+//!   when the thread's connection reaches it): the process then ends while the thread is
+//!   inside the client library.
 //! - `fault.order`: the demo's coupon: adds one to its order's `fault_orders.n` (the order
 //!   is the task's biz_id), then writes its ledger row, in the task's transaction.
 
@@ -119,6 +123,21 @@ fn abort(task: &TaskContext, _: &mut TaskTx) -> HandlerResult {
     std::process::abort();
 }
 
+fn connect_late(_: &TaskContext, _: &mut TaskTx) -> HandlerResult {
+    let env = |name: &str| std::env::var(name).with_context(|| format!("{name} is not set"));
+    let url = outbox::DatabaseUrl::parse(&env("OUTBOX_FAULT_CONNECT_URL")?)?;
+    let mark = std::path::PathBuf::from(env("OUTBOX_FAULT_CONNECT_MARK")?);
+    std::thread::spawn(move || url.connect().map(drop));
+    let waited = std::time::Instant::now();
+    while !mark.exists() {
+        if waited.elapsed() > Duration::from_secs(30) {
+            return Err(anyhow::anyhow!("{} did not appear", mark.display()).into());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Ok(())
+}
+
 fn hang(_: &TaskContext, _: &mut TaskTx) -> HandlerResult {
     std::thread::sleep(Duration::from_secs(3600));
     Ok(())
@@ -165,6 +184,7 @@ fn main() -> ExitCode {
         .register("fault.fail", fail)
         .register("fault.panic", panic)
         .register("fault.abort", abort)
+        .register("fault.connect_late", connect_late)
         .register("fault.hang", hang)
         .register("fault.hang_sql", hang_sql)
         .register("fault.order", order);

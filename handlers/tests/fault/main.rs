@@ -19,7 +19,7 @@
 //! cluster of their own), `sigterm_mid_batch_*`, `poison_tasks_*` (fail, panic, abort),
 //! `poison_hang_*`, `sigterm_past_the_shutdown_timeout`, `overlapping_drains`,
 //! `concurrent_migrations_*`, `chains_of_three_with_kills`,
-//! `cron_fleet_runs_every_tick_exactly_once`, the claim strategies' fleets
+//! `cron_fleet_runs_every_tick_exactly_once`, `exit::a_drain_ends_only_after_the_connection_a_thread_of_it_is_opening`, the claim strategies' fleets
 //! `strategy_{id_hash,weight,least_count}` (three real nodes each: the distribution, then a
 //! kill and a join), and `failover::primary_stopped_and_standby_promoted_{strict,batched}` (a
 //! primary and its synchronous standby, clusters of their own, the primary stopped `-m
@@ -45,7 +45,7 @@
 //! tails are printed and the directory is kept.
 //!
 //! Layout: one module per scenario family (`kill`, `freeze`, `chains`, `connections`, `restart`,
-//! `sigterm`, `poison`, `drains`, `migrations`, `cron`, `failover`), so a test's full name is, e.g.,
+//! `sigterm`, `poison`, `drains`, `migrations`, `cron`, `failover`, `exit`), so a test's full name is, e.g.,
 //! `kill::kill_9_during_a_run`; the modules they share are listed below.
 
 #[path = "../../../tests/suite/support.rs"]
@@ -66,6 +66,7 @@ mod chaos;
 mod connections;
 mod cron;
 mod drains;
+mod exit;
 mod failover;
 mod freeze;
 mod kill;

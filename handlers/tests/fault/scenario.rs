@@ -105,6 +105,17 @@ impl Scenario {
     /// to files named after `label`; on PostgreSQL its sessions are named `label`
     /// (`application_name`, through libpq's `PGAPPNAME`), so that the test can find them.
     pub fn spawn(&self, label: &str, url: &str, args: &[String]) -> Proc {
+        self.spawn_with(label, url, args, &[])
+    }
+
+    /// [`Scenario::spawn`], with the variables `env` set too.
+    pub fn spawn_with(
+        &self,
+        label: &str,
+        url: &str,
+        args: &[String],
+        env: &[(&str, &str)],
+    ) -> Proc {
         let n = self.logs.borrow().len();
         let stderr = self.path(&format!("{n:03}-{label}.log"));
         let stdout = self.path(&format!("{n:03}-{label}.out"));
@@ -120,6 +131,7 @@ impl Scenario {
             // the hang watchdog, which times the handler with its panic, ended the worker.
             .env("RUST_BACKTRACE", "0")
             .env("PGAPPNAME", label)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(File::create(&stdout).expect("stdout file"))
             .stderr(File::create(&stderr).expect("stderr file"));
