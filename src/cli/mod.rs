@@ -118,11 +118,11 @@ pub fn finish(result: Result<()>) -> ExitCode {
 /// Refuses new server connections and waits until none is being opened: call it last before
 /// the process exits ([`main`] does). A command's pools may still be opening a connection on
 /// their own threads, and a thread inside the client library while the process exits can
-/// abort it ([`crate::db::prepare_exit`]). Waits at most the default connect timeout, which
-/// ends each of them, and a second.
+/// abort it ([`crate::db::prepare_exit`]). Waits at most 3 s, so that a server that does not
+/// answer delays no exit for long: an opening that takes longer waits on the network, not
+/// inside the library.
 pub fn settle() {
-    let wait = crate::db::DEFAULT_CONNECT_TIMEOUT + std::time::Duration::from_secs(1);
-    if !crate::db::prepare_exit(wait) {
+    if !crate::db::prepare_exit(std::time::Duration::from_secs(3)) {
         log::warn!("a database connection was still being opened at exit");
     }
 }
