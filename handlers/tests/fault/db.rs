@@ -166,11 +166,38 @@ impl Db {
         self.exec(
             "CREATE TABLE fault_ledger (task_id BIGINT NOT NULL, early BIGINT NOT NULL DEFAULT 0)",
         );
-        // The finished tasks a scenario's `prune` deleted (`save_for_prune`), and every
-        // task, pruned or not: what the ledger and the external file are checked against.
+        // The tasks a scenario's `prune` deleted, kept by a trigger as each row goes (a copy
+        // taken before the prune would miss the tasks that finished while it started), and
+        // every task, pruned or not: what the ledger and the external file are checked
+        // against. On PostgreSQL with the row's `xmin` too: the transaction that completed
+        // it, which tells an external effect's run in it from one in a transaction that did
+        // not.
         self.exec(
             "CREATE TABLE fault_pruned (id BIGINT NOT NULL, keyword VARCHAR(64) NOT NULL, state VARCHAR(16) NOT NULL, completed_xmin BIGINT)",
         );
+        self.exec(match self.backend() {
+            // The row is still there before its deletion, and a query reads its `xmin`.
+            Backend::Postgres => {
+                "CREATE FUNCTION fault_keep_pruned() RETURNS trigger LANGUAGE plpgsql AS $$
+                 BEGIN
+                     INSERT INTO fault_pruned (id, keyword, state, completed_xmin)
+                     SELECT id, keyword, state, CAST(CAST(xmin AS text) AS BIGINT)
+                       FROM async_task WHERE id = OLD.id;
+                     RETURN OLD;
+                 END $$;
+                 CREATE TRIGGER fault_keep_pruned BEFORE DELETE ON async_task
+                 FOR EACH ROW EXECUTE FUNCTION fault_keep_pruned()"
+            }
+            Backend::Mysql => {
+                "CREATE TRIGGER fault_keep_pruned BEFORE DELETE ON async_task FOR EACH ROW
+                 INSERT INTO fault_pruned (id, keyword, state) VALUES (OLD.id, OLD.keyword, OLD.state)"
+            }
+            Backend::Sqlite => {
+                "CREATE TRIGGER fault_keep_pruned BEFORE DELETE ON async_task BEGIN
+                 INSERT INTO fault_pruned (id, keyword, state) VALUES (OLD.id, OLD.keyword, OLD.state);
+                 END"
+            }
+        });
         self.exec(
             "CREATE VIEW fault_tasks AS
              SELECT id, keyword, state FROM async_task
@@ -180,23 +207,12 @@ impl Db {
         );
     }
 
-    /// Before a `prune`: keeps the finished tasks' ids, keywords and states, so that the
-    /// ledger rows and external lines of the tasks it deletes are still told apart.
-    /// On PostgreSQL with the row's `xmin` too: the transaction that completed it, which
-    /// tells an external effect's run in it from one in a transaction that did not.
-    pub fn save_for_prune(&self) {
-        if self.backend() == outbox::Backend::Postgres {
-            self.exec(
-                "INSERT INTO fault_pruned (id, keyword, state, completed_xmin)
-                 SELECT id, keyword, state, CAST(CAST(xmin AS text) AS BIGINT) FROM async_task
-                  WHERE state IN ('done', 'dead', 'cancelled')",
-            );
-        } else {
-            self.exec(
-                "INSERT INTO fault_pruned (id, keyword, state)
-                 SELECT id, keyword, state FROM async_task WHERE state IN ('done', 'dead', 'cancelled')",
-            );
-        }
+    /// A task's state in [`Db::create_fault_ledger`]'s `fault_tasks`, pruned or not; empty
+    /// when there is no such task.
+    pub fn task_state(&self, id: i64) -> String {
+        self.text(&format!(
+            "SELECT COALESCE(MAX(state), '') AS t FROM fault_tasks WHERE id = {id}"
+        ))
     }
 
     /// Enqueues `tasks` with the library, in batches.

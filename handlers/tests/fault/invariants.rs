@@ -64,6 +64,12 @@ pub struct Figures {
     pub charged: BTreeMap<String, i64>,
 }
 
+/// The ledger rows of tasks that are not done `fault.ledger` or `fault.order` tasks, pruned or
+/// not.
+pub const LEDGER_STRAY: &str =
+    "SELECT count(*) FROM fault_ledger l WHERE NOT EXISTS (SELECT 1 FROM fault_tasks t
+   WHERE t.id = l.task_id AND t.keyword IN ('fault.ledger', 'fault.order') AND t.state = 'done')";
+
 impl Figures {
     fn collect(db: &Db, external: &Path) -> Figures {
         let states = db.states();
@@ -82,10 +88,7 @@ impl Figures {
                    AND NOT EXISTS (SELECT 1 FROM fault_ledger l WHERE l.task_id = t.id)",
             ),
             ledger_early: db.count("SELECT count(*) FROM fault_ledger WHERE early > 0"),
-            ledger_stray: db.count(
-                "SELECT count(*) FROM fault_ledger l WHERE NOT EXISTS (SELECT 1 FROM fault_tasks t
-                   WHERE t.id = l.task_id AND t.keyword IN ('fault.ledger', 'fault.order') AND t.state = 'done')",
-            ),
+            ledger_stray: db.count(LEDGER_STRAY),
             over_max: db.count(&format!(
                 "SELECT count(*) FROM async_task WHERE failures > COALESCE(max_attempts, {DEFAULT_MAX_ATTEMPTS})"
             )),

@@ -98,9 +98,8 @@ pub struct Checks {
     rolled_back: HashSet<(String, String)>,
     /// Enqueues refused by a tenant's `max_queued` (nothing written).
     refused: usize,
-    /// Child id → its parents' ids; a parent's last state seen before a prune.
+    /// Child id → its parents' ids.
     parents: HashMap<i64, Vec<i64>>,
-    parent_state: HashMap<i64, String>,
     pruned: bool,
     /// The paused domain's keywords' done count and what ran or was held then.
     pause_mark: Option<(i64, i64)>,
@@ -119,7 +118,6 @@ impl Checks {
             rolled_back: HashSet::new(),
             refused: 0,
             parents: HashMap::new(),
-            parent_state: HashMap::new(),
             pruned: plan
                 .operations
                 .iter()
@@ -269,20 +267,6 @@ impl Checks {
         }
     }
 
-    /// The states of every parent now (a prune may delete them).
-    pub fn snapshot_parents(&mut self, db: &Db) {
-        for parents in self.parents.values() {
-            for &p in parents {
-                let state = db.text(&format!(
-                    "SELECT COALESCE(MAX(state), '') AS t FROM async_task WHERE id = {p}"
-                ));
-                if !state.is_empty() {
-                    self.parent_state.insert(p, state);
-                }
-            }
-        }
-    }
-
     fn paused_keywords(plan: &Plan) -> String {
         plan.domains
             .first()
@@ -399,14 +383,8 @@ impl Checks {
                 continue;
             }
             for p in parents {
-                let state = db.text(&format!(
-                    "SELECT COALESCE(MAX(state), '') AS t FROM async_task WHERE id = {p}"
-                ));
-                let state = if state.is_empty() {
-                    self.parent_state.get(p).cloned().unwrap_or_default()
-                } else {
-                    state
-                };
+                // Pruned or not.
+                let state = db.task_state(*p);
                 if state != "done" {
                     found.push(format!(
                         "task {child} ran though its parent {p} ended {state:?}, not done"

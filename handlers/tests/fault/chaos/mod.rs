@@ -571,7 +571,6 @@ fn operate(
             timeline.push(format!("{}: cancel {ids:?}", secs(now)));
         }
         Operation::RetryAll => {
-            checks.snapshot_parents(&database.db);
             for state in ["dead", "cancelled"] {
                 let args: Vec<String> = ["retry", "--all", "--state", state]
                     .iter()
@@ -587,8 +586,6 @@ fn operate(
             }
         }
         Operation::Prune => {
-            checks.snapshot_parents(&database.db);
-            database.db.save_for_prune();
             let args: Vec<String> = ["prune", "--older-than", "0s"]
                 .iter()
                 .map(|s| (*s).to_owned())
