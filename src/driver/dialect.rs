@@ -109,6 +109,26 @@ pub(super) fn pending() -> diesel::expression::SqlLiteral<diesel::sql_types::Boo
     diesel::dsl::sql("state = 'pending'")
 }
 
+/// Whether a task's handler may be running: the task is `running`, or, under lock claims
+/// (PostgreSQL and MySQL: SQLite has none), `pending` and leased to a chunk.
+#[derive(Debug, Clone, Copy, QueryId)]
+pub(super) struct MayRun;
+
+impl Expression for MayRun {
+    type SqlType = diesel::sql_types::Bool;
+}
+impl AppearsOnTable<crate::schema::async_task::table> for MayRun {}
+impl<GB> ValidGrouping<GB> for MayRun {
+    type IsAggregate = is_aggregate::Never;
+}
+
+#[cfg(feature = "postgres")]
+spelled!(Pg, MayRun, "(state = 'running' OR state = 'pending' AND EXISTS (SELECT 1 FROM async_lease l WHERE l.task_id = async_task.id))");
+#[cfg(feature = "sqlite")]
+spelled!(Sqlite, MayRun, "state = 'running'");
+#[cfg(feature = "mysql")]
+spelled!(Mysql, MayRun, "(state = 'running' OR state = 'pending' AND EXISTS (SELECT 1 FROM async_lease l WHERE l.task_id = async_task.id))");
+
 /// The target of an upsert on a unique `key`, as each backend's connection spells it:
 /// `ON CONFLICT (key)`, or MySQL's `ON DUPLICATE KEY`, which has no target.
 pub(super) trait UpsertKey {

@@ -4,15 +4,28 @@
 use diesel::prelude::*;
 
 use super::clock::DbNow;
-use super::dialect::{json_bind, on_backend, unfinished, Conn};
+use super::dialect::{json_bind, on_backend, unfinished, Conn, MayRun};
 use super::{AuditEntry, TaskFilter};
 use crate::schema::{async_audit, async_task};
 use crate::task::TaskState;
 
-/// What a cancel sets: state `cancelled`, finished now.
+/// The `last_error` a cancel writes on a task whose handler may be running ([`MayRun`]): a
+/// retry then runs it again, and the guide promises a `last_error` for every run after the
+/// first but a crash's lost claim.
+pub(super) const CANCELLED_RUNNING: &str = "cancelled while running: its handler may have run";
+
+/// What a cancel sets: state `cancelled`, finished now, and on a task whose handler may be
+/// running [`CANCELLED_RUNNING`] (first: MySQL's `SET` reads the columns it has set).
 macro_rules! cancelled {
     () => {
         (
+            async_task::last_error.eq(diesel::dsl::case_when(
+                MayRun,
+                CANCELLED_RUNNING
+                    .into_sql::<diesel::sql_types::Text>()
+                    .nullable(),
+            )
+            .otherwise(async_task::last_error)),
             async_task::state.eq(TaskState::Cancelled.as_str()),
             async_task::finished_at.eq(DbNow.nullable()),
             async_task::updated_at.eq(DbNow),

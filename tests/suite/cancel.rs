@@ -63,6 +63,55 @@ every_backend! {
         assert_eq!(w.run_once().unwrap().claimed, 0, "never claimed again");
     }
 
+    fn a_task_cancelled_while_it_ran_says_so_and_a_retry_keeps_it(db: &TestDb) {
+        // Task 1 is cancelled by id, task 2 by its tenant, each by its own handler's first run
+        // (an effect outside the database: it happened); task 3 while it waits.
+        let mut conn = db.conn();
+        let ids: Vec<i64> = [("1", None), ("2", Some("t2")), ("3", None)]
+            .into_iter()
+            .map(|(biz, tenant)| {
+                let task = NewTask::new("mail.send", biz);
+                let task = match tenant {
+                    Some(t) => task.tenant(t),
+                    None => task,
+                };
+                enqueue(&mut conn, &task).unwrap().id
+            })
+            .collect();
+        assert!(cancel(&mut conn, ids[2]).unwrap().cancelled);
+        let runs = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (runs_in, url) = (Arc::clone(&runs), db.url.clone());
+        let mut registry = Registry::new();
+        registry.register("mail.send", move |task: &TaskContext, _: &mut TaskTx| -> HandlerResult {
+            let first = !runs_in.lock().unwrap().contains(&task.id());
+            runs_in.lock().unwrap().push(task.id());
+            if first && task.biz_id() == "1" {
+                assert!(cancel(&mut url.connect()?, task.id())?.cancelled);
+            } else if first {
+                let tenant = outbox::cancel::Filter::default().tenant("t2");
+                assert_eq!(cancel_matching(&mut url.connect()?, &tenant)?, 1);
+            }
+            Ok(())
+        });
+        let w = Worker::new(&db.url, registry, small_config()).unwrap();
+        let tally = w.run_once().unwrap();
+        assert_eq!((tally.done, tally.lost), (0, 2), "{tally:?}");
+        let note = Some("cancelled while running: its handler may have run".to_owned());
+        for (id, last_error) in [(ids[0], &note), (ids[1], &note), (ids[2], &None)] {
+            let task = db.task(id);
+            assert_eq!((task.state.as_str(), &task.last_error), ("cancelled", last_error), "task {id}");
+        }
+        for &id in &ids[..2] {
+            assert!(retry(&mut conn, id).unwrap().retried);
+        }
+        assert_eq!(w.run_once().unwrap().done, 2);
+        for &id in &ids[..2] {
+            let task = db.task(id);
+            assert_eq!((task.state.as_str(), &task.last_error), ("done", &note), "task {id}: its second run says why");
+        }
+        assert_eq!(runs.lock().unwrap().len(), 4, "each of the two ran twice");
+    }
+
     fn a_finished_task_is_not_cancelled_and_an_unknown_one_is_named(db: &TestDb) {
         let id = enqueue(&mut db.conn(), &NewTask::new("ledger", "1")).unwrap().id;
         let w = Worker::new(&db.url, ledger_registry("ledger"), small_config()).unwrap();

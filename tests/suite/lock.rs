@@ -148,6 +148,36 @@ server_backends! {
         }
     }
 
+    fn a_leased_task_cancelled_while_its_chunk_runs_says_so_and_a_retry_keeps_it(db: &TestDb) {
+        let ids = enqueue(db, "mail.send", 5);
+        let runs = Arc::new(AtomicUsize::new(0));
+        let cancelled = Arc::new(AtomicBool::new(false));
+        let (runs_in, cancelled_in, url) = (Arc::clone(&runs), Arc::clone(&cancelled), db.url.clone());
+        let mut registry = Registry::new();
+        registry.register(
+            "mail.send",
+            move |task: &TaskContext, _: &mut TaskTx| -> HandlerResult {
+                runs_in.fetch_add(1, Ordering::SeqCst);
+                // An effect outside the database (it happened), then an operator cancels the
+                // task: it is pending and leased, its row not locked.
+                if task.biz_id() == "3" && !cancelled_in.swap(true, Ordering::SeqCst) {
+                    assert!(outbox::cancel(&mut url.connect()?, task.id())?.cancelled);
+                }
+                Ok(())
+            },
+        );
+        let w = Worker::new(&db.url, registry, chunk_config(ClaimStyle::Lock)).unwrap();
+        let tally = w.run_once().unwrap();
+        assert_eq!((tally.done, tally.lost), (4, 1), "{tally:?}");
+        let note = Some("cancelled while running: its handler may have run".to_owned());
+        let task = db.task(ids[2]);
+        assert_eq!((task.state.as_str(), &task.last_error), ("cancelled", &note));
+        assert!(outbox::retry(&mut db.conn(), ids[2]).unwrap().retried);
+        assert_eq!(w.run_once().unwrap().done, 1);
+        let task = db.task(ids[2]);
+        assert_eq!((task.state.as_str(), &task.last_error), ("done", &note), "its second run says why");
+    }
+
     fn a_locked_chunk_whose_connection_dies_leaves_its_tasks_pending_with_no_failure_counted(db: &TestDb) {
         let ids = enqueue(db, "ledger", 5);
         let calls = Arc::new(AtomicUsize::new(0));

@@ -75,15 +75,10 @@ pub(super) fn cancel_matching(
         ..TaskSelect::default()
     };
     by_chunks(conn, &select, true, |conn, ids| {
-        let n = Statement::<Mysql>::new(concat!(
-            "UPDATE async_task SET state = 'cancelled', finished_at = ",
-            now!(),
-            ", updated_at = ",
-            now!(),
-            " WHERE state IN ('pending', 'blocked', 'running') AND id IN "
-        ))
-        .with(|s| list::ids(s, ids))
-        .execute(conn)?;
+        let n = super::task::cancelled()
+            .sql(" WHERE state IN ('pending', 'blocked', 'running') AND id IN ")
+            .with(|s| list::ids(s, ids))
+            .execute(conn)?;
         chain::cancel_descendants_of(conn, ids, "cancelled")?;
         Ok(n)
     })

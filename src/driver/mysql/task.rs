@@ -4,13 +4,14 @@
 //! children, the common case, completes in one statement with no look-up of children.
 
 use diesel::mysql::{Mysql, MysqlConnection};
-use diesel::sql_types::{BigInt, Double, Integer};
+use diesel::sql_types::{BigInt, Double, Integer, Text};
 use diesel::Connection;
 use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 
 use super::chain::{self, OnLocked};
 use super::list;
 use crate::db::transaction::depth_of;
+use crate::driver::operate_sql::CANCELLED_RUNNING;
 use crate::driver::{fence, Claim, RescueParams, RescuedRow};
 use crate::sql::Statement;
 
@@ -166,18 +167,30 @@ fn in_transaction<T>(
     }
 }
 
+/// `UPDATE async_task` to cancelled, finished now, with the note of a cancel on a task whose
+/// handler may be running (running, or pending and leased; `last_error` first: MySQL's `SET`
+/// reads the columns it has already set); the caller appends `WHERE`.
+pub(super) fn cancelled() -> Statement<Mysql> {
+    Statement::<Mysql>::new(
+        "UPDATE async_task SET last_error = CASE WHEN state = 'running' OR state = 'pending'
+           AND EXISTS (SELECT 1 FROM async_lease l WHERE l.task_id = async_task.id) THEN ",
+    )
+    .bind::<Text, _>(CANCELLED_RUNNING)
+    .sql(concat!(
+        " ELSE last_error END, state = 'cancelled', finished_at = ",
+        now!(),
+        ", updated_at = ",
+        now!()
+    ))
+}
+
 pub(super) fn cancel(conn: &mut MysqlConnection, id: i64) -> QueryResult<usize> {
     conn.transaction(|conn| {
-        let n = Statement::<Mysql>::new(concat!(
-            "UPDATE async_task SET state = 'cancelled', finished_at = ",
-            now!(),
-            ", updated_at = ",
-            now!(),
-            " WHERE id = "
-        ))
-        .bind::<BigInt, _>(id)
-        .sql(" AND state IN ('pending', 'blocked', 'running')")
-        .execute(conn)?;
+        let n = cancelled()
+            .sql(" WHERE id = ")
+            .bind::<BigInt, _>(id)
+            .sql(" AND state IN ('pending', 'blocked', 'running')")
+            .execute(conn)?;
         if n == 1 {
             chain::cancel_descendants_of(conn, &[id], "cancelled")?;
         }
