@@ -67,6 +67,8 @@ use crate::registry::Registry;
 use out::say;
 
 /// Runs the CLI with the process's arguments and `registry`'s handlers; returns the exit code.
+/// Last, it calls [`settle`]: from then on the process opens no server connection, so call it
+/// as the last thing `main` does ([`main_from`] does not settle).
 ///
 /// ```no_run
 /// fn main() -> std::process::ExitCode {

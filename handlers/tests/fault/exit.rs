@@ -55,12 +55,12 @@ fn a_drain_ends_only_after_the_connection_a_thread_of_it_is_opening() {
     assert_eq!(db.in_state("done"), 1, "the task ran");
 
     // The process has exited, so its sockets are closed: the relay sees each end.
-    let sessions = relay.wait_for_ends(Duration::from_secs(10));
+    let relayed = relay.wait_for_ends(Duration::from_secs(10));
     assert!(
-        !sessions.is_empty(),
+        !relayed.is_empty(),
         "the thread's connection reached the relay"
     );
-    for s in &sessions {
+    for s in &relayed {
         assert!(
             s.client_closed >= s.released,
             "the process closed a connection {:?} before the server's reply was let through: \
@@ -72,15 +72,20 @@ fn a_drain_ends_only_after_the_connection_a_thread_of_it_is_opening() {
     assert!(!log.contains("still being opened"), "{log}");
 }
 
-/// `host:port` of a server URL (`scheme://user@host:port/db…`).
+/// `host:port` of a server URL (`scheme://user@host:port/db…`, as the test server's).
 fn upstream_of(url: &str) -> String {
     let after_at = &url[url.find('@').expect("a user in the URL") + 1..];
-    after_at[..after_at.find('/').expect("a database in the URL")].to_owned()
+    let upstream = &after_at[..after_at.find('/').expect("a database in the URL")];
+    assert!(
+        upstream.contains(':'),
+        "the relay needs a TCP host and port: {url}"
+    );
+    upstream.to_owned()
 }
 
 /// What the relay saw of one connection.
 #[derive(Clone, Copy)]
-struct Session {
+struct Relayed {
     released: Instant,
     client_closed: Instant,
 }
@@ -89,7 +94,7 @@ struct Session {
 /// writes the file `mark` once a connection has reached it.
 struct Relay {
     addr: String,
-    ended: Arc<Mutex<(usize, Vec<Session>)>>,
+    ended: Arc<Mutex<(usize, Vec<Relayed>)>>,
 }
 
 impl Relay {
@@ -114,8 +119,8 @@ impl Relay {
         Relay { addr, ended }
     }
 
-    /// Every connection's session, once each has ended (fails after `limit`).
-    fn wait_for_ends(&self, limit: Duration) -> Vec<Session> {
+    /// What the relay saw of every connection, once each has ended (fails after `limit`).
+    fn wait_for_ends(&self, limit: Duration) -> Vec<Relayed> {
         let deadline = Instant::now() + limit;
         loop {
             {
@@ -134,7 +139,7 @@ impl Relay {
 }
 
 /// Relays one connection: the client's bytes at once, the server's after [`HOLD`].
-fn relay(mut client: TcpStream, upstream: &str, ended: &Mutex<(usize, Vec<Session>)>) {
+fn relay(mut client: TcpStream, upstream: &str, ended: &Mutex<(usize, Vec<Relayed>)>) {
     let accepted = Instant::now();
     let mut server = TcpStream::connect(upstream).expect("the server");
     let (mut from_client, mut to_server) = (
@@ -156,7 +161,7 @@ fn relay(mut client: TcpStream, upstream: &str, ended: &Mutex<(usize, Vec<Sessio
     }
     let _ = client.shutdown(Shutdown::Both);
     let client_closed = forward.join().expect("the forwarding thread");
-    ended.lock().unwrap().1.push(Session {
+    ended.lock().unwrap().1.push(Relayed {
         released,
         client_closed,
     });

@@ -19,12 +19,17 @@
 //! cluster of their own), `sigterm_mid_batch_*`, `poison_tasks_*` (fail, panic, abort),
 //! `poison_hang_*`, `sigterm_past_the_shutdown_timeout`, `overlapping_drains`,
 //! `concurrent_migrations_*`, `chains_of_three_with_kills`,
-//! `cron_fleet_runs_every_tick_exactly_once`, `exit::a_drain_ends_only_after_the_connection_a_thread_of_it_is_opening`, the claim strategies' fleets
+//! `cron_fleet_runs_every_tick_exactly_once`, the claim strategies' fleets
 //! `strategy_{id_hash,weight,least_count}` (three real nodes each: the distribution, then a
 //! kill and a join), and `failover::primary_stopped_and_standby_promoted_{strict,batched}` (a
 //! primary and its synchronous standby, clusters of their own, the primary stopped `-m
 //! immediate` and the standby promoted; batched mode takes its default lock claims in every
 //! run, and neither runs again in the lock-claims run).
+//!
+//! Besides the scenarios, two checks of a single process: the CLI exits only once no
+//! connection is being opened (`exit`, PostgreSQL), and the checks know every task a prune
+//! deleted (`drains::a_task_pruned_right_after_it_finished_stays_known_to_the_checks*`, every
+//! backend).
 //!
 //! MySQL (feature `mysql`; MariaDB from scripts/mysql.sh): every scenario above but the claim
 //! strategies' fleets also runs as `NAME_mysql`, with the same assertions; the server restart
