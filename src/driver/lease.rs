@@ -57,10 +57,18 @@ pub trait LeaseDriver {
         Err(lock_claims_unsupported())
     }
 
-    /// Deletes `owner`'s leases of `claims` under those tokens (their chunk never ran): the
-    /// tasks are free again, no failure counted. Returns how many it deleted.
-    fn task_release_leased(&mut self, owner: i64, claims: &[(i64, i64)]) -> QueryResult<usize> {
-        let _ = (owner, claims);
+    /// Deletes `owner`'s leases of `claims` under those tokens (their chunk never ran, or
+    /// rolled back as its worker stops): the tasks are free again, no failure counted; those
+    /// of `ran` (their handlers ran in the chunk) get `note` in `last_error`, in the same
+    /// statement. Returns how many leases it deleted.
+    fn task_release_leased(
+        &mut self,
+        owner: i64,
+        claims: &[(i64, i64)],
+        ran: &[i64],
+        note: &str,
+    ) -> QueryResult<usize> {
+        let _ = (owner, claims, ran, note);
         Err(lock_claims_unsupported())
     }
 

@@ -45,6 +45,12 @@ pub(super) struct LeasedChunk {
     tasks: Vec<ClaimedTask>,
 }
 
+/// What a task whose handler ran in a leased chunk that rolled back as its worker stopped
+/// says in `last_error`: released, it runs again elsewhere, and its effects outside the
+/// database may happen twice.
+const RELEASED_AFTER_RUNNING: &str =
+    "released: its chunk rolled back after its handler ran, as its worker stopped";
+
 impl Worker {
     /// Leases up to `limit` due tasks in one statement, cut into chunks of `commit_batch`,
     /// and hands each chunk to the pool; claims again while the page came back full, or
@@ -207,13 +213,13 @@ impl Worker {
             .collect::<Option<Vec<_>>>();
         let Some(handlers) = handlers.filter(|_| !self.is_stopping()) else {
             // Stopping, or (a bug) a keyword without a handler: none has run.
-            return self.release_leased(&tasks);
+            return self.release_leased(&tasks, &[]);
         };
         let mut conn = match self.engine_conn() {
             Ok(conn) => conn,
             Err(e) => {
                 log::warn!("a leased chunk of {} tasks: no connection: {e}", ids.len());
-                return self.release_leased(&tasks);
+                return self.release_leased(&tasks, &[]);
             }
         };
         if let Err(e) = driver(&mut conn).transaction_begin(Some(mark)) {
@@ -222,7 +228,7 @@ impl Worker {
             }
             drop(conn);
             log::warn!("a leased chunk of {} tasks could not begin: {e}", ids.len());
-            return self.release_leased(&tasks);
+            return self.release_leased(&tasks, &[]);
         }
         let lease = ChunkLease {
             mark,
@@ -256,8 +262,9 @@ impl Worker {
         let claims: Vec<(i64, i64)> = tasks.iter().map(ClaimedTask::id_token).collect();
         if self.is_stopping() {
             // Stopping (or the hang watchdog is about to exit): claimed now, they would be
-            // left running for rescue to charge; they are released as they are.
-            return self.release_leased(tasks);
+            // left running for rescue to charge; they are released as they are, those of
+            // `ran` noted (they run again elsewhere).
+            return self.release_leased(tasks, ran);
         }
         log::debug!(
             "a leased chunk of {} tasks rolled back; running them one by one",
@@ -325,13 +332,14 @@ impl Worker {
         })
     }
 
-    /// Deletes this node's leases of `tasks` (their chunk never ran, or is stopping): free
-    /// again, no failure; retried through an outage until the leases' deadline.
-    fn release_leased(&self, tasks: &[ClaimedTask]) -> Vec<Outcome> {
+    /// Deletes this node's leases of `tasks` (their chunk never ran, or rolled back as the
+    /// worker stops): free again, no failure, those of `ran` (their handlers ran in the chunk)
+    /// noted [`RELEASED_AFTER_RUNNING`]; retried through an outage until the leases' deadline.
+    fn release_leased(&self, tasks: &[ClaimedTask], ran: &[i64]) -> Vec<Outcome> {
         let claims: Vec<(i64, i64)> = tasks.iter().map(ClaimedTask::id_token).collect();
         let deadline = tasks.first().map_or_else(Instant::now, |t| t.deadline);
         let released = self.retry_until("a chunk's release", deadline, |conn| {
-            driver(conn).task_release_leased(self.node.id(), &claims)
+            driver(conn).task_release_leased(self.node.id(), &claims, ran, RELEASED_AFTER_RUNNING)
         });
         match released {
             Ok(_) => vec![Outcome::Released; claims.len()],

@@ -178,6 +178,49 @@ server_backends! {
         assert_eq!((task.state.as_str(), &task.last_error), ("done", &note), "its second run says why");
     }
 
+    fn a_leased_chunk_rolled_back_as_its_worker_stops_notes_the_tasks_whose_handlers_ran(db: &TestDb) {
+        let ids = enqueue(db, "mail.send", 5);
+        let stop: Arc<std::sync::OnceLock<Arc<AtomicBool>>> = Arc::default();
+        let stop_in = Arc::clone(&stop);
+        let mut registry = Registry::new();
+        registry.register(
+            "mail.send",
+            move |task: &TaskContext, _: &mut TaskTx| -> HandlerResult {
+                // Tasks 1 and 2 have their effects outside the database; task 3's handler fails
+                // as the worker is told to stop: the chunk rolls back while it stops.
+                if task.biz_id() == "3" {
+                    stop_in.get().expect("the stop flag").store(true, Ordering::SeqCst);
+                    return Err(anyhow::anyhow!("failed during the stop").into());
+                }
+                Ok(())
+            },
+        );
+        let w = Worker::new(&db.url, registry, chunk_config(ClaimStyle::Lock)).unwrap();
+        stop.set(w.stop_flag()).unwrap();
+        let tally = w.run_once().unwrap();
+        assert_eq!((tally.done, tally.released), (0, 5), "{tally:?}");
+        assert_eq!(count_on(&db.url, "SELECT count(*) AS n FROM async_lease"), 0, "released");
+        let notes: Vec<(String, Option<String>)> = ids
+            .iter()
+            .map(|&id| {
+                let task = db.task(id);
+                (task.state, task.last_error)
+            })
+            .collect();
+        let ran = Some("released: its chunk rolled back after its handler ran, as its worker stopped".to_owned());
+        assert_eq!(
+            notes,
+            [
+                ("pending".to_owned(), ran.clone()),
+                ("pending".to_owned(), ran.clone()),
+                ("pending".to_owned(), ran),
+                ("pending".to_owned(), None),
+                ("pending".to_owned(), None),
+            ],
+            "the tasks whose handlers ran say so: they run again"
+        );
+    }
+
     fn a_locked_chunk_whose_connection_dies_leaves_its_tasks_pending_with_no_failure_counted(db: &TestDb) {
         let ids = enqueue(db, "ledger", 5);
         let calls = Arc::new(AtomicUsize::new(0));

@@ -252,8 +252,30 @@ impl LeaseDriver for MysqlConnection {
         })
     }
 
-    fn task_release_leased(&mut self, owner: i64, claims: &[(i64, i64)]) -> QueryResult<usize> {
-        drop_leases(self, owner, claims)
+    fn task_release_leased(
+        &mut self,
+        owner: i64,
+        claims: &[(i64, i64)],
+        ran: &[i64],
+        note: &str,
+    ) -> QueryResult<usize> {
+        if ran.is_empty() {
+            return drop_leases(self, owner, claims);
+        }
+        // The tasks first, then their leases: the order every locking read of both takes.
+        self.transaction(|conn| {
+            Statement::<Mysql>::new(concat!(engine_update!(), " SET last_error = "))
+                .bind::<Text, _>(note.to_owned())
+                .sql(" WHERE state = 'pending' AND id IN ")
+                .with(|s| list::ids(s, ran))
+                .sql(
+                    " AND EXISTS (SELECT 1 FROM async_lease l WHERE l.task_id = async_task.id AND ",
+                )
+                .with(|s| owned(s, owner, claims))
+                .sql(")")
+                .execute(conn)?;
+            drop_leases(conn, owner, claims)
+        })
     }
 
     fn task_charge_leased(

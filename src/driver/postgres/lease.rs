@@ -214,8 +214,32 @@ impl LeaseDriver for PgConnection {
         stamp_picked(picked, owner, timeout_ms).load(self)
     }
 
-    fn task_release_leased(&mut self, owner: i64, claims: &[(i64, i64)]) -> QueryResult<usize> {
-        leases_deleted("", owner, claims).execute(self)
+    fn task_release_leased(
+        &mut self,
+        owner: i64,
+        claims: &[(i64, i64)],
+        ran: &[i64],
+        note: &str,
+    ) -> QueryResult<usize> {
+        #[derive(QueryableByName)]
+        struct Deleted {
+            #[diesel(sql_type = BigInt)]
+            n: i64,
+        }
+        if ran.is_empty() {
+            return leases_deleted("", owner, claims).execute(self);
+        }
+        let deleted: Deleted = leases_gone(owner, claims)
+            .sql(
+                " RETURNING task_id), noted AS (
+                UPDATE async_task t SET last_error = ",
+            )
+            .bind::<Text, _>(note.to_owned())
+            .sql(" FROM gone WHERE t.id = gone.task_id AND t.state = 'pending' AND t.id = ANY(")
+            .bind::<Array<BigInt>, _>(ran.to_vec())
+            .sql(")) SELECT count(*) AS n FROM gone")
+            .get_result(self)?;
+        Ok(usize::try_from(deleted.n).unwrap_or(0))
     }
 
     fn task_charge_leased(
