@@ -111,9 +111,9 @@ pub trait Driver: LeaseDriver + ops::OpsDriver {
     /// them).
     fn migrations_known(&self) -> Result<Vec<String>, MigrationError>;
 
-    /// The size of a payload as this backend stores it, in bytes: what the schema bounds
-    /// (SQLite: the JSON text itself; MySQL: the text as given, its column `JSON`,
-    /// MariaDB's `LONGTEXT` checked by `JSON_VALID`; PostgreSQL: jsonb's text form of `value`).
+    /// The size of a payload as this backend stores it, in bytes: what the schema bounds (SQLite:
+    /// the JSON text; MySQL: the text as given, its column `JSON`, MariaDB's `LONGTEXT` checked
+    /// by `JSON_VALID`; PostgreSQL: jsonb's text form of `value`).
     fn task_payload_len(&self, json: &str, value: &serde_json::Value) -> usize {
         let _ = value;
         json.len()
@@ -261,6 +261,12 @@ pub trait Driver: LeaseDriver + ops::OpsDriver {
     /// [`Driver::task_cancel`] does one; with `dry_run`, only counts them. Returns how many.
     fn task_cancel_matching(&mut self, filter: &TaskFilter<'_>, dry_run: bool) -> QueryResult<i64> {
         operate_sql::task_cancel_matching(self.conn(), filter, dry_run)
+    }
+
+    /// Writes `note` to the `last_error` of the cancelled tasks among `ids`: a leased chunk's,
+    /// whose cancel may not have seen the lease (its snapshot older than the lock claim).
+    fn task_note_cancelled(&mut self, ids: &[i64], note: &str) -> QueryResult<usize> {
+        operate_sql::task_note_cancelled(self.conn(), ids, note)
     }
 
     /// Puts the task `id` back to pending, due now with no failure counted, if it is dead or

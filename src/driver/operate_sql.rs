@@ -5,14 +5,10 @@ use diesel::prelude::*;
 
 use super::clock::DbNow;
 use super::dialect::{json_bind, on_backend, unfinished, Conn, MayRun};
+use super::ops::CANCELLED_RUNNING;
 use super::{AuditEntry, TaskFilter};
 use crate::schema::{async_audit, async_task};
 use crate::task::TaskState;
-
-/// The `last_error` a cancel writes on a task whose handler may be running ([`MayRun`]): a
-/// retry then runs it again, and the guide promises a `last_error` for every run after the
-/// first but a crash's lost claim.
-pub(super) const CANCELLED_RUNNING: &str = "cancelled while running: its handler may have run";
 
 /// What a cancel sets: state `cancelled`, finished now, and on a task whose handler may be
 /// running [`CANCELLED_RUNNING`] (first: MySQL's `SET` reads the columns it has set).
@@ -40,6 +36,17 @@ pub(super) fn task_cancel(conn: Conn<'_>, id: i64) -> QueryResult<usize> {
         .filter(unfinished())
         .set(cancelled!())
         .execute(c))
+}
+
+/// See [`super::Driver::task_note_cancelled`].
+pub(super) fn task_note_cancelled(conn: Conn<'_>, ids: &[i64], note: &str) -> QueryResult<usize> {
+    on_backend!(conn, |c| diesel::update(
+        async_task::table
+            .filter(async_task::id.eq_any(ids))
+            .filter(async_task::state.eq(TaskState::Cancelled.as_str()))
+    )
+    .set(async_task::last_error.eq(note))
+    .execute(c))
 }
 
 /// Writes one row of `async_audit`.

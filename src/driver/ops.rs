@@ -22,6 +22,11 @@ use crate::sql::Statement;
 pub(crate) use super::task_list_sql::{task_count_retryable, task_detail, task_list};
 use crate::task::TaskState;
 
+/// The `last_error` of a task cancelled while its handler may have been running (running, or
+/// leased to a chunk): a retry runs it again, and the guide promises a `last_error` for every
+/// run after the first but a crash's lost claim.
+pub(crate) const CANCELLED_RUNNING: &str = "cancelled while running: its handler may have run";
+
 /// Which tasks an operator's listing or bulk change applies to: every condition given must
 /// hold (an empty `states`: any state).
 #[derive(Debug, Clone, Copy, Default)]

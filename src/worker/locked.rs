@@ -32,6 +32,7 @@ use super::record::record_or_unwind;
 use super::settings::millis;
 use super::tally::{Outcome, Tally};
 use crate::db::transaction::{is_connection_error, is_deadlock, mark_broken, DiscardBroken};
+use crate::driver::ops::CANCELLED_RUNNING;
 use crate::driver::{driver, ChunkRuns, Claim, Claiming, Due, TxMark};
 use crate::error::{OpContext, Result};
 use crate::task::ClaimedTask;
@@ -319,7 +320,33 @@ impl Worker {
             };
             outcomes.push(outcome);
         }
+        self.note_cancelled(tasks, &claimed, ran);
         outcomes
+    }
+
+    /// Notes the tasks of `ran` (their handlers ran in the chunk) that were not claimed again
+    /// and are cancelled: a cancel whose statement could not see their lease (PostgreSQL: its
+    /// snapshot older than the lock claim) wrote no note, and a retry would run them again.
+    fn note_cancelled(&self, tasks: &[ClaimedTask], claimed: &[ClaimedTask], ran: &[i64]) {
+        let unclaimed: Vec<i64> = tasks
+            .iter()
+            .map(|t| t.context.id)
+            .filter(|id| ran.contains(id) && !claimed.iter().any(|c| c.context.id == *id))
+            .collect();
+        if unclaimed.is_empty() {
+            return;
+        }
+        let noted = self
+            .engine_conn()
+            .map_err(|e| e.to_string())
+            .and_then(|mut conn| {
+                driver(&mut conn)
+                    .task_note_cancelled(&unclaimed, CANCELLED_RUNNING)
+                    .map_err(|e| e.to_string())
+            });
+        if let Err(e) = noted {
+            log::warn!("tasks {unclaimed:?}: a cancel's note could not be written: {e}");
+        }
     }
 
     /// Whether `task` is done by its leased chunk's completion: under the token that

@@ -178,6 +178,35 @@ server_backends! {
         assert_eq!((task.state.as_str(), &task.last_error), ("done", &note), "its second run says why");
     }
 
+    fn a_leased_task_cancelled_unseen_while_its_chunk_runs_is_noted_by_the_chunk(db: &TestDb) {
+        // A cancel whose statement could not see the lease (PostgreSQL: its snapshot predates
+        // the lock claim's commit; a producer at REPEATABLE READ) writes no note. The chunk,
+        // whose completion the cancel fences out, writes it: its handler ran.
+        let ids = enqueue(db, "mail.send", 5);
+        let cancelled = Arc::new(AtomicBool::new(false));
+        let (cancelled_in, url) = (Arc::clone(&cancelled), db.url.clone());
+        let mut registry = Registry::new();
+        registry.register(
+            "mail.send",
+            move |task: &TaskContext, _: &mut TaskTx| -> HandlerResult {
+                if task.biz_id() == "3" && !cancelled_in.swap(true, Ordering::SeqCst) {
+                    let cancel = format!(
+                        "UPDATE async_task SET state = 'cancelled', finished_at = updated_at WHERE id = {}",
+                        task.id()
+                    );
+                    diesel::sql_query(cancel).execute(&mut url.connect()?)?;
+                }
+                Ok(())
+            },
+        );
+        let w = Worker::new(&db.url, registry, chunk_config(ClaimStyle::Lock)).unwrap();
+        let tally = w.run_once().unwrap();
+        assert_eq!((tally.done, tally.lost), (4, 1), "{tally:?}");
+        let task = db.task(ids[2]);
+        let note = Some("cancelled while running: its handler may have run".to_owned());
+        assert_eq!((task.state.as_str(), &task.last_error), ("cancelled", &note));
+    }
+
     fn a_leased_chunk_rolled_back_as_its_worker_stops_notes_the_tasks_whose_handlers_ran(db: &TestDb) {
         let ids = enqueue(db, "mail.send", 5);
         let stop: Arc<std::sync::OnceLock<Arc<AtomicBool>>> = Arc::default();
@@ -1172,4 +1201,49 @@ fn leases_only_for_the_threads_left(name: &str, config: WorkerConfig, other: Opt
              other, none waiting: {tally:?}"
         );
     });
+}
+
+/// MySQL at its default isolation, REPEATABLE READ: a cancel in a producer's open transaction
+/// reads the leases without locking them (nor their gaps), so a lock claim's insert of its
+/// leases does not wait for that transaction to end.
+#[cfg(feature = "mysql")]
+#[test]
+fn a_cancel_at_repeatable_read_leaves_the_lock_claims_free_on_mysql() {
+    use diesel::connection::SimpleConnection;
+    use diesel::Connection;
+    let db = &TestDb::mysql();
+    let ids = enqueue(db, "ledger", 6);
+    let mut producer = db.conn();
+    producer
+        .batch_execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        .unwrap();
+    let waited = producer
+        .transaction(|producer| -> outbox::Result<bool> {
+            assert!(outbox::cancel(producer, ids[5])?.cancelled);
+            let w = Worker::new(
+                &db.url,
+                crate::ledger_registry("ledger"),
+                chunk_config(ClaimStyle::Lock),
+            )?;
+            std::thread::scope(|s| {
+                let running = s.spawn(|| w.run_once());
+                let give_up = std::time::Instant::now() + std::time::Duration::from_secs(20);
+                while !running.is_finished() && std::time::Instant::now() < give_up {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                // The producer's transaction ends after this closure: a claim that waited for
+                // it finishes then.
+                let waited = !running.is_finished();
+                if !waited {
+                    assert_eq!(running.join().unwrap().unwrap().done, 5);
+                }
+                Ok(waited)
+            })
+        })
+        .unwrap();
+    assert!(
+        !waited,
+        "the lock claim waited for the producer's transaction"
+    );
+    assert_eq!(db.task(ids[5]).state, "cancelled");
 }

@@ -75,7 +75,8 @@ pub(super) fn cancel_matching(
         ..TaskSelect::default()
     };
     by_chunks(conn, &select, true, |conn, ids| {
-        let n = super::task::cancelled()
+        let leased = super::task::leased_among(conn, ids)?;
+        let n = super::task::cancelled(&leased)
             .sql(" WHERE state IN ('pending', 'blocked', 'running') AND id IN ")
             .with(|s| list::ids(s, ids))
             .execute(conn)?;

@@ -11,7 +11,7 @@ use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 use super::chain::{self, OnLocked};
 use super::list;
 use crate::db::transaction::depth_of;
-use crate::driver::operate_sql::CANCELLED_RUNNING;
+use crate::driver::ops::CANCELLED_RUNNING;
 use crate::driver::{fence, Claim, RescueParams, RescuedRow};
 use crate::sql::Statement;
 
@@ -168,25 +168,45 @@ fn in_transaction<T>(
 }
 
 /// `UPDATE async_task` to cancelled, finished now, with the note of a cancel on a task whose
-/// handler may be running (running, or pending and leased; `last_error` first: MySQL's `SET`
-/// reads the columns it has already set); the caller appends `WHERE`.
-pub(super) fn cancelled() -> Statement<Mysql> {
-    Statement::<Mysql>::new(
-        "UPDATE async_task SET last_error = CASE WHEN state = 'running' OR state = 'pending'
-           AND EXISTS (SELECT 1 FROM async_lease l WHERE l.task_id = async_task.id) THEN ",
-    )
-    .bind::<Text, _>(CANCELLED_RUNNING)
-    .sql(concat!(
-        " ELSE last_error END, state = 'cancelled', finished_at = ",
-        now!(),
-        ", updated_at = ",
-        now!()
-    ))
+/// handler may be running: running, or pending and leased ([`leased_among`] of the tasks;
+/// `last_error` first: MySQL's `SET` reads the columns it has already set). The caller
+/// appends `WHERE`.
+pub(super) fn cancelled(leased: &[i64]) -> Statement<Mysql> {
+    let statement =
+        Statement::<Mysql>::new("UPDATE async_task SET last_error = CASE WHEN state = 'running'");
+    let statement = match leased.is_empty() {
+        true => statement,
+        false => statement
+            .sql(" OR state = 'pending' AND id IN ")
+            .with(|s| list::ids(s, leased)),
+    };
+    statement
+        .sql(" THEN ")
+        .bind::<Text, _>(CANCELLED_RUNNING)
+        .sql(concat!(
+            " ELSE last_error END, state = 'cancelled', finished_at = ",
+            now!(),
+            ", updated_at = ",
+            now!()
+        ))
+}
+
+/// The tasks among `ids` leased to a chunk, read apart, without a lock: a subquery of the
+/// cancel's `UPDATE` would lock the leases it reads, and their gaps, for the length of a
+/// producer's transaction at REPEATABLE READ, and a lock claim's insert of a lease would wait
+/// for it. A lease committed after this read is the chunk's to note (`worker/locked.rs`).
+pub(super) fn leased_among(conn: &mut MysqlConnection, ids: &[i64]) -> QueryResult<Vec<i64>> {
+    let leased: Vec<Id> =
+        Statement::<Mysql>::new("SELECT task_id AS id FROM async_lease WHERE task_id IN ")
+            .with(|s| list::ids(s, ids))
+            .load(conn)?;
+    Ok(leased.into_iter().map(|l| l.id).collect())
 }
 
 pub(super) fn cancel(conn: &mut MysqlConnection, id: i64) -> QueryResult<usize> {
     conn.transaction(|conn| {
-        let n = cancelled()
+        let leased = leased_among(conn, &[id])?;
+        let n = cancelled(&leased)
             .sql(" WHERE id = ")
             .bind::<BigInt, _>(id)
             .sql(" AND state IN ('pending', 'blocked', 'running')")
