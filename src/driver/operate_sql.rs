@@ -45,7 +45,10 @@ pub(super) fn task_note_cancelled(conn: Conn<'_>, ids: &[i64], note: &str) -> Qu
             .filter(async_task::id.eq_any(ids))
             .filter(async_task::state.eq(TaskState::Cancelled.as_str()))
     )
-    .set(async_task::last_error.eq(note))
+    .set((
+        async_task::last_error.eq(note),
+        async_task::updated_at.eq(DbNow),
+    ))
     .execute(c))
 }
 

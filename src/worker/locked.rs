@@ -265,7 +265,9 @@ impl Worker {
             // Stopping (or the hang watchdog is about to exit): claimed now, they would be
             // left running for rescue to charge; they are released as they are, those of
             // `ran` noted (they run again elsewhere).
-            return self.release_leased(tasks, ran);
+            let released = self.release_leased(tasks, ran);
+            self.note_cancelled(tasks, &[], ran);
+            return released;
         }
         log::debug!(
             "a leased chunk of {} tasks rolled back; running them one by one",
@@ -289,9 +291,13 @@ impl Worker {
                      {e}; rescue charges them at their deadline",
                     claims.len()
                 );
+                self.note_cancelled(tasks, &[], ran);
                 return vec![Outcome::Abandoned; claims.len()];
             }
         };
+        // Before the reruns, which may take a while: a note written later could overwrite
+        // what a retry and a failure elsewhere wrote meanwhile.
+        self.note_cancelled(tasks, &claimed, ran);
         // Just claimed, so held unless cancelled since: only a task whose handler ran in the
         // chunk is checked, by the statement that notes its rerun.
         let mut outcomes: Vec<Outcome> = claimed
@@ -320,7 +326,6 @@ impl Worker {
             };
             outcomes.push(outcome);
         }
-        self.note_cancelled(tasks, &claimed, ran);
         outcomes
     }
 

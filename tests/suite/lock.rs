@@ -181,30 +181,39 @@ server_backends! {
     fn a_leased_task_cancelled_unseen_while_its_chunk_runs_is_noted_by_the_chunk(db: &TestDb) {
         // A cancel whose statement could not see the lease (PostgreSQL: its snapshot predates
         // the lock claim's commit; a producer at REPEATABLE READ) writes no note. The chunk,
-        // whose completion the cancel fences out, writes it: its handler ran.
-        let ids = enqueue(db, "mail.send", 5);
-        let cancelled = Arc::new(AtomicBool::new(false));
-        let (cancelled_in, url) = (Arc::clone(&cancelled), db.url.clone());
-        let mut registry = Registry::new();
-        registry.register(
-            "mail.send",
-            move |task: &TaskContext, _: &mut TaskTx| -> HandlerResult {
-                if task.biz_id() == "3" && !cancelled_in.swap(true, Ordering::SeqCst) {
-                    let cancel = format!(
-                        "UPDATE async_task SET state = 'cancelled', finished_at = updated_at WHERE id = {}",
-                        task.id()
-                    );
-                    diesel::sql_query(cancel).execute(&mut url.connect()?)?;
-                }
-                Ok(())
-            },
-        );
-        let w = Worker::new(&db.url, registry, chunk_config(ClaimStyle::Lock)).unwrap();
-        let tally = w.run_once().unwrap();
-        assert_eq!((tally.done, tally.lost), (4, 1), "{tally:?}");
-        let task = db.task(ids[2]);
-        let note = Some("cancelled while running: its handler may have run".to_owned());
-        assert_eq!((task.state.as_str(), &task.last_error), ("cancelled", &note));
+        // whose completion the cancel fences out, writes it: its handler ran. So it does when
+        // the worker is stopping then, and releases the chunk instead of running it again.
+        for (keyword, stopping) in [("mail.send", false), ("mail.stop", true)] {
+            let ids = enqueue(db, keyword, 5);
+            let stop: Arc<std::sync::OnceLock<Arc<AtomicBool>>> = Arc::default();
+            let once = Arc::new(AtomicBool::new(false));
+            let (stop_in, url) = (Arc::clone(&stop), db.url.clone());
+            let mut registry = Registry::new();
+            registry.register(
+                keyword,
+                move |task: &TaskContext, _: &mut TaskTx| -> HandlerResult {
+                    if task.biz_id() == "3" && !once.swap(true, Ordering::SeqCst) {
+                        let cancel = format!(
+                            "UPDATE async_task SET state = 'cancelled', finished_at = updated_at WHERE id = {}",
+                            task.id()
+                        );
+                        diesel::sql_query(cancel).execute(&mut url.connect()?)?;
+                        if stopping {
+                            stop_in.get().expect("the stop flag").store(true, Ordering::SeqCst);
+                        }
+                    }
+                    Ok(())
+                },
+            );
+            let w = Worker::new(&db.url, registry, chunk_config(ClaimStyle::Lock)).unwrap();
+            stop.set(w.stop_flag()).unwrap();
+            let tally = w.run_once().unwrap();
+            let expected = if stopping { (0, 0, 5) } else { (4, 1, 0) };
+            assert_eq!((tally.done, tally.lost, tally.released), expected, "{keyword}: {tally:?}");
+            let task = db.task(ids[2]);
+            let note = Some("cancelled while running: its handler may have run".to_owned());
+            assert_eq!((task.state.as_str(), &task.last_error), ("cancelled", &note), "{keyword}");
+        }
     }
 
     fn a_leased_chunk_rolled_back_as_its_worker_stops_notes_the_tasks_whose_handlers_ran(db: &TestDb) {

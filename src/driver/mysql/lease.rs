@@ -262,18 +262,22 @@ impl LeaseDriver for MysqlConnection {
         if ran.is_empty() {
             return drop_leases(self, owner, claims);
         }
-        // The tasks first, then their leases: the order every locking read of both takes.
+        // The tasks of `ran` first, then the chunk's leases: a charge of the same chunk that
+        // locks them the other way round deadlocks with it, and the worker retries.
         self.transaction(|conn| {
-            Statement::<Mysql>::new(concat!(engine_update!(), " SET last_error = "))
-                .bind::<Text, _>(note.to_owned())
-                .sql(" WHERE state = 'pending' AND id IN ")
-                .with(|s| list::ids(s, ran))
-                .sql(
-                    " AND EXISTS (SELECT 1 FROM async_lease l WHERE l.task_id = async_task.id AND ",
-                )
-                .with(|s| owned(s, owner, claims))
-                .sql(")")
-                .execute(conn)?;
+            Statement::<Mysql>::new(concat!(
+                engine_update!(),
+                " SET updated_at = ",
+                now!(),
+                ", last_error = "
+            ))
+            .bind::<Text, _>(note.to_owned())
+            .sql(" WHERE state = 'pending' AND id IN ")
+            .with(|s| list::ids(s, ran))
+            .sql(" AND EXISTS (SELECT 1 FROM async_lease l WHERE l.task_id = async_task.id AND ")
+            .with(|s| owned(s, owner, claims))
+            .sql(")")
+            .execute(conn)?;
             drop_leases(conn, owner, claims)
         })
     }

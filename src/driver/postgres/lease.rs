@@ -232,7 +232,7 @@ impl LeaseDriver for PgConnection {
         let deleted: Deleted = leases_gone(owner, claims)
             .sql(
                 " RETURNING task_id), noted AS (
-                UPDATE async_task t SET last_error = ",
+                UPDATE async_task t SET updated_at = now(), last_error = ",
             )
             .bind::<Text, _>(note.to_owned())
             .sql(" FROM gone WHERE t.id = gone.task_id AND t.state = 'pending' AND t.id = ANY(")
