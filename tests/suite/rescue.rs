@@ -537,6 +537,34 @@ server_backends! {
     /// leases alike; the held ones are rescued once their holder lets go. Rescue used to wait
     /// for the row: on MySQL until the lock wait timeout failed the whole pass, on PostgreSQL
     /// (leases) for as long as the holder kept it.
+    fn a_dead_nodes_lease_of_a_cancelled_task_is_dropped_with_the_cancels_note(db: &TestDb) {
+        // A cancel that did not see the lease wrote no note, and the chunk's process died
+        // before it could: rescue, which drops the lease, writes it (its handler may have
+        // run), and charges no failure to a cancelled task.
+        let dying = quiet_worker(db);
+        let survivor = quiet_worker(db);
+        let id = outbox::enqueue(&mut db.conn(), &NewTask::new("ledger", "1")).unwrap().id;
+        let in_an_hour = match db.backend() {
+            outbox::Backend::Mysql => "UTC_TIMESTAMP(3) + INTERVAL 1 HOUR",
+            _ => "now() + interval '1 hour'",
+        };
+        db.exec(&format!(
+            "INSERT INTO async_lease (task_id, node_id, token, chunk, deadline_at)
+             SELECT id, {}, claim_token, 1, {in_an_hour} FROM async_task WHERE id = {id}",
+            dying.node_id()
+        ));
+        db.exec(&format!(
+            "UPDATE async_task SET state = 'cancelled', finished_at = updated_at WHERE id = {id}"
+        ));
+        kill_heartbeat(db, dying.node_id());
+        let report = survivor.rescue_once().unwrap();
+        assert_eq!(report.pending + report.dead, 0, "{report:?}");
+        assert_eq!(db.count("SELECT count(*) FROM async_lease"), 0, "the lease dropped");
+        let task = db.task(id);
+        let note = Some("cancelled while running: its handler may have run".to_owned());
+        assert_eq!((task.state.as_str(), task.failures, &task.last_error), ("cancelled", 0, &note));
+    }
+
     fn rescue_passes_over_a_row_another_transaction_holds(db: &TestDb) {
         let dying = quiet_worker(db);
         let survivor = quiet_worker(db);

@@ -15,6 +15,7 @@ use diesel::sql_types::{Array, BigInt, Integer, Text};
 use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 
 use super::task::{picked, plan_lines, rescue_scope, stamp_picked, PickedRow, RESCUE_CHARGE};
+use crate::driver::ops::CANCELLED_RUNNING;
 use crate::driver::{
     rescue_params, ChunkRuns, ClaimRow, Claiming, Due, LeaseCharge, LeaseDriver, Passes, Pick,
     Picked, RescueParams, RescuedRow, TxMark,
@@ -290,7 +291,8 @@ impl LeaseDriver for PgConnection {
         // pass, and a pass never waits. A concurrent rescuer passes over what this one
         // locked: a task is charged once. A lock it must still wait for (a dying parent's
         // descendants, when `rescue.only` names it) fails it after `RESCUE_SETTINGS`' lock
-        // timeout.
+        // timeout. A cancelled task's lease goes with the cancel's note: a cancel that missed
+        // the lease wrote none (`CANCELLED_RUNNING`).
         super::with_local(self, super::RESCUE_SETTINGS, |conn| {
             rescue_params(rescue)
             .sql(
@@ -320,6 +322,13 @@ impl LeaseDriver for PgConnection {
                     DELETE FROM async_lease l USING lapsed x
                      WHERE l.task_id = x.task_id AND l.task_id IN (SELECT id FROM free)
                     RETURNING l.task_id, l.token, l.node_id, x.late
+                ), noted AS (
+                    UPDATE async_task t SET updated_at = now(), last_error = ",
+            )
+            .bind::<Text, _>(CANCELLED_RUNNING)
+            .sql(
+                "
+                      FROM gone g WHERE t.id = g.task_id AND t.state = 'cancelled'
                 )
                 UPDATE async_task t SET ",
             )
