@@ -27,7 +27,9 @@ const PACE: Duration = Duration::from_secs(3);
 type Manager = <outbox::DbConnection as Connection>::TransactionManager;
 
 /// How long after a worker froze the tasks it held must be finished by others: its
-/// `--dead-after` (1.5 s), a rescue pass's heartbeat and the tasks' own run.
+/// `--dead-after` (1.5 s), a rescue pass's heartbeat and the tasks' own run. A worker's exit
+/// meanwhile starts the bound again (the chaos loop): what the exited worker held waits for
+/// rescue too.
 pub const FROZEN_BOUND: Duration = Duration::from_millis(6_500);
 
 /// The tasks `proc`'s node holds now: running under it, leased by it (lock claims), or —

@@ -114,7 +114,7 @@ pub fn run_seed(seed: u64) {
     loop {
         let now = started.elapsed();
         let in_window = now < plan.window;
-        supervise(
+        let restarted = supervise(
             &sc,
             &plan,
             &mut slots,
@@ -124,6 +124,15 @@ pub fn run_seed(seed: u64) {
             &mut timeline,
             now,
         );
+        if restarted {
+            // A worker that exits (a hang past the task timeout, a kill) leaves what it held
+            // to rescue after its `--dead-after`: the frozen worker's tasks it had taken over
+            // too, when it is the only one. The bound counts from the last exit.
+            let by = Instant::now() + checks::FROZEN_BOUND;
+            for (until, _) in &mut frozen_checks {
+                *until = (*until).max(by);
+            }
+        }
         while let Some((at, fault)) = faults.peek() {
             if *at > now {
                 break;
@@ -438,7 +447,8 @@ fn worker_args(
 }
 
 /// Starts the workers that are not running (a supervisor's restart), noting each exit; a
-/// `drain` that ends is started again while work may be left (cron).
+/// `drain` that ends is started again while work may be left (cron). Returns whether a worker
+/// exited otherwise than a drain that ended.
 #[allow(clippy::too_many_arguments)]
 fn supervise(
     sc: &Scenario,
@@ -449,7 +459,8 @@ fn supervise(
     in_window: bool,
     timeline: &mut Vec<String>,
     now: Duration,
-) {
+) -> bool {
+    let mut restarted = false;
     for (i, slot) in slots.iter_mut().enumerate() {
         if let (Some(proc), Some(until)) = (slot.proc.as_ref(), slot.frozen_until) {
             if Instant::now() >= until {
@@ -465,6 +476,7 @@ fn supervise(
                 Some(status) => {
                     if !(plan.drains && status.success()) {
                         timeline.push(format!("{}: worker {i} exited ({status})", secs(now)));
+                        restarted = true;
                     }
                 }
             }
@@ -475,6 +487,7 @@ fn supervise(
         let label = format!("w{i}-{}", slot.starts);
         slot.proc = Some(sc.spawn(&label, urls[0], &worker_args(sc, plan, i, urls, crontab)));
     }
+    restarted
 }
 
 #[allow(clippy::too_many_arguments)]
