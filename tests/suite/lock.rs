@@ -1240,8 +1240,8 @@ fn a_cancel_at_repeatable_read_leaves_the_lock_claims_free_on_mysql() {
                 while !running.is_finished() && std::time::Instant::now() < give_up {
                     std::thread::sleep(std::time::Duration::from_millis(10));
                 }
-                // The producer's transaction ends after this closure: a claim that waited for
-                // it finishes then.
+                // A claim that waits here is joined inside the producer's transaction: it
+                // ends at InnoDB's lock wait timeout, failed, and the assertion below fails.
                 let waited = !running.is_finished();
                 if !waited {
                     assert_eq!(running.join().unwrap().unwrap().done, 5);

@@ -21,7 +21,6 @@ use super::chain::OnLocked;
 use super::claim::{chunk_of, mark, take_page, Take};
 use super::{list, session, task};
 use crate::db::transaction::depth_of;
-use crate::driver::dialect::Conn;
 use crate::driver::ops::CANCELLED_RUNNING;
 use crate::driver::{
     ChunkRuns, ClaimRow, Claiming, Due, LeaseCharge, LeaseDriver, Pick, Picked, RescueParams,
@@ -395,11 +394,7 @@ impl LeaseDriver for MysqlConnection {
                 // A cancelled task's lease goes with the cancel's note (a cancel that missed
                 // the lease wrote none).
                 let gone: Vec<i64> = locked.iter().map(|h| h.id).collect();
-                crate::driver::operate_sql::task_note_cancelled(
-                    Conn::Mysql(conn),
-                    &gone,
-                    CANCELLED_RUNNING,
-                )?;
+                crate::driver::Driver::task_note_cancelled(conn, &gone, CANCELLED_RUNNING)?;
                 Statement::<Mysql>::new(DELETE_LEASES)
                     .with(|s| list::ids(s, &gone))
                     .execute(conn)?;
