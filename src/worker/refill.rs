@@ -28,7 +28,7 @@ impl Worker {
         feed: &Feed<'s>,
         tally: &'s Mutex<Tally>,
     ) -> Result<(usize, usize)> {
-        self.wait_while_capped(feed);
+        self.wait_while_capped();
         let plan = self.services.domains.plan();
         if plan.by_lanes() {
             self.dispatcher
@@ -238,35 +238,22 @@ impl Worker {
     }
 
     /// Under `least_count`, while this node holds more than half of what it may hold (the
-    /// least-loaded other node's tasks plus its slack), waits until enough of them finish
-    /// (or none is running here): claims of half that at least, rather than one at a time.
-    fn wait_while_capped(&self, feed: &Feed<'_>) {
+    /// least-loaded other node's tasks plus its slack), waits until enough of them finish,
+    /// counted as tasks (or until none of its own is running): claims of half that at least,
+    /// rather than one at a time. Not a wait for room in the pool, counted in units: a chunk
+    /// of many tasks is one unit, and a unit of a blocked domain (or, on a fleet's shared
+    /// pool, of another database) may not finish for as long as its handler blocks.
+    fn wait_while_capped(&self) {
         let strategy = &self.services.strategy;
-        let Some((most, held)) = strategy.least_count_bound() else {
-            return;
+        let half_free = || {
+            strategy
+                .least_count_bound()
+                .is_none_or(|(most, held)| most.saturating_sub(held) >= most.div_ceil(2))
         };
-        let want_free = most.div_ceil(2);
-        let free = most.saturating_sub(held);
-        if free >= want_free {
+        if half_free() {
             return;
         }
-        if let Some(lane) = self.own_lane() {
-            // On a fleet's shared pool: this database's own tasks, counted as tasks. The pool's
-            // room counts every database's units (a chunk is one, whatever its tasks): a wait
-            // for more of it than this database's units can give would wait for the others',
-            // which may block for as long as their handlers do.
-            let enough = || {
-                self.dispatcher.slots().idle(lane)
-                    || strategy
-                        .least_count_bound()
-                        .is_none_or(|(most, held)| most.saturating_sub(held) >= most.div_ceil(2))
-            };
-            self.dispatcher.wait_for(enough, &self.stopping);
-            return;
-        }
-        let room = self.dispatcher.room();
-        let finish = usize::try_from(want_free - free).unwrap_or(usize::MAX);
         self.dispatcher
-            .wait_for_room(feed, room.saturating_add(finish), &self.stopping);
+            .wait_for(|| !self.busy() || half_free(), &self.stopping);
     }
 }

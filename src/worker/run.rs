@@ -201,7 +201,7 @@ impl Worker {
     /// Whether tasks this worker handed to the pool have not finished: on a fleet's shared
     /// pool, those of its own lane (the others' databases are not its business); otherwise
     /// any.
-    fn busy(&self) -> bool {
+    pub(super) fn busy(&self) -> bool {
         match self.own_lane() {
             Some(lane) => !self.dispatcher.slots().idle(lane),
             None => self.dispatcher.in_flight() > 0,

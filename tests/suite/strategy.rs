@@ -423,8 +423,9 @@ fn the_claim_of_a_partitioned_node_is_the_same_plan_with_one_more_filter() {
 }
 
 /// A `least_count` worker with a domain keeps `default`'s pace while the domain's handler
-/// blocks: past half its bound it waits for its own tasks to finish, and `default`'s chunks
-/// ending are enough, without the blocked domain's.
+/// blocks: past half its bound it waits for its own tasks to finish, counted as tasks, and
+/// `default`'s chunks ending are enough, without the blocked domain's. The blocked task is
+/// claimed first, so that every later claim meets it held.
 #[test]
 fn a_least_count_worker_with_a_domain_waits_for_its_own_tasks_not_a_blocked_domains() {
     let db = &TestDb::postgres();
@@ -445,26 +446,42 @@ fn a_least_count_worker_with_a_domain_waits_for_its_own_tasks_not_a_blocked_doma
         );
     }
     enqueue_batch(&mut db.conn(), &[NewTask::new("stuck", "stuck")]).unwrap();
-    enqueue(db, "l", 60, None);
     peer(db, "default", 1, 0);
     let config = config(Strategy::LeastCount)
         .slack(4)
         .queue(2)
         .commit_batch(10)
         .claim_style(ClaimStyle::Stamp)
+        .listen(false)
+        .poll_interval(Duration::from_millis(50))
         .domain(outbox::domain::Domain::max("slow", ["stuck"], 1));
     let w = Worker::new(&db.url, registry, config).unwrap();
+    let stop = w.stop_flag();
     let done = "SELECT count(*) FROM async_task WHERE keyword = 'ledger' AND state = 'done'";
     std::thread::scope(|s| {
-        let drain = s.spawn(|| w.drain());
+        let run = s.spawn(|| w.run());
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let running =
+            "SELECT count(*) FROM async_task WHERE keyword = 'stuck' AND state = 'running'";
+        while db.count(running) == 0 {
+            assert!(std::time::Instant::now() < deadline, "stuck not claimed");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        enqueue(db, "l", 60, None);
         while db.count(done) < 60 && std::time::Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(20));
         }
         let paced = db.count(done);
         *gate.0.lock().unwrap() = true;
         gate.1.notify_all();
-        let report = drain.join().unwrap().unwrap();
+        let settled = std::time::Instant::now() + Duration::from_secs(20);
+        while db.count("SELECT count(*) FROM async_task WHERE state = 'done'") < 61
+            && std::time::Instant::now() < settled
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let report = run.join().unwrap().unwrap();
         assert_eq!(
             paced, 60,
             "with the domain's handler blocked, default ran {paced} of its 60 tasks in 20 s: \
