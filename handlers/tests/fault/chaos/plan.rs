@@ -127,6 +127,10 @@ pub struct Plan {
     pub window: Duration,
 }
 
+/// The first seed whose focus, whatever it is, may draw a claim strategy other than
+/// `default` (before it, only [`Focus::Mixed`] did).
+const EVERY_FOCUS_DRAWS_A_STRATEGY: u64 = 2300;
+
 impl Plan {
     /// The plan of `seed`. `mysql`: whether MySQL may be drawn (the feature is on).
     pub fn from_seed(seed: u64, mysql: bool) -> Plan {
@@ -168,10 +172,18 @@ impl Plan {
             Focus::Frozen | Focus::PausedDomain | Focus::Hang => false,
             _ => rng.u8(..4) == 0,
         };
+        // From seed `EVERY_FOCUS_DRAWS_A_STRATEGY` on, every focus meets the strategies too
+        // (a `least_count` node beside a hung domain once kept `default` waiting on the
+        // domain's units), from draws that gave `default` before; the seeds before keep
+        // their plans, the fixed seeds among them.
+        let every = seed >= EVERY_FOCUS_DRAWS_A_STRATEGY;
         let strategy = match (focus, rng.u8(..8)) {
             (Focus::Mixed, 0) => "id_hash",
             (Focus::Mixed, 1) => "least_count",
             (Focus::Mixed, 2) => "weight",
+            (_, 5) if every => "least_count",
+            (_, 6) if every => "id_hash",
+            (_, 7) if every => "weight",
             _ => "default",
         };
         let databases = if focus == Focus::SlowDatabase { 2 } else { 1 };
@@ -436,15 +448,39 @@ mod tests {
         for seed in 1..=n {
             let p = Plan::from_seed(seed, true);
             println!(
-                "{seed}: {:?} {} batch {} claim {} workers {} drains {} dbs {}",
+                "{seed}: {:?} {} batch {} claim {} workers {} drains {} dbs {} strategy {}",
                 p.focus,
                 p.backend.name(),
                 p.commit_batch,
                 p.claim,
                 p.workers,
                 p.drains,
-                p.databases
+                p.databases,
+                p.strategy
             );
+        }
+    }
+
+    /// Seeds from `EVERY_FOCUS_DRAWS_A_STRATEGY` on give every focus each strategy; the
+    /// seeds before give one only to `Mixed`, as when the fixed seeds were chosen.
+    #[test]
+    fn strategies_meet_every_focus_from_their_first_seed_on() {
+        let before = (1..EVERY_FOCUS_DRAWS_A_STRATEGY).map(|s| Plan::from_seed(s, true));
+        for p in before.filter(|p| p.focus != Focus::Mixed) {
+            assert_eq!(p.strategy, "default", "seed {}", p.seed);
+        }
+        let after: Vec<Plan> = (EVERY_FOCUS_DRAWS_A_STRATEGY..EVERY_FOCUS_DRAWS_A_STRATEGY + 2000)
+            .map(|s| Plan::from_seed(s, true))
+            .collect();
+        for focus in Focus::ALL {
+            for strategy in ["default", "id_hash", "least_count", "weight"] {
+                assert!(
+                    after
+                        .iter()
+                        .any(|p| p.focus == focus && p.strategy == strategy),
+                    "{focus:?} never draws {strategy}"
+                );
+            }
         }
     }
 
