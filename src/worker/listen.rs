@@ -27,15 +27,21 @@ impl Listener {
         Ok(Some(Listener { conn }))
     }
 
-    /// Waits until a notification arrives, `timeout` passes, or `stop` is set. Returns
-    /// whether a notification arrived; an error means the connection is lost.
-    pub(crate) fn wait(&mut self, timeout: Duration, stop: &AtomicBool) -> Result<bool> {
+    /// Waits until a notification arrives, `timeout` passes, `stop` is set, or `ready`
+    /// holds (looked at as often as the connection). Returns whether a notification arrived;
+    /// an error means the connection is lost.
+    pub(crate) fn wait(
+        &mut self,
+        timeout: Duration,
+        stop: &AtomicBool,
+        ready: impl Fn() -> bool,
+    ) -> Result<bool> {
         let deadline = Instant::now() + timeout;
         loop {
             if driver(&mut self.conn).listen_poll().op("listen")? {
                 return Ok(true);
             }
-            if stop.load(Ordering::Relaxed) || Instant::now() >= deadline {
+            if stop.load(Ordering::Relaxed) || Instant::now() >= deadline || ready() {
                 return Ok(false);
             }
             std::thread::sleep(CHECK_INTERVAL);

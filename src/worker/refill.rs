@@ -18,6 +18,25 @@ const CONNECTION_LOOK: Duration = Duration::from_millis(100);
 /// r2d2's message for a checkout that timed out with no connection error to tell.
 const BARE_CHECKOUT_TIMEOUT: &str = "timed out waiting for connection";
 
+/// What a claim took: how many tasks, the most it could have taken, and the lanes that have
+/// keywords to claim but had no room worth a claim ([`super::slots::Slots::worth_claiming_for`]):
+/// more of their tasks may be due, so an empty claim does not mean that nothing is.
+pub(super) struct Refilled {
+    pub(super) claimed: usize,
+    pub(super) limit: usize,
+    pub(super) starved: Vec<usize>,
+}
+
+impl Refilled {
+    fn of(claimed: usize, limit: usize) -> Refilled {
+        Refilled {
+            claimed,
+            limit,
+            starved: Vec::new(),
+        }
+    }
+}
+
 impl Worker {
     /// Waits until at least half of the units that can start (threads + queue + the claiming
     /// thread) are free, claims as many tasks as can start, and hands them to the pool
@@ -27,14 +46,14 @@ impl Worker {
         &'s self,
         feed: &Feed<'s>,
         tally: &'s Mutex<Tally>,
-    ) -> Result<(usize, usize)> {
+    ) -> Result<Refilled> {
         self.wait_while_capped();
         let plan = self.services.domains.plan();
         if plan.by_lanes() {
             self.dispatcher
                 .wait_for_lane_room(&plan.claiming(), &self.stopping);
             if !self.wait_for_connection()? {
-                return Ok((0, 0));
+                return Ok(Refilled::of(0, 0));
             }
             return self.refill_lanes(feed, tally, &plan);
         }
@@ -42,7 +61,7 @@ impl Worker {
         self.dispatcher
             .wait_for_room(feed, units.div_ceil(2), &self.stopping);
         if !self.wait_for_connection()? {
-            return Ok((0, 0));
+            return Ok(Refilled::of(0, 0));
         }
         let room = self.dispatcher.room().max(1);
         // The claim strategy's cap (`least_count`): a claim that reaches it is full, and the
@@ -53,39 +72,45 @@ impl Worker {
                 .min(room * self.settings.commit_batch),
         );
         if limit == 0 {
-            return Ok((0, 1));
+            return Ok(Refilled::of(0, 1));
         }
         let default = &plan.lanes[0];
         if self.settings.lock {
-            return Ok((self.refill_lock_style(feed, tally, default, limit)?, limit));
+            let claimed = self.refill_lock_style(feed, tally, default, limit)?;
+            return Ok(Refilled::of(claimed, limit));
         }
         let page = self.claim_up_to(&default.keywords, limit, default.timeout)?;
         let claimed = page.len();
         self.submit_page(feed, page, tally);
-        Ok((claimed, limit))
+        Ok(Refilled::of(claimed, limit))
     }
 
     /// With domains: claims, lane by lane, as many of its tasks as it can start now or queue
     /// ([`super::slots::Slots::room`]; under lock claims, as many chunks as it can start
     /// now, [`super::slots::Slots::lock_room`]), and hands them to the pool. Returns how many
     /// it claimed and the most it could have, the two equal when some lane's claim came back
-    /// full (more may be due: claim again at once).
+    /// full (more may be due: claim again at once), and the lanes passed over for want of
+    /// room.
     pub(super) fn refill_lanes<'s>(
         &'s self,
         feed: &Feed<'s>,
         tally: &'s Mutex<Tally>,
         plan: &Plan,
-    ) -> Result<(usize, usize)> {
+    ) -> Result<Refilled> {
         // Only the lanes worth a claim (two thirds of their room free): one statement per
         // domain per claim costs a round trip each, so a lane with a task or two of room
         // waits for more.
-        let rooms: Vec<(&PlanLane, usize)> = {
+        let (rooms, mut starved): (Vec<(&PlanLane, usize)>, Vec<usize>) = {
             let slots = self.dispatcher.slots();
-            plan.lanes
+            let (worth, starved): (Vec<&PlanLane>, Vec<&PlanLane>) = plan
+                .lanes
                 .iter()
-                .filter(|l| slots.worth_claiming_for(l.lane))
-                .map(|l| (l, slots.room(l.lane)))
-                .collect()
+                .filter(|l| !l.keywords.is_empty())
+                .partition(|l| slots.worth_claiming_for(l.lane));
+            (
+                worth.into_iter().map(|l| (l, slots.room(l.lane))).collect(),
+                starved.into_iter().map(|l| l.lane).collect(),
+            )
         };
         let (mut claimed, mut limit, mut full) = (0, 0, false);
         for (lane, room) in rooms {
@@ -95,7 +120,8 @@ impl Worker {
                 true => self.dispatcher.slots().lock_room(lane.lane),
                 false => room,
             };
-            if room == 0 || lane.keywords.is_empty() {
+            if room == 0 {
+                starved.push(lane.lane);
                 continue;
             }
             let n = self.services.strategy.cap(
@@ -136,14 +162,15 @@ impl Worker {
                 Err(e) => return Err(e),
             }
         }
-        Ok((
+        Ok(Refilled {
             claimed,
-            if full {
+            limit: if full {
                 claimed
             } else {
                 limit.max(claimed + 1)
             },
-        ))
+            starved,
+        })
     }
 
     /// Waits until the pool can hand out a connection, as long as a checkout would wait (the

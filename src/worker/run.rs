@@ -181,12 +181,21 @@ impl Worker {
             // follow-up after the claim looked, and finishes before the check below,
             // must still be followed by one more claim.
             let busy_before = self.busy();
-            let (claimed, _) = self.retry_dead_connections(|| self.refill(feed, tally))?;
-            if claimed == 0 {
+            let refilled = self.retry_dead_connections(|| self.refill(feed, tally))?;
+            if refilled.claimed == 0 {
                 if !busy_before || self.is_stopping() {
                     break;
                 }
-                self.wait_until_idle(feed);
+                // A lane passed over for want of room may have tasks due: wait for its
+                // room, not for every lane's tasks (a domain's may block for as long as
+                // its handler does).
+                match refilled.starved.is_empty() {
+                    true => self.wait_until_idle(feed),
+                    false => {
+                        let ready = || !self.busy() || self.has_room_in(&refilled.starved);
+                        self.dispatcher.wait_for(ready, &self.stopping);
+                    }
+                }
             }
         }
         Ok(())
@@ -206,6 +215,17 @@ impl Worker {
             Some(lane) => !self.dispatcher.slots().idle(lane),
             None => self.dispatcher.in_flight() > 0,
         }
+    }
+
+    /// Whether one of `lanes` would be claimed for now: worth a claim
+    /// ([`super::slots::Slots::worth_claiming_for`]) and, under lock claims, with a chunk
+    /// it can start at once ([`super::slots::Slots::lock_room`]), as
+    /// [`Worker::refill_lanes`] asks.
+    fn has_room_in(&self, lanes: &[usize]) -> bool {
+        let slots = self.dispatcher.slots();
+        lanes.iter().any(|&lane| {
+            slots.worth_claiming_for(lane) && (!self.settings.lock || slots.lock_room(lane) > 0)
+        })
     }
 
     /// Waits until what [`Worker::busy`] looks at has finished, or the worker is stopping.
@@ -256,24 +276,33 @@ impl Worker {
                 }
             }
             match self.retry_dead_connections(|| self.refill(feed, tally)) {
-                Ok((claimed, limit)) => {
+                Ok(refilled) => {
                     if let Some((since, _)) = outage.take() {
                         log::warn!("database reachable again after {:?}", since.elapsed());
                     }
                     // A full claim means more may be due: claim again at once.
-                    if claimed >= limit {
+                    if refilled.claimed >= refilled.limit {
                         continue;
                     }
                     let jitter = 0.9 + 0.2 * fastrand::f64();
                     let wait = self.settings.poll_interval.mul_f64(jitter);
+                    // A lane passed over for want of room may have tasks due: claim again
+                    // as soon as it has room, not after the poll interval.
+                    let starved = &refilled.starved;
+                    let room = || self.has_room_in(starved);
                     match listener.as_mut() {
                         Some(l) => {
-                            if let Err(e) = l.wait(wait, &self.stopping) {
+                            if let Err(e) = l.wait(wait, &self.stopping, room) {
                                 log::debug!("LISTEN connection lost: {e}");
                                 listener = None;
                             }
                         }
-                        None => sleep_unless(wait, &self.stopping),
+                        None if starved.is_empty() => sleep_unless(wait, &self.stopping),
+                        None => {
+                            let until = Instant::now() + wait;
+                            let ready = || Instant::now() >= until || room();
+                            self.dispatcher.wait_for(ready, &self.stopping);
+                        }
                     }
                 }
                 Err(e) => {

@@ -20,6 +20,7 @@ mod fencing;
 mod fleet;
 mod heartbeat;
 mod http;
+mod lanes;
 mod lock;
 mod logs;
 mod metrics;
