@@ -186,16 +186,7 @@ impl Worker {
                 if !busy_before || self.is_stopping() {
                     break;
                 }
-                // A lane passed over for want of room may have tasks due: wait for its
-                // room, not for every lane's tasks (a domain's may block for as long as
-                // its handler does).
-                match refilled.starved.is_empty() {
-                    true => self.wait_until_idle(feed),
-                    false => {
-                        let ready = || !self.busy() || self.has_room_in(&refilled.starved);
-                        self.dispatcher.wait_for(ready, &self.stopping);
-                    }
-                }
+                self.wait_after_empty_claim(feed, &refilled.starved);
             }
         }
         Ok(())
@@ -215,6 +206,29 @@ impl Worker {
             Some(lane) => !self.dispatcher.slots().idle(lane),
             None => self.dispatcher.in_flight() > 0,
         }
+    }
+
+    /// After a drain's empty claim while tasks run: waits until what they make due may be
+    /// claimed. Without lanes, until they have finished ([`Worker::wait_until_idle`]); by
+    /// lanes, not for every lane's tasks (a domain's may block for as long as its handler
+    /// does), but until one of the lanes `starved` (passed over for want of room) has room,
+    /// or one of the lanes busy now is idle, or nothing is busy.
+    fn wait_after_empty_claim(&self, feed: &Feed<'_>, starved: &[usize]) {
+        let plan = self.services.domains.plan();
+        if !plan.by_lanes() {
+            return self.wait_until_idle(feed);
+        }
+        let busy: Vec<usize> = {
+            let slots = self.dispatcher.slots();
+            let claiming = plan.claiming().into_iter();
+            claiming.filter(|&lane| !slots.idle(lane)).collect()
+        };
+        let ready = || {
+            !self.busy()
+                || self.has_room_in(starved)
+                || busy.iter().any(|&lane| self.dispatcher.slots().idle(lane))
+        };
+        self.dispatcher.wait_for(ready, &self.stopping);
     }
 
     /// Whether one of `lanes` would be claimed for now: worth a claim

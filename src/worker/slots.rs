@@ -382,14 +382,15 @@ impl Slots {
 
     /// Whether lane `i` is not paused and has at least two thirds of its capacity free (a
     /// claim for it takes a useful page, not a task or two: each lane's claim is a statement
-    /// of its own; two thirds rather than half measured 3% faster with 3 domains), or is a `RESERVED` lane with a reserved
-    /// thread free and nothing queued (its reserved threads never wait for the shared ones
-    /// to free up).
+    /// of its own; two thirds rather than half measured 3% faster with 3 domains), is idle
+    /// with room (blocked handlers of other lanes may hold the shared threads: two thirds
+    /// may never come), or is a `RESERVED` lane with a reserved thread free and nothing
+    /// queued (its reserved threads never wait for the shared ones to free up).
     pub(crate) fn worth_claiming_for(&self, i: usize) -> bool {
         let room = self.room(i);
         let lane = &self.lanes[i];
         let idle_own = i > 0 && lane.queued == 0 && lane.own < Self::reserved(&lane.spec);
-        room > 0 && (room * 3 >= self.capacity(i) * 2 || idle_own)
+        room > 0 && (room * 3 >= self.capacity(i) * 2 || idle_own || self.idle(i))
     }
 
     /// Tasks that can be in flight at most: every thread and every lane's queue.

@@ -8,7 +8,10 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use outbox::domain::Domain;
-use outbox::{enqueue_batch, HandlerResult, NewTask, TaskContext, TaskTx, Worker, WorkerConfig};
+use outbox::{
+    enqueue, enqueue_batch, Backend, ClaimStyle, HandlerResult, NewTask, TaskContext, TaskTx,
+    Worker, WorkerConfig,
+};
 
 use crate::ledger_registry;
 use crate::support::TestDb;
@@ -21,7 +24,9 @@ fn open(gate: &Gate) {
     gate.1.notify_all();
 }
 
-/// `ledger` tasks, a `stuck` keyword whose handler waits at the gate, and an `idle` one.
+/// `ledger` tasks, a `stuck` keyword whose handler waits at the gate, a `first` one whose
+/// handler enqueues a `ledger` task in its transaction after half a second, and an `idle`
+/// one.
 fn registry(gate: &Gate) -> outbox::Registry {
     let mut registry = ledger_registry("ledger");
     let gate = Arc::clone(gate);
@@ -33,6 +38,15 @@ fn registry(gate: &Gate) -> outbox::Registry {
             let _open = changed
                 .wait_timeout_while(guard, Duration::from_secs(60), |open| !*open)
                 .unwrap();
+            Ok(())
+        },
+    );
+    registry.register(
+        "first",
+        |task: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
+            // Long enough for the drain's next claim to come back empty while it runs.
+            std::thread::sleep(Duration::from_millis(500));
+            enqueue(tx.conn()?, &NewTask::new("ledger", task.biz_id()))?;
             Ok(())
         },
     );
@@ -65,13 +79,20 @@ fn config() -> WorkerConfig {
 const BACKLOG: i64 = 300;
 const DONE: &str = "SELECT count(*) FROM async_task WHERE keyword = 'ledger' AND state = 'done'";
 
-/// Runs `work` on a thread while `default`'s backlog is worked through; returns how many of
-/// the backlog were done within 20 s, then opens the gate, sets `stop` and waits for `work`.
-fn paced(db: &TestDb, gate: &Gate, stop: &AtomicBool, work: impl FnOnce() + Send) -> i64 {
+/// Runs `work` on a thread while `want` of `default`'s `ledger` tasks are worked through;
+/// returns how many were done within 20 s, then opens the gate, sets `stop` and waits for
+/// `work`.
+fn paced(
+    db: &TestDb,
+    gate: &Gate,
+    stop: &AtomicBool,
+    want: i64,
+    work: impl FnOnce() + Send,
+) -> i64 {
     std::thread::scope(|s| {
         let handle = s.spawn(work);
         let deadline = Instant::now() + Duration::from_secs(20);
-        while db.count(DONE) < BACKLOG && Instant::now() < deadline {
+        while db.count(DONE) < want && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(20));
         }
         let paced = db.count(DONE);
@@ -82,36 +103,89 @@ fn paced(db: &TestDb, gate: &Gate, stop: &AtomicBool, work: impl FnOnce() + Send
     })
 }
 
+/// The claim styles to try: strict, with a queue and without; batched with stamp claims; and, on the servers, batched
+/// with lock claims (chunks leased lane by lane, no queue). Each on a table emptied first.
+fn styles(db: &TestDb) -> Vec<(&'static str, WorkerConfig)> {
+    let mut styles = vec![
+        ("strict", config()),
+        ("strict, no queue", config().queue(0)),
+        (
+            "batched stamp",
+            config().commit_batch(5).claim_style(ClaimStyle::Stamp),
+        ),
+    ];
+    if db.backend() != Backend::Sqlite {
+        styles.push((
+            "batched lock",
+            config()
+                .commit_batch(5)
+                .claim_style(ClaimStyle::Lock)
+                .queue(0),
+        ));
+    }
+    styles
+}
+
 every_backend! {
     fn a_drain_keeps_defaults_pace_beside_a_domain_whose_handler_blocks(db: &TestDb) {
-        let gate: Gate = Arc::default();
-        enqueue_batch(&mut db.conn(), &tasks("ledger", BACKLOG as usize)).unwrap();
-        enqueue_batch(&mut db.conn(), &tasks("stuck", 1)).unwrap();
-        let w = Worker::new(&db.url, registry(&gate), config()).unwrap();
-        let report = Mutex::new(None);
-        let drain = || *report.lock().unwrap() = Some(w.drain().unwrap());
-        let paced = paced(db, &gate, &AtomicBool::new(false), drain);
-        let report = report.into_inner().unwrap().unwrap();
-        assert_eq!(
-            paced, BACKLOG,
-            "with `slow`'s handler blocked, the drain ran {paced} of default's {BACKLOG} tasks \
-             in 20 s: {report:?}"
-        );
-        assert_eq!(report.tally.done, BACKLOG as u64 + 1, "{report:?}");
+        for (style, config) in styles(db) {
+            db.exec("DELETE FROM async_task");
+            let gate: Gate = Arc::default();
+            enqueue_batch(&mut db.conn(), &tasks("ledger", BACKLOG as usize)).unwrap();
+            enqueue_batch(&mut db.conn(), &tasks("stuck", 1)).unwrap();
+            let w = Worker::new(&db.url, registry(&gate), config).unwrap();
+            let report = Mutex::new(None);
+            let drain = || *report.lock().unwrap() = Some(w.drain().unwrap());
+            let paced = paced(db, &gate, &AtomicBool::new(false), BACKLOG, drain);
+            let report = report.into_inner().unwrap().unwrap();
+            assert_eq!(
+                paced, BACKLOG,
+                "{style}: with `slow`'s handler blocked, the drain ran {paced} of default's \
+                 {BACKLOG} tasks in 20 s: {report:?}"
+            );
+            assert_eq!(report.tally.done, BACKLOG as u64 + 1, "{style}: {report:?}");
+        }
+    }
+
+    fn a_drain_runs_what_its_tasks_make_due_beside_a_domain_whose_handler_blocks(db: &TestDb) {
+        for (style, config) in styles(db) {
+            db.exec("DELETE FROM async_task");
+            let gate: Gate = Arc::default();
+            enqueue_batch(&mut db.conn(), &tasks("first", 1)).unwrap();
+            enqueue_batch(&mut db.conn(), &tasks("stuck", 1)).unwrap();
+            // Four threads: `default` keeps room worth a claim while `first` runs, so that
+            // its empty claim does not leave it passed over.
+            let config = config.threads(4);
+            let w = Worker::new(&db.url, registry(&gate), config).unwrap();
+            let report = Mutex::new(None);
+            let drain = || *report.lock().unwrap() = Some(w.drain().unwrap());
+            let followed = paced(db, &gate, &AtomicBool::new(false), 1, drain);
+            let report = report.into_inner().unwrap().unwrap();
+            assert_eq!(
+                followed, 1,
+                "{style}: with `slow`'s handler blocked, the drain did not run within 20 s the \
+                 `ledger` task `first` enqueued: {report:?}"
+            );
+            assert_eq!(report.tally.done, 3, "{style}: {report:?}");
+        }
     }
 
     fn a_run_claims_defaults_backlog_as_room_comes_not_at_its_poll_interval(db: &TestDb) {
-        let gate: Gate = Arc::default();
-        enqueue_batch(&mut db.conn(), &tasks("ledger", BACKLOG as usize)).unwrap();
-        let w = Worker::new(&db.url, registry(&gate), config()).unwrap();
-        let report = Mutex::new(None);
-        let run = || *report.lock().unwrap() = Some(w.run().unwrap());
-        let paced = paced(db, &gate, &w.stop_flag(), run);
-        let report = report.into_inner().unwrap().unwrap();
-        assert_eq!(
-            paced, BACKLOG,
-            "beside two domains with nothing due, `run` ran {paced} of default's {BACKLOG} \
-             tasks in 20 s (its poll interval is an hour): {report:?}"
-        );
+        for (style, config) in styles(db) {
+            db.exec("DELETE FROM async_task");
+            let gate: Gate = Arc::default();
+            enqueue_batch(&mut db.conn(), &tasks("ledger", BACKLOG as usize)).unwrap();
+            enqueue_batch(&mut db.conn(), &tasks("stuck", 1)).unwrap();
+            let w = Worker::new(&db.url, registry(&gate), config).unwrap();
+            let report = Mutex::new(None);
+            let run = || *report.lock().unwrap() = Some(w.run().unwrap());
+            let paced = paced(db, &gate, &w.stop_flag(), BACKLOG, run);
+            let report = report.into_inner().unwrap().unwrap();
+            assert_eq!(
+                paced, BACKLOG,
+                "{style}: beside a blocked domain and one with nothing due, `run` ran {paced} of \
+                 default's {BACKLOG} tasks in 20 s (its poll interval is an hour): {report:?}"
+            );
+        }
     }
 }
