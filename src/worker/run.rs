@@ -303,7 +303,7 @@ impl Worker {
                     // A lane passed over for want of room may have tasks due: claim again
                     // as soon as it has room, not after the poll interval.
                     let starved = &refilled.starved;
-                    let room = || self.has_room_in(starved);
+                    let room = || !starved.is_empty() && self.has_room_in(starved);
                     match listener.as_mut() {
                         Some(l) => {
                             if let Err(e) = l.wait(wait, &self.stopping, room) {
