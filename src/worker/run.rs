@@ -10,6 +10,7 @@ use super::engine::Worker;
 use super::listen::Listener;
 use super::plan::Plan;
 use super::record::record_or_unwind;
+use super::slots::Slots;
 use super::tally::{Outcome, Report, Tally};
 use super::ticker::sleep_unless;
 use crate::error::Result;
@@ -212,21 +213,24 @@ impl Worker {
     /// claimed. Without lanes, until they have finished ([`Worker::wait_until_idle`]); by
     /// lanes, not for every lane's tasks (a domain's may block for as long as its handler
     /// does), but until one of the lanes `starved` (passed over for want of room) has room,
-    /// or one of the lanes busy now is idle, or nothing is busy.
+    /// or a task of this worker's lanes has finished (it may have made a task due, of any
+    /// lane), or nothing is busy.
     fn wait_after_empty_claim(&self, feed: &Feed<'_>, starved: &[usize]) {
         let plan = self.services.domains.plan();
         if !plan.by_lanes() {
             return self.wait_until_idle(feed);
         }
-        let busy: Vec<usize> = {
-            let slots = self.dispatcher.slots();
-            let claiming = plan.claiming().into_iter();
-            claiming.filter(|&lane| !slots.idle(lane)).collect()
-        };
+        let lanes = plan.claiming();
+        let loads =
+            |slots: &Slots| -> Vec<usize> { lanes.iter().map(|&l| slots.load(l)).collect() };
+        let before = loads(&self.dispatcher.slots());
         let ready = || {
             !self.busy()
                 || self.has_room_in(starved)
-                || busy.iter().any(|&lane| self.dispatcher.slots().idle(lane))
+                || loads(&self.dispatcher.slots())
+                    .iter()
+                    .zip(&before)
+                    .any(|(now, then)| now < then)
         };
         self.dispatcher.wait_for(ready, &self.stopping);
     }

@@ -169,14 +169,11 @@ impl Slots {
     }
 
     /// Splits the threads and the queue between the `databases` of a fleet, as evenly as
-    /// they go (the first ones get one more when they do not divide evenly, so that the
-    /// shares add up to the whole): a `MAX` lane for each database, paused until its worker
-    /// sets it ([`Slots::set`]). `default` is left paused and without a queue: in a fleet no
-    /// task runs on it. The shares never overlap, so a database whose handlers block holds
-    /// its own threads and no other's, however many others block too.
-    ///
-    /// Fewer threads than databases would leave a database without a thread: the caller
-    /// sizes the pool with one per database at least.
+    /// they go (the first ones one more, so that the shares add up): a `MAX` lane for each,
+    /// paused until its worker sets it ([`Slots::set`]). `default` is left paused and without
+    /// a queue: in a fleet no task runs on it. The shares never overlap, so a database whose
+    /// handlers block holds its own threads and no other's. The caller gives the pool a
+    /// thread per database at least.
     pub(crate) fn share_out(&mut self, databases: usize, queue: usize) -> Vec<Share> {
         let default = &mut self.lanes[0].spec;
         default.queue = 0;
@@ -210,10 +207,13 @@ impl Slots {
         self.lanes[i].spec = spec;
     }
 
-    /// Whether lane `i` has nothing running or queued.
+    /// Lane `i`'s tasks running or queued; it is idle with none.
+    pub(crate) fn load(&self, i: usize) -> usize {
+        self.lanes[i].running() + self.lanes[i].queued
+    }
+
     pub(crate) fn idle(&self, i: usize) -> bool {
-        let lane = &self.lanes[i];
-        lane.running() + lane.queued == 0
+        self.load(i) == 0
     }
 
     fn reserved(spec: &LaneSpec) -> usize {
@@ -380,12 +380,10 @@ impl Slots {
         }
     }
 
-    /// Whether lane `i` is not paused and has at least two thirds of its capacity free (a
-    /// claim for it takes a useful page, not a task or two: each lane's claim is a statement
-    /// of its own; two thirds rather than half measured 3% faster with 3 domains), is idle
-    /// with room (blocked handlers of other lanes may hold the shared threads: two thirds
-    /// may never come), or is a `RESERVED` lane with a reserved thread free and nothing
-    /// queued (its reserved threads never wait for the shared ones to free up).
+    /// Whether lane `i` is not paused and has two thirds of its capacity free (a claim takes
+    /// a useful page: a lane's claim is a statement; measured 3% faster than half with 3
+    /// domains), is idle with room (other lanes' blocked handlers may hold the shared threads
+    /// for good), or is `RESERVED` with a reserved thread free and nothing queued.
     pub(crate) fn worth_claiming_for(&self, i: usize) -> bool {
         let room = self.room(i);
         let lane = &self.lanes[i];

@@ -170,6 +170,30 @@ every_backend! {
         }
     }
 
+    fn a_drain_runs_what_a_blocked_domains_other_task_makes_due(db: &TestDb) {
+        // `slow` runs the blocked task and `first`, whose follow-up is `default`'s; once
+        // `first` ends, `slow` is neither idle nor worth a claim, and `default` was idle
+        // all along.
+        let gate: Gate = Arc::default();
+        enqueue_batch(&mut db.conn(), &tasks("first", 1)).unwrap();
+        enqueue_batch(&mut db.conn(), &tasks("stuck", 1)).unwrap();
+        let config = WorkerConfig::default()
+            .threads(4)
+            .queue(0)
+            .domain(Domain::max("slow", ["stuck", "first"], 2));
+        let w = Worker::new(&db.url, registry(&gate), config).unwrap();
+        let report = Mutex::new(None);
+        let drain = || *report.lock().unwrap() = Some(w.drain().unwrap());
+        let followed = paced(db, &gate, &AtomicBool::new(false), 1, drain);
+        let report = report.into_inner().unwrap().unwrap();
+        assert_eq!(
+            followed, 1,
+            "with `slow`'s other handler blocked, the drain did not run within 20 s the \
+             `ledger` task `first` enqueued: {report:?}"
+        );
+        assert_eq!(report.tally.done, 3, "{report:?}");
+    }
+
     fn a_run_claims_defaults_backlog_as_room_comes_not_at_its_poll_interval(db: &TestDb) {
         for (style, config) in styles(db) {
             db.exec("DELETE FROM async_task");
