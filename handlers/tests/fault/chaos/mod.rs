@@ -114,6 +114,7 @@ pub fn run_seed(seed: u64) {
     loop {
         let now = started.elapsed();
         let in_window = now < plan.window;
+        let thaws: Vec<Option<Instant>> = slots.iter().map(|s| s.frozen_until).collect();
         let restarted = supervise(
             &sc,
             &plan,
@@ -124,6 +125,22 @@ pub fn run_seed(seed: u64) {
             &mut timeline,
             now,
         );
+        // On SQLite a worker frozen while it writes holds the one write lock, and this loop's
+        // producers wait for it (up to their busy timeout, each): the thaw then comes late,
+        // and nothing of anyone's could finish meanwhile. The bound follows the thaw.
+        if plan.backend == Backend::Sqlite {
+            let late = thaws
+                .iter()
+                .zip(&slots)
+                .filter(|(until, slot)| until.is_some() && slot.frozen_until.is_none())
+                .filter_map(|(until, _)| Instant::now().checked_duration_since((*until)?))
+                .max();
+            if let Some(late) = late {
+                for (until, _) in &mut frozen_checks {
+                    *until += late;
+                }
+            }
+        }
         if restarted {
             // A worker that exits (a hang past the task timeout, a kill) leaves what it held
             // to rescue after its `--dead-after`: the frozen worker's tasks it had taken over
@@ -197,8 +214,12 @@ pub fn run_seed(seed: u64) {
                 lock_holder = None;
             }
         }
+        // A thaw due but not sent yet (this loop was held up, above) is sent, and the bound
+        // moved, at the next turn's `supervise`: judge nothing before it.
+        let thaw_due = |s: &Slot| s.frozen_until.is_some_and(|u| Instant::now() >= u);
+        let thaw_pending = plan.backend == Backend::Sqlite && slots.iter().any(thaw_due);
         frozen_checks.retain(|(by, held)| {
-            if Instant::now() < *by {
+            if thaw_pending || Instant::now() < *by {
                 return true;
             }
             checks.frozen_held_run(&databases[0].db, held);
