@@ -150,12 +150,12 @@ impl<'j> Feed<'j> {
         self.lock().lanes.first().map_or(0, VecDeque::len)
     }
 
-    /// The next queued job of `default`, if any, without waiting, for the claiming thread to
-    /// run without a slot (it is one more executor for `default`).
-    fn try_pop(&self, dispatcher: &Dispatcher) -> Option<Job<'j>> {
+    /// The next queued job of `lane`, if any, without waiting, for the claiming thread to
+    /// run without a slot (one more executor for `default`; at a stop, for any lane).
+    fn try_pop(&self, dispatcher: &Dispatcher, lane: usize) -> Option<Job<'j>> {
         let mut jobs = self.lock();
-        let job = jobs.lanes.first_mut()?.pop_front()?;
-        dispatcher.slots().unqueue(0);
+        let job = jobs.lanes.get_mut(lane)?.pop_front()?;
+        dispatcher.slots().unqueue(lane);
         Some(job)
     }
 
@@ -265,7 +265,7 @@ impl Dispatcher {
             let result = f(&feed);
             // What is still queued, the calling thread helps to run rather than wait for.
             if self.caller_helps {
-                while let Some(job) = feed.try_pop(self) {
+                while let Some(job) = feed.try_pop(self, 0) {
                     self.help(&feed, job);
                 }
             }
@@ -345,7 +345,9 @@ impl Dispatcher {
             && !stop.load(Ordering::Relaxed)
             && feed.queued() > self.threads
         {
-            let Some(job) = feed.try_pop(self) else { break };
+            let Some(job) = feed.try_pop(self, 0) else {
+                break;
+            };
             self.help(feed, job);
         }
         if self.room() >= want {
@@ -411,6 +413,17 @@ impl Dispatcher {
             // for (an idle lane not paused is one), or nothing in flight; a change of the
             // domains is seen within the wait's poll.
             self.wait_until(LANE_ROOM, ready);
+        }
+    }
+
+    /// At a stop: runs on the calling thread every job queued in `lanes`, whatever their
+    /// slots: each releases its tasks at once, its handlers not run, rather than wait for a
+    /// slot of a lane whose handlers block (and be rescued as a failure after the exit).
+    pub(crate) fn run_queued_at_stop(&self, feed: &Feed<'_>, lanes: &[usize]) {
+        for &lane in lanes {
+            while let Some(job) = feed.try_pop(self, lane) {
+                feed.run(self, lane, None, job);
+            }
         }
     }
 

@@ -10,7 +10,6 @@ use super::engine::Worker;
 use super::listen::Listener;
 use super::plan::Plan;
 use super::record::record_or_unwind;
-use super::slots::Slots;
 use super::tally::{Outcome, Report, Tally};
 use super::ticker::sleep_unless;
 use crate::error::Result;
@@ -182,15 +181,32 @@ impl Worker {
             // follow-up after the claim looked, and finishes before the check below,
             // must still be followed by one more claim.
             let busy_before = self.busy();
+            // And what each lane held: a task that ends while the claim runs shows as less.
+            let loads_before = self.lane_loads();
             let refilled = self.retry_dead_connections(|| self.refill(feed, tally))?;
             if refilled.claimed == 0 {
                 if !busy_before || self.is_stopping() {
                     break;
                 }
-                self.wait_after_empty_claim(feed, &refilled.starved);
+                self.wait_after_empty_claim(feed, &refilled.starved, &loads_before);
             }
         }
+        self.release_queued_at_stop(feed);
         Ok(())
+    }
+
+    /// When stopping: releases at once what this worker's lanes still queue (a fleet's
+    /// database, its own lane's), rather than leave it for a slot of a lane whose handlers
+    /// block ([`super::dispatch::Dispatcher::run_queued_at_stop`]).
+    fn release_queued_at_stop(&self, feed: &Feed<'_>) {
+        if !self.is_stopping() {
+            return;
+        }
+        let lanes: Vec<usize> = match self.own_lane() {
+            Some(lane) => vec![lane],
+            None => (0..self.dispatcher.slots().len()).collect(),
+        };
+        self.dispatcher.run_queued_at_stop(feed, &lanes);
     }
 
     /// This database's own lane on a fleet's shared pool, when it has one.
@@ -213,26 +229,30 @@ impl Worker {
     /// claimed. Without lanes, until they have finished ([`Worker::wait_until_idle`]); by
     /// lanes, not for every lane's tasks (a domain's may block for as long as its handler
     /// does), but until one of the lanes `starved` (passed over for want of room) has room,
-    /// or a task of this worker's lanes has finished (it may have made a task due, of any
-    /// lane), or nothing is busy.
-    fn wait_after_empty_claim(&self, feed: &Feed<'_>, starved: &[usize]) {
-        let plan = self.services.domains.plan();
-        if !plan.by_lanes() {
+    /// or a task of this worker's has finished since the claim began (`before`, of
+    /// [`Worker::lane_loads`]: it may have made a task due, of any lane), or nothing is busy.
+    fn wait_after_empty_claim(&self, feed: &Feed<'_>, starved: &[usize], before: &[usize]) {
+        if !self.services.domains.plan().by_lanes() {
             return self.wait_until_idle(feed);
         }
-        let lanes = plan.claiming();
-        let loads =
-            |slots: &Slots| -> Vec<usize> { lanes.iter().map(|&l| slots.load(l)).collect() };
-        let before = loads(&self.dispatcher.slots());
         let ready = || {
-            !self.busy()
-                || self.has_room_in(starved)
-                || loads(&self.dispatcher.slots())
-                    .iter()
-                    .zip(&before)
-                    .any(|(now, then)| now < then)
+            let ended = || {
+                let now = self.lane_loads();
+                now.iter().zip(before).any(|(now, then)| now < then)
+            };
+            !self.busy() || self.has_room_in(starved) || ended()
         };
         self.dispatcher.wait_for(ready, &self.stopping);
+    }
+
+    /// What each lane of this worker's holds, running or queued ([`Slots::load`]): on a
+    /// fleet's shared pool its own lane's; otherwise every lane's, paused ones' too.
+    fn lane_loads(&self) -> Vec<usize> {
+        let slots = self.dispatcher.slots();
+        match self.own_lane() {
+            Some(lane) => vec![slots.load(lane)],
+            None => (0..slots.len()).map(|lane| slots.load(lane)).collect(),
+        }
     }
 
     /// Whether one of `lanes` would be claimed for now: worth a claim
@@ -340,6 +360,7 @@ impl Worker {
                 }
             }
         }
+        self.release_queued_at_stop(feed);
     }
 }
 

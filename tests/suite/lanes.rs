@@ -213,3 +213,81 @@ every_backend! {
         }
     }
 }
+
+every_backend! {
+    fn a_stop_releases_what_waits_behind_a_domain_whose_handler_blocks_uncharged(db: &TestDb) {
+        // `slow` runs one task at a time and queues 8 more (its queue's default): the first
+        // blocks, and the 8 wait for its slot. A stop releases them at once, not when the
+        // blocked handler returns (nor, after the process's exit, through rescue's charge).
+        let gate: Gate = Arc::default();
+        enqueue_batch(&mut db.conn(), &tasks("stuck", 9)).unwrap();
+        let w = Worker::new(&db.url, registry(&gate), config()).unwrap();
+        let running = "SELECT count(*) FROM async_task WHERE keyword = 'stuck' AND state = 'running'";
+        let released = "SELECT count(*) FROM async_task
+                         WHERE keyword = 'stuck' AND state = 'pending' AND failures = 0";
+        std::thread::scope(|s| {
+            let run = s.spawn(|| w.run().unwrap());
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while db.count(running) < 9 && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            assert_eq!(db.count(running), 9, "not all claimed");
+            w.stop_flag().store(true, Ordering::Relaxed);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while db.count(released) < 8 && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let now_released = db.count(released);
+            open(&gate);
+            let report = run.join().unwrap();
+            assert_eq!(
+                now_released, 8,
+                "10 s after the stop, with `slow`'s handler still blocked, {now_released} of \
+                 the 8 tasks queued behind it were released: {report:?}"
+            );
+            assert_eq!(report.tally.released, 8, "{report:?}");
+        });
+    }
+}
+
+every_backend! {
+    fn a_fleets_stop_releases_what_waits_behind_a_database_whose_handler_blocks(db: &TestDb) {
+        // Two databases on 2 threads and a queue of 8: each its thread and 4 queued. The
+        // first's 5 tasks all block on one handler: 1 runs, 4 wait for its slot.
+        let other = crate::shards::another(db);
+        let gate: Gate = Arc::default();
+        enqueue_batch(&mut db.conn(), &tasks("stuck", 5)).unwrap();
+        let config = WorkerConfig::default()
+            .threads(2)
+            .queue(8)
+            .listen(false)
+            .poll_interval(Duration::from_millis(50));
+        let urls = [db.url.clone(), other.url.clone()];
+        let fleet = outbox::Fleet::new(&urls, registry(&gate), config).unwrap();
+        let running = "SELECT count(*) FROM async_task WHERE state = 'running'";
+        let released = "SELECT count(*) FROM async_task WHERE state = 'pending' AND failures = 0";
+        std::thread::scope(|s| {
+            let run = s.spawn(|| fleet.run());
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while db.count(running) < 5 && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            assert_eq!(db.count(running), 5, "not all claimed");
+            fleet.stop_flag().store(true, Ordering::Relaxed);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while db.count(released) < 4 && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let now_released = db.count(released);
+            open(&gate);
+            let reports = run.join().unwrap();
+            assert_eq!(
+                now_released, 4,
+                "10 s after the stop, with the first database's handler still blocked, \
+                 {now_released} of the 4 tasks queued behind it were released"
+            );
+            let report = reports.into_iter().next().unwrap().result.unwrap();
+            assert_eq!(report.tally.released, 4, "{report:?}");
+        });
+    }
+}

@@ -11,7 +11,7 @@ use crate::support::TestDb;
 use crate::{ledger_registry, small_config};
 
 /// A second fresh database of `db`'s backend.
-fn another(db: &TestDb) -> TestDb {
+pub(crate) fn another(db: &TestDb) -> TestDb {
     match db.backend() {
         Backend::Sqlite => TestDb::sqlite(),
         Backend::Postgres => TestDb::postgres(),
