@@ -416,9 +416,8 @@ impl Dispatcher {
         }
     }
 
-    /// At a stop: runs on the calling thread every job queued in `lanes`, whatever their
-    /// slots: each releases its tasks at once, its handlers not run, rather than wait for a
-    /// slot of a lane whose handlers block (and be rescued as a failure after the exit).
+    /// At a stop: runs every job queued in `lanes` on the calling thread, slot or not (each
+    /// releases its tasks at once), rather than leave it for a blocked lane's slot.
     pub(crate) fn run_queued_at_stop(&self, feed: &Feed<'_>, lanes: &[usize]) {
         for &lane in lanes {
             while let Some(job) = feed.try_pop(self, lane) {
@@ -427,8 +426,7 @@ impl Dispatcher {
         }
     }
 
-    /// Runs a queued `job` of `default` on the calling (claiming) thread, which helps while
-    /// it waits.
+    /// Runs a queued `job` of `default` on the claiming thread, which helps while it waits.
     fn help<'j>(&self, feed: &Feed<'j>, job: Job<'j>) {
         self.helped.fetch_add(1, Ordering::Relaxed);
         feed.run(self, 0, None, job);

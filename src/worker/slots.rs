@@ -232,8 +232,10 @@ impl Slots {
         self.total.saturating_sub(reserved)
     }
 
+    /// A released lane's tasks on its own threads hold them (shared now) until they return.
     fn shared_free(&self) -> usize {
-        let used: usize = self.lanes.iter().map(|l| l.shared).sum();
+        let beyond_own = |l: &Lane| l.own.saturating_sub(Self::reserved(&l.spec));
+        let used: usize = self.lanes.iter().map(|l| l.shared + beyond_own(l)).sum();
         self.shared_capacity().saturating_sub(used)
     }
 

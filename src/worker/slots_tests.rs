@@ -109,6 +109,29 @@ fn a_paused_domain_has_no_room_and_a_released_one_gives_its_threads_to_default()
 }
 
 #[test]
+fn a_released_domains_tasks_still_running_on_its_threads_hold_them() {
+    let mut slots = slots();
+    slots.queued(1);
+    slots.queued(1);
+    assert_eq!(slots.start(1), Some(Slot::Own));
+    assert_eq!(slots.start(1), Some(Slot::Own));
+    let mut pay = spec("pay", DomainMode::Reserved, 2, 0);
+    pay.released = true;
+    slots.apply(vec![
+        spec(DEFAULT_DOMAIN, DomainMode::Max, 0, 0),
+        pay,
+        spec("mail", DomainMode::Max, 1, 0),
+    ]);
+    // Its two threads are the shared ones' now, but its two handlers (blocked, say) hold
+    // them until they return: default may start 4, not 6.
+    assert_eq!(slots.shared_capacity(), 6);
+    assert_eq!(slots.room(0), 4);
+    assert_eq!(slots.lock_room(0), 4);
+    slots.finish(1, Slot::Own);
+    assert_eq!(slots.room(0), 5, "one of them returned");
+}
+
+#[test]
 fn a_stuck_slot_stays_taken_until_its_handler_returns() {
     let mut slots = slots();
     assert_eq!(slots.start(2), Some(Slot::Shared));
