@@ -17,9 +17,9 @@ use crate::ledger_registry;
 use crate::support::TestDb;
 
 /// A gate a handler waits at until it is opened (60 s at most).
-type Gate = Arc<(Mutex<bool>, Condvar)>;
+pub(crate) type Gate = Arc<(Mutex<bool>, Condvar)>;
 
-fn open(gate: &Gate) {
+pub(crate) fn open(gate: &Gate) {
     *gate.0.lock().unwrap() = true;
     gate.1.notify_all();
 }
@@ -27,7 +27,7 @@ fn open(gate: &Gate) {
 /// `ledger` tasks, a `stuck` keyword whose handler waits at the gate, a `first` one whose
 /// handler enqueues a `ledger` task in its transaction after half a second, and an `idle`
 /// one.
-fn registry(gate: &Gate) -> outbox::Registry {
+pub(crate) fn registry(gate: &Gate) -> outbox::Registry {
     let mut registry = ledger_registry("ledger");
     let gate = Arc::clone(gate);
     registry.register(
@@ -126,18 +126,44 @@ fn styles(db: &TestDb) -> Vec<(&'static str, WorkerConfig)> {
     styles
 }
 
+/// Works with `config`, through `work` (`drain`, or `run` until stopped), through `default`'s
+/// backlog beside a blocked `stuck` task; returns how many of the backlog were done within
+/// 20 s, and `work`'s report.
+fn backlog_paced(
+    db: &TestDb,
+    config: WorkerConfig,
+    work: fn(&Worker) -> outbox::Result<outbox::Report>,
+) -> (i64, outbox::Report) {
+    db.exec("DELETE FROM async_task");
+    let gate: Gate = Arc::default();
+    enqueue_batch(&mut db.conn(), &tasks("ledger", BACKLOG as usize)).unwrap();
+    enqueue_batch(&mut db.conn(), &tasks("stuck", 1)).unwrap();
+    let w = Worker::new(&db.url, registry(&gate), config).unwrap();
+    let report = Mutex::new(None);
+    let paced = paced(db, &gate, &w.stop_flag(), BACKLOG, || {
+        *report.lock().unwrap() = Some(work(&w).unwrap());
+    });
+    (paced, report.into_inner().unwrap().unwrap())
+}
+
+/// Drains with `config` a `first` task and a blocked `stuck` one; returns whether the
+/// `ledger` task `first` enqueues was done within 20 s, and the drain's report.
+fn follow_up_within(db: &TestDb, config: WorkerConfig) -> (i64, outbox::Report) {
+    db.exec("DELETE FROM async_task");
+    let gate: Gate = Arc::default();
+    enqueue_batch(&mut db.conn(), &tasks("first", 1)).unwrap();
+    enqueue_batch(&mut db.conn(), &tasks("stuck", 1)).unwrap();
+    let w = Worker::new(&db.url, registry(&gate), config).unwrap();
+    let report = Mutex::new(None);
+    let drain = || *report.lock().unwrap() = Some(w.drain().unwrap());
+    let followed = paced(db, &gate, &AtomicBool::new(false), 1, drain);
+    (followed, report.into_inner().unwrap().unwrap())
+}
+
 every_backend! {
     fn a_drain_keeps_defaults_pace_beside_a_domain_whose_handler_blocks(db: &TestDb) {
         for (style, config) in styles(db) {
-            db.exec("DELETE FROM async_task");
-            let gate: Gate = Arc::default();
-            enqueue_batch(&mut db.conn(), &tasks("ledger", BACKLOG as usize)).unwrap();
-            enqueue_batch(&mut db.conn(), &tasks("stuck", 1)).unwrap();
-            let w = Worker::new(&db.url, registry(&gate), config).unwrap();
-            let report = Mutex::new(None);
-            let drain = || *report.lock().unwrap() = Some(w.drain().unwrap());
-            let paced = paced(db, &gate, &AtomicBool::new(false), BACKLOG, drain);
-            let report = report.into_inner().unwrap().unwrap();
+            let (paced, report) = backlog_paced(db, config, Worker::drain);
             assert_eq!(
                 paced, BACKLOG,
                 "{style}: with `slow`'s handler blocked, the drain ran {paced} of default's \
@@ -149,18 +175,9 @@ every_backend! {
 
     fn a_drain_runs_what_its_tasks_make_due_beside_a_domain_whose_handler_blocks(db: &TestDb) {
         for (style, config) in styles(db) {
-            db.exec("DELETE FROM async_task");
-            let gate: Gate = Arc::default();
-            enqueue_batch(&mut db.conn(), &tasks("first", 1)).unwrap();
-            enqueue_batch(&mut db.conn(), &tasks("stuck", 1)).unwrap();
             // Four threads: `default` keeps room worth a claim while `first` runs, so that
             // its empty claim does not leave it passed over.
-            let config = config.threads(4);
-            let w = Worker::new(&db.url, registry(&gate), config).unwrap();
-            let report = Mutex::new(None);
-            let drain = || *report.lock().unwrap() = Some(w.drain().unwrap());
-            let followed = paced(db, &gate, &AtomicBool::new(false), 1, drain);
-            let report = report.into_inner().unwrap().unwrap();
+            let (followed, report) = follow_up_within(db, config.threads(4));
             assert_eq!(
                 followed, 1,
                 "{style}: with `slow`'s handler blocked, the drain did not run within 20 s the \
@@ -174,18 +191,11 @@ every_backend! {
         // `slow` runs the blocked task and `first`, whose follow-up is `default`'s; once
         // `first` ends, `slow` is neither idle nor worth a claim, and `default` was idle
         // all along.
-        let gate: Gate = Arc::default();
-        enqueue_batch(&mut db.conn(), &tasks("first", 1)).unwrap();
-        enqueue_batch(&mut db.conn(), &tasks("stuck", 1)).unwrap();
         let config = WorkerConfig::default()
             .threads(4)
             .queue(0)
             .domain(Domain::max("slow", ["stuck", "first"], 2));
-        let w = Worker::new(&db.url, registry(&gate), config).unwrap();
-        let report = Mutex::new(None);
-        let drain = || *report.lock().unwrap() = Some(w.drain().unwrap());
-        let followed = paced(db, &gate, &AtomicBool::new(false), 1, drain);
-        let report = report.into_inner().unwrap().unwrap();
+        let (followed, report) = follow_up_within(db, config);
         assert_eq!(
             followed, 1,
             "with `slow`'s other handler blocked, the drain did not run within 20 s the \
@@ -196,15 +206,7 @@ every_backend! {
 
     fn a_run_claims_defaults_backlog_as_room_comes_not_at_its_poll_interval(db: &TestDb) {
         for (style, config) in styles(db) {
-            db.exec("DELETE FROM async_task");
-            let gate: Gate = Arc::default();
-            enqueue_batch(&mut db.conn(), &tasks("ledger", BACKLOG as usize)).unwrap();
-            enqueue_batch(&mut db.conn(), &tasks("stuck", 1)).unwrap();
-            let w = Worker::new(&db.url, registry(&gate), config).unwrap();
-            let report = Mutex::new(None);
-            let run = || *report.lock().unwrap() = Some(w.run().unwrap());
-            let paced = paced(db, &gate, &w.stop_flag(), BACKLOG, run);
-            let report = report.into_inner().unwrap().unwrap();
+            let (paced, report) = backlog_paced(db, config, Worker::run);
             assert_eq!(
                 paced, BACKLOG,
                 "{style}: beside a blocked domain and one with nothing due, `run` ran {paced} of \
@@ -212,6 +214,37 @@ every_backend! {
             );
         }
     }
+}
+
+/// Runs `work` on a thread until `n` tasks of `db` are running (claimed: one blocked, the
+/// rest queued behind it), sets `stop`, and returns how many of the `n - 1` queued were
+/// released, uncharged, within 10 s while the handler still blocked; then opens the gate and
+/// returns `work`'s result too.
+fn released_at_stop<R: Send>(
+    db: &TestDb,
+    gate: &Gate,
+    stop: &AtomicBool,
+    n: i64,
+    work: impl FnOnce() -> R + Send,
+) -> (i64, R) {
+    let running = "SELECT count(*) FROM async_task WHERE state = 'running'";
+    let released = "SELECT count(*) FROM async_task WHERE state = 'pending' AND failures = 0";
+    std::thread::scope(|s| {
+        let handle = s.spawn(work);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while db.count(running) < n && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(db.count(running), n, "not all claimed");
+        stop.store(true, Ordering::Relaxed);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while db.count(released) < n - 1 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let now_released = db.count(released);
+        open(gate);
+        (now_released, handle.join().unwrap())
+    })
 }
 
 every_backend! {
@@ -222,35 +255,16 @@ every_backend! {
         let gate: Gate = Arc::default();
         enqueue_batch(&mut db.conn(), &tasks("stuck", 9)).unwrap();
         let w = Worker::new(&db.url, registry(&gate), config()).unwrap();
-        let running = "SELECT count(*) FROM async_task WHERE keyword = 'stuck' AND state = 'running'";
-        let released = "SELECT count(*) FROM async_task
-                         WHERE keyword = 'stuck' AND state = 'pending' AND failures = 0";
-        std::thread::scope(|s| {
-            let run = s.spawn(|| w.run().unwrap());
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while db.count(running) < 9 && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            assert_eq!(db.count(running), 9, "not all claimed");
-            w.stop_flag().store(true, Ordering::Relaxed);
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while db.count(released) < 8 && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let now_released = db.count(released);
-            open(&gate);
-            let report = run.join().unwrap();
-            assert_eq!(
-                now_released, 8,
-                "10 s after the stop, with `slow`'s handler still blocked, {now_released} of \
-                 the 8 tasks queued behind it were released: {report:?}"
-            );
-            assert_eq!(report.tally.released, 8, "{report:?}");
-        });
+        let (released, report) = released_at_stop(db, &gate, &w.stop_flag(), 9, || w.run());
+        let report = report.unwrap();
+        assert_eq!(
+            released, 8,
+            "10 s after the stop, with `slow`'s handler still blocked, {released} of the 8 \
+             tasks queued behind it were released: {report:?}"
+        );
+        assert_eq!(report.tally.released, 8, "{report:?}");
     }
-}
 
-every_backend! {
     fn a_fleets_stop_releases_what_waits_behind_a_database_whose_handler_blocks(db: &TestDb) {
         // Two databases on 2 threads and a queue of 8: each its thread and 4 queued. The
         // first's 5 tasks all block on one handler: 1 runs, 4 wait for its slot.
@@ -264,30 +278,13 @@ every_backend! {
             .poll_interval(Duration::from_millis(50));
         let urls = [db.url.clone(), other.url.clone()];
         let fleet = outbox::Fleet::new(&urls, registry(&gate), config).unwrap();
-        let running = "SELECT count(*) FROM async_task WHERE state = 'running'";
-        let released = "SELECT count(*) FROM async_task WHERE state = 'pending' AND failures = 0";
-        std::thread::scope(|s| {
-            let run = s.spawn(|| fleet.run());
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while db.count(running) < 5 && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            assert_eq!(db.count(running), 5, "not all claimed");
-            fleet.stop_flag().store(true, Ordering::Relaxed);
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while db.count(released) < 4 && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let now_released = db.count(released);
-            open(&gate);
-            let reports = run.join().unwrap();
-            assert_eq!(
-                now_released, 4,
-                "10 s after the stop, with the first database's handler still blocked, \
-                 {now_released} of the 4 tasks queued behind it were released"
-            );
-            let report = reports.into_iter().next().unwrap().result.unwrap();
-            assert_eq!(report.tally.released, 4, "{report:?}");
-        });
+        let (released, reports) = released_at_stop(db, &gate, &fleet.stop_flag(), 5, || fleet.run());
+        assert_eq!(
+            released, 4,
+            "10 s after the stop, with the first database's handler still blocked, {released} \
+             of the 4 tasks queued behind it were released"
+        );
+        let report = reports.into_iter().next().unwrap().result.unwrap();
+        assert_eq!(report.tally.released, 4, "{report:?}");
     }
 }

@@ -429,22 +429,8 @@ fn the_claim_of_a_partitioned_node_is_the_same_plan_with_one_more_filter() {
 #[test]
 fn a_least_count_worker_with_a_domain_waits_for_its_own_tasks_not_a_blocked_domains() {
     let db = &TestDb::postgres();
-    let gate = Arc::new((Mutex::new(false), Condvar::new()));
-    let mut registry = ledger_registry("ledger");
-    {
-        let gate = Arc::clone(&gate);
-        registry.register(
-            "stuck",
-            move |_: &TaskContext, _: &mut TaskTx| -> HandlerResult {
-                let (open, changed) = &*gate;
-                let guard = open.lock().unwrap();
-                let _open = changed
-                    .wait_timeout_while(guard, Duration::from_secs(60), |open| !*open)
-                    .unwrap();
-                Ok(())
-            },
-        );
-    }
+    let gate = crate::lanes::Gate::default();
+    let registry = crate::lanes::registry(&gate);
     enqueue_batch(&mut db.conn(), &[NewTask::new("stuck", "stuck")]).unwrap();
     peer(db, "default", 1, 0);
     let config = config(Strategy::LeastCount)
@@ -472,8 +458,7 @@ fn a_least_count_worker_with_a_domain_waits_for_its_own_tasks_not_a_blocked_doma
             std::thread::sleep(Duration::from_millis(20));
         }
         let paced = db.count(done);
-        *gate.0.lock().unwrap() = true;
-        gate.1.notify_all();
+        crate::lanes::open(&gate);
         let settled = std::time::Instant::now() + Duration::from_secs(20);
         while db.count("SELECT count(*) FROM async_task WHERE state = 'done'") < 61
             && std::time::Instant::now() < settled
