@@ -245,8 +245,9 @@ impl Worker {
         self.dispatcher.wait_for(ready, &self.stopping);
     }
 
-    /// What each lane of this worker's holds, running or queued ([`Slots::load`]): on a
-    /// fleet's shared pool its own lane's; otherwise every lane's, paused ones' too.
+    /// What each lane of this worker's holds, running or queued
+    /// ([`super::slots::Slots::load`]): on a fleet's shared pool its own lane's; otherwise
+    /// every lane's, paused ones' too.
     fn lane_loads(&self) -> Vec<usize> {
         let slots = self.dispatcher.slots();
         match self.own_lane() {
