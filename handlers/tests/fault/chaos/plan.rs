@@ -173,9 +173,8 @@ impl Plan {
             _ => rng.u8(..4) == 0,
         };
         // From seed `EVERY_FOCUS_DRAWS_A_STRATEGY` on, every focus meets the strategies too
-        // (a `least_count` node beside a hung domain once kept `default` waiting on the
-        // domain's units), from draws that gave `default` before; the seeds before keep
-        // their plans, the fixed seeds among them.
+        // (`least_count`'s wait beside `Hang`'s blocked domain, say), from draws that gave
+        // `default` before; the seeds before keep their plans, the fixed seeds among them.
         let every = seed >= EVERY_FOCUS_DRAWS_A_STRATEGY;
         let strategy = match (focus, rng.u8(..8)) {
             (Focus::Mixed, 0) => "id_hash",
