@@ -23,8 +23,8 @@ pub struct Cancelled {
 /// `pending`, `blocked` or `running` task becomes `cancelled` at once and is never claimed
 /// again. A running handler may still be running; its completion is fenced out, so its
 /// in-database effects roll back with its transaction. Under lock claims a task in a chunk
-/// that is running is still `pending` and locked: the cancel waits for the chunk's
-/// transaction to end and then finds the task done (a chunk is short).
+/// that is running is still `pending`, leased, its row not locked: the cancel does not wait
+/// for the chunk, whose completion it fences out.
 ///
 /// Fails with [`Error::TaskNotFound`] when there is no such task.
 ///

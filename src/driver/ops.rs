@@ -324,6 +324,10 @@ pub(super) const PARENT_PRUNED: &str = "EXISTS (SELECT 1 FROM async_task_parent 
 
 /// The states a retry by filter takes: those of `select` (a subset of dead and cancelled),
 /// or both.
+///
+/// Every backend's retry also gives the task a new claim token: a lock claim's lease taken
+/// before a cancel names the old one, so that the chunk, whose handler may have seen the
+/// cancel and skipped its work, cannot mark the retried task done.
 pub(super) fn retry_states<'a>(select: &TaskSelect<'a>) -> TaskSelect<'a> {
     const RETRYABLE: [TaskState; 2] = [TaskState::Dead, TaskState::Cancelled];
     let mut select = *select;

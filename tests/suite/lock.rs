@@ -178,6 +178,37 @@ server_backends! {
         assert_eq!((task.state.as_str(), &task.last_error), ("done", &note), "its second run says why");
     }
 
+    fn a_leased_task_cancelled_and_retried_while_its_chunk_runs_is_not_done_by_that_chunk(db: &TestDb) {
+        // The handler sees the cancel and returns without its effect, as the guide allows;
+        // an operator retries the task before the chunk completes. The retry is a new run to
+        // come: the chunk whose lease predates it must not mark the task done.
+        let ids = enqueue(db, "ledger", 5);
+        let once = Arc::new(AtomicBool::new(false));
+        let (once_in, url) = (Arc::clone(&once), db.url.clone());
+        let mut registry = Registry::new();
+        registry.register(
+            "ledger",
+            move |task: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
+                if task.biz_id() == "3" && !once_in.swap(true, Ordering::SeqCst) {
+                    let mut operator = url.connect()?;
+                    assert!(outbox::cancel(&mut operator, task.id())?.cancelled);
+                    assert!(outbox::retry(&mut operator, task.id())?.retried);
+                    return Ok(());
+                }
+                write_ledger(task, tx)
+            },
+        );
+        let w = Worker::new(&db.url, registry, chunk_config(ClaimStyle::Lock)).unwrap();
+        let tally = w.run_once().unwrap();
+        assert_eq!(tally.done, 4, "{tally:?}");
+        let task = db.task(ids[2]);
+        assert_eq!(task.state.as_str(), "pending", "retried, not done by the cancelled run");
+        assert_eq!(db.ledger_rows(ids[2]), 0);
+        assert_eq!(w.run_once().unwrap().done, 1, "the retry runs");
+        assert_eq!(db.task(ids[2]).state.as_str(), "done");
+        assert_eq!(db.ledger_rows(ids[2]), 1);
+    }
+
     fn a_leased_task_cancelled_unseen_while_its_chunk_runs_is_noted_by_the_chunk(db: &TestDb) {
         // A cancel whose statement could not see the lease (PostgreSQL: its snapshot predates
         // the lock claim's commit; a producer at REPEATABLE READ) writes no note. The chunk,

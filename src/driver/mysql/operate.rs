@@ -139,7 +139,7 @@ fn retry_ids(conn: &mut MysqlConnection, ids: &[i64], states: &[String]) -> Quer
         let picked: Vec<i64> = picked.into_iter().map(|p| p.id).collect();
         let n = Statement::<Mysql>::new(concat!(
             "UPDATE async_task SET state = 'pending', blocked_by = 0, failures = 0, owner = NULL,
-                    run_at = ",
+                    claim_token = claim_token + 1, run_at = ",
             now!(),
             ", finished_at = NULL, deadline_at = NULL, updated_at = ",
             now!(),

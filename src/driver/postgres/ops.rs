@@ -71,7 +71,8 @@ fn retry_candidates(candidates: Statement<Pg>) -> Statement<Pg> {
          retried AS (
             UPDATE async_task a
                SET state = CASE WHEN w.n > 0 THEN 'blocked' ELSE 'pending' END,
-                   blocked_by = w.n, failures = 0, owner = NULL, run_at = now(),
+                   blocked_by = w.n, failures = 0, owner = NULL,
+                   claim_token = a.claim_token + 1, run_at = now(),
                    finished_at = NULL, deadline_at = NULL, updated_at = now()
               FROM waiting w
              WHERE a.id = w.id AND a.state IN ('dead', 'cancelled')

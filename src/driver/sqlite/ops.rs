@@ -17,14 +17,15 @@ macro_rules! waiting_for {
 }
 
 /// `UPDATE async_task` putting each task back to pending, or blocked on its parents that are
-/// not done, with no failure counted; the caller appends `WHERE`.
+/// not done, with no failure counted and a new claim token (see `ops::retry_states`); the
+/// caller appends `WHERE`.
 fn retried() -> Statement<Sqlite> {
     Statement::new(concat!(
         "UPDATE async_task SET state = CASE WHEN ",
         waiting_for!(),
         " > 0 THEN 'blocked' ELSE 'pending' END, blocked_by = ",
         waiting_for!(),
-        ", failures = 0, owner = NULL, run_at = ",
+        ", failures = 0, owner = NULL, claim_token = claim_token + 1, run_at = ",
         now!(),
         ", finished_at = NULL, deadline_at = NULL, updated_at = ",
         now!()
