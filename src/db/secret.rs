@@ -54,6 +54,18 @@ impl Secrets {
         Secrets(secrets)
     }
 
+    /// The secrets of several URLs (`Secrets::of` each) as one set, the longest first.
+    pub(crate) fn union(sets: impl IntoIterator<Item = Secrets>) -> Secrets {
+        let mut all: Vec<String> = Vec::new();
+        for secret in sets.into_iter().flat_map(|set| set.0) {
+            if !all.contains(&secret) {
+                all.push(secret);
+            }
+        }
+        all.sort_by_key(|s| std::cmp::Reverse(s.len()));
+        Secrets(all)
+    }
+
     /// Whether `text` holds one of the secrets.
     pub(crate) fn found_in(&self, text: &str) -> bool {
         self.0.iter().any(|secret| text.contains(secret.as_str()))

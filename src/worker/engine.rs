@@ -21,6 +21,7 @@ use super::slots::Share;
 use super::style::ClaimStyle;
 use super::tally::Tally;
 use super::timeouts;
+use crate::db::secret::Secrets;
 use crate::db::transaction::{DiscardBroken, WriterTurn};
 use crate::db::{DatabaseUrl, DbPool};
 use crate::driver::{node_mark_gone, task_count_due};
@@ -40,6 +41,9 @@ pub const STOP_DATABASE_WAIT: Duration = Duration::from_secs(2);
 pub(super) struct Shared {
     pub(super) dispatcher: Arc<Dispatcher>,
     pub(super) stopping: Arc<AtomicBool>,
+    /// Every database's secrets: one database's dead-task hook inherits no variable that
+    /// holds another's password.
+    pub(super) secrets: Secrets,
 }
 
 /// One database's place in a [`Fleet`](crate::Fleet): what its worker shares with the
@@ -157,7 +161,8 @@ impl Worker {
             Some(command) => Some(Arc::new(on_dead::DeadHook::start(
                 command.clone(),
                 settings.on_dead_timeout,
-                url.secrets(),
+                seat.as_ref()
+                    .map_or_else(|| url.secrets(), |seat| seat.shared.secrets.clone()),
             )?)),
             None => None,
         };

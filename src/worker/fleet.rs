@@ -12,6 +12,7 @@ use super::dispatch::Feed;
 use super::engine::{check_registry, new_dispatcher, Seat, Shared, Worker};
 use super::slots::Share;
 use super::tally::{Report, Tally};
+use crate::db::secret::Secrets;
 use crate::db::{DatabaseUrl, DbPool};
 use crate::error::{Error, OpContext, Result};
 use crate::migrate::ensure_migrated;
@@ -130,6 +131,7 @@ impl Fleet {
         let shared = Shared {
             dispatcher: Arc::new(new_dispatcher(first, threads, &settings)?),
             stopping: Arc::default(),
+            secrets: Secrets::union(urls.iter().map(DatabaseUrl::secrets)),
         };
         let shares: Vec<Option<Share>> = match urls.len() {
             1 => vec![None],

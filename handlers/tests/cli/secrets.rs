@@ -138,6 +138,18 @@ fn connection_errors_never_show_the_password() {
     }
 }
 
+/// `db`'s URL with `password` in it on a server (the test server trusts its clients, so any
+/// password connects); an SQLite path as it is.
+fn with_password(db: &TestDb, password: &str) -> String {
+    match db.url_text.split_once("://") {
+        Some((scheme, rest)) => {
+            let (user, host) = rest.split_once('@').expect("a user in the test URL");
+            format!("{scheme}://{user}:{password}@{host}")
+        }
+        None => db.url_text.clone(),
+    }
+}
+
 /// A task of `points.credit` whose biz_id is not an order number: the handler fails it for
 /// good, so a drain ends it dead and runs the hook.
 fn drain_one_dead_task(db: &TestDb, dir: &Path, url: &str, hook: &str) {
@@ -158,15 +170,7 @@ sqlite_and_postgres! {
     fn the_dead_task_hook_inherits_no_secret(db: &TestDb) {
         let dir = workdir();
         let env_file = dir.path().join("hook.env");
-        // On PostgreSQL with a password in the URL (the test server trusts its clients, so
-        // any password connects).
-        let url = match db.url_text.split_once("://") {
-            Some((scheme, rest)) => {
-                let (user, host) = rest.split_once('@').expect("a user in the test URL");
-                format!("{scheme}://{user}:HookS3cret@{host}")
-            }
-            None => db.url_text.clone(),
-        };
+        let url = with_password(db, "HookS3cret");
         drain_one_dead_task(db, dir.path(), &url, &format!("env > '{}'", env_file.display()));
         let env = std::fs::read_to_string(&env_file).expect("the hook ran");
         assert!(env.contains("OUTBOX_BIZ_ID=not-an-order"), "{env}");
@@ -178,5 +182,47 @@ sqlite_and_postgres! {
         if url.contains("HookS3cret") {
             assert!(!env.contains("HookS3cret"), "the password reached the hook: {env}");
         }
+    }
+}
+
+/// One process serving two databases: the hook of a task that died in one inherits no
+/// variable holding the other's password either (the usual way to hand a process several
+/// URLs, as `DATABASE_URL` holds one).
+#[test]
+fn a_fleets_dead_task_hook_inherits_no_other_databases_password() {
+    let (a, b) = (TestDb::postgres(), TestDb::postgres());
+    let dir = workdir();
+    let env_file = dir.path().join("hook.env");
+    let (url_a, url_b) = (
+        with_password(&a, "ShardAS3cret"),
+        with_password(&b, "ShardBS3cret"),
+    );
+    let data = r#"{"user_id": 1, "amount_cents": 500}"#;
+    run(outbox_on(&a, dir.path()).args([
+        "enqueue",
+        "points.credit",
+        "not-an-order",
+        "--data",
+        data,
+    ]))
+    .expect_code(0);
+    run(outbox(dir.path())
+        .env("SHARD_A", &url_a)
+        .env("SHARD_B", &url_b)
+        .env("OUTBOX_TEST_KEPT", "kept")
+        .args(["drain", "--database-url", &url_a, "--database-url", &url_b])
+        .args(["--on-dead", &format!("env > '{}'", env_file.display())]))
+    .expect_code(0);
+    let env = std::fs::read_to_string(&env_file).expect("the hook ran");
+    assert!(env.contains("OUTBOX_BIZ_ID=not-an-order"), "{env}");
+    assert!(
+        env.contains("OUTBOX_TEST_KEPT=kept"),
+        "the rest is inherited: {env}"
+    );
+    for password in ["ShardAS3cret", "ShardBS3cret"] {
+        assert!(
+            !env.contains(password),
+            "{password} reached the hook: {env}"
+        );
     }
 }
