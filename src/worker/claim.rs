@@ -367,6 +367,7 @@ impl Worker {
             return Ok(None);
         }
         let Some(hold) = self.dispatcher.solo_turn().take() else {
+            self.services.suspects.passed_over();
             return Ok(None);
         };
         match self.claim_one_suspect(keywords, timeout)? {

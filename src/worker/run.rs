@@ -185,6 +185,9 @@ impl Worker {
             let loads_before = self.lane_loads();
             let refilled = self.retry_dead_connections(|| self.refill(feed, tally))?;
             if refilled.claimed == 0 {
+                if !busy_before && self.suspects_wait_for_the_turn() {
+                    continue;
+                }
                 if !busy_before || self.is_stopping() {
                     break;
                 }
@@ -193,6 +196,19 @@ impl Worker {
         }
         self.release_queued_at_stop(feed);
         Ok(())
+    }
+
+    /// After an empty claim with nothing of this worker's running: when the claim passed
+    /// its suspects over because another database of the fleet ran one (the process's turn,
+    /// see [`super::suspects`]), waits until the turn is free (or the stop) and says so, so
+    /// that the drain claims again rather than end with its suspects pending.
+    fn suspects_wait_for_the_turn(&self) -> bool {
+        if !self.services.suspects.take_passed_over() {
+            return false;
+        }
+        let turn = self.dispatcher.solo_turn();
+        self.dispatcher.wait_for(|| !turn.taken(), &self.stopping);
+        !self.is_stopping()
     }
 
     /// When stopping: releases at once what this worker's lanes still queue (a fleet's

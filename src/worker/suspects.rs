@@ -20,16 +20,19 @@ use std::sync::Arc;
 use crate::task::SoloHold;
 
 /// Whether this worker's database may hold suspects to claim: at first it may (the first
-/// claim looks), then as the last rescue pass or claim found.
+/// claim looks), then as the last rescue pass or claim found; and whether a claim passed
+/// them over because another database of the process held the turn.
 #[derive(Debug)]
 pub(crate) struct Suspects {
     maybe: AtomicBool,
+    passed_over: AtomicBool,
 }
 
 impl Default for Suspects {
     fn default() -> Self {
         Suspects {
             maybe: AtomicBool::new(true),
+            passed_over: AtomicBool::new(false),
         }
     }
 }
@@ -43,6 +46,16 @@ impl Suspects {
     pub(crate) fn maybe(&self) -> bool {
         self.maybe.load(Ordering::Relaxed)
     }
+
+    /// A claim looked for suspects while the turn was taken.
+    pub(crate) fn passed_over(&self) {
+        self.passed_over.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether a claim passed suspects over since the last call.
+    pub(crate) fn take_passed_over(&self) -> bool {
+        self.passed_over.swap(false, Ordering::SeqCst)
+    }
 }
 
 /// The turn to run a suspect alone, one per worker (per [`crate::Fleet`], whose databases
@@ -52,6 +65,11 @@ impl Suspects {
 pub(crate) struct SoloTurn(Arc<AtomicBool>);
 
 impl SoloTurn {
+    /// Whether a suspect holds the turn.
+    pub(crate) fn taken(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+
     /// The turn, if no suspect holds it.
     pub(crate) fn take(&self) -> Option<SoloHold> {
         self.0

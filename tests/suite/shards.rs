@@ -215,6 +215,37 @@ every_backend! {
         );
         assert_eq!(db.count("SELECT count(*) FROM async_node"), 0, "no node registered");
     }
+
+    fn a_fleets_drain_runs_each_databases_suspect_though_another_holds_the_turn(db: &TestDb) {
+        // A suspect in each database, due at the start. The process runs one suspect at a
+        // time, so whichever database claims first holds the turn while its handler runs;
+        // the other's drain, which has nothing else to run, must wait for the turn rather
+        // than end with its suspect pending. (Before its fix the other drain ended at its
+        // first claim, within milliseconds: the handler's second is its margin.)
+        let other = another(db);
+        for database in [db, &other] {
+            enqueue(database, 1);
+            database.exec("UPDATE async_task SET suspect = 2");
+        }
+        let mut registry = outbox::Registry::new();
+        registry.register(
+            "ledger",
+            |task: &outbox::TaskContext, tx: &mut outbox::TaskTx| -> outbox::HandlerResult {
+                std::thread::sleep(Duration::from_secs(1));
+                crate::write_ledger(task, tx)
+            },
+        );
+        let fleet = Fleet::new(&[db.url.clone(), other.url.clone()], registry, small_config())
+            .unwrap();
+        let done: Vec<u64> = fleet
+            .drain()
+            .into_iter()
+            .map(|r| r.result.unwrap().tally.done)
+            .collect();
+        assert_eq!(done, vec![1, 1]);
+        assert_each_done_once_here(db, 1);
+        assert_each_done_once_here(&other, 1);
+    }
 }
 
 /// One database becomes unreachable while the fleet runs (no connections allowed, its
