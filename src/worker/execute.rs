@@ -349,9 +349,12 @@ impl Worker {
                     .watchdog
                     .watch(task.context.id, task.failures, lease);
                 let _cancel = self.services.cancels.watch(&task.context);
-                // The transaction opens here only for a domain with a timeout.
+                // For a domain with a timeout, the connection's id (MySQL's): asking opens
+                // the transaction, which on SQLite would hold the one write lock from here.
                 let timeout = self.watched(task).map(|(lane, limit)| {
-                    let backend = tx.conn().ok().and_then(|conn| backend_of(conn, task));
+                    let backend = (self.url.backend() != crate::Backend::Sqlite)
+                        .then(|| tx.conn().ok().and_then(|conn| backend_of(conn, task)))
+                        .flatten();
                     let session = Session { mark, backend };
                     (lane, limit, session)
                 });

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use diesel::RunQueryDsl;
 use outbox::domain::{Domain, NodeDomains};
 use outbox::{
     enqueue_batch, ClaimStyle, Error, HandlerResult, NewTask, Registry, TaskContext, TaskTx,
@@ -483,4 +484,60 @@ fn wait_for(mut done: impl FnMut() -> bool) -> bool {
         std::thread::sleep(Duration::from_millis(20));
     }
     false
+}
+
+/// SQLite, batched, a domain with a timeout: a chunk opens its transaction when a handler
+/// first asks for it, as any chunk does, and so holds the file's one write lock only from
+/// then on. Handlers that write nothing leave other writers (producers, other processes, the
+/// heartbeat) free while they run.
+#[test]
+fn a_batched_chunk_of_a_watched_domain_on_sqlite_takes_the_write_lock_only_when_asked() {
+    let db = TestDb::sqlite();
+    enqueue_batch(&mut db.conn(), &tasks("outside", 2)).unwrap();
+    let entered = Arc::new(AtomicUsize::new(0));
+    let gate = Arc::new((Mutex::new(false), Condvar::new()));
+    let mut registry = Registry::new();
+    let (entered_in, gate_in) = (Arc::clone(&entered), Arc::clone(&gate));
+    registry.register(
+        "outside",
+        move |_: &TaskContext, _: &mut TaskTx| -> HandlerResult {
+            // A call to another system: no statement of its own.
+            entered_in.fetch_add(1, Ordering::SeqCst);
+            let (open, changed) = &*gate_in;
+            let guard = open.lock().unwrap();
+            let _open = changed
+                .wait_timeout_while(guard, Duration::from_secs(60), |open| !*open)
+                .unwrap();
+            Ok(())
+        },
+    );
+    let worker = Worker::new(
+        &db.url,
+        registry,
+        config(2)
+            .commit_batch(2)
+            .domain(Domain::max("outside", ["outside"], 1).timeout(Duration::from_secs(60))),
+    )
+    .unwrap();
+    std::thread::scope(|s| {
+        let run = s.spawn(|| worker.run_once().unwrap());
+        assert!(
+            wait_for(|| entered.load(Ordering::SeqCst) == 1),
+            "the handler did not start"
+        );
+        let mut producer = db.url.connect().unwrap();
+        diesel::sql_query("PRAGMA busy_timeout = 200")
+            .execute(&mut producer)
+            .unwrap();
+        let began = diesel::sql_query("BEGIN IMMEDIATE").execute(&mut producer);
+        if began.is_ok() {
+            diesel::sql_query("ROLLBACK")
+                .execute(&mut producer)
+                .unwrap();
+        }
+        *gate.0.lock().unwrap() = true;
+        gate.1.notify_all();
+        assert_eq!(run.join().unwrap().done, 2);
+        began.expect("another writer began while the chunk's handler ran");
+    });
 }
