@@ -311,6 +311,45 @@ fn batches_of_the_same_limited_tenants_in_opposite_orders_do_not_deadlock() {
     assert_eq!(db.count("SELECT count(*) FROM async_task"), 180);
 }
 
+crate::server_backends! {
+    fn a_producers_open_transaction_does_not_hold_up_its_tenants_claims(db: &TestDb) {
+        // The outbox pattern: producers enqueue in their business transactions, which may
+        // stay open for a while and overlap. Their tenant's committed tasks are claimed
+        // meanwhile: with both limits (a producer's enqueue locks the tenant's row for
+        // `max_queued`), and with `max_running` alone for a producer at REPEATABLE READ
+        // (MySQL's default, where its locking read keeps the row it read).
+        let cases = [
+            ("acme", TenantLimits::default().max_queued(Some(100)).max_running(Some(5)), false),
+            ("bolt", TenantLimits::default().max_running(Some(5)), true),
+        ];
+        for (tenant, limits, repeatable_read) in cases {
+            set_tenant(&mut db.conn(), tenant, &limits, "test").unwrap();
+            for i in 0..3 {
+                enqueue(&mut db.conn(), &task(&format!("{tenant}{i}"), tenant)).unwrap();
+            }
+            let w = Worker::new(&db.url, ledger_registry("ledger"), small_config()).unwrap();
+            let mut producer = db.url.connect().unwrap();
+            if repeatable_read {
+                let isolation = match db.backend() {
+                    Backend::Mysql => "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ",
+                    _ => "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL REPEATABLE READ",
+                };
+                diesel::sql_query(isolation).execute(&mut producer).unwrap();
+            }
+            producer
+                .transaction(|producer| -> outbox::Result<()> {
+                    enqueue(producer, &task(&format!("{tenant}-late"), tenant))?;
+                    let claimed = w.claim()?;
+                    assert_eq!(claimed.len(), 3, "{tenant}: its committed tasks, claimed");
+                    assert_eq!(w.execute(claimed).done, 3, "{tenant}");
+                    Ok(())
+                })
+                .unwrap();
+            assert_eq!(w.drain().unwrap().tally.done, 1, "{tenant}: the producer's, once committed");
+        }
+    }
+}
+
 #[test]
 fn limited_claims_hold_under_a_repeatable_read_default() {
     // The claim's count must come from a snapshot taken after the claim locks, whatever

@@ -274,10 +274,10 @@ pub(in crate::driver) fn claim_plan(
 }
 
 /// See [`crate::driver::Driver::task_claim_limited`]. In one transaction: for each tenant
-/// in turn, its row of `async_tenant` is locked (a tenant another node is claiming for is
-/// skipped this time, as PostgreSQL skips a tenant whose claim lock is taken), so that the
-/// running count read next is exact; then its room (its limit less what runs), and at most
-/// that many of its first due tasks, until the page is full.
+/// in turn, its claim lock is taken (a tenant another node is claiming for is skipped this
+/// time, as PostgreSQL skips a tenant whose claim lock is taken), so that the running count
+/// read next is exact; then its room (its limit less what runs), and at most that many of
+/// its first due tasks, until the page is full. The locks are let go after the commit.
 pub(in crate::driver) fn claim_limited(
     conn: &mut MysqlConnection,
     claim: &Claiming<'_>,
@@ -296,19 +296,23 @@ pub(in crate::driver) fn claim_limited(
         running: i64,
     }
 
-    conn.transaction(|conn| {
+    let mut locked: Vec<&String> = Vec::new();
+    let page = conn.transaction(|conn| {
         let mut page = Vec::new();
         for tenant in tenants {
             let left = limit - i64::try_from(page.len()).unwrap_or(i64::MAX);
             if left <= 0 {
                 break;
             }
+            if !tenant_claim_lock(conn, "GET_LOCK(", tenant, ", 0)")? {
+                continue;
+            }
+            locked.push(tenant);
             let max: Option<Limit> = Statement::<Mysql>::new(
                 "SELECT CAST(max_running AS SIGNED) AS max_running FROM async_tenant
                   WHERE max_running IS NOT NULL AND tenant = ",
             )
             .bind::<Text, _>(tenant.clone())
-            .sql(" FOR UPDATE SKIP LOCKED")
             .get_result(conn)
             .optional()?;
             let Some(max) = max else { continue };
@@ -326,7 +330,43 @@ pub(in crate::driver) fn claim_limited(
             page.extend(mark(conn, owner, &ids, timeout_ms)?);
         }
         Ok(page)
-    })
+    });
+    // After the commit, whatever its outcome: a page claimed is the caller's even if a
+    // release fails (then on a broken connection, whose session's end lets its locks go).
+    for tenant in locked {
+        if let Err(e) = tenant_claim_lock(conn, "RELEASE_LOCK(", tenant, ")") {
+            log::warn!("tenant {tenant:?}: its claim lock was not released: {e}");
+        }
+    }
+    page
+}
+
+/// `call` (`GET_LOCK(`, or `RELEASE_LOCK(`) of the named lock that takes `tenant`'s claims in
+/// turn, then `rest`; whether it answered 1. Not the tenant's row, locked `FOR UPDATE`: a
+/// producer's enqueue for the tenant locks it (its `max_queued` trigger, and under
+/// REPEATABLE READ whatever its limits) until the producer commits, and a claim that skipped
+/// it would pass the tenant over for as long as producers' transactions overlap. A named
+/// lock is the server's, not the database's: the database's name is part of it.
+fn tenant_claim_lock(
+    conn: &mut MysqlConnection,
+    call: &'static str,
+    tenant: &str,
+    rest: &'static str,
+) -> QueryResult<bool> {
+    #[derive(QueryableByName)]
+    struct Answer {
+        #[diesel(sql_type = Nullable<Integer>)]
+        answer: Option<i32>,
+    }
+    let answer: Answer = Statement::<Mysql>::new("SELECT ")
+        .sql(call)
+        .sql("CONCAT('outbox.claim.', SHA1(CONCAT(DATABASE(), '/', ")
+        .bind::<Text, _>(tenant.to_owned())
+        .sql(")))")
+        .sql(rest)
+        .sql(" AS answer")
+        .get_result(conn)?;
+    Ok(answer.answer == Some(1))
 }
 
 /// See [`crate::driver::Driver::task_claim_suspect`]: the suspect index's first due task, in
