@@ -52,6 +52,9 @@ struct Watched {
     failures: i32,
     max_attempts: Option<i32>,
     stuck: bool,
+    /// Times its charge failed (a dead connection, the database out of reach): tried again
+    /// at each pass while the handler runs.
+    charge_failed: u32,
     /// What the metrics and the dead-task hook are told if the timeout makes it dead.
     keyword: String,
     biz_id: String,
@@ -124,6 +127,7 @@ impl Timeouts {
                 failures: task.failures,
                 max_attempts: task.max_attempts,
                 stuck: false,
+                charge_failed: 0,
                 keyword: task.context.keyword.clone(),
                 biz_id: task.context.biz_id.clone(),
                 tenant: task.context.tenant.clone(),
@@ -137,8 +141,8 @@ impl Timeouts {
     }
 
     /// Ends each handler past its timeout not ended yet: marks its slot stuck, ends its
-    /// transaction, charges its task a failure and frees the rest of its chunk. Returns how
-    /// many it ended.
+    /// transaction, charges its task a failure and frees the rest of its chunk; a charge that
+    /// failed is made again. Returns how many it tried to end.
     pub(crate) fn run_once(
         &self,
         (pool, node): (&DbPool, i64),
@@ -148,44 +152,58 @@ impl Timeouts {
         let now = Instant::now();
         let late: Vec<(u64, Watched)> = {
             let mut running = self.lock();
-            let late: Vec<(u64, Watched)> = running
+            let mut lanes = self.lanes.lock();
+            running
                 .iter_mut()
-                .filter(|(_, w)| !w.stuck && now.saturating_duration_since(w.started) > w.timeout)
+                .filter(|(_, w)| {
+                    w.charge_failed > 0
+                        || !w.stuck && now.saturating_duration_since(w.started) > w.timeout
+                })
                 .map(|(&key, w)| {
-                    w.stuck = true;
+                    // Under the same lock as the flag: a handler that returns now unsticks
+                    // its slot only after this (a slot marked after its unstick would stay
+                    // stuck for good).
+                    if !w.stuck {
+                        w.stuck = true;
+                        lanes.mark_stuck(w.lane);
+                    }
                     (key, w.clone())
                 })
-                .collect();
-            // Under the same lock as the flag: a handler that returns now unsticks its slot
-            // only after this (a slot marked after its unstick would stay stuck for good).
-            let mut lanes = self.lanes.lock();
-            for (_, w) in &late {
-                lanes.mark_stuck(w.lane);
-            }
-            late
+                .collect()
         };
         for (key, watched) in &late {
             match super::heartbeat::node_conn(pool, node)
                 .op("task timeout")
                 .and_then(|mut conn| self.end(&mut conn, settings, *key, watched))
             {
-                Ok(Some(error)) => observers.dead_at_timeout(
-                    DeadTask {
-                        id: watched.claim.id,
-                        keyword: watched.keyword.clone(),
-                        biz_id: watched.biz_id.clone(),
-                        tenant: watched.tenant.clone(),
-                        error,
-                    },
-                    watched.claimed_at,
-                ),
-                Ok(None) => {}
+                Ok(dead) => {
+                    if let Some(w) = self.lock().get_mut(key) {
+                        w.charge_failed = 0;
+                    }
+                    if let Some(error) = dead {
+                        let task = DeadTask {
+                            id: watched.claim.id,
+                            keyword: watched.keyword.clone(),
+                            biz_id: watched.biz_id.clone(),
+                            tenant: watched.tenant.clone(),
+                            error,
+                        };
+                        observers.dead_at_timeout(task, watched.claimed_at);
+                    }
+                }
                 Err(e) => {
-                    log::error!(
-                        "task {}: past its domain's timeout, and its failure could not be \
-                     counted ({e}); its deadline in the database still rescues it",
-                        watched.claim.id
-                    );
+                    let failed = self.lock().get_mut(key).map(|w| {
+                        w.charge_failed += 1;
+                        w.charge_failed
+                    });
+                    // Once, not at every pass while the database is out of reach.
+                    if failed == Some(1) {
+                        log::error!(
+                            "task {}: past its domain's timeout, and its failure could not be \
+                             counted ({e}); tried again while its handler runs",
+                            watched.claim.id
+                        );
+                    }
                 }
             }
         }

@@ -541,3 +541,52 @@ fn a_batched_chunk_of_a_watched_domain_on_sqlite_takes_the_write_lock_only_when_
         began.expect("another writer began while the chunk's handler ran");
     });
 }
+
+/// PostgreSQL: the connections of the worker's pool are cut (a failover, an operator's
+/// `pg_terminate_backend` sweep) while a handler runs past its domain's timeout. The first
+/// attempt at its charge meets a dead connection; the next pass charges it, on a fresh one,
+/// rather than leave the task to its late completion or its deadline.
+#[test]
+fn a_timeouts_charge_that_meets_a_dead_connection_is_made_at_the_next_pass() {
+    let db = TestDb::postgres();
+    enqueue_batch(&mut db.conn(), &tasks("stuck", 1)).unwrap();
+    let mut registry = Registry::new();
+    registry.register(
+        "stuck",
+        |t: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
+            let cut = "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+                    WHERE datname = current_database() AND pid <> pg_backend_pid()";
+            diesel::sql_query(cut).execute(tx.conn()?)?;
+            // Busy in Rust past the timeout, then its effect: fenced out once charged.
+            std::thread::sleep(Duration::from_millis(1500));
+            insert_ledger_row(t, tx.conn()?)?;
+            Ok(())
+        },
+    );
+    let worker = Worker::new(
+        &db.url,
+        registry,
+        config(2).domain(Domain::max("stuck", ["stuck"], 1).timeout(Duration::from_millis(300))),
+    )
+    .unwrap();
+    // Idle connections in the pool beside the one the task runs on: the cut leaves them
+    // dead, to be found so by their next use.
+    let idle: Vec<_> = (0..3).map(|_| worker.pool().get().unwrap()).collect();
+    drop(idle);
+    let tally = worker.run_once().unwrap();
+    assert_eq!(
+        tally.done, 0,
+        "the late completion was fenced out: {tally:?}"
+    );
+    let task = db.task(db.count("SELECT id FROM async_task"));
+    assert_eq!((task.state.as_str(), task.failures), ("pending", 1));
+    assert!(task
+        .last_error
+        .unwrap_or_default()
+        .contains("past its domain's timeout"));
+    assert_eq!(
+        db.count("SELECT count(*) FROM test_ledger"),
+        0,
+        "its effect rolled back"
+    );
+}
