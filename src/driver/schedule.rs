@@ -78,15 +78,17 @@ pub(crate) fn schedule_insert(
     })
 }
 
-/// Records `tick` (UTC text of [`time_text`]'s shape) as the schedule's last tick, with the
-/// expression and the node that enqueued it, unless its last tick is `tick` or later (it
-/// never moves back): in the caller's transaction, the one that enqueues the tick. Returns
-/// the rows updated.
+/// Records `latest` (UTC text of [`time_text`]'s shape) as the schedule's last tick, with
+/// the expression and the node that enqueues the ticks from `first` to `latest`, unless its
+/// last tick is `first` or later: another node has enqueued some of them since this one read
+/// the schedule (which a unique key cannot tell once their tasks are pruned), and the last
+/// tick never moves back. In the caller's transaction, the one that enqueues the ticks,
+/// before it does: the row's lock orders the nodes' passes. Returns the rows updated.
 pub(crate) fn schedule_advance(
     conn: &mut DbConnection,
     keyword: &str,
     expression: &str,
-    tick: &str,
+    (first, latest): (&str, &str),
     node: &str,
 ) -> QueryResult<usize> {
     on_backend!(driver(conn).conn(), |c| diesel::update(
@@ -96,10 +98,10 @@ pub(crate) fn schedule_advance(
     .filter(
         async_schedule::last_tick
             .is_null()
-            .or(async_schedule::last_tick.lt(time_bind(tick).nullable())),
+            .or(async_schedule::last_tick.lt(time_bind(first).nullable())),
     )
     .set((
-        async_schedule::last_tick.eq(time_bind(tick).nullable()),
+        async_schedule::last_tick.eq(time_bind(latest).nullable()),
         async_schedule::expression.eq(expression),
         async_schedule::updated_at.eq(DbNow),
         async_schedule::updated_by.eq(node),

@@ -3,10 +3,13 @@
 //!
 //! Every live node with a schedule runs the same pass ([`Worker::schedule_once`]): it reads
 //! the database clock and each schedule's row, and enqueues each due tick as the task
-//! `(keyword, "cron:<tick>")` in one transaction that also records the tick as the row's
-//! `last_tick` (which never moves back). Nodes that see the same tick insert the same
-//! `(keyword, biz_id)`: the unique key keeps one task and the others find it there, so a tick
-//! is one task however many nodes run it, with no leader and no lock of our own.
+//! `(keyword, "cron:<tick>")` in one transaction that first records the latest as the row's
+//! `last_tick` (which never moves back), unless the row's `last_tick` has reached the first
+//! of them since the pass read it: another node enqueued them first (their tasks may be done
+//! and pruned since, so the unique key `(keyword, biz_id)` alone would not tell), and the
+//! pass leaves them. The row's lock orders two passes that read it at once: the second finds
+//! it moved. So a tick is one task however many nodes run it, with no leader and no lock of
+//! our own.
 //!
 //! Which ticks are due: those after the row's last tick (or, for a schedule seen for the
 //! first time, after the moment its row was written: no catch-up) up to now. A tick that no
@@ -216,16 +219,15 @@ impl Worker {
         let enqueued: Vec<Enqueued> = {
             let _turn = self.writer_turn.take();
             write_transaction(conn, |conn| -> Result<Vec<Enqueued>> {
-                let enqueued = enqueue_batch(conn, &tasks)?;
-                schedule_advance(
-                    conn,
-                    keyword,
-                    schedule.expression(),
-                    &time_text(latest),
-                    node,
-                )
-                .op("schedule advance")?;
-                Ok(enqueued)
+                let (first, last) = (time_text(ticks[0]), time_text(latest));
+                let range = (first.as_str(), last.as_str());
+                let advanced = schedule_advance(conn, keyword, schedule.expression(), range, node)
+                    .op("schedule advance")?;
+                if advanced == 0 {
+                    log::debug!("schedule {keyword}: another node enqueued its ticks first");
+                    return Ok(Vec::new());
+                }
+                enqueue_batch(conn, &tasks)
             })?
         };
         for (&tick, e) in ticks.iter().zip(enqueued) {

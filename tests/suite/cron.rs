@@ -369,11 +369,55 @@ fn two_overlapping_passes_enqueue_one_task_on_postgres() {
     });
     let latest = schedule.latest_until(passes[0].now.unwrap()).unwrap();
     let ticks: Vec<_> = passes.iter().flat_map(|p| p.ticks.clone()).collect();
-    assert_eq!(ticks.len(), 2, "both passes enqueued the tick: {passes:?}");
-    assert!(ticks
-        .iter()
-        .all(|t| t.tick == latest && t.task_id == ticks[0].task_id));
-    assert_eq!(ticks.iter().filter(|t| t.created).count(), 1, "{ticks:?}");
+    // The second to take the row finds it moved past the tick, and leaves it to the first.
+    assert_eq!(ticks.len(), 1, "one pass enqueued the tick: {passes:?}");
+    assert!(ticks[0].tick == latest && ticks[0].created, "{ticks:?}");
     assert_eq!(tick_tasks(db, "report.minute"), [tick_biz_id(latest)]);
+    assert_eq!(last_tick(db, "report.minute"), Some(latest));
+}
+
+/// A pass whose read of the schedule is stale when it writes: another node enqueued the tick
+/// meanwhile, and its task ran and was pruned (`prune --older-than 0s`, or a pass frozen for
+/// longer than the retention). The unique key cannot tell a pruned tick, so the pass must
+/// see the row moved, and enqueue nothing. PostgreSQL, the row held locked as above while
+/// the other node's advance lands.
+#[test]
+fn a_pass_that_read_the_schedule_before_another_node_moved_it_enqueues_nothing() {
+    let db = &TestDb::postgres();
+    let schedule = Schedule::parse("0 * * * * *").unwrap();
+    let a = scheduled_worker(db, "report.minute", schedule.clone());
+    let now = first_sight(&a, "report.minute");
+    let latest = schedule.latest_until(now).unwrap();
+    rewind(db, "report.minute", latest - TimeDelta::minutes(1));
+    let waiting = "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity s ON s.pid = l.pid
+                    WHERE NOT l.granted AND s.datname = current_database()";
+    let pass = std::thread::scope(|s| {
+        let mut holder = db.conn();
+        let handle = holder
+            .transaction(|conn| -> QueryResult<_> {
+                diesel::sql_query("SELECT keyword FROM async_schedule FOR UPDATE").execute(conn)?;
+                let handle = s.spawn(|| a.schedule_once().unwrap());
+                let deadline = Instant::now() + Duration::from_secs(30);
+                while db.count(waiting) < 1 {
+                    assert!(Instant::now() < deadline, "the pass never waited");
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                // The other node's pass, as it writes it: the tick recorded (its task is gone).
+                let text = latest.format("%Y-%m-%d %H:%M:%S%.3f");
+                diesel::sql_query(format!(
+                    "UPDATE async_schedule SET last_tick = '{text}'::timestamp AT TIME ZONE 'UTC'"
+                ))
+                .execute(conn)?;
+                Ok(handle)
+            })
+            .unwrap();
+        handle.join().unwrap()
+    });
+    assert!(pass.ticks.is_empty(), "{pass:?}");
+    assert_eq!(
+        tick_tasks(db, "report.minute"),
+        Vec::<String>::new(),
+        "no tick enqueued again"
+    );
     assert_eq!(last_tick(db, "report.minute"), Some(latest));
 }
