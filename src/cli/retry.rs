@@ -9,7 +9,7 @@ use super::filter::FilterArgs;
 use super::out::say;
 use crate::db::DatabaseUrl;
 use crate::error::{Error, Result};
-use crate::ops::{retry_matching, retry_task, validate_retry, Filter};
+use crate::ops::{retry_matching, retry_task, validate_retry, Filter, Matched};
 use crate::task::TaskState;
 
 /// A retry by filter of more tasks than this asks for a confirmation (or `--yes`).
@@ -118,8 +118,14 @@ fn run_matching(url: &DatabaseUrl, args: &RetryArgs) -> Result<()> {
     let mut conn = super::cancel::connect(url)?;
     let actor = super::actor();
     let would = retry_matching(&mut conn, &filter, true, &actor)?;
-    let outcome = if args.dry_run || would.matched == 0 {
+    let outcome = if args.dry_run {
         would
+    } else if would.matched == 0 {
+        // Nothing to write; not a dry run for all that.
+        Matched {
+            dry_run: false,
+            ..would
+        }
     } else {
         if would.matched > CONFIRM_ABOVE && !args.yes {
             confirm_on_terminal(would.matched, &filter)?;

@@ -153,6 +153,10 @@ every_backend! {
         run(operator(db, dir.path()).args(["retry", "--all", "--keyword", "mail.send"]))
             .expect_code(0)
             .stdout_has("no dead or cancelled task matches; nothing written");
+        let out = run(operator(db, dir.path()).args(["retry", "--all", "--keyword", "mail.send", "--json"]))
+            .expect_code(0);
+        let json: Value = serde_json::from_str(out.stdout.trim()).unwrap();
+        assert_eq!((json["matched"].as_u64(), json["dry_run"].as_bool()), (Some(0), Some(false)), "not asked as a dry run");
         assert_eq!((tasks_in(db, "dead"), audits(db)), (3, 0));
 
         let out = run(operator(db, dir.path()).args(["retry", "--all", "--state", "dead", "--json"])).expect_code(0);
