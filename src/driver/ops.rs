@@ -16,7 +16,7 @@ use diesel::QueryResult;
 use super::clock::{db_ago, time_text, DbNow};
 use super::dialect::JsonText;
 use crate::db::{Backend, DbConnection};
-use crate::schema::{async_audit, async_node, async_task, async_task_parent};
+use crate::schema::{async_audit, async_lease, async_node, async_task, async_task_parent};
 use crate::sql::Statement;
 
 pub(crate) use super::task_list_sql::{task_count_retryable, task_detail, task_list};
@@ -164,8 +164,9 @@ pub(crate) fn task_children(
     Ok((children, total))
 }
 
-/// Up to `limit` nodes, most recent heartbeat first, with their running tasks counted. The
-/// same on every backend: written once, with the query builder.
+/// Up to `limit` nodes, most recent heartbeat first, with their running tasks counted (a
+/// lock claim's leased tasks among them). The same on every backend: written once, with the
+/// query builder.
 pub(crate) fn node_list(conn: &mut DbConnection, limit: i64) -> QueryResult<Vec<NodeRow>> {
     let nodes: Vec<(
         NaiveDateTime,
@@ -188,7 +189,7 @@ pub(crate) fn node_list(conn: &mut DbConnection, limit: i64) -> QueryResult<Vec<
         .load(conn)?;
     let ids: Vec<i64> = nodes.iter().map(|n| n.1).collect();
     let mut running = async_task::table
-        .filter(async_task::owner.eq_any(ids))
+        .filter(async_task::owner.eq_any(ids.clone()))
         .filter(async_task::state.eq(TaskState::Running.as_str()))
         .group_by(async_task::owner)
         .select((async_task::owner, count_star()))
@@ -198,7 +199,16 @@ pub(crate) fn node_list(conn: &mut DbConnection, limit: i64) -> QueryResult<Vec<
         // deadline); PostgreSQL through the claim index, as before.
         running = running.filter(async_task::deadline_at.is_not_null());
     }
-    let running: Vec<(Option<i64>, i64)> = running.load(conn)?;
+    let mut running: Vec<(Option<i64>, i64)> = running.load(conn)?;
+    if conn.backend() != Backend::Sqlite {
+        // Under lock claims a running chunk's tasks stay pending, each leased to its node.
+        let leased: Vec<(i64, i64)> = async_lease::table
+            .filter(async_lease::node_id.eq_any(ids))
+            .group_by(async_lease::node_id)
+            .select((async_lease::node_id, count_star()))
+            .load(conn)?;
+        running.extend(leased.into_iter().map(|(node, n)| (Some(node), n)));
+    }
     Ok(nodes
         .into_iter()
         .map(
@@ -211,8 +221,9 @@ pub(crate) fn node_list(conn: &mut DbConnection, limit: i64) -> QueryResult<Vec<
                 heartbeat_at: time_text(heartbeat_at),
                 running: running
                     .iter()
-                    .find(|(owner, _)| *owner == Some(id))
-                    .map_or(0, |(_, n)| *n),
+                    .filter(|(owner, _)| *owner == Some(id))
+                    .map(|(_, n)| *n)
+                    .sum(),
             },
         )
         .collect())

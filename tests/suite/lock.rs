@@ -178,6 +178,28 @@ server_backends! {
         assert_eq!((task.state.as_str(), &task.last_error), ("done", &note), "its second run says why");
     }
 
+    fn nodes_count_a_leased_chunks_tasks_as_running(db: &TestDb) {
+        enqueue(db, "ledger", 5);
+        let seen: Arc<std::sync::Mutex<Vec<outbox::ops::NodeInfo>>> = Arc::default();
+        let (seen_in, url) = (Arc::clone(&seen), db.url.clone());
+        let mut registry = Registry::new();
+        registry.register(
+            "ledger",
+            move |task: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
+                if task.biz_id() == "3" {
+                    let query = outbox::ops::NodeQuery::default();
+                    *seen_in.lock().unwrap() = outbox::ops::nodes(&mut url.connect()?, &query)?;
+                }
+                write_ledger(task, tx)
+            },
+        );
+        let w = Worker::new(&db.url, registry, chunk_config(ClaimStyle::Lock)).unwrap();
+        assert_eq!(w.run_once().unwrap().done, 5);
+        let seen = seen.lock().unwrap().clone();
+        let node = seen.iter().find(|n| n.id == w.node_id()).expect("the node listed");
+        assert_eq!(node.running, 5, "its chunk's tasks, pending and leased: {node:?}");
+    }
+
     fn a_leased_task_cancelled_and_retried_while_its_chunk_runs_is_not_done_by_that_chunk(db: &TestDb) {
         // The handler sees the cancel and returns without its effect, as the guide allows;
         // an operator retries the task before the chunk completes. The retry is a new run to
