@@ -119,6 +119,9 @@ struct Statement {
     cut: bool,
     /// A statement failed on this connection since it opened.
     failed: bool,
+    /// MySQL: the open transaction was rolled back by the server (a deadlock's victim), so
+    /// what runs after it runs outside it.
+    rolled_back: bool,
 }
 
 impl Watched {
@@ -145,6 +148,17 @@ impl Instrumentation for StatementClock {
                 let mut statement = self.watched.lock();
                 statement.since = None;
                 statement.failed |= error.is_some();
+                statement.rolled_back |= self.watched.backend == Backend::Mysql
+                    && matches!(
+                        error,
+                        Some(diesel::result::Error::DatabaseError(
+                            diesel::result::DatabaseErrorKind::SerializationFailure,
+                            _
+                        ))
+                    );
+            }
+            InstrumentationEvent::BeginTransaction { depth, .. } if depth.get() == 1 => {
+                self.watched.lock().rolled_back = false;
             }
             _ => {}
         }
@@ -204,6 +218,16 @@ pub(crate) fn must_not_be_reused(conn: &mut super::DbConnection) -> bool {
     };
     let statement = clock.watched.lock();
     statement.cut || (statement.failed && clock.watched.backend == Backend::Mysql)
+}
+
+/// Whether the server rolled back the transaction open on `conn` under it: on MySQL a
+/// deadlock's victim (1213) loses its whole transaction, and the statements after it run in
+/// autocommit, where PostgreSQL would refuse them until the rollback.
+pub(crate) fn transaction_rolled_back(conn: &mut super::DbConnection) -> bool {
+    use diesel::Connection;
+    conn.instrumentation()
+        .downcast_ref::<StatementClock>()
+        .is_some_and(|clock| clock.watched.lock().rolled_back)
 }
 
 /// The node `conn`'s session works for as its server knows it (0: none), as

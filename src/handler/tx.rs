@@ -104,7 +104,25 @@ impl<'c> TaskTx<'c> {
             self.open = true;
             self.unavailable = None;
         }
+        self.intact()?;
         Ok(self.conn)
+    }
+
+    /// Fails when the server rolled the open transaction back under the handler (MySQL: a
+    /// deadlock's victim, whose error the handler did not return): what ran after that ran
+    /// in autocommit, so the task must not complete as if its transaction held.
+    pub(crate) fn intact(&mut self) -> diesel::QueryResult<()> {
+        if self.open && crate::db::reply::transaction_rolled_back(self.conn) {
+            return Err(diesel::result::Error::DatabaseError(
+                diesel::result::DatabaseErrorKind::SerializationFailure,
+                Box::new(
+                    "Deadlock found when trying to get lock: the server rolled the task's \
+                     transaction back under its handler, which went on"
+                        .to_owned(),
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Whether the handler has opened the transaction.

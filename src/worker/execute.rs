@@ -97,6 +97,7 @@ impl Worker {
                 run_handler(handler, task, tx).map_err(Rollback::Handler)?;
             }
             let _turn = (!tx.is_open()).then(|| self.writer_turn.take());
+            tx.intact()?;
             match driver(tx.engine_conn()).task_complete(&claim)? {
                 0 => Err(Rollback::Fenced),
                 _ => Ok(()),

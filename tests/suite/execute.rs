@@ -330,3 +330,100 @@ sqlite_and_postgres! {
         assert_eq!(db.count("SELECT count(*) FROM test_child"), 0);
     }
 }
+
+/// MySQL: a handler whose statement is a deadlock's victim and that goes on as if not (it
+/// drops the error, or runs the statement again) has lost its transaction: InnoDB rolled
+/// back what it wrote, and what runs after runs in autocommit. Its task is not marked done
+/// as if those writes had committed with it: it is released, runs again, and its second
+/// run's writes commit with its completion.
+#[cfg(feature = "mysql")]
+#[test]
+fn a_handler_that_goes_on_past_its_deadlock_on_mysql_does_not_complete_its_task() {
+    use diesel::connection::SimpleConnection;
+    use diesel::RunQueryDsl;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    let db = &TestDb::mysql();
+    db.exec("CREATE TABLE dl_rows (id INT PRIMARY KEY, n INT NOT NULL DEFAULT 0)");
+    db.exec("INSERT INTO dl_rows (id) VALUES (1), (2)");
+    db.exec("CREATE TABLE dl_heavy (id INT PRIMARY KEY, n INT NOT NULL DEFAULT 0)");
+    let heavy: Vec<String> = (1..=50).map(|i| format!("({i})")).collect();
+    db.exec(&format!(
+        "INSERT INTO dl_heavy (id) VALUES {}",
+        heavy.join(", ")
+    ));
+    let id = enqueue(&mut db.conn(), &NewTask::new("ledger", "1"))
+        .unwrap()
+        .id;
+    let first = Arc::new(AtomicBool::new(true));
+    let (first_in, url) = (Arc::clone(&first), db.url.clone());
+    let mut registry = Registry::new();
+    registry.register(
+        "ledger",
+        move |task: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
+            write_ledger(task, tx)?;
+            if !first_in.swap(false, Ordering::SeqCst) {
+                return Ok(());
+            }
+            let lock = |conn: &mut outbox::DbConnection, row: i32| {
+                diesel::sql_query(format!("SELECT n FROM dl_rows WHERE id = {row} FOR UPDATE"))
+                    .execute(conn)
+            };
+            lock(tx.conn()?, 1)?;
+            // Another session, the heavier (50 rows written, so InnoDB makes the handler
+            // the victim), holds row 2 and asks for row 1.
+            let other_url = url.clone();
+            let other = std::thread::spawn(move || {
+                let mut other = other_url.connect().unwrap();
+                other.batch_execute("BEGIN").unwrap();
+                diesel::sql_query("UPDATE dl_heavy SET n = n + 1")
+                    .execute(&mut other)
+                    .unwrap();
+                lock(&mut other, 2).unwrap();
+                lock(&mut other, 1).unwrap();
+                other.batch_execute("COMMIT").unwrap();
+            });
+            #[derive(diesel::QueryableByName)]
+            struct Waiting {
+                #[diesel(sql_type = diesel::sql_types::BigInt)]
+                n: i64,
+            }
+            // (Asked for, or waiting for: either way the handler's next lock closes the cycle.)
+            let waiting = "SELECT count(*) AS n FROM information_schema.PROCESSLIST
+                            WHERE INFO = 'SELECT n FROM dl_rows WHERE id = 1 FOR UPDATE'";
+            let mut watcher = url.connect()?;
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while diesel::sql_query(waiting)
+                .get_result::<Waiting>(&mut watcher)?
+                .n
+                < 1
+            {
+                assert!(
+                    Instant::now() < deadline,
+                    "the other session never asked for row 1"
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let victim = lock(tx.conn()?, 2);
+            assert!(
+                victim.is_err(),
+                "the handler's session was not the deadlock's victim"
+            );
+            other.join().unwrap();
+            // Dropped: the handler goes on as if its lock had been granted.
+            Ok(())
+        },
+    );
+    let w = worker(db, registry);
+    w.drain().unwrap();
+    let task = db.task(id);
+    assert_eq!(task.state.as_str(), "done");
+    assert_eq!(
+        db.ledger_rows(id),
+        1,
+        "done with its second run's write, not without any"
+    );
+    assert!(!first.load(Ordering::SeqCst));
+}
