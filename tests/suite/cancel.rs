@@ -172,6 +172,76 @@ every_backend! {
 }
 
 every_backend! {
+    fn a_retried_tasks_second_run_sees_a_cancel_after_its_first_run_ends(db: &TestDb) {
+        // The first run is cancelled and ignores its flag; the task is retried and claimed
+        // again by the same node while the first run still runs. When the first run ends, the
+        // second is still watched: a cancel of it reaches its handler.
+        use std::sync::atomic::AtomicBool;
+        use std::time::{Duration, Instant};
+
+        let id = enqueue(&mut db.conn(), &NewTask::new("ledger", "1")).unwrap().id;
+        let runs = Arc::new(AtomicUsize::new(0));
+        let (second_started, first_may_end, second_saw) =
+            (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+        let wait = |flag: &AtomicBool| {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !flag.load(Ordering::SeqCst) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            flag.load(Ordering::SeqCst)
+        };
+        let (runs_in, started_in, may_end_in, saw_in, url) = (
+            Arc::clone(&runs),
+            Arc::clone(&second_started),
+            Arc::clone(&first_may_end),
+            Arc::clone(&second_saw),
+            db.url.clone(),
+        );
+        let mut registry = Registry::new();
+        registry.register("ledger", move |task: &TaskContext, _: &mut TaskTx| -> HandlerResult {
+            if runs_in.fetch_add(1, Ordering::SeqCst) == 0 {
+                let mut operator = url.connect()?;
+                assert!(cancel(&mut operator, task.id())?.cancelled);
+                assert!(retry(&mut operator, task.id())?.retried);
+                wait(&started_in);
+                wait(&may_end_in);
+            } else {
+                started_in.store(true, Ordering::SeqCst);
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while !task.is_cancelled() && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                saw_in.store(task.is_cancelled(), Ordering::SeqCst);
+            }
+            Ok(())
+        });
+        let mut config = small_config().heartbeat(Duration::from_millis(200));
+        config.poll_interval = Duration::from_millis(50);
+        let w = Worker::new(&db.url, registry, config).unwrap();
+        let stop = w.stop_flag();
+        std::thread::scope(|s| {
+            let worker = s.spawn(|| w.run().unwrap());
+            assert!(wait(&second_started), "the retried task was not claimed again");
+            first_may_end.store(true, Ordering::SeqCst);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while w.totals().lost < 1 {
+                assert!(Instant::now() < deadline, "the first run never ended");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            assert!(cancel(&mut db.conn(), id).unwrap().cancelled);
+            let deadline = Instant::now() + Duration::from_secs(15);
+            while runs.load(Ordering::SeqCst) < 2 || w.totals().lost < 2 {
+                assert!(Instant::now() < deadline, "the second run never ended");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            stop.store(true, Ordering::SeqCst);
+            worker.join().unwrap();
+        });
+        assert!(second_saw.load(Ordering::SeqCst), "the second run never saw its cancel");
+    }
+}
+
+every_backend! {
     fn cancel_matching_cancels_the_unfinished_tasks_of_a_keyword_or_tenant_only(db: &TestDb) {
         let mut conn = db.conn();
         for (keyword, biz, tenant) in [
