@@ -226,6 +226,12 @@ impl NewTask {
                 "contains \\u0000, which PostgreSQL's jsonb rejects".into(),
             ));
         }
+        if depth(&value) > MAX_PAYLOAD_DEPTH {
+            return Err(invalid_payload(format!(
+                "nested {} levels deep, more than {MAX_PAYLOAD_DEPTH}, the most MariaDB's JSON takes",
+                depth(&value)
+            )));
+        }
         let size = stored_len(payload, &value);
         if size > max_payload_bytes {
             return Err(Error::PayloadTooLarge {
@@ -256,6 +262,19 @@ impl std::fmt::Debug for NewTask {
             .field("delay", &self.delay)
             .field("parents", &self.parents)
             .finish()
+    }
+}
+
+/// The deepest nesting of arrays and objects a payload may have: MariaDB's JSON refuses more
+/// (its `JSON_VALID`), so every backend does, and a payload means the same everywhere.
+pub(crate) const MAX_PAYLOAD_DEPTH: usize = 31;
+
+/// How deep `value`'s arrays and objects nest (0 for a scalar).
+fn depth(value: &serde_json::Value) -> usize {
+    match value {
+        serde_json::Value::Array(items) => 1 + items.iter().map(depth).max().unwrap_or(0),
+        serde_json::Value::Object(map) => 1 + map.values().map(depth).max().unwrap_or(0),
+        _ => 0,
     }
 }
 
@@ -291,6 +310,14 @@ mod tests {
         assert!(matches!(
             nul_key.validate(1024, &text_len),
             Err(Error::InvalidPayload { .. })
+        ));
+        let nested = |n: usize| format!("{}1{}", "[".repeat(n), "]".repeat(n));
+        let deepest = NewTask::new("k", "1").payload_json(&nested(MAX_PAYLOAD_DEPTH));
+        assert!(deepest.validate(1024, &text_len).is_ok());
+        let deeper = NewTask::new("k", "1").payload_json(&nested(MAX_PAYLOAD_DEPTH + 1));
+        assert!(matches!(
+            deeper.validate(1024, &text_len),
+            Err(Error::InvalidPayload { reason, .. }) if reason.contains("32 levels deep")
         ));
         let bad = NewTask::new("k", "1").payload_json("{");
         assert!(matches!(
