@@ -312,9 +312,9 @@ mod tests {
             Err(Error::InvalidPayload { .. })
         ));
         let nested = |n: usize| format!("{}1{}", "[".repeat(n), "]".repeat(n));
-        let deepest = NewTask::new("k", "1").payload_json(&nested(MAX_PAYLOAD_DEPTH));
+        let deepest = NewTask::new("k", "1").payload_json(nested(MAX_PAYLOAD_DEPTH));
         assert!(deepest.validate(1024, &text_len).is_ok());
-        let deeper = NewTask::new("k", "1").payload_json(&nested(MAX_PAYLOAD_DEPTH + 1));
+        let deeper = NewTask::new("k", "1").payload_json(nested(MAX_PAYLOAD_DEPTH + 1));
         assert!(matches!(
             deeper.validate(1024, &text_len),
             Err(Error::InvalidPayload { reason, .. }) if reason.contains("32 levels deep")

@@ -235,7 +235,7 @@ every_backend! {
             (NewTask::new("k", "x".repeat(129)), |e| matches!(e, Error::InvalidBizId { .. })),
             (NewTask::new("k", "1").payload_json("{not json"), |e| matches!(e, Error::InvalidPayload { .. })),
             (NewTask::new("k", "1").payload_json(r#"{"a":"\u0000"}"#), |e| matches!(e, Error::InvalidPayload { .. })),
-            (NewTask::new("k", "1").payload_json(&format!("{}{}", "[".repeat(32), "]".repeat(32))), |e| matches!(e, Error::InvalidPayload { .. })),
+            (NewTask::new("k", "1").payload_json(format!("{}{}", "[".repeat(32), "]".repeat(32))), |e| matches!(e, Error::InvalidPayload { .. })),
             (NewTask::new("k", "1").payload(&"x".repeat(200)), |e| matches!(e, Error::PayloadTooLarge { limit: 100, .. })),
             (NewTask::new("k", "1").max_attempts(0), |e| matches!(e, Error::InvalidTask { .. })),
             (NewTask::new("k", "1").tenant("t".repeat(129)), |e| matches!(e, Error::InvalidTask { .. })),
@@ -254,7 +254,7 @@ every_backend! {
         ));
         assert_eq!(db.count("SELECT count(*) FROM async_task"), 0);
         // The deepest payload every backend takes (MariaDB's JSON the shallowest).
-        let deepest = NewTask::new("k", "deep").payload_json(&format!("{}{}", "{\"a\":".repeat(31), "1".to_owned() + &"}".repeat(31)));
+        let deepest = NewTask::new("k", "deep").payload_json(format!("{}{}", "{\"a\":".repeat(31), "1".to_owned() + &"}".repeat(31)));
         enqueue(&mut conn, &deepest).unwrap();
         db.exec("DELETE FROM async_task");
         // The default limit is 64 KiB.
