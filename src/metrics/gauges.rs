@@ -1,8 +1,9 @@
 //! The gauges: what the node holds now (its domains' slots, its heartbeat's age), read at
 //! each scrape, and the table's figures per keyword, read from the database at most every
-//! [`super::SAMPLE_INTERVAL`].
+//! [`super::SAMPLE_INTERVAL`], on a thread of their own that a scrape waits for at most
+//! [`SAMPLE_WAIT`].
 
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use prometheus_client::collector::Collector;
@@ -11,7 +12,6 @@ use prometheus_client::metrics::MetricType;
 
 use crate::db::{DatabaseUrl, DbConnection};
 use crate::domain::DomainUse;
-use crate::error::Result;
 use crate::registry::Registry;
 use crate::stats::{keyword_stats, KeywordStats};
 
@@ -42,58 +42,110 @@ impl std::fmt::Debug for Live {
     }
 }
 
-/// The table's figures per keyword, read on a connection of their own.
+/// The table's figures per keyword, read on a thread and a connection of their own.
 pub(crate) struct TableSample {
+    shared: std::sync::Arc<SampleShared>,
+}
+
+struct SampleShared {
     url: DatabaseUrl,
     interval: Duration,
     state: Mutex<SampleState>,
+    /// Signalled when a read ends.
+    read_ended: Condvar,
+    /// The reads' connection, kept between them.
+    conn: Mutex<Option<DbConnection>>,
 }
 
 #[derive(Default)]
 struct SampleState {
-    conn: Option<DbConnection>,
     /// The last figures read, and when.
     last: Option<(Instant, Vec<KeywordStats>)>,
+    /// A read is under way.
+    reading: bool,
 }
+
+/// The longest a scrape waits for the read it asked for: past it, the scrape serves the last
+/// figures (their age shows it), so that a slow or unreachable database, or a table whose
+/// count takes long, never holds up `/metrics`.
+pub(crate) const SAMPLE_WAIT: Duration = Duration::from_secs(1);
 
 impl TableSample {
     pub(crate) fn new(url: DatabaseUrl, interval: Duration) -> TableSample {
         TableSample {
-            url,
-            interval,
-            state: Mutex::default(),
+            shared: std::sync::Arc::new(SampleShared {
+                url,
+                interval,
+                state: Mutex::default(),
+                read_ended: Condvar::new(),
+                conn: Mutex::default(),
+            }),
         }
     }
 
-    /// Reads the figures again when the last read is `interval` old (or failed); a failed
-    /// read keeps the last figures (their age shows it) and is logged.
+    /// When the last read is `interval` old (or failed), starts a read on a thread of its
+    /// own, unless one is under way, and waits for it at most [`SAMPLE_WAIT`]. A failed read
+    /// keeps the last figures and is logged.
     pub(crate) fn refresh_if_stale(&self) {
-        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        if matches!(&state.last, Some((at, _)) if at.elapsed() < self.interval) {
+        let shared = &self.shared;
+        let mut state = shared.lock_state();
+        if matches!(&state.last, Some((at, _)) if at.elapsed() < shared.interval) {
             return;
         }
-        match self.read(&mut state) {
-            Ok(stats) => state.last = Some((Instant::now(), stats)),
-            Err(e) => {
-                state.conn = None;
-                log::warn!("metrics: could not read the task counts: {e}");
+        if !state.reading {
+            let reader = std::sync::Arc::clone(shared);
+            let started = std::thread::Builder::new()
+                .name("outbox-metrics-sample".into())
+                .spawn(move || reader.read());
+            match started {
+                Ok(_) => state.reading = true,
+                Err(e) => log::warn!("metrics: could not start the task counts' read: {e}"),
             }
         }
+        let _waited = shared
+            .read_ended
+            .wait_timeout_while(state, SAMPLE_WAIT, |s| s.reading)
+            .unwrap_or_else(PoisonError::into_inner);
+    }
+}
+
+impl SampleShared {
+    fn lock_state(&self) -> std::sync::MutexGuard<'_, SampleState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn read(&self, state: &mut SampleState) -> Result<Vec<KeywordStats>> {
-        if state.conn.is_none() {
-            state.conn = Some(self.url.connect()?);
+    /// One read of the figures, then the waiting scrapes told.
+    fn read(&self) {
+        let read = {
+            let mut conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
+            let read = match conn.as_mut() {
+                Some(conn) => keyword_stats(conn, &Registry::new()),
+                None => self.url.connect().and_then(|mut opened| {
+                    let read = keyword_stats(&mut opened, &Registry::new());
+                    *conn = Some(opened);
+                    read
+                }),
+            };
+            if read.is_err() {
+                *conn = None;
+            }
+            read
+        };
+        let mut state = self.lock_state();
+        match read {
+            Ok(stats) => state.last = Some((Instant::now(), stats)),
+            Err(e) => log::warn!("metrics: could not read the task counts: {e}"),
         }
-        let conn = state.conn.as_mut().expect("connected above");
-        keyword_stats(conn, &Registry::new())
+        state.reading = false;
+        drop(state);
+        self.read_ended.notify_all();
     }
 }
 
 impl std::fmt::Debug for TableSample {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TableSample")
-            .field("url", &self.url.masked())
+            .field("url", &self.shared.url.masked())
             .finish_non_exhaustive()
     }
 }
@@ -147,11 +199,7 @@ impl Collector for Gauges {
                 .map(|d| ([("domain", d.domain.as_str())], field(d) as u64));
             gauge(&mut encoder, name, help, samples)?;
         }
-        let state = self
-            .table
-            .state
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let state = self.table.shared.lock_state();
         let Some((at, stats)) = &state.last else {
             return Ok(());
         };

@@ -34,9 +34,10 @@
 //! The counters and histograms are atomic additions on the worker's threads (no lock, no
 //! allocation per task). The table's figures (`outbox_queue_depth`, `outbox_tasks`,
 //! `outbox_oldest_due_age_seconds`) come from one grouped count of `async_task` — the one
-//! `outbox stats` runs — made by a scrape when the last one is older than
+//! `outbox stats` runs — asked for by a scrape when the last one is older than
 //! [`SAMPLE_INTERVAL`], so that scrapes, however frequent, read the table at most that
-//! often; every node of a fleet reports the same table figures.
+//! often, and made on a thread of its own, which a scrape waits for at most a second; every
+//! node of a fleet reports the same table figures.
 
 mod gauges;
 mod histogram;

@@ -228,3 +228,53 @@ every_backend! {
         assert_eq!(db.count("SELECT count(*) FROM async_node"), 0);
     }
 }
+
+/// PostgreSQL: a scrape never waits on the table's count for long. Once the figures are stale,
+/// a scrape asks for a new read and waits for it at most a second; a read held up (here by a
+/// lock on the table, as a long migration or a slow count of a big table would) leaves the
+/// scrape the last figures, their age showing it, and the read lands for a later scrape.
+#[test]
+fn a_scrape_serves_the_last_figures_while_the_tables_read_is_held_up() {
+    use diesel::connection::SimpleConnection;
+    use diesel::Connection;
+
+    let db = &TestDb::postgres();
+    outbox::enqueue(&mut db.conn(), &NewTask::new("ledger", "1")).unwrap();
+    let config = small_config().metrics_addr(any_port());
+    let worker = Worker::new(&db.url, crate::ledger_registry("ledger"), config).unwrap();
+    let addr = worker.metrics_addr().unwrap();
+    let first = scrape(addr);
+    assert_eq!(
+        first.value("outbox_queue_depth", &[("keyword", "ledger")]),
+        Some(1.0)
+    );
+    // Stale: older than the sample interval.
+    std::thread::sleep(outbox::metrics::SAMPLE_INTERVAL + Duration::from_millis(200));
+    let mut holder = db.conn();
+    holder
+        .transaction(|conn| -> diesel::QueryResult<()> {
+            conn.batch_execute("LOCK TABLE async_task IN ACCESS EXCLUSIVE MODE")?;
+            let status = crate::siege::answered_within(addr, "/metrics", Duration::from_secs(4));
+            assert_eq!(status, Ok(200), "the scrape waited on the held-up read");
+            let served = scrape(addr);
+            let age = served
+                .value("outbox_metrics_sample_age_seconds", &[])
+                .unwrap();
+            assert!(age > 5.0, "the last figures, {age} s old");
+            assert_eq!(
+                served.value("outbox_queue_depth", &[("keyword", "ledger")]),
+                Some(1.0)
+            );
+            Ok(())
+        })
+        .unwrap();
+    // The read lands once the lock goes.
+    let fresh = scrape_until(addr, "fresh figures", |e| {
+        e.value("outbox_metrics_sample_age_seconds", &[])
+            .is_some_and(|age| age < 5.0)
+    });
+    assert_eq!(
+        fresh.value("outbox_queue_depth", &[("keyword", "ledger")]),
+        Some(1.0)
+    );
+}
