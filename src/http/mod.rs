@@ -43,6 +43,10 @@ pub(crate) const MAX_CONNECTIONS: usize = 512;
 /// How long a request's header may take to arrive, from the connection's first read or the
 /// end of the previous response. Prometheus's scrape timeout is 10 s by default.
 pub(crate) const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// The most a connection buffers of a request's head: a longer one is refused (431), so that
+/// the most connections held at once hold at most a few MiB (hyper's default buffers 400 KiB
+/// a connection).
+pub(crate) const MAX_HEAD_BYTES: usize = 16 * 1024;
 /// How long a connection may wait to read or to write with no byte moving either way.
 pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// The pause after an accept error before accepting again.
@@ -142,7 +146,8 @@ async fn connection(
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT);
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .max_buf_size(MAX_HEAD_BYTES);
     let conn = builder.serve_connection(io, TowerToHyperService::new(app));
     tokio::pin!(conn);
     tokio::select! {

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use axum::extract::rejection::FormRejection;
 use axum::extract::{Path, State};
+use axum::http::StatusCode;
 use axum::response::Redirect;
 use axum::Form;
 use serde::Deserialize;
@@ -67,8 +68,16 @@ fn admit(
              pause and resume",
         ));
     }
-    let Form(form) = form.map_err(|e| {
-        Problem::bad_request(format!("the form is not one of the dashboard's: {e}"))
+    let Form(form) = form.map_err(|e| match e.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => Problem::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "Bad request",
+            format!(
+                "the form is larger than the dashboard's forms ({} bytes at most)",
+                super::server::MAX_FORM_BYTES
+            ),
+        ),
+        _ => Problem::bad_request(format!("the form is not one of the dashboard's: {e}")),
     })?;
     match &form.token {
         Some(token) if same_token(token, &state.token) => Ok(form),

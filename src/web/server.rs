@@ -155,9 +155,15 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/audit", get(audit::show))
         .fallback(problem::no_such_page)
         .method_not_allowed_fallback(problem::wrong_method)
+        // An action's form is a token, a name and a path: a body past this is refused (413)
+        // before it is read whole (axum's default would read 2 MiB a request).
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_FORM_BYTES))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             guard::check,
         ))
         .with_state(state)
 }
+
+/// The largest form body an action takes.
+pub(crate) const MAX_FORM_BYTES: usize = 4 * 1024;

@@ -430,3 +430,31 @@ fn silent_connections_are_closed_and_hold_up_no_page() {
     );
     web.stop();
 }
+
+/// What one request may make the server hold (`crate::http` in the library, the metrics
+/// endpoint's too): a head past 16 KiB is refused (431) and an action's form past 4 KiB too
+/// (413), neither buffered whole, and nothing changes.
+#[test]
+fn oversized_heads_and_forms_are_refused() {
+    let db = TestDb::sqlite();
+    seed(&db);
+    let web = start(&db, true);
+    let addr = web.local_addr();
+    let long = "a".repeat(32 * 1024);
+    let response = request(addr, "GET", "/", &[("X-Long", &long)], None);
+    assert_eq!(response.status, 431, "{}", response.body);
+    let token = token(&ok(addr, "/"));
+    let filler = "x".repeat(64 * 1024);
+    let fields = [("name", "mail.send"), ("filler", filler.as_str())];
+    let response = press(addr, "/pause", &token, &fields);
+    assert_eq!(response.status, 413, "{}", response.body);
+    assert_eq!(
+        db.count("SELECT count(*) FROM async_pause"),
+        0,
+        "nothing paused"
+    );
+    // Within the bounds, the same pause goes through.
+    let response = press(addr, "/pause", &token, &[("name", "mail.send")]);
+    assert_eq!(response.status, 303, "{}", response.body);
+    web.stop();
+}
