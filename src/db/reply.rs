@@ -148,14 +148,9 @@ impl Instrumentation for StatementClock {
                 let mut statement = self.watched.lock();
                 statement.since = None;
                 statement.failed |= error.is_some();
+                // By its message: a statement of `batch_execute` reports no error kind.
                 statement.rolled_back |= self.watched.backend == Backend::Mysql
-                    && matches!(
-                        error,
-                        Some(diesel::result::Error::DatabaseError(
-                            diesel::result::DatabaseErrorKind::SerializationFailure,
-                            _
-                        ))
-                    );
+                    && error.is_some_and(super::transaction::is_deadlock);
             }
             InstrumentationEvent::BeginTransaction { depth, .. } if depth.get() == 1 => {
                 self.watched.lock().rolled_back = false;

@@ -331,18 +331,19 @@ sqlite_and_postgres! {
     }
 }
 
-/// MySQL: a handler whose statement is a deadlock's victim and that goes on as if not (it
-/// drops the error, or runs the statement again) has lost its transaction: InnoDB rolled
-/// back what it wrote, and what runs after runs in autocommit. Its task is not marked done
-/// as if those writes had committed with it: it is released, runs again, and its second
-/// run's writes commit with its completion.
+/// MySQL: a handler whose statement is a deadlock's victim and that goes on as if not has
+/// lost its transaction: InnoDB rolled back what it wrote, and what runs after runs in
+/// autocommit. Its task is not marked done as if those writes had committed with it: it is
+/// released, uncharged, runs again, and its second run's writes commit with its completion.
+/// Whether the lost statement was prepared or sent as text (`batch_execute`, whose error has
+/// no kind), and whether the handler then returns `Ok` or the error of its next `tx.conn()`.
 #[cfg(feature = "mysql")]
 #[test]
 fn a_handler_that_goes_on_past_its_deadlock_on_mysql_does_not_complete_its_task() {
     use diesel::connection::SimpleConnection;
     use diesel::RunQueryDsl;
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::Arc;
+    use std::collections::HashSet;
+    use std::sync::{Arc, Mutex};
     use std::time::{Duration, Instant};
 
     let db = &TestDb::mysql();
@@ -354,22 +355,28 @@ fn a_handler_that_goes_on_past_its_deadlock_on_mysql_does_not_complete_its_task(
         "INSERT INTO dl_heavy (id) VALUES {}",
         heavy.join(", ")
     ));
-    let id = enqueue(&mut db.conn(), &NewTask::new("ledger", "1"))
-        .unwrap()
-        .id;
-    let first = Arc::new(AtomicBool::new(true));
-    let (first_in, url) = (Arc::clone(&first), db.url.clone());
+    let ids: Vec<i64> = ["prepared", "text"]
+        .iter()
+        .map(|biz_id| {
+            enqueue(&mut db.conn(), &NewTask::new("ledger", *biz_id))
+                .unwrap()
+                .id
+        })
+        .collect();
+    let lost: Arc<Mutex<HashSet<String>>> = Arc::default();
+    let (lost_in, url) = (Arc::clone(&lost), db.url.clone());
     let mut registry = Registry::new();
     registry.register(
         "ledger",
         move |task: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
             write_ledger(task, tx)?;
-            if !first_in.swap(false, Ordering::SeqCst) {
+            if !lost_in.lock().unwrap().insert(task.biz_id().to_owned()) {
                 return Ok(());
             }
             let lock = |conn: &mut outbox::DbConnection, row: i32| {
                 diesel::sql_query(format!("SELECT n FROM dl_rows WHERE id = {row} FOR UPDATE"))
                     .execute(conn)
+                    .map(drop)
             };
             lock(tx.conn()?, 1)?;
             // Another session, the heavier (50 rows written, so InnoDB makes the handler
@@ -406,24 +413,44 @@ fn a_handler_that_goes_on_past_its_deadlock_on_mysql_does_not_complete_its_task(
                 );
                 std::thread::sleep(Duration::from_millis(10));
             }
-            let victim = lock(tx.conn()?, 2);
+            let victim = match task.biz_id() {
+                "prepared" => lock(tx.conn()?, 2),
+                _ => tx
+                    .conn()?
+                    .batch_execute("SELECT n FROM dl_rows WHERE id = 2 FOR UPDATE"),
+            };
             assert!(
                 victim.is_err(),
                 "the handler's session was not the deadlock's victim"
             );
             other.join().unwrap();
-            // Dropped: the handler goes on as if its lock had been granted.
-            Ok(())
+            // The error dropped: the handler goes on as if its lock had been granted, and
+            // returns `Ok`, or what its next use of the transaction says.
+            match task.biz_id() {
+                "prepared" => Ok(()),
+                _ => lock(tx.conn()?, 2).map_err(Into::into),
+            }
         },
     );
-    let w = worker(db, registry);
+    let w = outbox::Worker::new(
+        &db.url,
+        registry,
+        outbox::WorkerConfig::default().threads(1),
+    )
+    .unwrap();
     w.drain().unwrap();
-    let task = db.task(id);
-    assert_eq!(task.state.as_str(), "done");
-    assert_eq!(
-        db.ledger_rows(id),
-        1,
-        "done with its second run's write, not without any"
-    );
-    assert!(!first.load(Ordering::SeqCst));
+    for id in ids {
+        let task = db.task(id);
+        assert_eq!(
+            (task.state.as_str(), task.failures),
+            ("done", 0),
+            "task {id}"
+        );
+        assert_eq!(
+            db.ledger_rows(id),
+            1,
+            "task {id}: done with its second run's write"
+        );
+    }
+    assert_eq!(lost.lock().unwrap().len(), 2);
 }
