@@ -52,9 +52,11 @@ struct Watched {
     failures: i32,
     max_attempts: Option<i32>,
     stuck: bool,
-    /// Times its charge failed (a dead connection, the database out of reach): tried again
-    /// at each pass while the handler runs.
+    /// Times its charge failed (a dead connection, the database out of reach), and when it
+    /// is tried again while the handler runs: after 100 ms, doubling, at most every 5 s (an
+    /// attempt may wait out SQLite's busy timeout, and holds up the other handlers' checks).
     charge_failed: u32,
+    retry_at: Option<Instant>,
     /// What the metrics and the dead-task hook are told if the timeout makes it dead.
     keyword: String,
     biz_id: String,
@@ -128,6 +130,7 @@ impl Timeouts {
                 max_attempts: task.max_attempts,
                 stuck: false,
                 charge_failed: 0,
+                retry_at: None,
                 keyword: task.context.keyword.clone(),
                 biz_id: task.context.biz_id.clone(),
                 tenant: task.context.tenant.clone(),
@@ -155,9 +158,9 @@ impl Timeouts {
             let mut lanes = self.lanes.lock();
             running
                 .iter_mut()
-                .filter(|(_, w)| {
-                    w.charge_failed > 0
-                        || !w.stuck && now.saturating_duration_since(w.started) > w.timeout
+                .filter(|(_, w)| match w.retry_at {
+                    Some(at) => at <= now,
+                    None => !w.stuck && now.saturating_duration_since(w.started) > w.timeout,
                 })
                 .map(|(&key, w)| {
                     // Under the same lock as the flag: a handler that returns now unsticks
@@ -178,7 +181,7 @@ impl Timeouts {
             {
                 Ok(dead) => {
                     if let Some(w) = self.lock().get_mut(key) {
-                        w.charge_failed = 0;
+                        (w.charge_failed, w.retry_at) = (0, None);
                     }
                     if let Some(error) = dead {
                         let task = DeadTask {
@@ -194,13 +197,17 @@ impl Timeouts {
                 Err(e) => {
                     let failed = self.lock().get_mut(key).map(|w| {
                         w.charge_failed += 1;
+                        let backoff = Duration::from_millis(100)
+                            .saturating_mul(1 << (w.charge_failed - 1).min(6))
+                            .min(Duration::from_secs(5));
+                        w.retry_at = Some(Instant::now() + backoff);
                         w.charge_failed
                     });
                     // Once, not at every pass while the database is out of reach.
                     if failed == Some(1) {
                         log::error!(
                             "task {}: past its domain's timeout, and its failure could not be \
-                             counted ({e}); tried again while its handler runs",
+                             counted ({e}); tried again, backing off, while its handler runs",
                             watched.claim.id
                         );
                     }

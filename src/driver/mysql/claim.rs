@@ -331,8 +331,13 @@ pub(in crate::driver) fn claim_limited(
         }
         Ok(page)
     });
-    // After the commit, whatever its outcome: a page claimed is the caller's even if a
-    // release fails (then on a broken connection, whose session's end lets its locks go).
+    // After the commit: a page claimed is the caller's even if a release fails (then on a
+    // broken connection, whose session's end lets its locks go). After a failed claim the
+    // connection is not used again (a statement failed on it: `db::reply`), and its
+    // session's end lets them go.
+    if page.is_err() {
+        return page;
+    }
     for tenant in locked {
         if let Err(e) = tenant_claim_lock(conn, "RELEASE_LOCK(", tenant, ")") {
             log::warn!("tenant {tenant:?}: its claim lock was not released: {e}");
