@@ -297,7 +297,7 @@ pub(in crate::driver) fn claim_limited(
     }
 
     let mut locked: Vec<&String> = Vec::new();
-    let page = conn.transaction(|conn| {
+    let page = conn.transaction(|conn| -> QueryResult<Vec<ClaimRow>> {
         let mut page = Vec::new();
         for tenant in tenants {
             let left = limit - i64::try_from(page.len()).unwrap_or(i64::MAX);
@@ -335,15 +335,13 @@ pub(in crate::driver) fn claim_limited(
     // broken connection, whose session's end lets its locks go). After a failed claim the
     // connection is not used again (a statement failed on it: `db::reply`), and its
     // session's end lets them go.
-    if page.is_err() {
-        return page;
-    }
+    let page = page?;
     for tenant in locked {
         if let Err(e) = tenant_claim_lock(conn, "RELEASE_LOCK(", tenant, ")") {
             log::warn!("tenant {tenant:?}: its claim lock was not released: {e}");
         }
     }
-    page
+    Ok(page)
 }
 
 /// `call` (`GET_LOCK(`, or `RELEASE_LOCK(`) of the named lock that takes `tenant`'s claims in
