@@ -6,10 +6,10 @@
 //! `(keyword, "cron:<tick>")` in one transaction that first records the latest as the row's
 //! `last_tick` (which never moves back), unless the row's `last_tick` has reached the first
 //! of them since the pass read it: another node enqueued them first (their tasks may be done
-//! and pruned since, so the unique key `(keyword, biz_id)` alone would not tell), and the
-//! pass leaves them. The row's lock orders two passes that read it at once: the second finds
-//! it moved. So a tick is one task however many nodes run it, with no leader and no lock of
-//! our own.
+//! and pruned since, so the unique key `(keyword, biz_id)` alone would not tell): the pass
+//! reads the row again and enqueues only the ticks after it. The row's lock orders two passes
+//! that read it at once: the second finds it moved. So a tick is one task however many nodes
+//! run it, with no leader and no lock of our own.
 //!
 //! Which ticks are due: those after the row's last tick (or, for a schedule seen for the
 //! first time, after the moment its row was written: no catch-up) up to now. A tick that no
@@ -205,29 +205,44 @@ impl Worker {
             pass.skipped.push((keyword.to_owned(), n));
         }
         let data = schedule.payload().cloned();
-        let tasks: Vec<NewTask> = ticks
-            .iter()
-            .map(|&tick| {
-                let task = NewTask::new(keyword, tick_biz_id(tick));
-                match &data {
-                    Some(data) => task.payload(data),
-                    None => task,
-                }
-            })
-            .collect();
+        let task_of = |tick: DateTime<Utc>| {
+            let task = NewTask::new(keyword, tick_biz_id(tick));
+            match &data {
+                Some(data) => task.payload(data),
+                None => task,
+            }
+        };
         let node = self.node.name();
-        let enqueued: Vec<Enqueued> = {
+        let (ticks, enqueued): (Vec<DateTime<Utc>>, Vec<Enqueued>) = {
             let _turn = self.writer_turn.take();
-            write_transaction(conn, |conn| -> Result<Vec<Enqueued>> {
-                let (first, last) = (time_text(ticks[0]), time_text(latest));
-                let range = (first.as_str(), last.as_str());
-                let advanced = schedule_advance(conn, keyword, schedule.expression(), range, node)
-                    .op("schedule advance")?;
-                if advanced == 0 {
-                    log::debug!("schedule {keyword}: another node enqueued its ticks first");
-                    return Ok(Vec::new());
+            write_transaction(conn, |conn| -> Result<_> {
+                let mut ticks = ticks;
+                // Twice at most: a schedule another node moved since the read is read again
+                // (its row locked by the first attempt), and the ticks it has not reached
+                // are this pass's.
+                for _ in 0..2 {
+                    let (first, last) = (time_text(ticks[0]), time_text(latest));
+                    let range = (first.as_str(), last.as_str());
+                    let advanced =
+                        schedule_advance(conn, keyword, schedule.expression(), range, node)
+                            .op("schedule advance")?;
+                    if advanced > 0 {
+                        let tasks: Vec<NewTask> = ticks.iter().map(|&t| task_of(t)).collect();
+                        let enqueued = enqueue_batch(conn, &tasks)?;
+                        return Ok((ticks, enqueued));
+                    }
+                    let rows = schedule_read(conn, &[keyword.to_owned()]).op("schedule read")?;
+                    let moved = rows
+                        .first()
+                        .and_then(|r| r.last_tick.as_deref())
+                        .and_then(time_of);
+                    ticks.retain(|&tick| Some(tick) > moved);
+                    if ticks.is_empty() {
+                        break;
+                    }
                 }
-                enqueue_batch(conn, &tasks)
+                log::debug!("schedule {keyword}: another node enqueued its ticks first");
+                Ok((Vec::new(), Vec::new()))
             })?
         };
         for (&tick, e) in ticks.iter().zip(enqueued) {

@@ -421,3 +421,50 @@ fn a_pass_that_read_the_schedule_before_another_node_moved_it_enqueues_nothing()
     );
     assert_eq!(last_tick(db, "report.minute"), Some(latest));
 }
+
+/// The same with the other node a little behind: it enqueued only the first of the ticks this
+/// pass read as due (it read the schedule a second earlier). The pass, finding the row moved,
+/// reads it again and enqueues the ticks after it: none is left for a later pass.
+#[test]
+fn a_pass_that_read_the_schedule_before_another_node_moved_it_enqueues_the_ticks_after() {
+    let db = &TestDb::postgres();
+    let schedule = Schedule::parse(EVERY_SECOND).unwrap();
+    let a = scheduled_worker(db, "tick", schedule.clone());
+    let now = first_sight(&a, "tick");
+    let last = schedule.latest_until(now).unwrap() - TimeDelta::seconds(5);
+    rewind(db, "tick", last);
+    let other_node = last + TimeDelta::seconds(1);
+    let waiting = "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity s ON s.pid = l.pid
+                    WHERE NOT l.granted AND s.datname = current_database()";
+    let pass = std::thread::scope(|s| {
+        let mut holder = db.conn();
+        let handle = holder
+            .transaction(|conn| -> QueryResult<_> {
+                diesel::sql_query("SELECT keyword FROM async_schedule FOR UPDATE").execute(conn)?;
+                let handle = s.spawn(|| a.schedule_once().unwrap());
+                let deadline = Instant::now() + Duration::from_secs(30);
+                while db.count(waiting) < 1 {
+                    assert!(Instant::now() < deadline, "the pass never waited");
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                let text = other_node.format("%Y-%m-%d %H:%M:%S%.3f");
+                diesel::sql_query(format!(
+                    "UPDATE async_schedule SET last_tick = '{text}'::timestamp AT TIME ZONE 'UTC'"
+                ))
+                .execute(conn)?;
+                Ok(handle)
+            })
+            .unwrap();
+        handle.join().unwrap()
+    });
+    let latest = schedule.latest_until(pass.now.unwrap()).unwrap();
+    let n = (latest - other_node).num_seconds();
+    assert!(n >= 4, "{pass:?}");
+    assert_eq!(created(&pass), n as usize, "{pass:?}");
+    assert_eq!(
+        tick_tasks(db, "tick"),
+        seconds_up_to(latest, n),
+        "the ticks after the other node's"
+    );
+    assert_eq!(last_tick(db, "tick"), Some(latest));
+}
