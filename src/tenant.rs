@@ -182,10 +182,13 @@ pub fn tenants<C: EnqueueConnection + ?Sized>(conn: &mut C) -> Result<Vec<Tenant
 }
 
 pub(crate) fn validate_name(tenant: &str) -> Result<()> {
-    if tenant.is_empty() || tenant.len() > MAX_TENANT_LEN || tenant.contains('\0') {
+    if let Some(reason) = crate::task::key_problem(tenant, MAX_TENANT_LEN) {
         return Err(Error::InvalidConfig {
             setting: "tenant",
-            reason: format!("must be 1 to {MAX_TENANT_LEN} bytes without NUL characters"),
+            reason: format!(
+                "must be 1 to {MAX_TENANT_LEN} bytes without NUL characters or a trailing \
+                 space: {reason}"
+            ),
         });
     }
     Ok(())

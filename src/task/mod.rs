@@ -29,6 +29,23 @@ pub const MAX_TASK_TIMEOUT: Duration = Duration::from_secs(100 * 365 * 24 * 3600
 /// The longest delay an enqueue accepts: ten years.
 pub const MAX_DELAY: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 
+/// What is wrong with `key` as a biz_id or a tenant name (1 to `max` bytes), if anything. A
+/// trailing space is refused on every backend: MySQL's comparison ignores it (`'42 '` is
+/// `'42'` to its unique key and to a tenant's limits), so it would mean something else there.
+pub(crate) fn key_problem(key: &str, max: usize) -> Option<&'static str> {
+    if key.is_empty() {
+        Some("it is empty")
+    } else if key.len() > max {
+        Some("it is longer than 128 bytes")
+    } else if key.contains('\0') {
+        Some("it contains a NUL character")
+    } else if key.ends_with(' ') {
+        Some("it ends with a space, which MySQL's comparison ignores")
+    } else {
+        None
+    }
+}
+
 /// Where a task is in its life. Stored as text (`WHERE state = 'dead'` reads plainly).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum TaskState {

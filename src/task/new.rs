@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::{validate_keyword, MAX_BIZ_ID_LEN, MAX_DELAY, MAX_TENANT_LEN};
+use super::{key_problem, validate_keyword, MAX_BIZ_ID_LEN, MAX_DELAY, MAX_TENANT_LEN};
 use crate::error::{Error, Result};
 
 /// A task to enqueue: a keyword, a business key and an optional JSON payload.
@@ -150,16 +150,7 @@ impl NewTask {
         stored_len: &dyn Fn(&str, &serde_json::Value) -> usize,
     ) -> Result<&str> {
         validate_keyword(&self.keyword)?;
-        let biz_reason = if self.biz_id.is_empty() {
-            Some("it is empty")
-        } else if self.biz_id.len() > MAX_BIZ_ID_LEN {
-            Some("it is longer than 128 bytes")
-        } else if self.biz_id.contains('\0') {
-            Some("it contains a NUL character")
-        } else {
-            None
-        };
-        if let Some(reason) = biz_reason {
+        if let Some(reason) = key_problem(&self.biz_id, MAX_BIZ_ID_LEN) {
             return Err(Error::InvalidBizId {
                 keyword: self.keyword.clone(),
                 reason,
@@ -170,12 +161,14 @@ impl NewTask {
             biz_id: self.biz_id.clone(),
             reason,
         };
-        if let Some(tenant) = &self.tenant {
-            if tenant.is_empty() || tenant.len() > MAX_TENANT_LEN || tenant.contains('\0') {
-                return Err(invalid_task(
-                    "tenant must be 1 to 128 bytes without NUL characters".into(),
-                ));
-            }
+        if let Some(reason) = self
+            .tenant
+            .as_deref()
+            .and_then(|tenant| key_problem(tenant, MAX_TENANT_LEN))
+        {
+            return Err(invalid_task(format!(
+                "tenant must be 1 to 128 bytes without NUL characters or a trailing space: {reason}"
+            )));
         }
         if let Some(max) = self.max_attempts {
             if max < 1 {
@@ -185,7 +178,11 @@ impl NewTask {
             }
         }
         if self.delay > MAX_DELAY {
-            return Err(invalid_task("delay is longer than ten years".into()));
+            return Err(invalid_task(format!(
+                "delay must be at most ten years ({} days), not {:?}",
+                MAX_DELAY.as_secs() / 86_400,
+                self.delay
+            )));
         }
         for parent in &self.parents {
             match parent {
@@ -196,8 +193,7 @@ impl NewTask {
                 }
                 Parent::Key(keyword, biz_id) => {
                     if validate_keyword(keyword).is_err()
-                        || biz_id.is_empty()
-                        || biz_id.len() > MAX_BIZ_ID_LEN
+                        || key_problem(biz_id, MAX_BIZ_ID_LEN).is_some()
                     {
                         return Err(invalid_task(format!(
                             "parent ({keyword:?}, {biz_id:?}) is not a valid task key"

@@ -233,6 +233,10 @@ every_backend! {
             (NewTask::new("k".repeat(65), "1"), |e| matches!(e, Error::InvalidKeyword { .. })),
             (NewTask::new("k", ""), |e| matches!(e, Error::InvalidBizId { .. })),
             (NewTask::new("k", "x".repeat(129)), |e| matches!(e, Error::InvalidBizId { .. })),
+            // MySQL would take "42 " for "42": refused on every backend.
+            (NewTask::new("k", "42 "), |e| matches!(e, Error::InvalidBizId { .. })),
+            (NewTask::new("k", "1").tenant("acme "), |e| matches!(e, Error::InvalidTask { .. })),
+            (NewTask::new("k", "1").after_key("k", "a\0"), |e| matches!(e, Error::InvalidTask { .. })),
             (NewTask::new("k", "1").payload_json("{not json"), |e| matches!(e, Error::InvalidPayload { .. })),
             (NewTask::new("k", "1").payload_json(r#"{"a":"\u0000"}"#), |e| matches!(e, Error::InvalidPayload { .. })),
             (NewTask::new("k", "1").payload_json(format!("{}{}", "[".repeat(32), "]".repeat(32))), |e| matches!(e, Error::InvalidPayload { .. })),

@@ -445,19 +445,19 @@ fn a_lap_that_ends_at_a_tenant_equal_to_its_start_ends_on_mysql() {
     let db = &TestDb::mysql();
     // A page of 16: the ring walks 32 tenants a statement. 31 tenants and `' '`, each with
     // only a delayed task: every statement comes back short, cut at its bound.
-    let mut tasks: Vec<NewTask> = (0..31)
+    let tasks: Vec<NewTask> = (0..31)
         .map(|i| {
             NewTask::new("job", format!("t{i:02}"))
                 .tenant(format!("t{i:02}"))
                 .delay(Duration::from_secs(3600))
         })
         .collect();
-    tasks.push(
-        NewTask::new("job", "space")
-            .tenant(" ")
-            .delay(Duration::from_secs(3600)),
-    );
     enqueue_batch(&mut db.conn(), &tasks).unwrap();
+    // The API refuses a tenant that ends with a space; a producer's plain INSERT may write one.
+    db.exec(
+        "INSERT INTO async_task (keyword, biz_id, tenant, run_at)
+         VALUES ('job', 'space', ' ', UTC_TIMESTAMP(3) + INTERVAL 1 HOUR)",
+    );
     let w = worker_with_page(db, 16);
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {

@@ -119,6 +119,10 @@ every_backend! {
         assert!(matches!(err, Error::InvalidConfig { setting: "max_running", .. }), "{err}");
         let err = set_tenant(&mut conn, "", &TenantLimits::default(), "t").unwrap_err();
         assert!(matches!(err, Error::InvalidConfig { setting: "tenant", .. }), "{err}");
+        // MySQL would take "acme " for "acme": refused on every backend.
+        let err = set_tenant(&mut conn, "acme ", &TenantLimits::default(), "t").unwrap_err();
+        assert!(matches!(err, Error::InvalidConfig { setting: "tenant", .. }), "{err}");
+        assert!(err.to_string().contains("trailing space"), "{err}");
         let err = remove_tenant(&mut conn, "nobody", "t").unwrap_err();
         assert!(matches!(err, Error::TenantNotFound { ref tenant } if tenant == "nobody"), "{err}");
         assert!(tenants(&mut conn).unwrap().is_empty());
