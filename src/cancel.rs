@@ -4,7 +4,7 @@
 use crate::driver::{Driver, TaskFilter};
 use crate::enqueue::EnqueueConnection;
 use crate::error::{Error, OpContext, Result};
-use crate::task::{validate_keyword, TaskState, MAX_TENANT_LEN};
+use crate::task::{validate_keyword, TaskState};
 
 /// What a cancel did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,12 +134,7 @@ impl Filter {
             validate_keyword(keyword)?;
         }
         if let Some(tenant) = &self.tenant {
-            if tenant.is_empty() || tenant.len() > MAX_TENANT_LEN || tenant.contains('\0') {
-                return Err(Error::InvalidConfig {
-                    setting: "tenant",
-                    reason: format!("must be 1 to {MAX_TENANT_LEN} bytes without NUL characters"),
-                });
-            }
+            crate::tenant::validate_name(tenant)?;
         }
         Ok(TaskFilter {
             keyword: self.keyword.as_deref(),
