@@ -376,34 +376,28 @@ fn two_overlapping_passes_enqueue_one_task_on_postgres() {
     assert_eq!(last_tick(db, "report.minute"), Some(latest));
 }
 
-/// A pass whose read of the schedule is stale when it writes: another node enqueued the tick
-/// meanwhile, and its task ran and was pruned (`prune --older-than 0s`, or a pass frozen for
-/// longer than the retention). The unique key cannot tell a pruned tick, so the pass must
-/// see the row moved, and enqueue nothing. PostgreSQL, the row held locked as above while
-/// the other node's advance lands.
-#[test]
-fn a_pass_that_read_the_schedule_before_another_node_moved_it_enqueues_nothing() {
-    let db = &TestDb::postgres();
-    let schedule = Schedule::parse("0 * * * * *").unwrap();
-    let a = scheduled_worker(db, "report.minute", schedule.clone());
-    let now = first_sight(&a, "report.minute");
-    let latest = schedule.latest_until(now).unwrap();
-    rewind(db, "report.minute", latest - TimeDelta::minutes(1));
+/// `worker`'s pass while the schedule's row is held locked (PostgreSQL): once the pass waits
+/// for the row, it having read the schedule, another node's pass lands, recording `moved_to`
+/// as the last tick; then the row goes.
+fn pass_while_another_node_moves(
+    db: &TestDb,
+    worker: &Worker,
+    moved_to: DateTime<Utc>,
+) -> CronPass {
     let waiting = "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity s ON s.pid = l.pid
                     WHERE NOT l.granted AND s.datname = current_database()";
-    let pass = std::thread::scope(|s| {
+    std::thread::scope(|s| {
         let mut holder = db.conn();
         let handle = holder
             .transaction(|conn| -> QueryResult<_> {
                 diesel::sql_query("SELECT keyword FROM async_schedule FOR UPDATE").execute(conn)?;
-                let handle = s.spawn(|| a.schedule_once().unwrap());
+                let handle = s.spawn(|| worker.schedule_once().unwrap());
                 let deadline = Instant::now() + Duration::from_secs(30);
                 while db.count(waiting) < 1 {
                     assert!(Instant::now() < deadline, "the pass never waited");
                     std::thread::sleep(Duration::from_millis(10));
                 }
-                // The other node's pass, as it writes it: the tick recorded (its task is gone).
-                let text = latest.format("%Y-%m-%d %H:%M:%S%.3f");
+                let text = moved_to.format("%Y-%m-%d %H:%M:%S%.3f");
                 diesel::sql_query(format!(
                     "UPDATE async_schedule SET last_tick = '{text}'::timestamp AT TIME ZONE 'UTC'"
                 ))
@@ -412,7 +406,23 @@ fn a_pass_that_read_the_schedule_before_another_node_moved_it_enqueues_nothing()
             })
             .unwrap();
         handle.join().unwrap()
-    });
+    })
+}
+
+/// A pass whose read of the schedule is stale when it writes: another node enqueued the tick
+/// meanwhile, and its task ran and was pruned (`prune --older-than 0s`, or a pass frozen for
+/// longer than the retention). The unique key cannot tell a pruned tick, so the pass must
+/// see the row moved, and enqueue nothing.
+#[test]
+fn a_pass_that_read_the_schedule_before_another_node_moved_it_enqueues_nothing() {
+    let db = &TestDb::postgres();
+    let schedule = Schedule::parse("0 * * * * *").unwrap();
+    let a = scheduled_worker(db, "report.minute", schedule.clone());
+    let now = first_sight(&a, "report.minute");
+    let latest = schedule.latest_until(now).unwrap();
+    rewind(db, "report.minute", latest - TimeDelta::minutes(1));
+    // The other node's pass recorded the tick (its task is gone).
+    let pass = pass_while_another_node_moves(db, &a, latest);
     assert!(pass.ticks.is_empty(), "{pass:?}");
     assert_eq!(
         tick_tasks(db, "report.minute"),
@@ -434,29 +444,7 @@ fn a_pass_that_read_the_schedule_before_another_node_moved_it_enqueues_the_ticks
     let last = schedule.latest_until(now).unwrap() - TimeDelta::seconds(5);
     rewind(db, "tick", last);
     let other_node = last + TimeDelta::seconds(1);
-    let waiting = "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity s ON s.pid = l.pid
-                    WHERE NOT l.granted AND s.datname = current_database()";
-    let pass = std::thread::scope(|s| {
-        let mut holder = db.conn();
-        let handle = holder
-            .transaction(|conn| -> QueryResult<_> {
-                diesel::sql_query("SELECT keyword FROM async_schedule FOR UPDATE").execute(conn)?;
-                let handle = s.spawn(|| a.schedule_once().unwrap());
-                let deadline = Instant::now() + Duration::from_secs(30);
-                while db.count(waiting) < 1 {
-                    assert!(Instant::now() < deadline, "the pass never waited");
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-                let text = other_node.format("%Y-%m-%d %H:%M:%S%.3f");
-                diesel::sql_query(format!(
-                    "UPDATE async_schedule SET last_tick = '{text}'::timestamp AT TIME ZONE 'UTC'"
-                ))
-                .execute(conn)?;
-                Ok(handle)
-            })
-            .unwrap();
-        handle.join().unwrap()
-    });
+    let pass = pass_while_another_node_moves(db, &a, other_node);
     let latest = schedule.latest_until(pass.now.unwrap()).unwrap();
     let n = (latest - other_node).num_seconds();
     assert!(n >= 4, "{pass:?}");
