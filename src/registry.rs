@@ -206,10 +206,12 @@ mod tests {
         let long = daily
             .clone()
             .backfill(MAX_BACKFILL + std::time::Duration::from_secs(1));
-        assert!(matches!(
-            registry.add_schedule("other", long),
-            Err(ScheduleError::InvalidBackfill { .. })
-        ));
+        let error = registry.add_schedule("other", long).unwrap_err();
+        assert!(matches!(error, ScheduleError::InvalidBackfill { .. }));
+        assert_eq!(
+            error.to_string(),
+            "schedule of keyword \"other\": backfill of 604801s is longer than the most, 604800s"
+        );
         let huge = daily.clone().data(serde_json::json!("x".repeat(70_000)));
         assert!(matches!(
             registry.add_schedule("other", huge),

@@ -89,8 +89,8 @@ pub enum ScheduleError {
 
     /// The backfill window is longer than [`MAX_BACKFILL`].
     #[error(
-        "schedule of keyword {keyword:?}: backfill of {backfill:?} is longer than the most,
-    #{max:?}"
+        "schedule of keyword {keyword:?}: backfill of {backfill:?} is longer than the most, \
+         {max:?}"
     )]
     InvalidBackfill {
         /// The keyword.
