@@ -368,6 +368,7 @@ sqlite_and_postgres! {
                 include_str!("../../migrations/postgres/2026-11-24-000005_task_rules/down.sql"),
             ],
             Backend::Sqlite => &[
+                include_str!("../../migrations/sqlite/2026-11-27-000021_text_keys/down.sql"),
                 include_str!("../../migrations/sqlite/2026-11-26-000020_state_check_by_comparisons/down.sql"),
                 include_str!("../../migrations/sqlite/2026-11-25-000015_lease_claims/down.sql"),
                 include_str!("../../migrations/sqlite/2026-11-24-000010_task_chains/down.sql"),
@@ -378,7 +379,7 @@ sqlite_and_postgres! {
         for down in downs {
             db.exec(down);
         }
-        db.exec("DELETE FROM __diesel_schema_migrations WHERE version IN ('20261124000005', '20261124000010', '20261125000015', '20261126000016', '20261126000017', '20261126000020')");
+        db.exec("DELETE FROM __diesel_schema_migrations WHERE version IN ('20261124000005', '20261124000010', '20261125000015', '20261126000016', '20261126000017', '20261126000020', '20261127000021')");
         let mut conn = db.conn();
         for i in 0..5 {
             enqueue(&mut conn, &NewTask::new("k", i.to_string()).tenant("t").payload(&serde_json::json!({"i": i}))).unwrap();
@@ -554,5 +555,40 @@ fn mariadb_claims_completions_and_rescue_do_not_check_the_producers_rules_again(
             .execute(&mut db.conn())
             .is_err(),
         "a producer's UPDATE is held to the payload's rule"
+    );
+}
+
+/// SQLite's key rules test the value's type (migration 000021): a BLOB keyword, biz_id or
+/// tenant, which SQLite would keep as a BLOB beside the text key of the same bytes, is
+/// refused; text keys pass. Applied to a file migrated before it (whose rows it leaves as
+/// they are), the rules hold from then on.
+#[test]
+fn sqlite_keys_are_text_only() {
+    let db = &TestDb::sqlite();
+    db.exec(include_str!(
+        "../../migrations/sqlite/2026-11-27-000021_text_keys/down.sql"
+    ));
+    db.exec("DELETE FROM __diesel_schema_migrations WHERE version = '20261127000021'");
+    accepted(
+        db,
+        "a BLOB biz_id, before 000021",
+        "",
+        "'k', CAST('0' AS BLOB)",
+    );
+    let applied = outbox::run_migrations(&mut db.conn()).unwrap();
+    assert_eq!(applied, ["20261127000021"]);
+    accepted(db, "text keys", ", tenant", "'k', '1', 't'");
+    refused(db, "a BLOB biz_id", "", "'k', CAST('2' AS BLOB)");
+    refused(db, "a BLOB keyword", "", "CAST('k' AS BLOB), '3'");
+    refused(
+        db,
+        "a BLOB tenant",
+        ", tenant",
+        "'k', '4', CAST('t' AS BLOB)",
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM async_task"),
+        2,
+        "the row written before stays"
     );
 }
