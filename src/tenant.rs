@@ -131,7 +131,7 @@ pub fn set_tenant<C: EnqueueConnection + ?Sized>(
     limits: &TenantLimits,
     actor: &str,
 ) -> Result<Tenant> {
-    validate_name(tenant)?;
+    validate_new_name(tenant)?;
     limits.validate()?;
     let detail = limits.detail();
     let audit = AuditEntry {
@@ -181,17 +181,29 @@ pub fn tenants<C: EnqueueConnection + ?Sized>(conn: &mut C) -> Result<Vec<Tenant
     Ok(rows.into_iter().map(Tenant::from).collect())
 }
 
+/// Checks a tenant's name as one to look up (a filter, a removal): 1 to
+/// [`MAX_TENANT_LEN`] bytes without NUL.
 pub(crate) fn validate_name(tenant: &str) -> Result<()> {
-    if let Some(reason) = crate::task::key_problem(tenant, MAX_TENANT_LEN) {
-        return Err(Error::InvalidConfig {
+    name_checked(crate::task::key_problem(tenant, MAX_TENANT_LEN))
+}
+
+/// Checks a tenant's name as one to write ([`set_tenant`]): no trailing space either
+/// ([`crate::task::new_key_problem`]).
+fn validate_new_name(tenant: &str) -> Result<()> {
+    name_checked(crate::task::new_key_problem(tenant, MAX_TENANT_LEN))
+}
+
+fn name_checked(problem: Option<&'static str>) -> Result<()> {
+    match problem {
+        Some(reason) => Err(Error::InvalidConfig {
             setting: "tenant",
             reason: format!(
-                "must be 1 to {MAX_TENANT_LEN} bytes without NUL characters or a trailing \
-                 space: {reason}"
+                "must be 1 to {MAX_TENANT_LEN} bytes without NUL characters (and, to write, \
+                 without a trailing space): {reason}"
             ),
-        });
+        }),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// The quota error an enqueue met, if `error` is one: the schema's `max_queued` check.

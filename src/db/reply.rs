@@ -148,9 +148,18 @@ impl Instrumentation for StatementClock {
                 let mut statement = self.watched.lock();
                 statement.since = None;
                 statement.failed |= error.is_some();
-                // By its message: a statement of `batch_execute` reports no error kind.
+                // By its kind, or by its message: a statement of `batch_execute` reports no
+                // kind, and the message is English only.
                 statement.rolled_back |= self.watched.backend == Backend::Mysql
-                    && error.is_some_and(super::transaction::is_deadlock);
+                    && error.is_some_and(|e| {
+                        matches!(
+                            e,
+                            diesel::result::Error::DatabaseError(
+                                diesel::result::DatabaseErrorKind::SerializationFailure,
+                                _
+                            )
+                        ) || super::transaction::is_deadlock(e)
+                    });
             }
             InstrumentationEvent::BeginTransaction { depth, .. } if depth.get() == 1 => {
                 self.watched.lock().rolled_back = false;

@@ -114,8 +114,17 @@ impl SampleShared {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// One read of the figures, then the waiting scrapes told.
+    /// One read of the figures, then the waiting scrapes told (also if the read panics: a
+    /// flag left set would stop every later read).
     fn read(&self) {
+        struct Ended<'s>(&'s SampleShared);
+        impl Drop for Ended<'_> {
+            fn drop(&mut self) {
+                self.0.lock_state().reading = false;
+                self.0.read_ended.notify_all();
+            }
+        }
+        let _ended = Ended(self);
         let read = {
             let mut conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
             let read = match conn.as_mut() {
@@ -136,9 +145,6 @@ impl SampleShared {
             Ok(stats) => state.last = Some((Instant::now(), stats)),
             Err(e) => log::warn!("metrics: could not read the task counts: {e}"),
         }
-        state.reading = false;
-        drop(state);
-        self.read_ended.notify_all();
     }
 }
 

@@ -29,9 +29,8 @@ pub const MAX_TASK_TIMEOUT: Duration = Duration::from_secs(100 * 365 * 24 * 3600
 /// The longest delay an enqueue accepts: ten years.
 pub const MAX_DELAY: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 
-/// What is wrong with `key` as a biz_id or a tenant name (1 to `max` bytes), if anything. A
-/// trailing space is refused on every backend: MySQL's comparison ignores it (`'42 '` is
-/// `'42'` to its unique key and to a tenant's limits), so it would mean something else there.
+/// What is wrong with `key` as a biz_id or a tenant name (1 to `max` bytes), if anything: the
+/// rule of every key named, to look one up too.
 pub(crate) fn key_problem(key: &str, max: usize) -> Option<&'static str> {
     if key.is_empty() {
         Some("it is empty")
@@ -39,11 +38,21 @@ pub(crate) fn key_problem(key: &str, max: usize) -> Option<&'static str> {
         Some("it is longer than 128 bytes")
     } else if key.contains('\0') {
         Some("it contains a NUL character")
-    } else if key.ends_with(' ') {
-        Some("it ends with a space, which MySQL's comparison ignores")
     } else {
         None
     }
+}
+
+/// What is wrong with `key` as the biz_id or the tenant of a row to write, if anything:
+/// [`key_problem`]'s rule and no trailing space, on every backend. MySQL's comparison
+/// ignores one (`'42 '` is `'42'` to its unique key and to a tenant's limits), so it would
+/// mean something else there. Lookups keep the plain rule: a row written otherwise stays
+/// reachable.
+pub(crate) fn new_key_problem(key: &str, max: usize) -> Option<&'static str> {
+    key_problem(key, max).or_else(|| {
+        key.ends_with(' ')
+            .then_some("it ends with a space, which MySQL's comparison ignores")
+    })
 }
 
 /// Where a task is in its life. Stored as text (`WHERE state = 'dead'` reads plainly).

@@ -4,7 +4,9 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::{key_problem, validate_keyword, MAX_BIZ_ID_LEN, MAX_DELAY, MAX_TENANT_LEN};
+use super::{
+    key_problem, new_key_problem, validate_keyword, MAX_BIZ_ID_LEN, MAX_DELAY, MAX_TENANT_LEN,
+};
 use crate::error::{Error, Result};
 
 /// A task to enqueue: a keyword, a business key and an optional JSON payload.
@@ -150,7 +152,7 @@ impl NewTask {
         stored_len: &dyn Fn(&str, &serde_json::Value) -> usize,
     ) -> Result<&str> {
         validate_keyword(&self.keyword)?;
-        if let Some(reason) = key_problem(&self.biz_id, MAX_BIZ_ID_LEN) {
+        if let Some(reason) = new_key_problem(&self.biz_id, MAX_BIZ_ID_LEN) {
             return Err(Error::InvalidBizId {
                 keyword: self.keyword.clone(),
                 reason,
@@ -164,7 +166,7 @@ impl NewTask {
         if let Some(reason) = self
             .tenant
             .as_deref()
-            .and_then(|tenant| key_problem(tenant, MAX_TENANT_LEN))
+            .and_then(|tenant| new_key_problem(tenant, MAX_TENANT_LEN))
         {
             return Err(invalid_task(format!(
                 "tenant must be 1 to 128 bytes without NUL characters or a trailing space: {reason}"

@@ -71,7 +71,7 @@ fn admit(
     let Form(form) = form.map_err(|e| match e.status() {
         StatusCode::PAYLOAD_TOO_LARGE => Problem::new(
             StatusCode::PAYLOAD_TOO_LARGE,
-            "Bad request",
+            "Form too large",
             format!(
                 "the form is larger than the dashboard's forms ({} bytes at most)",
                 super::server::MAX_FORM_BYTES

@@ -119,9 +119,6 @@ impl Worker {
             }
         }
         let connection_broke = is_broken(&mut conn);
-        // MySQL: the server rolled the transaction back under the handler (a deadlock's
-        // victim), whatever error the handler then returned.
-        let rolled_back = crate::db::reply::transaction_rolled_back(&mut conn);
         drop(conn);
         match result {
             Ok(()) => Outcome::Done,
@@ -139,16 +136,6 @@ impl Worker {
                 let why = unavailable.unwrap_or_default();
                 log::warn!("task {}: could not open its transaction: {why}", claim.id);
                 self.release_noted(task, &format!("database unavailable: {why}"))
-            }
-            Err(Rollback::Handler(error)) if rolled_back => {
-                log::warn!(
-                    "task {}: the server rolled its transaction back (a deadlock): {error}",
-                    claim.id
-                );
-                self.release_noted(
-                    task,
-                    &format!("the server rolled its transaction back (a deadlock): {error}"),
-                )
             }
             Err(Rollback::Handler(error)) if connection_broke => {
                 log::warn!(

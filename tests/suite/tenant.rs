@@ -123,6 +123,9 @@ every_backend! {
         let err = set_tenant(&mut conn, "acme ", &TenantLimits::default(), "t").unwrap_err();
         assert!(matches!(err, Error::InvalidConfig { setting: "tenant", .. }), "{err}");
         assert!(err.to_string().contains("trailing space"), "{err}");
+        // Named to look one up, such a name passes: a row written otherwise stays reachable.
+        let err = remove_tenant(&mut conn, "acme ", "t").unwrap_err();
+        assert!(matches!(err, Error::TenantNotFound { .. }), "{err}");
         let err = remove_tenant(&mut conn, "nobody", "t").unwrap_err();
         assert!(matches!(err, Error::TenantNotFound { ref tenant } if tenant == "nobody"), "{err}");
         assert!(tenants(&mut conn).unwrap().is_empty());
