@@ -301,6 +301,12 @@ impl Checks {
         self.pause_mark = Some((done, held));
     }
 
+    /// The pause's mark no longer holds (a node thawed, which applies the pause later): nothing
+    /// is judged until [`Checks::paused`] marks it again.
+    pub fn unmark_pause(&mut self) {
+        self.pause_mark = None;
+    }
+
     /// The domain is about to be resumed: once every node applied the pause, no more of its
     /// tasks finished than were in flight then.
     pub fn resumed(&mut self, plan: &Plan, db: &Db) {

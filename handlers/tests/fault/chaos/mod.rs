@@ -141,6 +141,17 @@ pub fn run_seed(seed: u64) {
                 }
             }
         }
+        // A node frozen while a pause was applied applies it at its first heartbeat after
+        // its thaw, and may claim with its old plan until then (the guide: a pause holds from
+        // each node's next heartbeat): the pause's mark waits for that, taken again.
+        let thawed = thaws
+            .iter()
+            .zip(&slots)
+            .any(|(until, slot)| until.is_some() && slot.frozen_until.is_none());
+        if thawed && pause.is_some() {
+            checks.unmark_pause();
+            pause_applied = Some(Instant::now() + PAUSE_APPLIED);
+        }
         if restarted {
             // A worker that exits (a hang past the task timeout, a kill) leaves what it held
             // to rescue after its `--dead-after`: the frozen worker's tasks it had taken over
