@@ -184,13 +184,13 @@ pub fn tenants<C: EnqueueConnection + ?Sized>(conn: &mut C) -> Result<Vec<Tenant
 /// Checks a tenant's name as one to look up (a filter, a removal): 1 to
 /// [`MAX_TENANT_LEN`] bytes without NUL.
 pub(crate) fn validate_name(tenant: &str) -> Result<()> {
-    name_checked(crate::task::key_problem(tenant, MAX_TENANT_LEN))
+    name_checked(crate::task::key_problem(tenant))
 }
 
 /// Checks a tenant's name as one to write ([`set_tenant`]): no trailing space either
 /// ([`crate::task::new_key_problem`]).
 fn validate_new_name(tenant: &str) -> Result<()> {
-    name_checked(crate::task::new_key_problem(tenant, MAX_TENANT_LEN))
+    name_checked(crate::task::new_key_problem(tenant))
 }
 
 fn name_checked(problem: Option<&'static str>) -> Result<()> {

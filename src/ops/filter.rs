@@ -100,10 +100,12 @@ impl Filter {
             crate::tenant::validate_name(tenant)?;
         }
         if let Some(biz_id) = &self.biz_id {
-            if biz_id.is_empty() || biz_id.len() > MAX_BIZ_ID_LEN || biz_id.contains('\0') {
+            if let Some(reason) = crate::task::key_problem(biz_id) {
                 return Err(Error::InvalidConfig {
                     setting: "biz-id",
-                    reason: format!("must be 1 to {MAX_BIZ_ID_LEN} bytes without NUL characters"),
+                    reason: format!(
+                        "must be 1 to {MAX_BIZ_ID_LEN} bytes without NUL characters: {reason}"
+                    ),
                 });
             }
         }

@@ -29,12 +29,13 @@ pub const MAX_TASK_TIMEOUT: Duration = Duration::from_secs(100 * 365 * 24 * 3600
 /// The longest delay an enqueue accepts: ten years.
 pub const MAX_DELAY: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 
-/// What is wrong with `key` as a biz_id or a tenant name (1 to `max` bytes), if anything: the
-/// rule of every key named, to look one up too.
-pub(crate) fn key_problem(key: &str, max: usize) -> Option<&'static str> {
+/// What is wrong with `key` as a biz_id or a tenant name (1 to 128 bytes: the two share one
+/// bound), if anything: the rule of every key named, to look one up too.
+pub(crate) fn key_problem(key: &str) -> Option<&'static str> {
+    const _: () = assert!(MAX_BIZ_ID_LEN == 128 && MAX_TENANT_LEN == 128);
     if key.is_empty() {
         Some("it is empty")
-    } else if key.len() > max {
+    } else if key.len() > MAX_BIZ_ID_LEN {
         Some("it is longer than 128 bytes")
     } else if key.contains('\0') {
         Some("it contains a NUL character")
@@ -48,8 +49,8 @@ pub(crate) fn key_problem(key: &str, max: usize) -> Option<&'static str> {
 /// ignores one (`'42 '` is `'42'` to its unique key and to a tenant's limits), so it would
 /// mean something else there. Lookups keep the plain rule: a row written otherwise stays
 /// reachable.
-pub(crate) fn new_key_problem(key: &str, max: usize) -> Option<&'static str> {
-    key_problem(key, max).or_else(|| {
+pub(crate) fn new_key_problem(key: &str) -> Option<&'static str> {
+    key_problem(key).or_else(|| {
         key.ends_with(' ')
             .then_some("it ends with a space, which MySQL's comparison ignores")
     })

@@ -4,9 +4,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::{
-    key_problem, new_key_problem, validate_keyword, MAX_BIZ_ID_LEN, MAX_DELAY, MAX_TENANT_LEN,
-};
+use super::{key_problem, new_key_problem, validate_keyword, MAX_DELAY};
 use crate::error::{Error, Result};
 
 /// A task to enqueue: a keyword, a business key and an optional JSON payload.
@@ -152,7 +150,7 @@ impl NewTask {
         stored_len: &dyn Fn(&str, &serde_json::Value) -> usize,
     ) -> Result<&str> {
         validate_keyword(&self.keyword)?;
-        if let Some(reason) = new_key_problem(&self.biz_id, MAX_BIZ_ID_LEN) {
+        if let Some(reason) = new_key_problem(&self.biz_id) {
             return Err(Error::InvalidBizId {
                 keyword: self.keyword.clone(),
                 reason,
@@ -163,11 +161,7 @@ impl NewTask {
             biz_id: self.biz_id.clone(),
             reason,
         };
-        if let Some(reason) = self
-            .tenant
-            .as_deref()
-            .and_then(|tenant| new_key_problem(tenant, MAX_TENANT_LEN))
-        {
+        if let Some(reason) = self.tenant.as_deref().and_then(new_key_problem) {
             return Err(invalid_task(format!(
                 "tenant must be 1 to 128 bytes without NUL characters or a trailing space: {reason}"
             )));
@@ -194,9 +188,7 @@ impl NewTask {
                     )))
                 }
                 Parent::Key(keyword, biz_id) => {
-                    if validate_keyword(keyword).is_err()
-                        || key_problem(biz_id, MAX_BIZ_ID_LEN).is_some()
-                    {
+                    if validate_keyword(keyword).is_err() || key_problem(biz_id).is_some() {
                         return Err(invalid_task(format!(
                             "parent ({keyword:?}, {biz_id:?}) is not a valid task key"
                         )));

@@ -350,10 +350,11 @@ impl Worker {
                     .watchdog
                     .watch(task.context.id, task.failures, lease);
                 let _cancel = self.services.cancels.watch(&task.context);
-                // For a domain with a timeout, the connection's id (MySQL's): asking opens
-                // the transaction, which on SQLite would hold the one write lock from here.
+                // For a domain with a timeout, the connection's id, which only MySQL has
+                // (`Driver::backend_pid`): asking opens the transaction, so it is asked only
+                // there (on SQLite it would hold the one write lock from here).
                 let timeout = self.watched(task).map(|(lane, limit)| {
-                    let backend = (self.url.backend() != crate::Backend::Sqlite)
+                    let backend = (self.url.backend() == crate::Backend::Mysql)
                         .then(|| tx.conn().ok().and_then(|conn| backend_of(conn, task)))
                         .flatten();
                     let session = Session { mark, backend };
