@@ -86,6 +86,16 @@ every_backend! {
         }
     }
 
+    fn the_largest_max_queued_the_column_holds_takes_enqueues(db: &TestDb) {
+        // 2147483647, "no limit to speak of": counting up to it (and one past it, to tell
+        // over from at) must not overflow the column's type.
+        limit_queued(db, "acme", i32::MAX);
+        assert!(enqueue(&mut db.conn(), &task("a0", "acme")).unwrap().created);
+        let batch = [task("a1", "acme"), task("a2", "acme")];
+        assert_eq!(enqueue_batch(&mut db.conn(), &batch).unwrap().len(), 2);
+        assert_eq!(db.count("SELECT count(*) FROM async_task WHERE tenant = 'acme'"), 3);
+    }
+
     fn a_quota_error_in_a_savepoint_leaves_the_producers_own_writes_to_commit(db: &TestDb) {
         limit_queued(db, "acme", 0);
         let mut conn = db.conn();
