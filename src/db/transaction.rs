@@ -34,7 +34,22 @@ where
     F: FnOnce(&mut DbConnection) -> std::result::Result<T, E>,
     E: From<diesel::result::Error>,
 {
-    let mut tx = TaskTx::new(conn, None);
+    write_transaction_marked(conn, None, f)
+}
+
+/// [`write_transaction`], the transaction marked `mark` (PostgreSQL; see
+/// [`crate::driver::Driver::transaction_begin`]): an engine's own, which a rescue pass ends
+/// if its node dies inside it.
+pub(crate) fn write_transaction_marked<T, E, F>(
+    conn: &mut DbConnection,
+    mark: Option<crate::driver::TxMark>,
+    f: F,
+) -> std::result::Result<T, E>
+where
+    F: FnOnce(&mut DbConnection) -> std::result::Result<T, E>,
+    E: From<diesel::result::Error>,
+{
+    let mut tx = TaskTx::new(conn, None).marked(mark);
     tx.conn()?;
     let result = f(tx.engine_conn());
     tx.finish(result)

@@ -137,6 +137,9 @@ pub struct ClaimRow {
 /// The settings of one rescue pass.
 #[derive(Debug, Clone, Copy)]
 pub struct RescueParams {
+    /// The rescuing node: on PostgreSQL its statements' transactions hold its mark, by which
+    /// another node's pass ends them if this one freezes inside one.
+    pub node: i64,
     /// A node whose last heartbeat is older than this is dead.
     pub dead_after_ms: i64,
     /// Max attempts of tasks that set none.

@@ -29,8 +29,8 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 
 use super::engine::Worker;
-use crate::db::transaction::mark_broken;
-use crate::db::{write_transaction, DbConnection};
+use crate::db::transaction::{mark_broken, write_transaction_marked};
+use crate::db::DbConnection;
 use crate::driver::schedule::{
     schedule_advance, schedule_insert, schedule_read, time_of, time_text, ScheduleRow,
 };
@@ -215,7 +215,9 @@ impl Worker {
         let node = self.node.name();
         let (ticks, enqueued): (Vec<DateTime<Utc>>, Vec<Enqueued>) = {
             let _turn = self.writer_turn.take();
-            write_transaction(conn, |conn| -> Result<_> {
+            // Marked as a task's transaction is: a node frozen inside it holds the schedule's
+            // row from every other node's pass until a rescue pass ends its session.
+            write_transaction_marked(conn, self.tx_mark(), |conn| -> Result<_> {
                 let mut ticks = ticks;
                 // Twice at most: a schedule another node moved since the read is read again
                 // (its row locked by the first attempt), and the ticks it has not reached

@@ -223,6 +223,7 @@ impl Rescuer {
     /// One rescue statement of `params`, the stamped tasks' or the leases', on a pooled
     /// connection of its own.
     fn charge(&self, params: &RescueParams, leased: bool) -> Result<Vec<RescuedRow>> {
+        let params = &self.marked(params);
         let mut conn = self.conn().op("task rescue")?;
         let charged = match leased {
             false => driver(&mut conn).task_rescue_many(params),
@@ -235,8 +236,17 @@ impl Rescuer {
     fn dying(&self) -> Result<Vec<i64>> {
         let mut conn = self.conn().op("task rescue")?;
         driver(&mut conn)
-            .task_rescue_dying(&self.params)
+            .task_rescue_dying(&self.marked(&self.params))
             .discard_broken(&mut conn)
             .op("task rescue")
+    }
+
+    /// `params` with this node's id as it is now (a node that registers again gets a new
+    /// one), which marks the statements' transactions.
+    fn marked(&self, params: &RescueParams) -> RescueParams {
+        RescueParams {
+            node: self.node.id(),
+            ..*params
+        }
     }
 }

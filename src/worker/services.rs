@@ -82,6 +82,7 @@ impl Services {
                 pool.clone(),
                 Arc::clone(node),
                 RescueParams {
+                    node: node.id(),
                     dead_after_ms: millis(settings.dead_after),
                     default_max_attempts: settings.max_attempts,
                     backoff_base_ms: millis(settings.backoff.base),

@@ -456,3 +456,54 @@ fn a_pass_that_read_the_schedule_before_another_node_moved_it_enqueues_the_ticks
     );
     assert_eq!(last_tick(db, "tick"), Some(latest));
 }
+
+/// A cron pass's transaction is marked as a task's is, on PostgreSQL: a node frozen inside
+/// one (the schedule's row locked, its ticks not committed) would hold every other node's
+/// pass of that schedule until its session ended, and only a marked session is ended by a
+/// rescue pass. The pass here is held inside its transaction by a lock of the schedule's row
+/// that another session holds, a stand-in for a freeze there. The rescue pass ends it.
+#[test]
+fn a_rescue_pass_ends_a_dead_nodes_cron_pass_inside_its_transaction() {
+    use crate::rescue::{kill_heartbeat, quiet_worker};
+    let db = &TestDb::postgres();
+    let schedule = Schedule::parse(EVERY_SECOND).unwrap();
+    let mut registry = Registry::new();
+    registry.register("tick", write_ledger);
+    registry.add_schedule("tick", schedule.clone()).unwrap();
+    let config = small_config()
+        .heartbeat(Duration::from_secs(3600))
+        .dead_after(Duration::from_secs(7200));
+    let dying = Worker::new(&db.url, registry, config).unwrap();
+    let now = first_sight(&dying, "tick");
+    rewind(
+        db,
+        "tick",
+        schedule.latest_until(now).unwrap() - TimeDelta::seconds(5),
+    );
+    let waiting = "SELECT count(*) FROM pg_stat_activity
+                    WHERE datname = current_database() AND wait_event_type = 'Lock'";
+    let mut holder = db.conn();
+    let (pass, report) = holder
+        .transaction(|conn| -> QueryResult<_> {
+            diesel::sql_query("SELECT keyword FROM async_schedule FOR UPDATE").execute(conn)?;
+            let node = dying.node_id();
+            let (sent, passed) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let _ = sent.send(dying.schedule_once().map_err(|e| e.to_string()));
+            });
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while db.count(waiting) == 0 {
+                assert!(Instant::now() < deadline, "the pass never waited");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            kill_heartbeat(db, node);
+            let report = quiet_worker(db).rescue_once().unwrap();
+            // Ended, the pass returns (its connection gone); not ended, it waits on.
+            Ok((passed.recv_timeout(Duration::from_secs(10)), report))
+        })
+        .unwrap();
+    let pass = pass.expect("the pass's session was not ended");
+    assert!(pass.is_err(), "{pass:?}");
+    assert_eq!(report.sessions_ended, 1);
+    assert_eq!(tick_tasks(db, "tick"), Vec::<String>::new());
+}

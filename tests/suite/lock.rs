@@ -958,13 +958,14 @@ fn every_claim_runs_with_jit_off() {
     );
 }
 
-/// A chunk whose transaction could not take its marks leaves its connection usable: `BEGIN`
-/// and the two advisory locks go in one round trip, and when the locks fail (here the
-/// database's `lock_timeout` runs out behind another session's exclusive hold of the node's
-/// key) the server was left inside an aborted transaction block diesel did not count; the
-/// pool handed that connection out again and every statement on it failed.
+/// A transaction that could not take its marks leaves its connection usable: `BEGIN` and the
+/// two advisory locks go in one round trip, and when the locks fail (here the database's
+/// `lock_timeout` runs out behind another session's exclusive hold of the node's key) the
+/// server was left inside an aborted transaction block diesel did not count; the pool handed
+/// that connection out again and every statement on it failed. A chunk's transaction was the
+/// first found so; the claim's, marked with the node's key too, fails first here.
 #[test]
-fn a_chunk_that_could_not_take_its_marks_leaves_its_connection_usable() {
+fn a_transaction_that_could_not_take_its_marks_leaves_its_connection_usable() {
     use diesel::connection::SimpleConnection;
     let db = &TestDb::postgres();
     enqueue(db, "ledger", 10);
@@ -991,17 +992,23 @@ fn a_chunk_that_could_not_take_its_marks_leaves_its_connection_usable() {
     let (sent, result) = std::sync::mpsc::channel();
     let (unlocked, wait_unlocked) = std::sync::mpsc::channel::<()>();
     std::thread::spawn(move || {
-        sent.send(w.run_once().unwrap().done).unwrap();
+        let blocked = w.run_once();
+        assert!(
+            blocked
+                .as_ref()
+                .is_err_and(|e| e.to_string().contains("lock timeout")),
+            "the claim, behind the held key: {blocked:?}"
+        );
+        sent.send(0).unwrap();
         wait_unlocked.recv().unwrap();
         // Pages of 5: two passes drain the ten.
         sent.send((0..4).map(|_| w.run_once().unwrap().done).sum())
             .unwrap();
     });
     let minute = std::time::Duration::from_secs(60);
-    let held = result
+    result
         .recv_timeout(minute)
-        .expect("the pass whose chunk could not begin did not return within a minute");
-    assert_eq!(held, 0);
+        .expect("the pass whose claim could not begin did not return within a minute");
     holder
         .batch_execute("SELECT pg_advisory_unlock_all()")
         .unwrap();

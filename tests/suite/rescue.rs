@@ -793,6 +793,71 @@ fn a_rescue_pass_ends_a_dead_nodes_session_and_charges_the_task_it_held() {
     }
 }
 
+/// A claim's transaction is marked as the engine's others are, on PostgreSQL: a process
+/// frozen inside one (between its statement and its commit, a page of tasks locked) holds
+/// those rows from every other claim, and from rescue, until its session ends, and only a
+/// marked session is ended by a rescue pass. The claim here is held inside its transaction
+/// by a table lock another session holds, a stand-in for a freeze at that point: the stamp
+/// claim of a strict worker and the lease claim of a batched one. The pass ends it.
+#[test]
+fn a_rescue_pass_ends_a_dead_nodes_claim_inside_its_transaction() {
+    use diesel::RunQueryDsl;
+    use std::sync::mpsc;
+    for style in [outbox::ClaimStyle::Stamp, outbox::ClaimStyle::Lock] {
+        let db = &TestDb::postgres();
+        enqueue_n(db, 2);
+        let lock = style == outbox::ClaimStyle::Lock;
+        let config = small_config()
+            .heartbeat(Duration::from_secs(3600))
+            .dead_after(Duration::from_secs(7200))
+            .commit_batch(if lock { 2 } else { 1 })
+            .queue(if lock { 0 } else { 8 })
+            .claim_style(style);
+        let dying = Worker::new(&db.url, ledger_registry("ledger"), config).unwrap();
+        let node = dying.node_id();
+        let mut holder = db.conn();
+        diesel::sql_query("BEGIN").execute(&mut holder).unwrap();
+        diesel::sql_query("LOCK TABLE async_task IN ACCESS EXCLUSIVE MODE")
+            .execute(&mut holder)
+            .unwrap();
+        let (sent, claimed) = mpsc::channel();
+        let claimer = std::thread::spawn(move || {
+            let outcome = match style {
+                outbox::ClaimStyle::Stamp => dying.claim().map(|c| c.len() as u64),
+                _ => dying.run_once().map(|t| t.done),
+            };
+            let _ = sent.send(outcome.map_err(|e| e.to_string()));
+        });
+        // The claim waits for the table, inside its transaction.
+        let waiting = "SELECT count(*) FROM pg_stat_activity
+                        WHERE datname = current_database() AND wait_event_type = 'Lock'";
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while db.count(waiting) == 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{style:?}: the claim never waited"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        kill_heartbeat(db, node);
+        let rescuer = quiet_worker(db);
+        let pass = std::thread::spawn(move || rescuer.rescue_once());
+        // Ended, the claim returns (its connection gone); not ended, it waits on.
+        let outcome = claimed.recv_timeout(Duration::from_secs(10));
+        diesel::sql_query("ROLLBACK").execute(&mut holder).unwrap();
+        let report = pass.join().unwrap();
+        claimer.join().unwrap();
+        let outcome =
+            outcome.unwrap_or_else(|_| panic!("{style:?}: the claim's session was not ended"));
+        assert!(outcome.is_err(), "{style:?}: {outcome:?}");
+        assert_eq!(report.unwrap().sessions_ended, 1, "{style:?}");
+        assert_eq!(
+            db.count("SELECT count(*) FROM async_task WHERE state = 'pending'"),
+            2
+        );
+    }
+}
+
 /// The sessions of this test's database that say they work for `node` (the named lock of
 /// `driver/mysql/session.rs`).
 #[cfg(feature = "mysql")]

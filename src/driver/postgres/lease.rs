@@ -144,7 +144,7 @@ impl LeaseDriver for PgConnection {
         chunk: ChunkRuns,
         pick: &Pick<'_>,
     ) -> QueryResult<(Picked, Vec<i64>)> {
-        super::without_jit(self, |conn| {
+        super::without_jit(self, claim.owner, |conn| {
             let rows: Vec<LeasedRow> = lease_statement("", chunk, claim, pick).load(conn)?;
             let chunks = rows.iter().map(|r| i64::from(r.chunk)).collect();
             let rows = rows.into_iter().map(|r| r.picked).collect();
@@ -293,7 +293,7 @@ impl LeaseDriver for PgConnection {
         // descendants, when `rescue.only` names it) fails it after `RESCUE_SETTINGS`' lock
         // timeout. A cancelled task's lease goes with the cancel's note: a cancel that missed
         // the lease wrote none (`CANCELLED_RUNNING`).
-        super::with_local(self, super::RESCUE_SETTINGS, |conn| {
+        super::with_local(self, super::RESCUE_SETTINGS, rescue.node, |conn| {
             rescue_params(rescue)
             .sql(
                 ", lapsed AS (

@@ -51,8 +51,26 @@ fn begin_with(conn: &mut PgConnection, sql: &str) -> QueryResult<()> {
     })
 }
 
-/// Runs a claim with PostgreSQL's JIT compilation off for its transaction (`SET LOCAL jit =
-/// off`): in a transaction of its own, begun in the same round trip, or in the caller's.
+/// The statement that takes a transaction's mark: the shared advisory locks of its node and
+/// of its run, by which rescue and the domain watchdog find its session in `pg_locks` (see
+/// [`crate::driver::Driver::transaction_begin`]). Numbers, not text from elsewhere.
+fn marks(mark: TxMark) -> String {
+    format!(
+        "SELECT pg_advisory_xact_lock_shared({}, {}), pg_advisory_xact_lock_shared({}, {})",
+        lease::NODE_CLASS,
+        lease::key(mark.node),
+        lease::RUN_CLASS,
+        lease::key(mark.run)
+    )
+}
+
+/// The run of the mark of a claim's or a rescue's transaction: no chunk's (runs count from
+/// 1, and come back to 0 once in 2³¹), so that only its node's death ends it.
+const UPKEEP_RUN: i64 = 0;
+
+/// Runs a claim of `node`'s with PostgreSQL's JIT compilation off for its transaction (`SET
+/// LOCAL jit = off`): in a transaction of its own, begun in the same round trip, or in the
+/// caller's.
 ///
 /// The planner's estimate for a claim grows with the backlog (the fair claim's ring of
 /// tenants is costed as if each step read many rows), and past `jit_above_cost` PostgreSQL
@@ -62,9 +80,10 @@ fn begin_with(conn: &mut PgConnection, sql: &str) -> QueryResult<()> {
 /// it holds behind PgBouncer in transaction mode and reaches no other statement.
 pub(super) fn without_jit<T>(
     conn: &mut PgConnection,
+    node: i64,
     claim: impl FnOnce(&mut PgConnection) -> QueryResult<T>,
 ) -> QueryResult<T> {
-    with_local(conn, "SET LOCAL jit = off", claim)
+    with_local(conn, "SET LOCAL jit = off", node, claim)
 }
 
 /// What a rescue statement's transaction sets. JIT off, as for a claim: its estimate grows
@@ -77,22 +96,33 @@ pub(super) fn without_jit<T>(
 /// fails so for a later pass (`worker/rescue.rs`).
 pub(super) const RESCUE_SETTINGS: &str = "SET LOCAL jit = off; SET LOCAL lock_timeout = '2s'";
 
-/// Runs `f` in a transaction whose `settings` (`SET LOCAL …`) are applied first: a
-/// transaction of its own, begun in the same round trip, or the caller's.
+/// Runs `f` in a transaction of `node`'s whose `settings` (`SET LOCAL …`) are applied first:
+/// a transaction of its own, begun in the same round trip, or the caller's. Either way it
+/// holds `node`'s mark (run [`UPKEEP_RUN`]): a process frozen inside it, with the rows its
+/// statement locked, is ended by a rescue pass once its node is dead, as its tasks'
+/// transactions are.
 pub(super) fn with_local<T>(
     conn: &mut PgConnection,
     settings: &'static str,
+    node: i64,
     f: impl FnOnce(&mut PgConnection) -> QueryResult<T>,
 ) -> QueryResult<T> {
+    let local = format!(
+        "{settings}; {}",
+        marks(TxMark {
+            node,
+            run: UPKEEP_RUN
+        })
+    );
     match crate::db::transaction::depth_of(conn) {
         Some(0) => {}
         Some(_) => {
-            conn.batch_execute(settings)?;
+            conn.batch_execute(&local)?;
             return f(conn);
         }
         None => return Err(diesel::result::Error::BrokenTransactionManager),
     }
-    begin_with(conn, &format!("BEGIN; {settings}"))?;
+    begin_with(conn, &format!("BEGIN; {local}"))?;
     match f(conn) {
         Ok(value) => {
             AnsiTransactionManager::commit_transaction(conn)?;
@@ -116,18 +146,8 @@ impl Driver for PgConnection {
 
     fn transaction_begin(&mut self, mark: Option<TxMark>) -> QueryResult<()> {
         match mark {
-            // One round trip for both: the locks are numbers, not text from elsewhere.
-            Some(mark) => begin_with(
-                self,
-                &format!(
-                    "BEGIN; SELECT pg_advisory_xact_lock_shared({}, {}), \
-                     pg_advisory_xact_lock_shared({}, {})",
-                    lease::NODE_CLASS,
-                    lease::key(mark.node),
-                    lease::RUN_CLASS,
-                    lease::key(mark.run)
-                ),
-            ),
+            // One round trip for both.
+            Some(mark) => begin_with(self, &format!("BEGIN; {}", marks(mark))),
             None => AnsiTransactionManager::begin_transaction(self),
         }
     }

@@ -78,7 +78,7 @@ pub(in crate::driver) fn claim_page(
     pick: &Pick<'_>,
 ) -> QueryResult<Picked> {
     let (owner, due, except) = (claim.owner, claim.due, claim.except);
-    super::without_jit(conn, |conn| {
+    super::without_jit(conn, owner, |conn| {
         let rows: Vec<PickedRow> =
             claim_statement("", owner, due, except, pick, claim.limit, claim.timeout_ms)
                 .load(conn)?;
@@ -222,7 +222,7 @@ pub(in crate::driver) fn rescue_many(
     // once. A lock the statement must still wait for (a dying parent's descendants, cancelled
     // by the chains' trigger, when `rescue.only` names it) fails it after `RESCUE_SETTINGS`'
     // lock timeout.
-    super::with_local(conn, super::RESCUE_SETTINGS, |conn| {
+    super::with_local(conn, super::RESCUE_SETTINGS, rescue.node, |conn| {
         rescue_params(rescue)
             .sql("\n        UPDATE async_task t SET ")
             .sql(RESCUE_CHARGE)
@@ -315,7 +315,7 @@ pub(in crate::driver) fn rescue_dying(
         "
         UNION SELECT t.id FROM async_lease l JOIN async_task t ON t.id = l.task_id WHERE TRUE",
     );
-    let ids: Vec<Id> = super::with_local(conn, super::RESCUE_SETTINGS, |conn| {
+    let ids: Vec<Id> = super::with_local(conn, super::RESCUE_SETTINGS, rescue.node, |conn| {
         dying(lapsed(statement, "l.deadline_at", "l.node_id"), "t")
             .sql(" ORDER BY id")
             .load(conn)
@@ -410,7 +410,7 @@ pub(in crate::driver) fn claim_suspect(
     .sql(")) AND ")
     .with(|s| super::fair::due_for(s, &due))
     .sql(" ORDER BY t.priority, t.run_at, t.id LIMIT 1 FOR UPDATE SKIP LOCKED");
-    super::without_jit(conn, |conn| {
+    super::without_jit(conn, owner, |conn| {
         stamp_picked(picked, owner, timeout_ms).load(conn)
     })
 }

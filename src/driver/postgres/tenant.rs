@@ -24,7 +24,7 @@ pub(in crate::driver) fn claim_limited(
     // READ COMMITTED whatever `default_transaction_isolation` says: the claim statement must take a
     // snapshot of its own, after the locks.
     conn.build_transaction().read_committed().run(|conn| {
-        super::without_jit(conn, |conn| {
+        super::without_jit(conn, owner, |conn| {
             // Each tenant's claim lock (a transaction-level advisory lock, class 0x6f72, 'or',
             // keyed by the tenant's hash), held until this transaction commits its claims. A
             // tenant another node is claiming for is skipped, not waited for.
