@@ -194,6 +194,11 @@ impl DomainControl {
         let timeouts: Vec<Option<Duration>> = std::iter::once(default.timeout)
             .chain(in_use.iter().map(|d| d.domain.timeout))
             .collect();
+        // A handler's statements may run as long as its domain's timeout: the reply timeout
+        // covers it, as it does the task timeout (see `db::reply`).
+        for &t in timeouts.iter().flatten() {
+            crate::db::reply::cover_task_timeout(t);
+        }
         // A paused lane claims nothing.
         for (keywords, paused) in keywords.iter_mut().zip(&lane_paused) {
             if *paused {

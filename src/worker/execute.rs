@@ -86,7 +86,11 @@ impl Worker {
         let mut tx = TaskTx::new(&mut conn, Some(&self.writer_turn)).marked(mark);
         let run = |tx: &mut TaskTx| -> Result<(), Rollback> {
             {
-                let _watch = self.services.watchdog.watch(claim.id, task.failures, None);
+                let longer = self.past_task_timeout(timeout.map(|(_, limit, _)| limit));
+                let _watch = self
+                    .services
+                    .watchdog
+                    .watch(claim.id, task.failures, None, longer);
                 let _cancel = self.services.cancels.watch(&task.context);
                 let _timeout = timeout.map(|(lane, limit, backend)| {
                     let session = Session { mark, backend };
@@ -296,6 +300,14 @@ impl Worker {
         Some((lane, limit, backend_of(conn, task)))
     }
 
+    /// How much longer than the task timeout a handler may run: its domain's timeout
+    /// (`domain`) past it.
+    fn past_task_timeout(&self, domain: Option<std::time::Duration>) -> std::time::Duration {
+        domain.map_or(std::time::Duration::ZERO, |t| {
+            t.saturating_sub(self.settings.task_timeout)
+        })
+    }
+
     /// The lane of a task of a domain with a timeout, and the timeout.
     fn watched(&self, task: &ClaimedTask) -> Option<(usize, std::time::Duration)> {
         if !self.services.domains.watching() {
@@ -345,15 +357,17 @@ impl Worker {
         let run = |tx: &mut TaskTx| -> Result<(), ChunkRollback> {
             for (task, handler) in chunk.iter().zip(handlers) {
                 // Each handler is watched alone: the chunk's handlers run one after another.
-                let _watch = self
-                    .services
-                    .watchdog
-                    .watch(task.context.id, task.failures, lease);
+                let watched = self.watched(task);
+                let longer = self.past_task_timeout(watched.map(|(_, limit)| limit));
+                let _watch =
+                    self.services
+                        .watchdog
+                        .watch(task.context.id, task.failures, lease, longer);
                 let _cancel = self.services.cancels.watch(&task.context);
                 // For a domain with a timeout, the connection's id, which only MySQL has
                 // (`Driver::backend_pid`): asking opens the transaction, so it is asked only
                 // there (on SQLite it would hold the one write lock from here).
-                let timeout = self.watched(task).map(|(lane, limit)| {
+                let timeout = watched.map(|(lane, limit)| {
                     let backend = (self.url.backend() == crate::Backend::Mysql)
                         .then(|| tx.conn().ok().and_then(|conn| backend_of(conn, task)))
                         .flatten();

@@ -18,6 +18,22 @@ impl WorkerConfig {
     ///
     /// Fails with [`Error::InvalidConfig`] naming the setting out of range.
     pub(crate) fn resolve(&self, backend: Backend) -> Result<Settings> {
+        // No duration longer than 100 years, first: the multiples of them and the instants
+        // made of them fit.
+        for (setting, d) in [
+            ("poll-interval", Some(self.poll_interval)),
+            ("heartbeat", Some(self.heartbeat)),
+            ("dead-after", self.dead_after),
+            ("task-timeout", Some(self.task_timeout)),
+            ("on-dead-timeout", Some(self.on_dead_timeout)),
+        ] {
+            if let Some(d) = d.filter(|&d| d > MAX_TASK_TIMEOUT) {
+                return Err(Error::InvalidConfig {
+                    setting,
+                    reason: format!("must be at most 100 years, not {d:?}"),
+                });
+            }
+        }
         let threads = self.threads.unwrap_or(match backend {
             Backend::Postgres | Backend::Mysql => default_threads(),
             Backend::Sqlite => 1,
@@ -44,7 +60,7 @@ impl WorkerConfig {
         });
         let dead_after = self
             .dead_after
-            .unwrap_or(self.heartbeat * DEFAULT_DEAD_AFTER_BEATS);
+            .unwrap_or(self.heartbeat.saturating_mul(DEFAULT_DEAD_AFTER_BEATS));
         let settings = Settings {
             strategy: StrategySettings::resolve(self, threads, dead_after)?,
             threads,

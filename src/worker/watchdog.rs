@@ -24,6 +24,9 @@ struct Run {
     task: i64,
     failures: i32,
     started: Instant,
+    /// How long it may run: the watchdog's limit, plus its domain's timeout past the task
+    /// timeout.
+    limit: Duration,
     lease: Option<ChunkLease>,
 }
 
@@ -81,16 +84,24 @@ impl Watchdog {
     }
 
     /// Notes that the handler of `task` (with `failures` so far) starts now, until the
-    /// returned guard drops; `lease`: the chunk it runs in, under lock claims.
-    pub(crate) fn watch(&self, task: i64, failures: i32, lease: Option<&ChunkLease>) -> Watch<'_> {
+    /// returned guard drops; `lease`: the chunk it runs in, under lock claims; `longer`: how
+    /// much longer than the task timeout it may run (its domain's timeout past it).
+    pub(crate) fn watch(
+        &self,
+        task: i64,
+        failures: i32,
+        lease: Option<&ChunkLease>,
+        longer: Duration,
+    ) -> Watch<'_> {
         let key = self.runs.fetch_add(1, Ordering::Relaxed);
-        if self.limit.is_some() {
+        if let Some(limit) = self.limit {
             self.lock().insert(
                 key,
                 Run {
                     task,
                     failures,
                     started: Instant::now(),
+                    limit: limit.saturating_add(longer),
                     lease: lease.cloned(),
                 },
             );
@@ -101,23 +112,23 @@ impl Watchdog {
         }
     }
 
-    /// The first handler that has run longer than the limit, if any.
+    /// The first handler that has run longer than its limit, if any.
     pub(crate) fn run_once(&self) -> Option<Hung> {
         self.run_once_at(Instant::now())
     }
 
     /// [`Watchdog::run_once`] as of `now`.
     fn run_once_at(&self, now: Instant) -> Option<Hung> {
-        let limit = self.limit?;
+        self.limit?;
         self.lock()
             .values()
+            .find(|run| now.saturating_duration_since(run.started) > run.limit)
             .map(|run| Hung {
                 task: run.task,
                 running_for: now.saturating_duration_since(run.started),
                 failures: run.failures,
                 lease: run.lease.clone(),
             })
-            .find(|hung| hung.running_for > limit)
     }
 
     /// Exits the process (status 3) for a handler that has run past the limit, after
@@ -207,7 +218,7 @@ mod tests {
     fn a_handler_is_watched_from_its_start_to_its_end() {
         let limit = Duration::from_secs(60);
         let watchdog = Watchdog::new(Some(limit));
-        let watch = watchdog.watch(1, 0, None);
+        let watch = watchdog.watch(1, 0, None, Duration::ZERO);
         let now = Instant::now();
         assert!(watchdog.run_once_at(now).is_none());
         let hung = watchdog.run_once_at(now + limit * 2).expect("hung");
@@ -221,9 +232,20 @@ mod tests {
     }
 
     #[test]
+    fn a_handler_of_a_domain_with_a_longer_timeout_has_that_much_longer() {
+        let limit = Duration::from_secs(60);
+        let watchdog = Watchdog::new(Some(limit));
+        let _watch = watchdog.watch(1, 0, None, Duration::from_secs(600));
+        let now = Instant::now();
+        assert!(watchdog.run_once_at(now + limit * 2).is_none());
+        let hung = watchdog.run_once_at(now + limit * 12).expect("hung");
+        assert_eq!(hung.task, 1);
+    }
+
+    #[test]
     fn nothing_is_watched_without_a_limit() {
         let watchdog = Watchdog::new(None);
-        let _watch = watchdog.watch(1, 0, None);
+        let _watch = watchdog.watch(1, 0, None, Duration::ZERO);
         assert!(watchdog.lock().is_empty());
         assert!(watchdog.run_once().is_none());
     }

@@ -125,6 +125,18 @@ every_backend! {
             Err(outbox::Error::InvalidConfig { setting, reason }) => assert_eq!(setting, "task-timeout", "{reason}"),
             other => panic!("{:?}", other.map(|_| "a worker")),
         }
+        // Durations a flag can spell (`--task-timeout 500000000000y`) are refused, not
+        // multiplied past what a duration holds.
+        for (setting, config) in [
+            ("task-timeout", small_config().task_timeout(Duration::MAX).commit_batch(2)),
+            ("heartbeat", small_config().heartbeat(Duration::MAX)),
+            ("poll-interval", small_config().poll_interval(Duration::MAX)),
+        ] {
+            match Worker::new(&db.url, registry.clone(), config) {
+                Err(outbox::Error::InvalidConfig { setting: s, reason }) => assert_eq!(s, setting, "{reason}"),
+                other => panic!("{setting}: {:?}", other.map(|_| "a worker")),
+            }
+        }
         let applied = db.count("SELECT count(*) FROM __diesel_schema_migrations");
         assert!(applied >= 1, "{applied} migrations applied");
         db.exec("DELETE FROM __diesel_schema_migrations");

@@ -404,6 +404,58 @@ fn batched_handlers_are_timed_one_by_one(backend: Backend) {
     check_and_publish(&sc, &db, report, false);
 }
 
+/// A domain's timeout longer than `--task-timeout` is the timeout of its handlers: a 2.5 s
+/// handler in a domain of 10 s, with a 1 s task timeout, is not a hang (the process does not
+/// exit), and its task is done at its first attempt.
+fn a_domains_longer_timeout_is_not_a_hang(backend: Backend) {
+    let sc = Scenario::start("a_domains_longer_timeout_is_not_a_hang", backend.name());
+    let (test_db, db) = fault_db(backend);
+    let url = test_db.url_text.clone();
+    db.enqueue(&[task("fault.ledger", 1, 2500, 3)]);
+    let args = sc.worker_args(
+        "drain",
+        &[
+            ("--task-timeout", "1s"),
+            ("--heartbeat", "200ms"),
+            ("--dead-after", "600ms"),
+            ("--domain", "slow:fault.ledger:max=1:timeout=10s"),
+        ],
+    );
+    let mut worker = sc.spawn("drain-slow-domain", &url, &args);
+    let took = worker.expect_exit_0(Duration::from_secs(60));
+    assert_eq!(
+        task_rows(&db, "fault.ledger")
+            .iter()
+            .map(|(state, failures, _)| (state.as_str(), *failures))
+            .collect::<Vec<_>>(),
+        vec![("done", 0)],
+        "done at its first attempt, not rescued"
+    );
+    let mut report = Report::new();
+    report.add(
+        "tasks",
+        "1 fault.ledger of 2.5 s in a domain of timeout=10s, --task-timeout 1s",
+    );
+    report.add("drain", format!("exit 0 in {}", secs(took)));
+    check_and_publish(&sc, &db, report, false);
+}
+
+#[test]
+fn a_domains_longer_timeout_is_not_a_hang_postgres() {
+    a_domains_longer_timeout_is_not_a_hang(Backend::Postgres);
+}
+
+#[test]
+fn a_domains_longer_timeout_is_not_a_hang_sqlite() {
+    a_domains_longer_timeout_is_not_a_hang(Backend::Sqlite);
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn a_domains_longer_timeout_is_not_a_hang_mysql() {
+    a_domains_longer_timeout_is_not_a_hang(Backend::Mysql);
+}
+
 #[test]
 fn batched_handlers_are_timed_one_by_one_postgres() {
     batched_handlers_are_timed_one_by_one(Backend::Postgres);
