@@ -56,6 +56,8 @@ pub(crate) struct DomainControl {
     watching: AtomicBool,
     /// The table's rows and paused keywords last applied.
     applied: Mutex<Option<(Vec<DomainRow>, Vec<String>)>>,
+    /// The rows of the last configuration applied whole (the last good one).
+    good: Mutex<Vec<DomainRow>>,
 }
 
 impl DomainControl {
@@ -71,6 +73,7 @@ impl DomainControl {
             })),
             watching: AtomicBool::new(false),
             applied: Mutex::new(None),
+            good: Mutex::new(Vec::new()),
         };
         control.apply(&[], &[])?;
         Ok(control)
@@ -97,16 +100,31 @@ impl DomainControl {
         // Recorded even when it fails, so that a bad row is reported once, not at each beat.
         *applied = Some((rows.clone(), paused.clone()));
         drop(applied);
-        self.apply(&rows, &paused)
+        // Held before the rows are narrowed for a shared pool: every node holds them.
+        let held = held_keywords(&rows);
+        let mut good = self.good.lock().unwrap_or_else(PoisonError::into_inner);
+        match self.apply_with(&rows, &held, &paused) {
+            Ok(()) => {
+                *good = rows;
+                Ok(())
+            }
+            // The last good rows stay, with every pause of now: a row this node refuses
+            // keeps no keyword claimed that a pause holds.
+            Err(refused) => self.apply_with(&good, &held, &paused).and(Err(refused)),
+        }
     }
 
     /// Applies the configuration merged with `rows`, with `paused` keywords not claimed, nor
-    /// those the rows of paused or released domains hold (whether this node runs those
-    /// domains or not). A merge that is invalid changes nothing.
+    /// those the rows of paused or released domains hold.
     fn apply(&self, rows: &[DomainRow], paused: &[String]) -> Result<()> {
+        self.apply_with(rows, &held_keywords(rows), paused)
+    }
+
+    /// Applies the configuration merged with `rows`, with `paused` keywords not claimed, nor
+    /// those `held` (the keywords the rows of paused or released domains hold, whether this
+    /// node runs those domains or not). A merge that is invalid changes nothing.
+    fn apply_with(&self, rows: &[DomainRow], held: &[String], paused: &[String]) -> Result<()> {
         let base = &self.base;
-        // Held before the rows are narrowed for a shared pool: every node holds them.
-        let held = held_keywords(rows);
         let shared_rows;
         let rows = if base.share.is_some() {
             shared_rows = shared_pool_rows(rows);

@@ -268,6 +268,28 @@ every_backend! {
         assert_eq!(worker.drain().unwrap().tally.done, 2);
     }
 
+    fn a_pause_holds_on_a_node_that_refuses_another_row(db: &TestDb) {
+        let spans = Spans::default();
+        let mut all = tasks("mail", 2);
+        all.extend(tasks("other", 2));
+        enqueue_batch(&mut db.conn(), &all).unwrap();
+        let worker = Worker::new(&db.url, timed_registry(&["mail", "other"], 1, &spans), config(2))
+            .unwrap();
+        // Two threads reserved of this node's two would leave `default` none: refused here.
+        db.exec(
+            "INSERT INTO async_domain (name, keywords, mode, threads, updated_by) \
+             VALUES ('pay', '[\"pay\"]', 'reserved', 2, 't')",
+        );
+        worker.heartbeat_once().unwrap();
+        db.exec("INSERT INTO async_pause (keyword, paused_by) VALUES ('mail', 't')");
+        worker.heartbeat_once().unwrap();
+        assert_eq!(worker.run_once().unwrap().claimed, 2, "only other's tasks");
+        assert_eq!(worker.drain().unwrap().tally.claimed, 0);
+        db.exec("DELETE FROM async_pause");
+        worker.heartbeat_once().unwrap();
+        assert_eq!(worker.drain().unwrap().tally.done, 2);
+    }
+
     fn a_domain_set_at_run_time_applies_within_a_heartbeat(db: &TestDb) {
         let spans = Spans::default();
         enqueue_batch(&mut db.conn(), &tasks("slow", 8)).unwrap();
