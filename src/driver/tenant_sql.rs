@@ -9,7 +9,7 @@ use super::clock::{time_text, DbNow};
 use super::dialect::{on_backend, queued, unfinished, Conn, UpsertKey};
 use super::operate_sql::audit_write;
 use super::{AuditEntry, Driver, TenantRow, TenantSet};
-use crate::schema::{async_task, async_tenant, async_tenant_late_enqueue};
+use crate::schema::{async_task, async_tenant};
 
 /// Tenants whose tasks one statement counts, at most (each a bind).
 const TENANTS_PER_COUNT: usize = 500;
@@ -58,17 +58,12 @@ pub(super) fn tenant_remove(
     tenant: &str,
     audit: &AuditEntry<'_>,
 ) -> QueryResult<usize> {
-    let mysql = conn.is_mysql();
+    // On MySQL its counter of late enqueues stays, bumped by the removal (the max_queued
+    // trigger tells by it a snapshot from before).
     on_backend!(conn, |c| c.transaction(|c| {
         let deleted = diesel::delete(async_tenant::table)
             .filter(async_tenant::tenant.eq(tenant))
             .execute(c)?;
-        if mysql {
-            // Its counter of late enqueues (MySQL's max_queued trigger's) goes with it.
-            diesel::delete(async_tenant_late_enqueue::table)
-                .filter(async_tenant_late_enqueue::tenant.eq(tenant))
-                .execute(c)?;
-        }
         if deleted > 0 {
             audit_write(c.conn(), audit)?;
         }
@@ -139,22 +134,35 @@ pub(super) fn tenant_over_max_queued(
     tenants: &[(String, i64)],
 ) -> QueryResult<Option<(String, i64)>> {
     let names: Vec<&str> = tenants.iter().map(|(t, _)| t.as_str()).collect();
-    let (limits, queued) = on_backend!(conn, |c| {
-        let limits: Vec<(String, Option<i32>)> = async_tenant::table
-            .filter(async_tenant::tenant.eq_any(&names))
-            .filter(async_tenant::max_queued.is_not_null())
-            .order(async_tenant::tenant)
-            .select((async_tenant::tenant, async_tenant::max_queued))
-            .load(c)?;
-        let queued: Vec<(Option<String>, i64)> = async_task::table
-            .filter(async_task::tenant.eq_any(&names))
-            .filter(queued())
-            .filter(unfinished())
-            .group_by(async_task::tenant)
-            .select((async_task::tenant, count_star()))
-            .load(c)?;
-        (limits, queued)
-    });
+    type Limits = Vec<(String, Option<i32>)>;
+    type Queued = Vec<(Option<String>, i64)>;
+    macro_rules! limits {
+        () => {
+            async_tenant::table
+                .filter(async_tenant::tenant.eq_any(&names))
+                .filter(async_tenant::max_queued.is_not_null())
+                .order(async_tenant::tenant)
+                .select((async_tenant::tenant, async_tenant::max_queued))
+        };
+    }
+    macro_rules! queued {
+        () => {
+            async_task::table
+                .filter(async_task::tenant.eq_any(&names))
+                .filter(queued())
+                .filter(unfinished())
+                .group_by(async_task::tenant)
+                .select((async_task::tenant, count_star()))
+        };
+    }
+    let (limits, queued): (Limits, Queued) = match conn {
+        // A producer at REPEATABLE READ reads its snapshot, which may be older than the limit
+        // its enqueue met: the limits are read as the trigger read them, locking (the newest).
+        #[cfg(feature = "mysql")]
+        Conn::Mysql(c) => (limits!().for_update().load(c)?, queued!().load(c)?),
+        #[allow(unreachable_patterns)]
+        conn => on_backend!(conn, |c| (limits!().load(c)?, queued!().load(c)?)),
+    };
     let mut over: Option<(String, i64, i64)> = None;
     for (tenant, limit) in limits {
         let limit = i64::from(limit.unwrap_or(0));

@@ -565,3 +565,54 @@ fn max_queued_holds_for_a_mysql_producer_at_repeatable_read() {
         2
     );
 }
+
+/// The same when the limit comes after the snapshot: enqueues made while the tenant had no
+/// `max_queued` were counted by nobody, and a snapshot from before the limit must not count
+/// plainly. Here the tenant has a row without a limit, or had a limit it lost with its row,
+/// when the producer's snapshot is taken; other producers then enqueue freely, and the limit
+/// is set: the producer's enqueue is refused.
+#[cfg(feature = "mysql")]
+#[test]
+fn max_queued_holds_for_a_mysql_producer_whose_snapshot_predates_the_limit() {
+    use diesel::connection::SimpleConnection;
+    for removed in [false, true] {
+        let db = &TestDb::mysql();
+        if removed {
+            limit_queued(db, "acme", 2);
+        } else {
+            set_tenant(
+                &mut db.conn(),
+                "acme",
+                &TenantLimits::default().weight(2),
+                "test",
+            )
+            .unwrap();
+        }
+        let mut late = db.conn();
+        late.batch_execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            .unwrap();
+        late.transaction(|late| -> outbox::Result<()> {
+            let queued: i64 = diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>(
+                "(SELECT count(*) FROM async_task)",
+            ))
+            .get_result(late)?;
+            assert_eq!(queued, 0);
+            if removed {
+                remove_tenant(&mut db.conn(), "acme", "test").unwrap();
+            }
+            let others = [task("a1", "acme"), task("a2", "acme"), task("a3", "acme")];
+            enqueue_batch(&mut db.conn(), &others).unwrap();
+            limit_queued(db, "acme", 2);
+            assert!(
+                is_quota(enqueue(late, &task("late", "acme")), "acme", 2),
+                "removed {removed}"
+            );
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(
+            db.count("SELECT count(*) FROM async_task WHERE tenant = 'acme'"),
+            3
+        );
+    }
+}
