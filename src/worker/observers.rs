@@ -65,6 +65,14 @@ impl Observers {
         }
     }
 
+    /// A task was charged by its domain's timeout and will run again (its handler's own
+    /// outcome is fenced out, so it is counted here).
+    pub(crate) fn retried_at_timeout(&self, keyword: &str, claimed_at: Instant) {
+        if let Some(metrics) = &self.metrics {
+            metrics.finished_at(keyword, claimed_at, Finished::Retried);
+        }
+    }
+
     /// A claim statement, asked at `started`, returned.
     pub(crate) fn claimed(&self, started: Instant) {
         if let Some(metrics) = &self.metrics {

@@ -179,11 +179,14 @@ impl Timeouts {
                 .op("task timeout")
                 .and_then(|mut conn| self.end(&mut conn, settings, *key, watched))
             {
-                Ok(dead) => {
+                Ok((state, error)) => {
                     if let Some(w) = self.lock().get_mut(key) {
                         (w.charge_failed, w.retry_at) = (0, None);
                     }
-                    if let Some(error) = dead {
+                    if state == Some(Charged::Retried) {
+                        observers.retried_at_timeout(&watched.keyword, watched.claimed_at);
+                    }
+                    if state == Some(Charged::Dead) {
                         let task = DeadTask {
                             id: watched.claim.id,
                             keyword: watched.keyword.clone(),
@@ -225,7 +228,7 @@ impl Timeouts {
         settings: &Settings,
         key: u64,
         watched: &Watched,
-    ) -> Result<Option<String>> {
+    ) -> Result<(Option<Charged>, String)> {
         let ran = watched.started.elapsed();
         let failures = watched.failures.saturating_add(1);
         let max = watched.max_attempts.unwrap_or(settings.max_attempts);
@@ -251,7 +254,7 @@ impl Timeouts {
             };
             self.end_session(conn, key, &statement);
             log_charged(watched, &error, state.as_deref());
-            return Ok((state.as_deref() == Some("dead")).then_some(error));
+            return Ok((state.as_deref().map(Charged::of), error));
         }
         self.end_session(conn, key, &watched.session);
         let charged = if failures >= max {
@@ -277,7 +280,7 @@ impl Timeouts {
                 }
             }
         }
-        Ok((state == Some("dead")).then_some(error))
+        Ok((state.map(Charged::of), error))
     }
 
     /// Ends the transaction of a handler past its timeout: on PostgreSQL the session holding
@@ -314,4 +317,23 @@ fn log_charged(watched: &Watched, error: &str, state: Option<&str>) {
             Some(_) => "a failure counted; its slot is stuck until the handler returns",
         }
     );
+}
+
+/// What a charge at the timeout made of its task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Charged {
+    /// Pending again, after the backoff.
+    Retried,
+    /// Dead, at its last attempt.
+    Dead,
+}
+
+impl Charged {
+    /// From the task's new state (`pending` or `dead`).
+    fn of(state: &str) -> Charged {
+        match state {
+            "dead" => Charged::Dead,
+            _ => Charged::Retried,
+        }
+    }
 }

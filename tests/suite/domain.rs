@@ -342,7 +342,9 @@ every_backend! {
         let worker = Worker::new(
             &db.url,
             registry,
-            config(2).domain(Domain::max("stuck", ["stuck"], 1).timeout(Duration::from_millis(200))),
+            config(2)
+                .domain(Domain::max("stuck", ["stuck"], 1).timeout(Duration::from_millis(200)))
+                .metrics_addr("127.0.0.1:0".parse().unwrap()),
         )
         .unwrap();
         std::thread::scope(|s| {
@@ -363,6 +365,12 @@ every_backend! {
         assert_eq!(db.count("SELECT count(*) FROM test_ledger"), 0, "its effect rolled back");
         let node = published(db, &worker);
         assert_eq!((node.domains[1].running, node.domains[1].stuck), (0, 0));
+        // Counted once, as retried, by the charge (the handler's own end was fenced out).
+        let scraped = crate::scrape::scrape(worker.metrics_addr().unwrap());
+        let finished = |outcome: &str| {
+            scraped.value("outbox_tasks_finished_total", &[("keyword", "stuck"), ("outcome", outcome)])
+        };
+        assert_eq!(finished("retried"), Some(1.0));
     }
 
     fn bad_domain_configurations_are_refused_naming_the_domain(db: &TestDb) {
@@ -493,6 +501,12 @@ server_backends! {
         );
         let node = published(db, &worker);
         assert_eq!((node.domains[1].running, node.domains[1].stuck), (0, 0));
+        // Counted once, as retried, by the charge (the handler's own end was fenced out).
+        let scraped = crate::scrape::scrape(worker.metrics_addr().unwrap());
+        let finished = |outcome: &str| {
+            scraped.value("outbox_tasks_finished_total", &[("keyword", "stuck"), ("outcome", outcome)])
+        };
+        assert_eq!(finished("retried"), Some(1.0));
     }
 }
 
