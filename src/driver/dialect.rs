@@ -68,6 +68,23 @@ macro_rules! on_backend {
 }
 pub(super) use on_backend;
 
+/// Calls the backend's own function of a [`Driver`] method (each backend's module exports it
+/// under the method's name), with the backend's connection first: the methods whose SQL is
+/// each backend's, for a reason its function says.
+macro_rules! per_backend {
+    ($self:ident.$method:ident($($arg:expr),*)) => {
+        match $self.conn() {
+            #[cfg(feature = "postgres")]
+            $crate::driver::dialect::Conn::Pg(c) => postgres::$method(c, $($arg),*),
+            #[cfg(feature = "sqlite")]
+            $crate::driver::dialect::Conn::Sqlite(c) => sqlite::$method(c, $($arg),*),
+            #[cfg(feature = "mysql")]
+            $crate::driver::dialect::Conn::Mysql(c) => mysql::$method(c, $($arg),*),
+        }
+    };
+}
+pub(super) use per_backend;
+
 /// How `$backend` spells the expression `$ty`: SQL text alone, or text before and after its
 /// bound field `$field`.
 macro_rules! spelled {

@@ -66,28 +66,12 @@ pub(crate) use node_sql::{
 pub use strategy_sql::Due;
 pub(crate) use strategy_sql::{node_strategies, node_strategy_publish};
 
-use dialect::on_backend;
+use dialect::{on_backend, per_backend};
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 use task_sql::rescue_params;
 use task_sql::{counts_by_state, fence, state_literals};
 
 use crate::db::DbConnection;
-
-/// Calls the backend's own function of a [`Driver`] method (each backend's module exports it
-/// under the method's name), with the backend's connection first: the methods whose SQL is
-/// each backend's, for a reason its function says.
-macro_rules! per_backend {
-    ($self:ident.$method:ident($($arg:expr),*)) => {
-        match $self.conn() {
-            #[cfg(feature = "postgres")]
-            Conn::Pg(c) => postgres::$method(c, $($arg),*),
-            #[cfg(feature = "sqlite")]
-            Conn::Sqlite(c) => sqlite::$method(c, $($arg),*),
-            #[cfg(feature = "mysql")]
-            Conn::Mysql(c) => mysql::$method(c, $($arg),*),
-        }
-    };
-}
 
 /// The database interface of the engine.
 pub trait Driver: LeaseDriver + ops::OpsDriver {
@@ -380,6 +364,12 @@ pub trait Driver: LeaseDriver + ops::OpsDriver {
     fn backend_cancel(&mut self, pid: i32) -> QueryResult<bool> {
         let _ = pid;
         Ok(false)
+    }
+
+    /// In a transaction: its lock waits fail after 2 s (PostgreSQL, which has no lock timeout
+    /// by default; MySQL's `innodb_lock_wait_timeout` and SQLite's busy timeout bound them).
+    fn transaction_lock_wait_bounded(&mut self) -> QueryResult<()> {
+        Ok(())
     }
 
     /// Deletes one batch of rows of stopped nodes (see [`crate::prune`]); returns how many.

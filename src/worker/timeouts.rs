@@ -17,7 +17,7 @@ use super::observers::Observers;
 use super::on_dead::DeadTask;
 use super::settings::Settings;
 use super::slots::Lanes;
-use crate::db::{DbConnection, DbPool};
+use crate::db::{write_transaction, DbConnection, DbPool};
 use crate::driver::{driver, Claim, TxMark};
 use crate::error::{OpContext, Result};
 use crate::task::ClaimedTask;
@@ -237,15 +237,17 @@ impl Timeouts {
             watched.timeout
         );
         if let Some(ChunkOf::Leased(lease)) = &watched.chunk {
-            let state = charge_leased(
-                conn,
-                settings,
-                watched.claim.owner,
-                lease,
-                watched.claim.id,
-                watched.failures,
-                &error,
-            )?;
+            let state = bounded(conn, |conn| {
+                charge_leased(
+                    conn,
+                    settings,
+                    watched.claim.owner,
+                    lease,
+                    watched.claim.id,
+                    watched.failures,
+                    &error,
+                )
+            })?;
             // On MySQL no mark names the chunk's session: the hung handler's statement is
             // killed, after the charge, so that what it waits on or holds is let go.
             let statement = Session {
@@ -257,16 +259,18 @@ impl Timeouts {
             return Ok((state.as_deref().map(Charged::of), error));
         }
         self.end_session(conn, key, &watched.session);
-        let charged = if failures >= max {
-            driver(conn).task_fail_dead(&watched.claim, &error)
-        } else {
-            let delay = settings
-                .backoff
-                .delay(failures.unsigned_abs(), fastrand::f64());
-            let delay_ms = i64::try_from(delay.as_millis()).unwrap_or(i64::MAX);
-            driver(conn).task_fail_retry(&watched.claim, &error, delay_ms)
-        }
-        .op("task timeout")?;
+        let charged = bounded(conn, |conn| {
+            if failures >= max {
+                driver(conn).task_fail_dead(&watched.claim, &error)
+            } else {
+                let delay = settings
+                    .backoff
+                    .delay(failures.unsigned_abs(), fastrand::f64());
+                let delay_ms = i64::try_from(delay.as_millis()).unwrap_or(i64::MAX);
+                driver(conn).task_fail_retry(&watched.claim, &error, delay_ms)
+            }
+            .op("task timeout")
+        })?;
         let state = (charged > 0).then_some(if failures >= max { "dead" } else { "pending" });
         log_charged(watched, &error, state);
         if let Some(ChunkOf::Stamped(claims)) = &watched.chunk {
@@ -317,6 +321,22 @@ fn log_charged(watched: &Watched, error: &str, state: Option<&str>) {
             Some(_) => "a failure counted; its slot is stuck until the handler returns",
         }
     );
+}
+
+/// Runs a charge in a transaction whose lock waits are bounded: a task made dead cancels its
+/// descendants, whose rows another transaction may hold for as long as it likes, and the one
+/// thread that ends every domain's handlers must not wait for it (a charge that fails is made
+/// again later).
+fn bounded<T>(
+    conn: &mut DbConnection,
+    charge: impl FnOnce(&mut DbConnection) -> Result<T>,
+) -> Result<T> {
+    write_transaction(conn, |conn| {
+        driver(conn)
+            .transaction_lock_wait_bounded()
+            .op("task timeout")?;
+        charge(conn)
+    })
 }
 
 /// What a charge at the timeout made of its task.

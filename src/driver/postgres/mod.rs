@@ -170,6 +170,10 @@ impl Driver for PgConnection {
         applied
     }
 
+    fn transaction_lock_wait_bounded(&mut self) -> QueryResult<()> {
+        self.batch_execute("SET LOCAL lock_timeout = '2s'")
+    }
+
     fn migrations_known(&self) -> Result<Vec<String>, MigrationError> {
         super::migration_versions::<diesel::pg::Pg>(&MIGRATIONS)
     }
