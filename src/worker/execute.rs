@@ -10,7 +10,7 @@ use crate::db::transaction::{is_broken, is_connection_error, is_infrastructure, 
 use std::sync::Arc;
 
 use super::lease::{next_run, ChunkLease};
-use super::timeouts::{ChunkOf, Session};
+use super::timeouts::{ChunkOf, Session, TimeoutWatch};
 use crate::db::{DbConnection, PooledConnection};
 use crate::driver::{driver, Claim, TxMark};
 use crate::handler::{Handler, HandlerError, TaskTx};
@@ -381,6 +381,10 @@ impl Worker {
                 });
                 ran.set(ran.get() + 1);
                 run_handler(*handler, task, tx).map_err(|_| ChunkRollback::Task)?;
+                // Ended past its timeout, the chunk runs no more here: its other tasks are free.
+                if _timeout.as_ref().is_some_and(TimeoutWatch::ended) {
+                    return Err(ChunkRollback::Task);
+                }
             }
             match complete(tx.conn()?)? {
                 n if n == chunk.len() => Ok(()),

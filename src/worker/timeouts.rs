@@ -93,6 +93,14 @@ impl Drop for TimeoutWatch<'_> {
     }
 }
 
+impl TimeoutWatch<'_> {
+    /// Whether the handler ran past its timeout and was ended: its chunk with it, whose other
+    /// tasks are free (released, or their leases deleted) and may run elsewhere.
+    pub(crate) fn ended(&self) -> bool {
+        self.timeouts.lock().get(&self.key).is_some_and(|w| w.stuck)
+    }
+}
+
 impl Timeouts {
     pub(crate) fn new(lanes: Arc<Lanes>) -> Timeouts {
         Timeouts {

@@ -254,9 +254,18 @@ impl LeaseDriver for PgConnection {
             state: String,
         }
         // Every lease of the chunk goes; only the hung task is charged. The others are free at
-        // once, and the chunk's late completion finds no lease of its own.
+        // once, noted so (they may run again elsewhere after their handlers ran in this
+        // chunk), and the chunk's late completion finds no lease of its own.
         let charged: Vec<Charged> = leases_gone(owner, charge.chunk)
-            .sql(" RETURNING task_id, token) UPDATE async_task t SET failures = t.failures + 1, state = CASE WHEN t.failures + 1 >= COALESCE(t.max_attempts, ")
+            .sql(
+                " RETURNING task_id, token),
+                 noted AS (UPDATE async_task t SET updated_at = now(),
+                                  last_error = 'released: task ' || ",
+            )
+            .bind::<BigInt, _>(charge.task)
+            .sql(" || ' of its chunk ran past its timeout' FROM gone WHERE t.id = gone.task_id AND t.state = 'pending' AND t.id <> ")
+            .bind::<BigInt, _>(charge.task)
+            .sql(") UPDATE async_task t SET failures = t.failures + 1, state = CASE WHEN t.failures + 1 >= COALESCE(t.max_attempts, ")
             .bind::<Integer, _>(charge.default_max_attempts)
             .sql(") THEN 'dead' ELSE 'pending' END, run_at = CASE WHEN t.failures + 1 >= COALESCE(t.max_attempts, ")
             .bind::<Integer, _>(charge.default_max_attempts)
