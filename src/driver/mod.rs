@@ -228,10 +228,16 @@ pub trait Driver: LeaseDriver + ops::OpsDriver {
         record_sql::task_release(self.conn(), claim, note)
     }
 
-    /// Writes `note` to a claimed task's `last_error` (fenced), leaving it running; returns
-    /// the rows touched: 0 when the claim is no longer held.
-    fn task_note(&mut self, claim: &Claim, note: &str) -> QueryResult<usize> {
-        record_sql::task_note(self.conn(), claim, note)
+    /// Holds a claimed task `timeout_ms` more from now (fenced), leaving it running: its
+    /// deadline moved, `note` (when given) in its `last_error`; returns the rows touched: 0
+    /// when the claim is no longer held.
+    fn task_hold(
+        &mut self,
+        claim: &Claim,
+        note: Option<&str>,
+        timeout_ms: i64,
+    ) -> QueryResult<usize> {
+        record_sql::task_hold(self.conn(), claim, note, timeout_ms)
     }
 
     /// Cancels the task `id` if it is pending, blocked or running (state `cancelled`,

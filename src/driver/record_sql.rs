@@ -85,12 +85,18 @@ pub(super) fn task_release(
         .execute(c))
 }
 
-/// See [`super::Driver::task_note`].
-pub(super) fn task_note(conn: Conn<'_>, claim: &Claim, note: &str) -> QueryResult<usize> {
+/// See [`super::Driver::task_hold`].
+pub(super) fn task_hold(
+    conn: Conn<'_>,
+    claim: &Claim,
+    note: Option<&str>,
+    timeout_ms: i64,
+) -> QueryResult<usize> {
     on_backend!(conn, |c| fenced!(claim)
         .set((
-            async_task::last_error.eq(note),
+            async_task::deadline_at.eq(db_later(timeout_ms).nullable()),
             async_task::updated_at.eq(DbNow),
+            note.map(|note| async_task::last_error.eq(note)),
         ))
         .execute(c))
 }

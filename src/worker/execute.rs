@@ -184,11 +184,16 @@ impl Worker {
         // A task whose handler ran in the chunk is noted as running again (its effects
         // outside the database may happen twice), in the statement that checks its claim.
         let ran = Cell::new(0);
+        // Each is held first, with a deadline for the runs alone up to its own: the chunk's
+        // may be near, spent by the chunk.
         let still_held = |chunk: &[ClaimedTask]| -> Vec<Outcome> {
+            let held: Vec<bool> = (0..chunk.len())
+                .map(|at| self.holds(&chunk[at], at < ran.get(), at + 1))
+                .collect();
             chunk
                 .iter()
-                .enumerate()
-                .map(|(at, task)| match self.holds(task, at < ran.get()) {
+                .zip(held)
+                .map(|(task, held)| match held {
                     true => self.execute_task(task),
                     false => {
                         log::warn!(
@@ -250,28 +255,26 @@ impl Worker {
 }
 
 impl Worker {
-    /// Whether this node still holds `task`'s claim (running, under this claim's token);
+    /// Whether this node still holds `task`'s claim (running, under this claim's token), in
+    /// the statement that gives it a deadline of its own, `runs` of its timeout from now;
     /// with `ran`, noting in its `last_error` that it runs again after its chunk rolled back.
-    pub(super) fn holds(&self, task: &ClaimedTask, ran: bool) -> bool {
+    pub(super) fn holds(&self, task: &ClaimedTask, ran: bool, runs: usize) -> bool {
         let claim = task.claim();
-        // A check that cannot be made (the pool's connection lost with the chunk's, a read
+        // A check that cannot be made (the pool's connection lost with the chunk's, a write
         // that fails) runs the task: its completion is fenced all the same, while a task
         // skipped here would wait, running under this live node, for its chunk's deadline.
         let Ok(mut conn) = self.engine_conn() else {
             return true;
         };
-        if ran {
-            return driver(&mut conn)
-                .task_note(&claim, RAN_IN_A_ROLLED_BACK_CHUNK)
-                .map_or(true, |n| n > 0);
-        }
-        match driver(&mut conn).task_get_claim(claim.id) {
-            Ok(Some(c)) => {
-                c.state == "running" && c.owner == Some(claim.owner) && c.claim_token == claim.token
-            }
-            Ok(None) => false,
-            Err(_) => true,
-        }
+        let note = ran.then_some(RAN_IN_A_ROLLED_BACK_CHUNK);
+        let timeout = self
+            .watched(task)
+            .map_or(self.settings.task_timeout, |(_, limit)| limit)
+            .saturating_mul(u32::try_from(runs).unwrap_or(u32::MAX));
+        let _turn = self.writer_turn.take();
+        driver(&mut conn)
+            .task_hold(&claim, note, super::settings::millis(timeout))
+            .map_or(true, |n| n > 0)
     }
 
     /// A connection of the pool for this node's work ([`super::heartbeat::node_conn`]).
@@ -309,7 +312,7 @@ impl Worker {
     }
 
     /// The lane of a task of a domain with a timeout, and the timeout.
-    fn watched(&self, task: &ClaimedTask) -> Option<(usize, std::time::Duration)> {
+    pub(super) fn watched(&self, task: &ClaimedTask) -> Option<(usize, std::time::Duration)> {
         if !self.services.domains.watching() {
             return None;
         }

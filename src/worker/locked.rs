@@ -276,7 +276,12 @@ impl Worker {
         // Retried through an outage (the chunk may have failed for one) until the leases'
         // deadline: one that ends before it charges the tasks nothing.
         let lease_deadline = tasks.first().map_or_else(Instant::now, |t| t.deadline);
-        let timeout = self.settings.claim_timeout();
+        // Each runs alone, one after another, with its domain's timeout when it has one.
+        let each = tasks
+            .first()
+            .and_then(|t| self.watched(t))
+            .map_or(self.settings.task_timeout, |(_, limit)| limit);
+        let timeout = each.saturating_mul(u32::try_from(claims.len()).unwrap_or(u32::MAX));
         let claimed = self.retry_until("a rolled-back chunk's claim", lease_deadline, |conn| {
             let deadline = Instant::now() + timeout;
             driver(conn)
@@ -302,8 +307,10 @@ impl Worker {
         // chunk is checked, by the statement that notes its rerun.
         let mut outcomes: Vec<Outcome> = claimed
             .iter()
-            .map(|task| {
-                let lost = ran.contains(&task.context.id) && !self.holds(task, true);
+            .enumerate()
+            .map(|(at, task)| {
+                let left = claimed.len() - at;
+                let lost = ran.contains(&task.context.id) && !self.holds(task, true, left);
                 match lost {
                     true => Outcome::Lost,
                     false => self.execute_task(task),

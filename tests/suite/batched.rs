@@ -220,6 +220,56 @@ every_claim_style! {
         }
     }
 
+    fn a_task_run_again_after_its_chunk_rolled_back_has_its_own_time(db: &TestDb, config: WorkerConfig) {
+        // A chunk of three 1.6 s tasks with a domain's timeout of 2 s (the task timeout 1 s):
+        // the chunk's deadline is 6 s, and the second fails at 3.2 s. Run again alone, the
+        // first ends at 4.8 s, the second at 6.4 s and the third at 8 s: each has a deadline
+        // of its own, of its domain's timeout, and a rescuer passing all the while charges
+        // nothing.
+        use std::sync::atomic::AtomicBool;
+        use std::time::Duration;
+        let ids: Vec<i64> = enqueue_batch(&mut db.conn(), &[NewTask::new("ledger", "1"), NewTask::new("ledger", "2"), NewTask::new("ledger", "3")])
+            .unwrap()
+            .iter()
+            .map(|e| e.id)
+            .collect();
+        let mut registry = Registry::new();
+        registry.register("ledger", |task: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
+            std::thread::sleep(Duration::from_millis(1600));
+            write_ledger(task, tx)?;
+            match task.biz_id() {
+                "2" => Err(anyhow::anyhow!("downstream refused").into()),
+                _ => Ok(()),
+            }
+        });
+        let config = config
+            .page_size(3)
+            .commit_batch(3)
+            .task_timeout(Duration::from_secs(1))
+            .domain(outbox::domain::Domain::max("d", ["ledger"], 1).timeout(Duration::from_secs(2)));
+        let w = Worker::new(&db.url, registry, config).unwrap();
+        let rescuer = crate::rescue::quiet_worker(db);
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let passes = s.spawn(|| {
+                let mut rescued = 0;
+                while !stop.load(Ordering::SeqCst) {
+                    rescued += rescuer.rescue_once().unwrap().pending;
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                rescued
+            });
+            let tally = w.run_once().unwrap();
+            stop.store(true, Ordering::SeqCst);
+            assert_eq!(passes.join().unwrap(), 0, "{tally:?}");
+        });
+        for id in [ids[0], ids[2]] {
+            let task = db.task(id);
+            assert_eq!((task.state.as_str(), task.failures), ("done", 0));
+            assert_eq!(db.ledger_rows(id), 1);
+        }
+    }
+
     fn a_panic_in_a_chunk_is_that_tasks_failure_only(db: &TestDb, config: WorkerConfig) {
         let ids = five_tasks(db);
         let calls = Arc::new(AtomicUsize::new(0));
