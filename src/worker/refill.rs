@@ -250,18 +250,20 @@ impl Worker {
         Ok(solo_n + took)
     }
 
-    /// At most `limit` tasks to lease for `lane` now: when claims go lane by lane (domains, or
-    /// a database of a fleet), no more chunks than the lane can start at once
-    /// ([`super::slots::Slots::lock_room`]), read again before each page, after what this
-    /// refill claimed the stamping way first (a suspect, a tenant's limited tasks) or leased
-    /// already, which may wait for the lane's threads: a leased chunk never waits for a
-    /// thread with its leases' deadline running. Without lanes, the claiming thread runs a
-    /// chunk itself when every thread is busy (CallerRuns).
+    /// At most `limit` tasks to lease for `lane` now: no more chunks than can start at once,
+    /// read again before each page, after what this refill claimed the stamping way first (a
+    /// suspect, a tenant's limited tasks) or leased already: a leased chunk never waits for a
+    /// thread with its leases' deadline running. When claims go lane by lane (domains, or a
+    /// database of a fleet), the lane's room ([`super::slots::Slots::lock_room`]); without
+    /// lanes, the pool's, whose claiming thread runs a chunk itself when every thread is busy
+    /// (CallerRuns).
     pub(super) fn leasable(&self, lane: &PlanLane, limit: usize) -> usize {
-        if lane.lane == 0 && !self.services.domains.plan().by_lanes() {
-            return limit;
-        }
-        limit.min(self.dispatcher.slots().lock_room(lane.lane) * self.settings.commit_batch)
+        let room = if lane.lane == 0 && !self.services.domains.plan().by_lanes() {
+            self.dispatcher.room()
+        } else {
+            self.dispatcher.slots().lock_room(lane.lane)
+        };
+        limit.min(room * self.settings.commit_batch)
     }
 
     /// Under `least_count`, while this node holds more than half of what it may hold (the

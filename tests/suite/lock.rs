@@ -1196,18 +1196,30 @@ fn a_refill_leases_only_for_the_threads_its_stamped_tasks_left() {
             .threads(2)
             .domain(Domain::max("both", ["stuck", "ledger"], 2)),
         None,
+        1,
     );
     leases_only_for_the_threads_left(
         "default beside a reserved domain",
-        lock.threads(3).domain(Domain::reserved("pay", ["pay"], 1)),
+        lock.clone()
+            .threads(3)
+            .domain(Domain::reserved("pay", ["pay"], 1)),
         Some("pay"),
+        1,
     );
+    // Without lanes the claiming thread runs a chunk too (CallerRuns): two leased chunks
+    // run, one on the thread the stamped chunk left, one on the claiming thread; none waits.
+    leases_only_for_the_threads_left("no domains", lock.threads(2), None, 2);
 }
 
 /// The refill claims lane by lane, `default` first, and a fresh worker's first claim of a
 /// lane with a tenant limit takes the limited tasks first: so the lane of `stuck` and
 /// `ledger` is the first with keywords (`other`, registered too, is another lane's).
-fn leases_only_for_the_threads_left(name: &str, config: WorkerConfig, other: Option<&str>) {
+fn leases_only_for_the_threads_left(
+    name: &str,
+    config: WorkerConfig,
+    other: Option<&str>,
+    chunks: usize,
+) {
     use std::sync::{Condvar, Mutex};
     let db = &TestDb::postgres();
     outbox::set_tenant(
@@ -1221,7 +1233,7 @@ fn leases_only_for_the_threads_left(name: &str, config: WorkerConfig, other: Opt
         .map(|i| NewTask::new("stuck", format!("stuck-{i}")).tenant("t1"))
         .collect();
     enqueue_batch(&mut db.conn(), &stuck).unwrap();
-    enqueue(db, "ledger", 17);
+    enqueue(db, "ledger", 30);
     // Every handler waits at the gate until the test opens it; `waiting` counts the ledger
     // handlers there: one is there once a leased chunk runs.
     #[derive(Default)]
@@ -1264,10 +1276,10 @@ fn leases_only_for_the_threads_left(name: &str, config: WorkerConfig, other: Opt
             let state = state.lock().unwrap();
             let (state, _) = changed
                 .wait_timeout_while(state, std::time::Duration::from_secs(30), |g| {
-                    g.waiting == 0
+                    g.waiting < chunks
                 })
                 .unwrap();
-            assert_eq!(state.waiting, 1, "{name}: a leased chunk runs");
+            assert_eq!(state.waiting, chunks, "{name}: the leased chunks run");
         }
         // A leased chunk runs beside the blocked stamped one, so the refill that leased it
         // is over (nothing could finish since): what it leased beyond that chunk waits.
@@ -1284,9 +1296,10 @@ fn leases_only_for_the_threads_left(name: &str, config: WorkerConfig, other: Opt
             "{name}: {tally:?}"
         );
         assert_eq!(
-            leased, 10,
-            "{name}: with the stamped chunk on one thread, one chunk of 10 leased for the \
-             other, none waiting: {tally:?}"
+            leased,
+            10 * chunks as i64,
+            "{name}: with the stamped chunk on one thread, a chunk of 10 leased for each of \
+             the others, none waiting: {tally:?}"
         );
     });
 }
