@@ -592,3 +592,28 @@ fn sqlite_keys_are_text_only() {
         "the row written before stays"
     );
 }
+
+/// SQLite: a migration run that meets another process's (its exclusive transaction held past
+/// the busy timeout, as a long migration of a large file holds it) waits for it, as
+/// PostgreSQL's and MySQL's do, rather than fail with `database is locked`; then it applies
+/// what is still pending.
+#[test]
+fn sqlite_migrations_wait_for_another_run_past_the_busy_timeout() {
+    let db = &TestDb::sqlite();
+    db.exec(include_str!(
+        "../../migrations/sqlite/2026-11-27-000021_text_keys/down.sql"
+    ));
+    db.exec("DELETE FROM __diesel_schema_migrations WHERE version = '20261127000021'");
+    use diesel::connection::SimpleConnection;
+    let mut other = db.conn();
+    other.batch_execute("BEGIN EXCLUSIVE").unwrap();
+    let held = std::time::Instant::now();
+    std::thread::scope(|s| {
+        let run = s.spawn(|| outbox::run_migrations(&mut db.conn()));
+        std::thread::sleep(outbox::db::SQLITE_BUSY_TIMEOUT + Duration::from_secs(2));
+        other.batch_execute("COMMIT").unwrap();
+        let applied = run.join().unwrap();
+        assert!(held.elapsed() > outbox::db::SQLITE_BUSY_TIMEOUT);
+        assert_eq!(applied.unwrap(), ["20261127000021"]);
+    });
+}

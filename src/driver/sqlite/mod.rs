@@ -46,6 +46,9 @@ use crate::db::SQLITE_BUSY_TIMEOUT;
 
 const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/sqlite");
 
+/// How long a migration run waits for another one's lock at most.
+const MIGRATION_WAIT: std::time::Duration = std::time::Duration::from_secs(300);
+
 // No lock claims (see `LeaseDriver`).
 impl LeaseDriver for SqliteConnection {}
 
@@ -85,15 +88,31 @@ impl Driver for SqliteConnection {
     }
 
     /// In an `EXCLUSIVE` transaction: diesel's harness runs each migration in a savepoint
-    /// inside it, and a second process waits (busy timeout) instead of racing.
+    /// inside it, and a second process waits instead of racing: for the busy timeout, then
+    /// again, up to [`MIGRATION_WAIT`] in all (another run on a large file may hold the lock
+    /// for minutes), as PostgreSQL's and MySQL's runs wait for their locks.
     fn migrations_run(&mut self) -> Result<Vec<String>, MigrationError> {
-        let mut applied = Err(MigrationError::from("not run"));
-        self.exclusive_transaction(|conn| -> QueryResult<()> {
-            applied = migrations_apply(conn, MIGRATIONS);
-            rollback_unless_applied(&applied)
-        })
-        .or_else(rolled_back)?;
-        applied
+        let started = std::time::Instant::now();
+        loop {
+            let mut applied = Err(MigrationError::from("not run"));
+            let began = std::cell::Cell::new(false);
+            let run = self.exclusive_transaction(|conn| -> QueryResult<()> {
+                began.set(true);
+                applied = migrations_apply(conn, MIGRATIONS);
+                rollback_unless_applied(&applied)
+            });
+            match run {
+                Err(e)
+                    if !began.get()
+                        && crate::db::transaction::is_infrastructure(&e)
+                        && started.elapsed() < MIGRATION_WAIT =>
+                {
+                    continue
+                }
+                run => run.or_else(rolled_back)?,
+            }
+            return applied;
+        }
     }
 
     fn migrations_known(&self) -> Result<Vec<String>, MigrationError> {
