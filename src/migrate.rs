@@ -6,7 +6,8 @@
 //! ```no_run
 //! # fn main() -> Result<(), outbox::Error> {
 //! let url = outbox::DatabaseUrl::parse("postgres://app@db.internal/app")?;
-//! let applied = outbox::run_migrations(&mut url.connect()?)?;
+//! // No reply timeout: a migration may rightly run long (a large table rebuilt).
+//! let applied = outbox::run_migrations(&mut url.with_reply_timeout(None).connect()?)?;
 //! println!("applied {applied:?}");
 //! # Ok(())
 //! # }
