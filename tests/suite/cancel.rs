@@ -277,6 +277,19 @@ every_backend! {
         assert!(matches!(err, Error::InvalidKeyword { .. }), "{err}");
     }
 
+    fn cancel_matching_counts_a_child_its_parents_cancel_reached_first(db: &TestDb) {
+        // The root's child comes a thousand tasks later: past MySQL's first chunk of ids. It
+        // matches the filter too, and is counted, as the dry run counts it, whichever cancel
+        // reaches it first (its own, or its parent's cascade).
+        let mut tasks: Vec<NewTask> = (0..1000).map(|i| NewTask::new("k", i.to_string())).collect();
+        tasks.push(NewTask::new("k", "x").after_key("k", "0"));
+        outbox::enqueue_batch(&mut db.conn(), &tasks).unwrap();
+        let filter = outbox::cancel::Filter::default().keyword("k");
+        assert_eq!(outbox::cancel::count_matching(&mut db.conn(), &filter).unwrap(), 1001);
+        assert_eq!(cancel_matching(&mut db.conn(), &filter).unwrap(), 1001);
+        assert_eq!(db.count("SELECT count(*) FROM async_task WHERE state = 'cancelled'"), 1001);
+    }
+
     fn retry_brings_a_cancelled_or_dead_task_back_and_it_runs(db: &TestDb) {
         let cancelled = enqueue(&mut db.conn(), &NewTask::new("ledger", "1")).unwrap().id;
         let dead = enqueue(&mut db.conn(), &NewTask::new("ledger", "2")).unwrap().id;

@@ -56,9 +56,10 @@ fn by_chunks(
 }
 
 /// Cancels the unfinished tasks of `filter`, [`CHUNK`] at a time in id order, each chunk
-/// locked, cancelled, and its tasks' descendants cancelled with them; returns the tasks of
-/// the filter cancelled (not their descendants), as the other backends count. The count of
-/// a dry run is theirs.
+/// locked and cancelled, then their descendants; returns the tasks of the filter cancelled
+/// (not their descendants), as the other backends count: a matching descendant in a later
+/// chunk is cancelled, and counted, by its own chunk, not by its parent's cascade. The count
+/// of a dry run is theirs.
 pub(super) fn cancel_matching(
     conn: &mut MysqlConnection,
     filter: &TaskFilter<'_>,
@@ -74,13 +75,19 @@ pub(super) fn cancel_matching(
         tenant: filter.tenant,
         ..TaskSelect::default()
     };
-    by_chunks(conn, &select, true, |conn, ids| {
-        let leased = super::task::leased_among(conn, ids)?;
-        let n = super::task::cancelled(&leased)
-            .sql(" WHERE state IN ('pending', 'blocked', 'running') AND id IN ")
-            .with(|s| list::ids(s, ids))
-            .execute(conn)?;
-        chain::cancel_descendants_of(conn, ids, "cancelled")?;
+    conn.transaction(|conn| {
+        let mut cancelled: Vec<i64> = Vec::new();
+        let n = by_chunks(conn, &select, true, |conn, ids| {
+            let leased = super::task::leased_among(conn, ids)?;
+            cancelled.extend_from_slice(ids);
+            super::task::cancelled(&leased)
+                .sql(" WHERE state IN ('pending', 'blocked', 'running') AND id IN ")
+                .with(|s| list::ids(s, ids))
+                .execute(conn)
+        })?;
+        for ids in cancelled.chunks(CHUNK as usize) {
+            chain::cancel_descendants_of(conn, ids, "cancelled")?;
+        }
         Ok(n)
     })
 }
