@@ -107,6 +107,21 @@ every_backend! {
         assert_eq!(got.get("big"), Some(&(PAGE - 10)), "the rest of the page: {got:?}");
     }
 
+    fn a_limited_tenant_is_served_by_the_next_claim_behind_another_limited_ones_backlog(db: &TestDb) {
+        // Both with a max_running (claimed apart from the fair page, the limited tenants in
+        // an order that turns from claim to claim): the older backlog of one takes no more
+        // than one claim from the other.
+        for tenant in ["big", "small"] {
+            let limits = TenantLimits::default().max_running(Some(1000));
+            set_tenant(&mut db.conn(), tenant, &limits, "test").unwrap();
+        }
+        enqueue(db, Some("big"), "big", 300);
+        backdate(db, "big", 10);
+        enqueue(db, Some("small"), "small", 5);
+        let got = claim_pages(&worker(db), 2);
+        assert_eq!(got.get("small"), Some(&5), "{got:?}");
+    }
+
     fn within_a_tenant_tasks_are_claimed_in_claim_order(db: &TestDb) {
         enqueue(db, Some("a"), "a", 100);
         enqueue(db, Some("b"), "b", 100);

@@ -44,7 +44,8 @@ pub(in crate::driver) fn claim_limited(
             // claim committed by the nodes that held them before: the running count is exact.
             // Each tenant's room is its limit less what runs; its first due tasks by the
             // tenant index, in claim order, at most a page of each; the page's first rows of
-            // all of them are then locked, and only those (a locked row is written to).
+            // all of them (tenant by tenant) are then locked, and only those (a locked row is
+            // written to).
             let limit_bind = limit;
             let picked = Statement::<Pg>::new(
                 "WITH lim AS (
@@ -69,9 +70,12 @@ pub(in crate::driver) fn claim_limited(
                      LIMIT LEAST(lim.room, ",
             )
             .bind::<BigInt, _>(limit_bind)
+            // The tenants in the order given (it turns from claim to claim), each in claim
+            // order: one's older backlog takes no more than a claim from the next.
+            .sql(")) c ORDER BY array_position(")
+            .bind::<Array<Text>, _>(tenants.to_vec())
             .sql(
-                ")) c
-                ORDER BY c.priority, c.run_at, c.id
+                ", lim.tenant), c.priority, c.run_at, c.id
                 LIMIT ",
             )
             .bind::<BigInt, _>(limit)
