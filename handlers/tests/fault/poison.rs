@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use diesel::prelude::*;
 use diesel::sql_types::{Integer, Text};
-use outbox::Backend;
+use outbox::{Backend, NewTask};
 
 use crate::db::{fault_db, task, wait_until, Db};
 use crate::invariants::check_and_publish;
@@ -371,71 +371,56 @@ fn poison_hang_mysql() {
 /// `--task-timeout`, and the chunk's tasks a deadline that covers the whole chunk. Five
 /// 300 ms handlers in a chunk of five, with a 1 s timeout, are not a hang.
 fn batched_handlers_are_timed_one_by_one(backend: Backend) {
-    let sc = Scenario::start("batched_handlers_are_timed_one_by_one", backend.name());
-    let (test_db, db) = fault_db(backend);
-    let url = test_db.url_text.clone();
-    let tasks: Vec<_> = (1..=5).map(|n| task("fault.ledger", n, 300, 3)).collect();
-    db.enqueue(&tasks);
-    let args = sc.worker_args(
-        "drain",
-        &[
-            ("--commit-batch", "5"),
-            ("--task-timeout", "1s"),
-            ("--heartbeat", "200ms"),
-            ("--dead-after", "600ms"),
-        ],
-    );
-    let mut worker = sc.spawn("drain-batched", &url, &args);
-    let took = worker.expect_exit_0(Duration::from_secs(60));
-    assert_eq!(
-        task_rows(&db, "fault.ledger")
-            .iter()
-            .map(|(state, failures, _)| (state.as_str(), *failures))
+    no_hang(
+        "batched_handlers_are_timed_one_by_one",
+        backend,
+        &(1..=5)
+            .map(|n| task("fault.ledger", n, 300, 3))
             .collect::<Vec<_>>(),
-        vec![("done", 0); 5],
-        "every task done at its first attempt, none rescued"
-    );
-    let mut report = Report::new();
-    report.add(
-        "tasks",
+        &[("--commit-batch", "5")],
         "5 fault.ledger of 300 ms, one chunk of 5, --task-timeout 1s",
     );
-    report.add("drain", format!("exit 0 in {}", secs(took)));
-    check_and_publish(&sc, &db, report, false);
 }
 
 /// A domain's timeout longer than `--task-timeout` is the timeout of its handlers: a 2.5 s
 /// handler in a domain of 10 s, with a 1 s task timeout, is not a hang (the process does not
 /// exit), and its task is done at its first attempt.
 fn a_domains_longer_timeout_is_not_a_hang(backend: Backend) {
-    let sc = Scenario::start("a_domains_longer_timeout_is_not_a_hang", backend.name());
+    no_hang(
+        "a_domains_longer_timeout_is_not_a_hang",
+        backend,
+        &[task("fault.ledger", 1, 2500, 3)],
+        &[("--domain", "slow:fault.ledger:max=1:timeout=10s")],
+        "1 fault.ledger of 2.5 s in a domain of timeout=10s, --task-timeout 1s",
+    );
+}
+
+/// `tasks` drained by one `drain --task-timeout 1s` with `flags`: it exits 0 (no hang), and
+/// every task is done at its first attempt, none rescued.
+fn no_hang(name: &str, backend: Backend, tasks: &[NewTask], flags: &[(&str, &str)], what: &str) {
+    let sc = Scenario::start(name, backend.name());
     let (test_db, db) = fault_db(backend);
     let url = test_db.url_text.clone();
-    db.enqueue(&[task("fault.ledger", 1, 2500, 3)]);
-    let args = sc.worker_args(
-        "drain",
-        &[
-            ("--task-timeout", "1s"),
-            ("--heartbeat", "200ms"),
-            ("--dead-after", "600ms"),
-            ("--domain", "slow:fault.ledger:max=1:timeout=10s"),
-        ],
-    );
-    let mut worker = sc.spawn("drain-slow-domain", &url, &args);
+    db.enqueue(tasks);
+    let mut all = vec![
+        ("--task-timeout", "1s"),
+        ("--heartbeat", "200ms"),
+        ("--dead-after", "600ms"),
+    ];
+    all.extend_from_slice(flags);
+    let args = sc.worker_args("drain", &all);
+    let mut worker = sc.spawn("drain", &url, &args);
     let took = worker.expect_exit_0(Duration::from_secs(60));
     assert_eq!(
         task_rows(&db, "fault.ledger")
             .iter()
             .map(|(state, failures, _)| (state.as_str(), *failures))
             .collect::<Vec<_>>(),
-        vec![("done", 0)],
-        "done at its first attempt, not rescued"
+        vec![("done", 0); tasks.len()],
+        "every task done at its first attempt, none rescued"
     );
     let mut report = Report::new();
-    report.add(
-        "tasks",
-        "1 fault.ledger of 2.5 s in a domain of timeout=10s, --task-timeout 1s",
-    );
+    report.add("tasks", what);
     report.add("drain", format!("exit 0 in {}", secs(took)));
     check_and_publish(&sc, &db, report, false);
 }
