@@ -3,6 +3,7 @@
 
 use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::Instant;
 
 use super::engine::Worker;
 use super::tally::Outcome;
@@ -33,6 +34,9 @@ impl From<diesel::result::Error> for Rollback {
 pub(super) enum ChunkRollback {
     /// A handler failed or panicked, or a claim was taken over.
     Task,
+    /// The last handler started ran past its domain's timeout and was ended, its chunk with
+    /// it: its task is the charge's (or rescue's, at its deadline), never run again here.
+    Ended,
     Database(diesel::result::Error),
 }
 
@@ -84,6 +88,7 @@ impl Worker {
         // process's writer turn on SQLite); the completion then commits with its writes. If
         // it never does, the completion is one statement alone, under the turn.
         let mut tx = TaskTx::new(&mut conn, Some(&self.writer_turn)).marked(mark);
+        let ended = Cell::new(false);
         let run = |tx: &mut TaskTx| -> Result<(), Rollback> {
             {
                 let longer = self.past_task_timeout(timeout.map(|(_, limit, _)| limit));
@@ -98,7 +103,9 @@ impl Worker {
                         .timeouts
                         .watch(task, lane, limit, session, None)
                 });
-                run_handler(handler, task, tx).map_err(Rollback::Handler)?;
+                let outcome = run_handler(handler, task, tx);
+                ended.set(_timeout.as_ref().is_some_and(TimeoutWatch::ended));
+                outcome.map_err(Rollback::Handler)?;
             }
             let _turn = (!tx.is_open()).then(|| self.writer_turn.take());
             tx.intact()?;
@@ -126,6 +133,13 @@ impl Worker {
         drop(conn);
         match result {
             Ok(()) => Outcome::Done,
+            // Ended past its domain's timeout: the charge records it, or, should the charge
+            // fail (a lock it waits for past its lock timeout), rescue at its deadline. Not
+            // released: a task whose charge keeps failing would run for ever uncounted.
+            Err(_) if ended.get() => {
+                log::warn!("task {}: ended past its domain's timeout", claim.id);
+                Outcome::Lost
+            }
             Err(Rollback::Fenced) => {
                 log::warn!(
                     "task {}: its claim was taken over before completion; effects rolled back",
@@ -184,18 +198,31 @@ impl Worker {
         // A task whose handler ran in the chunk is noted as running again (its effects
         // outside the database may happen twice), in the statement that checks its claim.
         let ran = Cell::new(0);
-        // Each is held first, with a deadline for the runs alone up to its own: the chunk's
-        // may be near, spent by the chunk.
-        let still_held = |chunk: &[ClaimedTask]| -> Vec<Outcome> {
-            let held: Vec<bool> = (0..chunk.len())
-                .map(|at| self.holds(&chunk[at], at < ran.get(), at + 1))
+        // Each is held first, with a deadline for the runs alone up to its own (the chunk's
+        // may be near, spent by the chunk); one `ended` past its domain's timeout is the
+        // charge's, not run again.
+        let still_held = |chunk: &[ClaimedTask], ended: Option<usize>| -> Vec<Outcome> {
+            let mut runs = 0;
+            let held: Vec<Option<Instant>> = (0..chunk.len())
+                .map(|at| {
+                    (Some(at) != ended).then(|| {
+                        runs += 1;
+                        self.holds(&chunk[at], at < ran.get(), runs)
+                    })?
+                })
                 .collect();
             chunk
                 .iter()
                 .zip(held)
-                .map(|(task, held)| match held {
-                    true => self.execute_task(task),
-                    false => {
+                .enumerate()
+                .map(|(at, (task, held))| match held {
+                    Some(deadline) => {
+                        let mut task = task.clone();
+                        task.deadline = deadline;
+                        self.execute_task(&task)
+                    }
+                    None if Some(at) == ended => Outcome::Lost,
+                    None => {
                         log::warn!(
                             "task {}: its claim was taken over before its chunk's rerun",
                             task.context.id
@@ -243,12 +270,13 @@ impl Worker {
                 self.observers.all_done(&chunk);
                 vec![Outcome::Done; chunk.len()]
             }
-            Err(_) => {
+            Err(rollback) => {
                 log::debug!(
                     "a chunk of {} tasks rolled back; running them one by one",
                     chunk.len()
                 );
-                strict(&chunk)
+                let ended = matches!(rollback, ChunkRollback::Ended).then(|| ran.get() - 1);
+                strict(&chunk, ended)
             }
         }
     }
@@ -256,15 +284,16 @@ impl Worker {
 
 impl Worker {
     /// Whether this node still holds `task`'s claim (running, under this claim's token), in
-    /// the statement that gives it a deadline of its own, `runs` of its timeout from now;
-    /// with `ran`, noting in its `last_error` that it runs again after its chunk rolled back.
-    pub(super) fn holds(&self, task: &ClaimedTask, ran: bool, runs: usize) -> bool {
+    /// the statement that gives it a deadline of its own, `runs` of its timeout from now:
+    /// that deadline, when it holds it; with `ran`, noting in its `last_error` that it runs
+    /// again after its chunk rolled back.
+    pub(super) fn holds(&self, task: &ClaimedTask, ran: bool, runs: usize) -> Option<Instant> {
         let claim = task.claim();
         // A check that cannot be made (the pool's connection lost with the chunk's, a write
         // that fails) runs the task: its completion is fenced all the same, while a task
         // skipped here would wait, running under this live node, for its chunk's deadline.
         let Ok(mut conn) = self.engine_conn() else {
-            return true;
+            return Some(task.deadline);
         };
         let note = ran.then_some(RAN_IN_A_ROLLED_BACK_CHUNK);
         let timeout = self
@@ -272,9 +301,12 @@ impl Worker {
             .map_or(self.settings.task_timeout, |(_, limit)| limit)
             .saturating_mul(u32::try_from(runs).unwrap_or(u32::MAX));
         let _turn = self.writer_turn.take();
-        driver(&mut conn)
-            .task_hold(&claim, note, super::settings::millis(timeout))
-            .map_or(true, |n| n > 0)
+        let asked = Instant::now();
+        match driver(&mut conn).task_hold(&claim, note, super::settings::millis(timeout)) {
+            Ok(0) => None,
+            Ok(_) => Some(asked + timeout),
+            Err(_) => Some(task.deadline),
+        }
     }
 
     /// A connection of the pool for this node's work ([`super::heartbeat::node_conn`]).
@@ -383,11 +415,12 @@ impl Worker {
                         .watch(task, lane, limit, session, Some(chunk_of()))
                 });
                 ran.set(ran.get() + 1);
-                run_handler(*handler, task, tx).map_err(|_| ChunkRollback::Task)?;
+                let outcome = run_handler(*handler, task, tx);
                 // Ended past its timeout, the chunk runs no more here: its other tasks are free.
                 if _timeout.as_ref().is_some_and(TimeoutWatch::ended) {
-                    return Err(ChunkRollback::Task);
+                    return Err(ChunkRollback::Ended);
                 }
+                outcome.map_err(|_| ChunkRollback::Task)?;
             }
             match complete(tx.conn()?)? {
                 n if n == chunk.len() => Ok(()),

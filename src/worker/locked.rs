@@ -252,6 +252,16 @@ impl Worker {
             Err(ChunkRollback::Task | ChunkRollback::Database(_)) => {
                 self.rerun_leased(&tasks, &ids[..ran.get()])
             }
+            // The task whose handler was ended past its domain's timeout is its charge's (or,
+            // should that fail, rescue's at its lease's deadline); the others run again.
+            Err(ChunkRollback::Ended) => {
+                let at = ran.get() - 1;
+                let (mut others, ran_ids) = (tasks.clone(), ids[..at].to_vec());
+                others.remove(at);
+                let mut outcomes = self.rerun_leased(&others, &ran_ids);
+                outcomes.push(Outcome::Lost);
+                outcomes
+            }
         }
     }
 
@@ -310,7 +320,7 @@ impl Worker {
             .enumerate()
             .map(|(at, task)| {
                 let left = claimed.len() - at;
-                let lost = ran.contains(&task.context.id) && !self.holds(task, true, left);
+                let lost = ran.contains(&task.context.id) && self.holds(task, true, left).is_none();
                 match lost {
                     true => Outcome::Lost,
                     false => self.execute_task(task),

@@ -17,7 +17,8 @@ use super::observers::Observers;
 use super::on_dead::DeadTask;
 use super::settings::Settings;
 use super::slots::Lanes;
-use crate::db::{write_transaction, DbConnection, DbPool};
+use crate::db::transaction::write_transaction_marked;
+use crate::db::{DbConnection, DbPool};
 use crate::driver::{driver, Claim, TxMark};
 use crate::error::{OpContext, Result};
 use crate::task::ClaimedTask;
@@ -245,7 +246,7 @@ impl Timeouts {
             watched.timeout
         );
         if let Some(ChunkOf::Leased(lease)) = &watched.chunk {
-            let state = bounded(conn, |conn| {
+            let state = bounded(conn, watched.claim.owner, |conn| {
                 charge_leased(
                     conn,
                     settings,
@@ -267,7 +268,7 @@ impl Timeouts {
             return Ok((state.as_deref().map(Charged::of), error));
         }
         self.end_session(conn, key, &watched.session);
-        let charged = bounded(conn, |conn| {
+        let charged = bounded(conn, watched.claim.owner, |conn| {
             if failures >= max {
                 driver(conn).task_fail_dead(&watched.claim, &error)
             } else {
@@ -331,15 +332,22 @@ fn log_charged(watched: &Watched, error: &str, state: Option<&str>) {
     );
 }
 
-/// Runs a charge in a transaction whose lock waits are bounded: a task made dead cancels its
-/// descendants, whose rows another transaction may hold for as long as it likes, and the one
-/// thread that ends every domain's handlers must not wait for it (a charge that fails is made
-/// again later).
+/// Runs a charge in a transaction of `node`'s whose lock waits are bounded: a task made dead
+/// cancels its descendants, whose rows another transaction may hold for as long as it likes,
+/// and the one thread that ends every domain's handlers must not wait for it (a charge that
+/// fails is made again while the handler runs, and rescue charges the task at its deadline
+/// after). Marked as the node's other transactions are (PostgreSQL): a node frozen inside it
+/// holds the rows it wrote only until a rescue pass ends it.
 fn bounded<T>(
     conn: &mut DbConnection,
+    node: i64,
     charge: impl FnOnce(&mut DbConnection) -> Result<T>,
 ) -> Result<T> {
-    write_transaction(conn, |conn| {
+    let mark = TxMark {
+        node,
+        run: super::lease::next_run(),
+    };
+    write_transaction_marked(conn, Some(mark), |conn| {
         driver(conn)
             .transaction_lock_wait_bounded()
             .op("task timeout")?;

@@ -687,3 +687,61 @@ fn a_timeouts_charge_that_meets_a_held_descendant_holds_up_no_other_charge() {
     );
     assert_eq!(db.task(child).state, "cancelled");
 }
+
+/// A charge at a domain's timeout that gives up at its lock timeout (a dead task's descendant
+/// held by another transaction) leaves the task to be charged, not released: the hung
+/// handler's session was ended first, and its handler, failing on the cut connection, once
+/// released the task uncharged, so that a task held that way never reached its max attempts.
+/// It stays running, and a rescue pass charges it at its deadline once the lock is free.
+#[test]
+fn a_handler_ended_at_its_timeout_whose_charge_failed_is_not_released_uncharged() {
+    use diesel::connection::SimpleConnection;
+    let db = &TestDb::postgres();
+    let parent = outbox::enqueue(&mut db.conn(), &NewTask::new("slow.p", "p").max_attempts(1))
+        .unwrap()
+        .id;
+    let child = outbox::enqueue(&mut db.conn(), &NewTask::new("other", "c").after(parent))
+        .unwrap()
+        .id;
+    let mut registry = Registry::new();
+    registry.register(
+        "slow.p",
+        |_: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
+            tx.conn()?.batch_execute("SELECT pg_sleep(10)")?;
+            Ok(())
+        },
+    );
+    registry.register(
+        "other",
+        |_: &TaskContext, _: &mut TaskTx| -> HandlerResult { Ok(()) },
+    );
+    let worker = Worker::new(
+        &db.url,
+        registry,
+        config(2).domain(Domain::max("p", ["slow.p"], 1).timeout(Duration::from_millis(300))),
+    )
+    .unwrap();
+    let mut holder = db.conn();
+    diesel::sql_query("BEGIN").execute(&mut holder).unwrap();
+    diesel::sql_query(format!(
+        "SELECT id FROM async_task WHERE id = {child} FOR UPDATE"
+    ))
+    .execute(&mut holder)
+    .unwrap();
+    let tally = worker.run_once().unwrap();
+    let task = db.task(parent);
+    assert!(
+        !(task.state == "pending" && task.failures == 0),
+        "released uncharged: {task:?} {tally:?}"
+    );
+    diesel::sql_query("ROLLBACK").execute(&mut holder).unwrap();
+    let charged = wait_for(|| {
+        crate::rescue::quiet_worker(db).rescue_once().is_ok()
+            && db.count(&format!(
+                "SELECT count(*) FROM async_task WHERE id = {parent} AND state = 'dead'"
+            )) == 1
+    });
+    assert!(charged, "{:?}", db.task(parent));
+    assert_eq!(db.task(parent).failures, 1);
+    assert_eq!(db.task(child).state, "cancelled");
+}
