@@ -20,8 +20,8 @@
 //!   all of the above;
 //! - the task's path, each module adding its part of `impl Worker`: `claim` (and the claim
 //!   of a suspect), `run` (the loops: `drain`, `run`, `run_once`), `refill` (when a claim is
-//!   made and how much it takes), `locked` (lock claims), `execute`, `record`; and `cron`,
-//!   which enqueues the schedules' ticks;
+//!   made and how much it takes), `locked` (lock claims), `execute`, `chunk` (a batched
+//!   chunk), `record`; and `cron`, which enqueues the schedules' ticks;
 //! - what stands on the worker: a [`Fleet`] of several databases, and `shutdown` (signals
 //!   and the grace period).
 
@@ -58,6 +58,7 @@ mod dispatch;
 mod engine;
 
 // The task's path: claim → dispatch → execute → record, and the loops that drive it.
+mod chunk;
 mod claim;
 mod cron;
 mod execute;

@@ -1,0 +1,143 @@
+//! A batched chunk's path: its tasks run in one transaction and are completed together;
+//! after a rollback, each still held runs again alone ([`Worker::run_chunk`] runs the
+//! handlers).
+
+use std::cell::Cell;
+use std::time::Instant;
+
+use super::engine::Worker;
+use super::execute::ChunkRollback;
+use super::tally::Outcome;
+use crate::driver::driver;
+use crate::task::ClaimedTask;
+
+/// What a task whose handler ran in a chunk that rolled back says in `last_error` when it
+/// runs again alone: its effects outside the database may happen twice.
+const RAN_IN_A_ROLLED_BACK_CHUNK: &str =
+    "run again alone: its chunk rolled back after its handler ran";
+
+impl Worker {
+    /// Runs a chunk of claimed tasks in one transaction and marks them done with one fenced
+    /// UPDATE (batched mode, [`crate::WorkerConfig::commit_batch`]). If anything fails — a
+    /// handler's error or panic, a claim taken over (fewer rows marked than claimed), the
+    /// commit — the chunk rolls back as a whole and each of its tasks runs again in strict
+    /// mode, which records that task's own outcome.
+    pub(crate) fn execute_chunk(&self, chunk: Vec<ClaimedTask>) -> Vec<Outcome> {
+        let strict = |chunk: &[ClaimedTask]| -> Vec<Outcome> {
+            chunk.iter().map(|task| self.execute_task(task)).collect()
+        };
+        // After the chunk rolled back, each task runs again alone only if this node still
+        // holds its claim: one cancelled, charged by the domain watchdog, released with its
+        // chunk or rescued meanwhile is not run again here.
+        // A task whose handler ran in the chunk is noted as running again (its effects
+        // outside the database may happen twice), in the statement that checks its claim.
+        let ran = Cell::new(0);
+        // Each is held first, with a deadline for the runs alone up to its own (the chunk's
+        // may be near, spent by the chunk); one `ended` past its domain's timeout is the
+        // charge's, not run again.
+        let still_held = |chunk: &[ClaimedTask], ended: Option<usize>| -> Vec<Outcome> {
+            let mut runs = 0;
+            let held: Vec<Option<Instant>> = (0..chunk.len())
+                .map(|at| {
+                    (Some(at) != ended).then(|| {
+                        runs += 1;
+                        self.holds(&chunk[at], at < ran.get(), runs)
+                    })?
+                })
+                .collect();
+            chunk
+                .iter()
+                .zip(held)
+                .enumerate()
+                .map(|(at, (task, held))| match held {
+                    Some(deadline) => {
+                        let mut task = task.clone();
+                        task.deadline = deadline;
+                        self.execute_task(&task)
+                    }
+                    None if Some(at) == ended => Outcome::Lost,
+                    None => {
+                        log::warn!(
+                            "task {}: its claim was taken over before its chunk's rerun",
+                            task.context.id
+                        );
+                        Outcome::Lost
+                    }
+                })
+                .collect()
+        };
+        if chunk.len() < 2 || self.is_stopping() {
+            return strict(&chunk);
+        }
+        let Some(handlers) = chunk
+            .iter()
+            .map(|task| self.registry.get(&task.context.keyword))
+            .collect::<Option<Vec<_>>>()
+        else {
+            return strict(&chunk);
+        };
+        let Ok(mut conn) = self.engine_conn() else {
+            return strict(&chunk);
+        };
+        let claims: Vec<(i64, i64)> = chunk.iter().map(ClaimedTask::id_token).collect();
+        let owner = chunk[0].owner;
+        // The completion of several tasks must be all or nothing even when no handler opened
+        // the transaction: one BEGIN per chunk.
+        let result = self.run_chunk(&mut conn, None, &chunk, &handlers, &ran, |conn| {
+            driver(conn).task_complete_many(owner, &claims)
+        });
+        let strict = still_held;
+        drop(conn);
+        match result {
+            Ok(()) => {
+                self.observers.all_done(&chunk);
+                vec![Outcome::Done; chunk.len()]
+            }
+            // The connection failed at or after the chunk's completion: the commit may have
+            // happened with its reply lost. The chunk is all or nothing, so one task tells.
+            Err(ChunkRollback::Database(_)) if self.is_done_under(&chunk[0].claim()) => {
+                log::warn!(
+                    "a chunk of {} tasks found done under its claims after a database error: \
+                     its commit happened and the reply was lost",
+                    chunk.len()
+                );
+                self.observers.all_done(&chunk);
+                vec![Outcome::Done; chunk.len()]
+            }
+            Err(rollback) => {
+                log::debug!(
+                    "a chunk of {} tasks rolled back; running them one by one",
+                    chunk.len()
+                );
+                let ended = matches!(rollback, ChunkRollback::Ended).then(|| ran.get() - 1);
+                strict(&chunk, ended)
+            }
+        }
+    }
+
+    /// Whether this node still holds `task`'s claim (running, under this claim's token), in
+    /// the statement that gives it a deadline of its own, `runs` of its timeout from now:
+    /// that deadline, when it holds it; with `ran`, noting in its `last_error` that it runs
+    /// again after its chunk rolled back.
+    pub(super) fn holds(&self, task: &ClaimedTask, ran: bool, runs: usize) -> Option<Instant> {
+        let claim = task.claim();
+        // A check that cannot be made (the pool's connection lost with the chunk's, a write
+        // that fails) runs the task: its completion is fenced all the same, while a task
+        // skipped here would wait, running under this live node, for its chunk's deadline.
+        let Ok(mut conn) = self.engine_conn() else {
+            return Some(task.deadline);
+        };
+        let note = ran.then_some(RAN_IN_A_ROLLED_BACK_CHUNK);
+        let timeout = self
+            .watched(task)
+            .map_or(self.settings.task_timeout, |(_, limit)| limit)
+            .saturating_mul(u32::try_from(runs).unwrap_or(u32::MAX));
+        let _turn = self.writer_turn.take();
+        let asked = Instant::now();
+        match driver(&mut conn).task_hold(&claim, note, super::settings::millis(timeout)) {
+            Ok(0) => None,
+            Ok(_) => Some(asked + timeout),
+            Err(_) => Some(task.deadline),
+        }
+    }
+}
