@@ -157,9 +157,13 @@ pub(super) fn tenant_over_max_queued(
     }
     let (limits, queued): (Limits, Queued) = match conn {
         // A producer at REPEATABLE READ reads its snapshot, which may be older than the limit
-        // its enqueue met: the limits are read as the trigger read them, locking (the newest).
+        // its enqueue met: the limits are read as the trigger read them, locking (the newest),
+        // passing over a tenant another producer holds (the one refused is this one's).
         #[cfg(feature = "mysql")]
-        Conn::Mysql(c) => (limits!().for_update().load(c)?, queued!().load(c)?),
+        Conn::Mysql(c) => (
+            limits!().for_update().skip_locked().load(c)?,
+            queued!().load(c)?,
+        ),
         #[allow(unreachable_patterns)]
         conn => on_backend!(conn, |c| (limits!().load(c)?, queued!().load(c)?)),
     };

@@ -8,12 +8,13 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
 use super::config::QUEUE_PER_THREAD;
+use super::domain_rows::{held_keywords, merge, paused_as_now, shared_pool_rows, Merged};
 use super::plan::{Plan, PlanLane};
 use super::slots::{LaneSpec, Lanes, Share};
 use crate::db::DbConnection;
 use crate::domain::{validate_domains, Domain, DomainMode, NodeDomains, DEFAULT_DOMAIN};
 use crate::driver::{domain_rows, keyword_paused, DomainRow};
-use crate::error::{Error, OpContext, Result};
+use crate::error::{OpContext, Result};
 
 /// A domain's queue when it sets none: [`QUEUE_PER_THREAD`] for each thread it can run on
 /// at once — a `MAX n` domain's n (within `default`'s `shared` threads), a `RESERVED n`
@@ -110,7 +111,9 @@ impl DomainControl {
             }
             // The last good rows stay, with every pause of now: a row this node refuses
             // keeps no keyword claimed that a pause holds.
-            Err(refused) => self.apply_with(&good, &held, &paused).and(Err(refused)),
+            Err(refused) => self
+                .apply_with(&paused_as_now(&good, &rows), &held, &paused)
+                .and(Err(refused)),
         }
     }
 
@@ -294,140 +297,6 @@ impl DomainControl {
         })
         .expect("domains serialise")
     }
-}
-
-/// `default`'s overrides from its row.
-#[derive(Debug, Default)]
-struct DefaultRow {
-    queue: Option<usize>,
-    timeout: Option<Duration>,
-    paused: bool,
-}
-
-/// A domain as configured and overridden, with its row's flags.
-#[derive(Debug)]
-struct Merged {
-    domain: Domain,
-    paused: bool,
-    released: bool,
-}
-
-/// The configured domains with each row's non-NULL fields over them; a row naming a domain
-/// not configured here adds it when it sets keywords, mode and threads.
-fn merge(configured: &[Domain], rows: &[DomainRow]) -> Result<(DefaultRow, Vec<Merged>)> {
-    let mut default = DefaultRow::default();
-    let mut merged: Vec<Merged> = configured
-        .iter()
-        .map(|d| Merged {
-            domain: d.clone(),
-            paused: false,
-            released: false,
-        })
-        .collect();
-    for row in rows {
-        let bad = |reason: String| Error::InvalidDomain {
-            domain: row.name.clone(),
-            reason: format!("its async_domain row {reason}"),
-        };
-        let queue = row.queue.map(|q| usize::try_from(q).unwrap_or(0));
-        let timeout = row
-            .timeout_ms
-            .map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0)));
-        if row.name == DEFAULT_DOMAIN {
-            default = DefaultRow {
-                queue,
-                timeout,
-                paused: row.paused,
-            };
-            continue;
-        }
-        let keywords = row
-            .keywords
-            .as_deref()
-            .map(serde_json::from_str::<Vec<String>>)
-            .transpose()
-            .map_err(|e| bad(format!("has keywords that are not a JSON array: {e}")))?;
-        let mode = match row.mode.as_deref() {
-            None => None,
-            Some("max") => Some(DomainMode::Max),
-            Some("reserved") => Some(DomainMode::Reserved),
-            Some(other) => return Err(bad(format!("has an unknown mode {other:?}"))),
-        };
-        let threads = row.threads.map(|t| usize::try_from(t).unwrap_or(0));
-        let entry = match merged.iter().position(|m| m.domain.name == row.name) {
-            Some(i) => &mut merged[i],
-            None => match (&keywords, mode, threads) {
-                (Some(k), Some(m), Some(t)) => {
-                    merged.push(Merged {
-                        domain: Domain {
-                            name: row.name.clone(),
-                            keywords: k.clone(),
-                            mode: m,
-                            threads: t,
-                            queue: None,
-                            timeout: None,
-                        },
-                        paused: false,
-                        released: false,
-                    });
-                    merged.last_mut().expect("pushed")
-                }
-                // A pause or release of a domain this node does not have.
-                _ => continue,
-            },
-        };
-        let d = &mut entry.domain;
-        d.keywords = keywords.unwrap_or_else(|| d.keywords.clone());
-        d.mode = mode.unwrap_or(d.mode);
-        d.threads = threads.unwrap_or(d.threads);
-        d.queue = queue.or(d.queue);
-        d.timeout = timeout.or(d.timeout);
-        entry.paused = row.paused;
-        entry.released = row.released;
-    }
-    Ok((default, merged))
-}
-
-/// The keywords the paused or released domains of `rows` hold on every node (see
-/// [`crate::domain::admin::DomainSetting::held_keywords`]); a row whose list is unreadable
-/// holds none, as its domain's other fields it cannot read are left to the node.
-fn held_keywords(rows: &[DomainRow]) -> Vec<String> {
-    rows.iter()
-        .filter(|r| r.name != DEFAULT_DOMAIN && (r.paused || r.released))
-        .filter_map(|r| {
-            serde_json::from_str::<Vec<String>>(r.held_keywords.as_deref()?)
-                .map_err(|e| {
-                    log::warn!(
-                        "async_domain row {:?}: held_keywords are not a JSON array of \
-                         strings ({e}); ignored",
-                        r.name
-                    );
-                })
-                .ok()
-        })
-        .flatten()
-        .collect()
-}
-
-/// What a database of a fleet takes from its `async_domain` rows: `default`'s pause only.
-fn shared_pool_rows(rows: &[DomainRow]) -> Vec<DomainRow> {
-    let mut kept = Vec::new();
-    for row in rows {
-        if row.name == DEFAULT_DOMAIN {
-            kept.push(DomainRow {
-                queue: None,
-                timeout_ms: None,
-                ..row.clone()
-            });
-        } else {
-            log::warn!(
-                "domain {:?} of async_domain ignored: a worker serving several databases has \
-                 no domains",
-                row.name
-            );
-        }
-    }
-    kept
 }
 
 fn millis(d: Duration) -> u64 {

@@ -13,9 +13,9 @@
 //!   state, the suspects' flags, the background threads' ticker, `LISTEN`;
 //! - configuration: [`WorkerConfig`] and its defaults, the claim strategy's settings, the
 //!   resolved settings, and a lock claim's lease (what its chunk's transaction is);
-//! - the services' state and loops: domains, tenant limits, cancels, the claim strategy at
-//!   run time, observers, the heartbeat, the rescue pass, the hang watchdog, the domains'
-//!   timeouts, and `services`, which starts their threads;
+//! - the services' state and loops: domains (and their rows, `domain_rows`), tenant limits,
+//!   cancels, the claim strategy at run time, observers, the heartbeat, the rescue pass, the
+//!   hang watchdog, the domains' timeouts, and `services`, which starts their threads;
 //! - the execution pool (`dispatch`), then the [`Worker`] itself (`engine`), which holds
 //!   all of the above;
 //! - the task's path, each module adding its part of `impl Worker`: `claim` (and the claim
@@ -44,6 +44,7 @@ mod strategy;
 
 // The background services and the state the path reads.
 mod cancels;
+mod domain_rows;
 mod domains;
 mod heartbeat;
 mod observers;

@@ -286,6 +286,11 @@ every_backend! {
         assert_eq!(worker.run_once().unwrap().claimed, 2, "only other's tasks");
         assert_eq!(worker.drain().unwrap().tally.claimed, 0);
         db.exec("DELETE FROM async_pause");
+        // A pause of `default` itself (a row of the table, as `outbox pause default` writes).
+        db.exec("INSERT INTO async_domain (name, paused, updated_by) VALUES ('default', true, 't')");
+        worker.heartbeat_once().unwrap();
+        assert_eq!(worker.drain().unwrap().tally.claimed, 0, "default paused");
+        db.exec("DELETE FROM async_domain WHERE name = 'default'");
         worker.heartbeat_once().unwrap();
         assert_eq!(worker.drain().unwrap().tally.done, 2);
     }
@@ -478,9 +483,12 @@ server_backends! {
         let worker = Worker::new(
             &db.url,
             registry,
-            lock_config(2).domain(
-                Domain::max("sleepy", ["sleepy", "quick"], 1).timeout(Duration::from_millis(300)),
-            ),
+            lock_config(2)
+                .domain(
+                    Domain::max("sleepy", ["sleepy", "quick"], 1)
+                        .timeout(Duration::from_millis(300)),
+                )
+                .metrics_addr("127.0.0.1:0".parse().unwrap()),
         )
         .unwrap();
         assert_eq!(worker.claim_style(), ClaimStyle::Lock);
@@ -501,6 +509,12 @@ server_backends! {
         );
         let node = published(db, &worker);
         assert_eq!((node.domains[1].running, node.domains[1].stuck), (0, 0));
+        // Counted once, as retried, by the charge (the handler's own end was fenced out).
+        let scraped = crate::scrape::scrape(worker.metrics_addr().unwrap());
+        let finished = |outcome: &str| {
+            scraped.value("outbox_tasks_finished_total", &[("keyword", "sleepy"), ("outcome", outcome)])
+        };
+        assert_eq!(finished("retried"), Some(1.0));
     }
 }
 

@@ -55,18 +55,23 @@ fn begin_with(conn: &mut PgConnection, sql: &str) -> QueryResult<()> {
 /// of its run, by which rescue and the domain watchdog find its session in `pg_locks` (see
 /// [`crate::driver::Driver::transaction_begin`]). Numbers, not text from elsewhere.
 fn marks(mark: TxMark) -> String {
+    marks_keyed(mark.node, lease::key(mark.run))
+}
+
+/// [`marks`] with the run's key as given.
+fn marks_keyed(node: i64, run: i32) -> String {
     format!(
-        "SELECT pg_advisory_xact_lock_shared({}, {}), pg_advisory_xact_lock_shared({}, {})",
+        "SELECT pg_advisory_xact_lock_shared({}, {}), pg_advisory_xact_lock_shared({}, {run})",
         lease::NODE_CLASS,
-        lease::key(mark.node),
+        lease::key(node),
         lease::RUN_CLASS,
-        lease::key(mark.run)
     )
 }
 
-/// The run of the mark of a claim's or a rescue's transaction: no chunk's (runs count from
-/// 1, and come back to 0 once in 2³¹), so that only its node's death ends it.
-const UPKEEP_RUN: i64 = 0;
+/// The run key of the mark of a claim's or a rescue's transaction: negative, which no run's
+/// key is ([`lease::key`] keeps 31 bits), so that neither the domain watchdog, which ends a
+/// run, nor a late lease's chunk ever names it: only its node's death ends it.
+const UPKEEP_RUN_KEY: i32 = -1;
 
 /// Runs a claim of `node`'s with PostgreSQL's JIT compilation off for its transaction (`SET
 /// LOCAL jit = off`): in a transaction of its own, begun in the same round trip, or in the
@@ -98,7 +103,7 @@ pub(super) const RESCUE_SETTINGS: &str = "SET LOCAL jit = off; SET LOCAL lock_ti
 
 /// Runs `f` in a transaction of `node`'s whose `settings` (`SET LOCAL …`) are applied first:
 /// a transaction of its own, begun in the same round trip, or the caller's. Either way it
-/// holds `node`'s mark (run [`UPKEEP_RUN`]): a process frozen inside it, with the rows its
+/// holds `node`'s mark (run [`UPKEEP_RUN_KEY`]): a process frozen inside it, with the rows its
 /// statement locked, is ended by a rescue pass once its node is dead, as its tasks'
 /// transactions are.
 pub(super) fn with_local<T>(
@@ -107,13 +112,7 @@ pub(super) fn with_local<T>(
     node: i64,
     f: impl FnOnce(&mut PgConnection) -> QueryResult<T>,
 ) -> QueryResult<T> {
-    let local = format!(
-        "{settings}; {}",
-        marks(TxMark {
-            node,
-            run: UPKEEP_RUN
-        })
-    );
+    let local = format!("{settings}; {}", marks_keyed(node, UPKEEP_RUN_KEY));
     match crate::db::transaction::depth_of(conn) {
         Some(0) => {}
         Some(_) => {

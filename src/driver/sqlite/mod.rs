@@ -107,7 +107,9 @@ impl Driver for SqliteConnection {
                         && crate::db::transaction::is_infrastructure(&e)
                         && started.elapsed() < MIGRATION_WAIT =>
                 {
-                    continue
+                    // (A connection without a busy timeout is refused at once.)
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                    continue;
                 }
                 run => run.or_else(rolled_back)?,
             }
