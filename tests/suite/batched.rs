@@ -221,11 +221,11 @@ every_claim_style! {
     }
 
     fn a_task_run_again_after_its_chunk_rolled_back_has_its_own_time(db: &TestDb, config: WorkerConfig) {
-        // A chunk of three 1.6 s tasks with a domain's timeout of 2 s (the task timeout 1 s):
-        // the chunk's deadline is 6 s, and the second fails at 3.2 s. Run again alone, the
-        // first ends at 4.8 s, the second at 6.4 s and the third at 8 s: each has a deadline
-        // of its own, of its domain's timeout, and a rescuer passing all the while charges
-        // nothing.
+        // A chunk of three 1.6 s tasks with a domain's timeout of 2.5 s (the task timeout
+        // 1 s): the chunk's deadline is 7.5 s, and the second fails at 3.2 s. Run again alone,
+        // the first ends at 4.8 s, the second at 6.4 s and the third at 8 s: each has a
+        // deadline of its own, of its domain's timeout (5.7, 8.2 and 10.7 s), and a rescuer
+        // passing all the while charges nothing.
         use std::sync::atomic::AtomicBool;
         use std::time::Duration;
         let ids: Vec<i64> = enqueue_batch(&mut db.conn(), &[NewTask::new("ledger", "1"), NewTask::new("ledger", "2"), NewTask::new("ledger", "3")])
@@ -246,7 +246,7 @@ every_claim_style! {
             .page_size(3)
             .commit_batch(3)
             .task_timeout(Duration::from_secs(1))
-            .domain(outbox::domain::Domain::max("d", ["ledger"], 1).timeout(Duration::from_secs(2)));
+            .domain(outbox::domain::Domain::max("d", ["ledger"], 1).timeout(Duration::from_millis(2500)));
         let w = Worker::new(&db.url, registry, config).unwrap();
         let rescuer = crate::rescue::quiet_worker(db);
         let stop = AtomicBool::new(false);
