@@ -16,12 +16,28 @@ use outbox::{
 use crate::ledger_registry;
 use crate::support::TestDb;
 
-/// A gate a handler waits at until it is opened (60 s at most).
-pub(crate) type Gate = Arc<(Mutex<bool>, Condvar)>;
+/// A gate a handler waits at until it is opened (60 s at most), and how many came to it.
+pub(crate) type Gate = Arc<(Mutex<GateState>, Condvar)>;
+
+#[derive(Debug, Default)]
+pub(crate) struct GateState {
+    open: bool,
+    entered: usize,
+}
 
 pub(crate) fn open(gate: &Gate) {
-    *gate.0.lock().unwrap() = true;
+    gate.0.lock().unwrap().open = true;
     gate.1.notify_all();
+}
+
+/// Waits until `n` handlers came to the gate (20 s at most); whether they did.
+fn entered(gate: &Gate, n: usize) -> bool {
+    let (state, changed) = &**gate;
+    let state = state.lock().unwrap();
+    let (state, _) = changed
+        .wait_timeout_while(state, Duration::from_secs(20), |g| g.entered < n)
+        .unwrap();
+    state.entered >= n
 }
 
 /// `ledger` tasks, a `stuck` keyword whose handler waits at the gate, a `first` one whose
@@ -33,10 +49,12 @@ pub(crate) fn registry(gate: &Gate) -> outbox::Registry {
     registry.register(
         "stuck",
         move |_: &TaskContext, _: &mut TaskTx| -> HandlerResult {
-            let (open, changed) = &*gate;
-            let guard = open.lock().unwrap();
+            let (state, changed) = &*gate;
+            let mut guard = state.lock().unwrap();
+            guard.entered += 1;
+            changed.notify_all();
             let _open = changed
-                .wait_timeout_while(guard, Duration::from_secs(60), |open| !*open)
+                .wait_timeout_while(guard, Duration::from_secs(60), |g| !g.open)
                 .unwrap();
             Ok(())
         },
@@ -236,6 +254,8 @@ fn released_at_stop<R: Send>(
             std::thread::sleep(Duration::from_millis(20));
         }
         assert_eq!(db.count(running), n, "not all claimed");
+        // The blocked handler runs: the stop comes while it blocks, not before it starts.
+        assert!(entered(gate, 1), "the first handler never started");
         stop.store(true, Ordering::Relaxed);
         let deadline = Instant::now() + Duration::from_secs(10);
         while db.count(released) < n - 1 && Instant::now() < deadline {
