@@ -39,10 +39,11 @@ impl Worker {
             let mut runs = 0;
             let held: Vec<Option<Instant>> = (0..chunk.len())
                 .map(|at| {
-                    (Some(at) != ended).then(|| {
-                        runs += 1;
-                        self.holds(&chunk[at], at < ran.get(), runs)
-                    })?
+                    if Some(at) == ended {
+                        return None;
+                    }
+                    runs += 1;
+                    self.holds(&chunk[at], at < ran.get(), runs)
                 })
                 .collect();
             chunk
@@ -129,8 +130,7 @@ impl Worker {
         };
         let note = ran.then_some(RAN_IN_A_ROLLED_BACK_CHUNK);
         let timeout = self
-            .watched(task)
-            .map_or(self.settings.task_timeout, |(_, limit)| limit)
+            .own_timeout(task)
             .saturating_mul(u32::try_from(runs).unwrap_or(u32::MAX));
         let _turn = self.writer_turn.take();
         let asked = Instant::now();

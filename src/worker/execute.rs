@@ -213,8 +213,14 @@ impl Worker {
         })
     }
 
+    /// How long `task`'s handler may run: its domain's timeout, or the task timeout.
+    pub(super) fn own_timeout(&self, task: &ClaimedTask) -> std::time::Duration {
+        self.watched(task)
+            .map_or(self.settings.task_timeout, |(_, limit)| limit)
+    }
+
     /// The lane of a task of a domain with a timeout, and the timeout.
-    pub(super) fn watched(&self, task: &ClaimedTask) -> Option<(usize, std::time::Duration)> {
+    fn watched(&self, task: &ClaimedTask) -> Option<(usize, std::time::Duration)> {
         if !self.services.domains.watching() {
             return None;
         }

@@ -289,8 +289,7 @@ impl Worker {
         // Each runs alone, one after another, with its domain's timeout when it has one.
         let each = tasks
             .first()
-            .and_then(|t| self.watched(t))
-            .map_or(self.settings.task_timeout, |(_, limit)| limit);
+            .map_or(self.settings.task_timeout, |t| self.own_timeout(t));
         let timeout = each.saturating_mul(u32::try_from(claims.len()).unwrap_or(u32::MAX));
         let claimed = self.retry_until("a rolled-back chunk's claim", lease_deadline, |conn| {
             let deadline = Instant::now() + timeout;

@@ -635,6 +635,29 @@ fn a_timeouts_charge_that_meets_a_dead_connection_is_made_at_the_next_pass() {
     );
 }
 
+/// A `slow.p` task at its last attempt, and its child `other`.
+fn dying_parent_and_child(db: &TestDb) -> (i64, i64) {
+    let parent = outbox::enqueue(&mut db.conn(), &NewTask::new("slow.p", "p").max_attempts(1))
+        .unwrap()
+        .id;
+    let child = outbox::enqueue(&mut db.conn(), &NewTask::new("other", "c").after(parent))
+        .unwrap()
+        .id;
+    (parent, child)
+}
+
+/// A connection whose open transaction holds the task `id`'s row (`ROLLBACK` lets it go).
+fn holding(db: &TestDb, id: i64) -> outbox::DbConnection {
+    let mut holder = db.conn();
+    diesel::sql_query("BEGIN").execute(&mut holder).unwrap();
+    diesel::sql_query(format!(
+        "SELECT id FROM async_task WHERE id = {id} FOR UPDATE"
+    ))
+    .execute(&mut holder)
+    .unwrap();
+    holder
+}
+
 /// A charge at a domain's timeout waits for no lock for ever, on PostgreSQL: a task made dead
 /// there cancels its descendants, whose rows a producer's or an operator's open transaction
 /// may hold. Its charge gives up after the lock timeout and is made again later, and the
@@ -642,12 +665,7 @@ fn a_timeouts_charge_that_meets_a_dead_connection_is_made_at_the_next_pass() {
 #[test]
 fn a_timeouts_charge_that_meets_a_held_descendant_holds_up_no_other_charge() {
     let db = &TestDb::postgres();
-    let parent = outbox::enqueue(&mut db.conn(), &NewTask::new("slow.p", "p").max_attempts(1))
-        .unwrap()
-        .id;
-    let child = outbox::enqueue(&mut db.conn(), &NewTask::new("other", "c").after(parent))
-        .unwrap()
-        .id;
+    let (parent, child) = dying_parent_and_child(db);
     let other = outbox::enqueue(&mut db.conn(), &NewTask::new("slow.q", "q"))
         .unwrap()
         .id;
@@ -669,13 +687,7 @@ fn a_timeouts_charge_that_meets_a_held_descendant_holds_up_no_other_charge() {
             .domain(Domain::max("q", ["slow.q"], 1).timeout(Duration::from_millis(1500))),
     )
     .unwrap();
-    let mut holder = db.conn();
-    diesel::sql_query("BEGIN").execute(&mut holder).unwrap();
-    diesel::sql_query(format!(
-        "SELECT id FROM async_task WHERE id = {child} FOR UPDATE"
-    ))
-    .execute(&mut holder)
-    .unwrap();
+    let mut holder = holding(db, child);
     std::thread::scope(|s| {
         let run = s.spawn(|| worker.run_once().unwrap());
         let charged = wait_for(|| {
@@ -711,12 +723,7 @@ fn a_timeouts_charge_that_meets_a_held_descendant_holds_up_no_other_charge() {
 fn a_handler_ended_at_its_timeout_whose_charge_failed_is_not_released_uncharged() {
     use diesel::connection::SimpleConnection;
     let db = &TestDb::postgres();
-    let parent = outbox::enqueue(&mut db.conn(), &NewTask::new("slow.p", "p").max_attempts(1))
-        .unwrap()
-        .id;
-    let child = outbox::enqueue(&mut db.conn(), &NewTask::new("other", "c").after(parent))
-        .unwrap()
-        .id;
+    let (parent, child) = dying_parent_and_child(db);
     let mut registry = Registry::new();
     registry.register(
         "slow.p",
@@ -735,13 +742,7 @@ fn a_handler_ended_at_its_timeout_whose_charge_failed_is_not_released_uncharged(
         config(2).domain(Domain::max("p", ["slow.p"], 1).timeout(Duration::from_millis(300))),
     )
     .unwrap();
-    let mut holder = db.conn();
-    diesel::sql_query("BEGIN").execute(&mut holder).unwrap();
-    diesel::sql_query(format!(
-        "SELECT id FROM async_task WHERE id = {child} FOR UPDATE"
-    ))
-    .execute(&mut holder)
-    .unwrap();
+    let mut holder = holding(db, child);
     let tally = worker.run_once().unwrap();
     let task = db.task(parent);
     assert!(

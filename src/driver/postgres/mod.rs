@@ -91,6 +91,14 @@ pub(super) fn without_jit<T>(
     with_local(conn, "SET LOCAL jit = off", node, claim)
 }
 
+/// How long a statement of a transaction that must not wait for ever waits for a lock: a
+/// rescue's, a charge's (PostgreSQL has no lock timeout by default).
+macro_rules! lock_wait_bound {
+    () => {
+        "SET LOCAL lock_timeout = '2s'"
+    };
+}
+
 /// What a rescue statement's transaction sets. JIT off, as for a claim: its estimate grows
 /// with the running tasks, and it reads them through an index. A lock timeout: its locks of
 /// tasks and leases pass over rows another transaction holds (`SKIP LOCKED`), but the chains'
@@ -99,7 +107,7 @@ pub(super) fn without_jit<T>(
 /// lived (PostgreSQL has no lock timeout by default). Past 2 s the statement fails, rolled
 /// back whole: rescue charges a dying parent in a statement of its own, and leaves one that
 /// fails so for a later pass (`worker/rescue.rs`).
-pub(super) const RESCUE_SETTINGS: &str = "SET LOCAL jit = off; SET LOCAL lock_timeout = '2s'";
+pub(super) const RESCUE_SETTINGS: &str = concat!("SET LOCAL jit = off; ", lock_wait_bound!());
 
 /// Runs `f` in a transaction of `node`'s whose `settings` (`SET LOCAL …`) are applied first:
 /// a transaction of its own, begun in the same round trip, or the caller's. Either way it
@@ -170,7 +178,7 @@ impl Driver for PgConnection {
     }
 
     fn transaction_lock_wait_bounded(&mut self) -> QueryResult<()> {
-        self.batch_execute("SET LOCAL lock_timeout = '2s'")
+        self.batch_execute(lock_wait_bound!())
     }
 
     fn migrations_known(&self) -> Result<Vec<String>, MigrationError> {
