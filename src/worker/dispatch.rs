@@ -26,7 +26,7 @@ use super::slots::{Lanes, Slot, Slots};
 /// needs (`docs/notes/performance.md`).
 pub(crate) struct Dispatcher {
     pool: rayon::ThreadPool,
-    threads: usize,
+    pub(super) threads: usize,
     in_flight: AtomicUsize,
     /// Which lane (domain) may start a task on which thread, and the in-flight bound.
     lanes: Arc<Lanes>,
@@ -35,26 +35,29 @@ pub(crate) struct Dispatcher {
     helped: AtomicU64,
     /// Whether the claiming thread runs queued work while it waits for room (see
     /// [`Self::wait_for_room`]).
-    caller_helps: bool,
+    pub(super) caller_helps: bool,
     /// Signalled when a unit of work finishes on the pool and there is then room for what
     /// [`Self::wait_for_room`] waits for. Holds what each waiting claim loop waits for (one
     /// per database of a [`crate::Fleet`], which share the pool).
-    finished: (Mutex<Vec<usize>>, Condvar),
+    pub(super) finished: (Mutex<Vec<usize>>, Condvar),
     /// The least room a waiter waits for, or [`LANE_ROOM`]; 0 when nobody waits.
     /// Finishing work wakes the waiters only once there is that much room (or a lane worth
     /// claiming for, or nothing in flight), not at every task.
-    wanted: AtomicUsize,
+    pub(super) wanted: AtomicUsize,
     /// Held for the length of a [`Self::scope`].
     scope_lock: Mutex<()>,
     /// The turn to run a suspect alone (see `suspects`): one for the whole pool.
     solo: super::suspects::SoloTurn,
 }
 
+/// How often a scope's stop watcher looks at the stop flag.
+const STOP_POLL: Duration = Duration::from_millis(50);
+
 /// What [`Dispatcher::wait_for_lane_room`] waits for: some lane worth claiming for.
-const LANE_ROOM: usize = usize::MAX;
+pub(super) const LANE_ROOM: usize = usize::MAX;
 
 /// A unit of work.
-type Job<'j> = Box<dyn FnOnce() + Send + 'j>;
+pub(super) type Job<'j> = Box<dyn FnOnce() + Send + 'j>;
 
 /// The queues of one [`Dispatcher::scope`], one per lane (domain), and whether the scope has
 /// closed.
@@ -70,6 +73,8 @@ struct Queues<'j> {
 pub(crate) struct Feed<'j> {
     jobs: Mutex<Queues<'j>>,
     ready: Condvar,
+    /// Signalled when the feed closes: the scope's stop watcher waits on it.
+    closing: Condvar,
     /// The first panic that escaped a job: re-raised when the scope ends, after the pool's
     /// threads have carried on with the other jobs.
     panic: Mutex<Option<Box<dyn std::any::Any + Send>>>,
@@ -95,6 +100,35 @@ impl<'j> Feed<'j> {
         let mut jobs = self.lock();
         jobs.closed = true;
         self.ready.notify_all();
+        self.closing.notify_all();
+    }
+
+    /// The scope's stop watcher, on a thread of its own: once `stop` is set, runs every
+    /// queued job, of any lane, slot or not (each releases its tasks at once: its handler
+    /// never starts), even while every pool thread, and the claiming thread itself
+    /// (CallerRuns), run handlers that may take long. Returns when the feed closes, after
+    /// what is queued then if `stop` is set; left to the pool otherwise.
+    fn release_at_stop(&self, dispatcher: &Dispatcher, stop: &AtomicBool) {
+        let mut jobs = self.lock();
+        loop {
+            if stop.load(Ordering::Relaxed) {
+                if let Some(lane) = jobs.lanes.iter().position(|q| !q.is_empty()) {
+                    let job = jobs.lanes[lane].pop_front().expect("not empty");
+                    dispatcher.slots().unqueue(lane);
+                    drop(jobs);
+                    self.run(dispatcher, lane, None, job);
+                    jobs = self.lock();
+                    continue;
+                }
+            }
+            if jobs.closed {
+                return;
+            }
+            // The stop is a flag: looked at every poll.
+            jobs = (self.closing.wait_timeout(jobs, STOP_POLL))
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
     }
 
     /// A pool thread's loop: run jobs, each once its lane may take a slot, until the feed is
@@ -146,13 +180,13 @@ impl<'j> Feed<'j> {
     }
 
     /// `default`'s jobs waiting for a thread.
-    fn queued(&self) -> usize {
+    pub(super) fn queued(&self) -> usize {
         self.lock().lanes.first().map_or(0, VecDeque::len)
     }
 
     /// The next queued job of `lane`, if any, without waiting, for the claiming thread to
     /// run without a slot (one more executor for `default`; at a stop, for any lane).
-    fn try_pop(&self, dispatcher: &Dispatcher, lane: usize) -> Option<Job<'j>> {
+    pub(super) fn try_pop(&self, dispatcher: &Dispatcher, lane: usize) -> Option<Job<'j>> {
         let mut jobs = self.lock();
         let job = jobs.lanes.get_mut(lane)?.pop_front()?;
         dispatcher.slots().unqueue(lane);
@@ -246,7 +280,10 @@ impl Dispatcher {
     /// One scope at a time: each keeps every pool thread in its feed until it ends, so a
     /// second caller (two `drain`s on one worker) waits here for the first to finish.
     /// A panic that escaped a job is re-raised here, once everything else has finished.
-    pub(crate) fn scope<'j, R>(&self, f: impl FnOnce(&Feed<'j>) -> R) -> R {
+    ///
+    /// Once `stop` is set, what is queued is released at once by a thread of the scope's
+    /// own ([`Feed::release_at_stop`]), not when a busy thread frees.
+    pub(crate) fn scope<'j, R>(&self, stop: &AtomicBool, f: impl FnOnce(&Feed<'j>) -> R) -> R {
         let _one_at_a_time = self.scope_lock.lock().unwrap_or_else(|e| e.into_inner());
         let feed = Feed {
             jobs: Mutex::new(Queues {
@@ -255,21 +292,30 @@ impl Dispatcher {
                 next: 0,
             }),
             ready: Condvar::new(),
+            closing: Condvar::new(),
             panic: Mutex::new(None),
         };
-        let result = self.pool.in_place_scope(|scope| {
-            for _ in 0..self.threads {
-                scope.spawn(|_| feed.work(self));
+        let result = std::thread::scope(|threads| {
+            let watcher = std::thread::Builder::new()
+                .name("outbox-stop".into())
+                .spawn_scoped(threads, || feed.release_at_stop(self, stop));
+            if let Err(e) = watcher {
+                log::warn!("no thread to release the queued tasks at a stop: {e}");
             }
-            let _close = CloseOnDrop(&feed);
-            let result = f(&feed);
-            // What is still queued, the calling thread helps to run rather than wait for.
-            if self.caller_helps {
-                while let Some(job) = feed.try_pop(self, 0) {
-                    self.help(&feed, job);
+            self.pool.in_place_scope(|scope| {
+                for _ in 0..self.threads {
+                    scope.spawn(|_| feed.work(self));
                 }
-            }
-            result
+                let _close = CloseOnDrop(&feed);
+                let result = f(&feed);
+                // What is still queued, the calling thread helps to run rather than wait for.
+                if self.caller_helps {
+                    while let Some(job) = feed.try_pop(self, 0) {
+                        self.help(&feed, job);
+                    }
+                }
+                result
+            })
         });
         if let Some(panic) = feed.panic.into_inner().unwrap_or_else(|e| e.into_inner()) {
             std::panic::resume_unwind(panic);
@@ -292,7 +338,7 @@ impl Dispatcher {
         self.bound() + 1
     }
 
-    fn bound(&self) -> usize {
+    pub(super) fn bound(&self) -> usize {
         self.lanes.bound()
     }
 
@@ -328,94 +374,6 @@ impl Dispatcher {
         (self.bound() + 1).saturating_sub(self.in_flight.load(Ordering::SeqCst))
     }
 
-    /// Waits until there is room for `want` units (at most the whole bound plus one), or
-    /// `stop` is set.
-    ///
-    /// With `caller_helps`, the waiting (claiming) thread runs queued units meanwhile, one at
-    /// a time, while more units are queued than the pool has threads: otherwise its
-    /// connection would sit idle while the pool's threads work through the queue. It checks
-    /// for room after each unit, so a claim waits at most for one unit's run. As with
-    /// CallerRuns, a long task taken this way delays the next claim by up to its length;
-    /// leaving at least a unit per thread in the queue keeps the pool busy for a while
-    /// meanwhile, and with a short queue the claiming thread only waits.
-    pub(crate) fn wait_for_room(&self, feed: &Feed<'_>, want: usize, stop: &AtomicBool) {
-        let want = want.clamp(1, self.bound() + 1);
-        while self.caller_helps
-            && self.room() < want
-            && !stop.load(Ordering::Relaxed)
-            && feed.queued() > self.threads
-        {
-            let Some(job) = feed.try_pop(self, 0) else {
-                break;
-            };
-            self.help(feed, job);
-        }
-        if self.room() >= want {
-            return;
-        }
-        self.wait_until(want, || self.room() >= want || stop.load(Ordering::Relaxed));
-    }
-
-    /// Waits until `ready`, woken when a unit finishes as `want` asks (see [`Self::wanted`]).
-    fn wait_until(&self, want: usize, ready: impl Fn() -> bool) {
-        let mut waiting = self.finished.0.lock().unwrap_or_else(|e| e.into_inner());
-        // Set under the lock: a finishing thread that sees it takes the lock to notify, so
-        // it cannot notify between our check and our wait.
-        waiting.push(want);
-        self.wanted.store(least(&waiting), Ordering::SeqCst);
-        while !ready() {
-            waiting = self
-                .finished
-                .1
-                .wait_timeout(waiting, Duration::from_millis(50))
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
-        if let Some(i) = waiting.iter().position(|&w| w == want) {
-            waiting.swap_remove(i);
-        }
-        self.wanted.store(least(&waiting), Ordering::SeqCst);
-    }
-
-    /// Waits until one of `lanes` is worth a claim ([`Slots::worth_claiming_for`]),
-    /// nothing is in flight, or `stop` is set: with several domains, or on a fleet's shared
-    /// pool, the claim's trigger. Returns at once when `lanes` is empty (nothing to claim
-    /// for).
-    pub(crate) fn wait_for_lane_room(&self, lanes: &[usize], stop: &AtomicBool) {
-        if lanes.is_empty() {
-            return;
-        }
-        self.wait_for_lanes(stop, |slots| {
-            lanes.iter().any(|&lane| slots.worth_claiming_for(lane))
-        });
-    }
-
-    /// Waits until `ready` holds or `stop` is set, looking again whenever a unit finishes.
-    pub(crate) fn wait_for(&self, ready: impl Fn() -> bool, stop: &AtomicBool) {
-        let ready = || stop.load(Ordering::Relaxed) || ready();
-        if !ready() {
-            self.wait_until(1, ready);
-        }
-    }
-
-    /// Waits until nothing of `lanes` runs or waits ([`Slots::idle`]), or `stop` is set: a
-    /// database of a fleet waiting for its own tasks, not the others'.
-    pub(crate) fn wait_for_lanes_idle(&self, lanes: &[usize], stop: &AtomicBool) {
-        self.wait_for_lanes(stop, |slots| lanes.iter().all(|&lane| slots.idle(lane)));
-    }
-
-    /// Waits until `ready` holds of the slots, nothing is in flight, or `stop` is set.
-    fn wait_for_lanes(&self, stop: &AtomicBool, ready: impl Fn(&Slots) -> bool) {
-        let ready =
-            || self.in_flight() == 0 || stop.load(Ordering::Relaxed) || ready(&self.slots());
-        if !ready() {
-            // A unit finishing wakes this waiter only when it leaves a lane worth claiming
-            // for (an idle lane not paused is one), or nothing in flight; a change of the
-            // domains is seen within the wait's poll.
-            self.wait_until(LANE_ROOM, ready);
-        }
-    }
-
     /// At a stop: runs every job queued in `lanes` on the calling thread, slot or not (each
     /// releases its tasks at once), rather than leave it for a blocked lane's slot.
     pub(crate) fn run_queued_at_stop(&self, feed: &Feed<'_>, lanes: &[usize]) {
@@ -427,7 +385,7 @@ impl Dispatcher {
     }
 
     /// Runs a queued `job` of `default` on the claiming thread, which helps while it waits.
-    fn help<'j>(&self, feed: &Feed<'j>, job: Job<'j>) {
+    pub(super) fn help<'j>(&self, feed: &Feed<'j>, job: Job<'j>) {
         self.helped.fetch_add(1, Ordering::Relaxed);
         feed.run(self, 0, None, job);
     }
@@ -441,10 +399,4 @@ impl Dispatcher {
     pub(crate) fn helped(&self) -> u64 {
         self.helped.load(Ordering::Relaxed)
     }
-}
-
-/// What the waiters need before one of them is woken: the least room any waits for; 0 when
-/// nobody waits.
-fn least(waiting: &[usize]) -> usize {
-    waiting.iter().copied().min().unwrap_or(0)
 }

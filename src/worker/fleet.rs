@@ -208,7 +208,7 @@ impl Fleet {
         let Some(first) = self.workers.first() else {
             return Vec::new();
         };
-        let ends: Vec<(Result<()>, Duration)> = first.dispatcher.scope(|feed| {
+        let ends: Vec<(Result<()>, Duration)> = first.dispatcher.scope(&self.stopping, |feed| {
             std::thread::scope(|scope| {
                 let loops: Vec<_> = self
                     .workers

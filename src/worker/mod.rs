@@ -16,8 +16,8 @@
 //! - the services' state and loops: domains (and their rows, `domain_rows`), tenant limits,
 //!   cancels, the claim strategy at run time, observers, the heartbeat, the rescue pass, the
 //!   hang watchdog, the domains' timeouts, and `services`, which starts their threads;
-//! - the execution pool (`dispatch`), then the [`Worker`] itself (`engine`), which holds
-//!   all of the above;
+//! - the execution pool (`dispatch`, and the claiming thread's `waits` on it), then the
+//!   [`Worker`] itself (`engine`), which holds all of the above;
 //! - the task's path, each module adding its part of `impl Worker`: `claim` (and the claim
 //!   of a suspect), `run` (the loops: `drain`, `run`, `run_once`), `refill` (when a claim is
 //!   made and how much it takes), `locked` (lock claims), `execute`, `chunk` (a batched
@@ -57,6 +57,7 @@ mod watchdog;
 // The execution pool, and the worker that holds all of the above.
 mod dispatch;
 mod engine;
+mod waits;
 
 // The task's path: claim → dispatch → execute → record, and the loops that drive it.
 mod chunk;

@@ -27,7 +27,7 @@ impl Worker {
     pub fn execute(&self, page: Vec<ClaimedTask>) -> Tally {
         let tally = Mutex::new(Tally::default());
         self.dispatcher
-            .scope(|feed| self.submit_page(feed, page, &tally));
+            .scope(&self.stopping, |feed| self.submit_page(feed, page, &tally));
         tally.into_inner().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -105,7 +105,7 @@ impl Worker {
         let plan = self.services.domains.plan();
         if self.settings.lock && !plan.by_lanes() {
             let tally = Mutex::new(Tally::default());
-            self.dispatcher.scope(|feed| {
+            self.dispatcher.scope(&self.stopping, |feed| {
                 self.refill_lock_style(feed, &tally, &plan.lanes[0], self.claim_limit())
                     .map(|_| ())
             })?;
@@ -114,7 +114,7 @@ impl Worker {
         if plan.by_lanes() {
             let tally = Mutex::new(Tally::default());
             self.dispatcher
-                .scope(|feed| self.refill_lanes(feed, &tally, &plan).map(|_| ()))?;
+                .scope(&self.stopping, |feed| self.refill_lanes(feed, &tally, &plan).map(|_| ()))?;
             return Ok(tally.into_inner().unwrap_or_else(PoisonError::into_inner));
         }
         let page = self.claim()?;
@@ -161,7 +161,7 @@ impl Worker {
         let started = Instant::now();
         let tally = Mutex::new(Tally::default());
         self.dispatcher
-            .scope(|feed| self.drain_on(feed, &tally, max))?;
+            .scope(&self.stopping, |feed| self.drain_on(feed, &tally, max))?;
         Ok(Report::new(
             tally.into_inner().unwrap_or_else(PoisonError::into_inner),
             started.elapsed(),
@@ -308,7 +308,7 @@ impl Worker {
     fn claim_until_stopped(&self) -> Result<Report> {
         let started = Instant::now();
         let tally = Mutex::new(Tally::default());
-        self.dispatcher.scope(|feed| self.claim_on(feed, &tally));
+        self.dispatcher.scope(&self.stopping, |feed| self.claim_on(feed, &tally));
         Ok(Report::new(
             tally.into_inner().unwrap_or_else(PoisonError::into_inner),
             started.elapsed(),

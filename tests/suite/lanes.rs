@@ -234,15 +234,15 @@ every_backend! {
     }
 }
 
-/// Runs `work` on a thread until `n` tasks of `db` are running (claimed: one blocked, the
-/// rest queued behind it), sets `stop`, and returns how many of the `n - 1` queued were
-/// released, uncharged, within 10 s while the handler still blocked; then opens the gate and
-/// returns `work`'s result too.
+/// Runs `work` on a thread until `n` tasks of `db` are running (claimed: `blocked` of them
+/// blocked at the gate, the rest queued behind them), sets `stop`, and returns how many of
+/// the `n - blocked` queued were released, uncharged, within 10 s while the handlers still
+/// blocked; then opens the gate and returns `work`'s result too.
 fn released_at_stop<R: Send>(
     db: &TestDb,
     gate: &Gate,
     stop: &AtomicBool,
-    n: i64,
+    (n, blocked): (i64, usize),
     work: impl FnOnce() -> R + Send,
 ) -> (i64, R) {
     let running = "SELECT count(*) FROM async_task WHERE state = 'running'";
@@ -254,11 +254,15 @@ fn released_at_stop<R: Send>(
             std::thread::sleep(Duration::from_millis(20));
         }
         assert_eq!(db.count(running), n, "not all claimed");
-        // The blocked handler runs: the stop comes while it blocks, not before it starts.
-        assert!(entered(gate, 1), "the first handler never started");
+        // The blocked handlers run: the stop comes while they block, not before they start.
+        assert!(
+            entered(gate, blocked),
+            "the blocking handlers never started"
+        );
         stop.store(true, Ordering::Relaxed);
         let deadline = Instant::now() + Duration::from_secs(10);
-        while db.count(released) < n - 1 && Instant::now() < deadline {
+        let queued = n - blocked as i64;
+        while db.count(released) < queued && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(20));
         }
         let now_released = db.count(released);
@@ -275,7 +279,7 @@ every_backend! {
         let gate: Gate = Arc::default();
         enqueue_batch(&mut db.conn(), &tasks("stuck", 9)).unwrap();
         let w = Worker::new(&db.url, registry(&gate), config()).unwrap();
-        let (released, report) = released_at_stop(db, &gate, &w.stop_flag(), 9, || w.run());
+        let (released, report) = released_at_stop(db, &gate, &w.stop_flag(), (9, 1), || w.run());
         let report = report.unwrap();
         assert_eq!(
             released, 8,
@@ -298,7 +302,7 @@ every_backend! {
             .poll_interval(Duration::from_millis(50));
         let urls = [db.url.clone(), other.url.clone()];
         let fleet = outbox::Fleet::new(&urls, registry(&gate), config).unwrap();
-        let (released, reports) = released_at_stop(db, &gate, &fleet.stop_flag(), 5, || fleet.run());
+        let (released, reports) = released_at_stop(db, &gate, &fleet.stop_flag(), (5, 1), || fleet.run());
         assert_eq!(
             released, 4,
             "10 s after the stop, with the first database's handler still blocked, {released} \
@@ -306,5 +310,28 @@ every_backend! {
         );
         let report = reports.into_iter().next().unwrap().result.unwrap();
         assert_eq!(report.tally.released, 4, "{report:?}");
+    }
+    fn a_stop_releases_what_waits_while_the_claiming_thread_runs_a_handler_itself(db: &TestDb) {
+        // One thread and a queue of two: a claim of four runs one on the thread, queues two
+        // and runs the fourth on the claiming thread (CallerRuns). Both handlers block; a stop
+        // releases the two queued at once, not when a handler returns (nor, after the
+        // process's exit, through rescue's charge: they never started).
+        let gate: Gate = Arc::default();
+        enqueue_batch(&mut db.conn(), &tasks("stuck", 4)).unwrap();
+        let config = WorkerConfig::default()
+            .threads(1)
+            .queue(2)
+            .listen(false)
+            .poll_interval(Duration::from_secs(3600));
+        let w = Worker::new(&db.url, registry(&gate), config).unwrap();
+        let (released, report) = released_at_stop(db, &gate, &w.stop_flag(), (4, 2), || w.run());
+        let report = report.unwrap();
+        assert_eq!(w.caller_runs(), 1, "the claiming thread ran no handler: {report:?}");
+        assert_eq!(
+            released, 2,
+            "10 s after the stop, with both handlers still blocked, {released} of the 2 tasks \
+             queued behind them were released: {report:?}"
+        );
+        assert_eq!(report.tally.released, 2, "{report:?}");
     }
 }
