@@ -8,9 +8,7 @@
 //! `UTC_TIMESTAMP(3)`), so a query written with them compares as the hand-written one did.
 
 use chrono::NaiveDateTime;
-use diesel::expression::{
-    is_aggregate, AppearsOnTable, AsExpression, Expression, SelectableExpression, ValidGrouping,
-};
+use diesel::expression::AsExpression;
 use diesel::query_builder::{AstPass, QueryFragment, QueryId};
 use diesel::sql_types::{BigInt, Timestamp};
 use diesel::QueryResult;
@@ -22,12 +20,7 @@ use diesel::pg::Pg;
 #[cfg(feature = "sqlite")]
 use diesel::sqlite::Sqlite;
 
-use super::dialect::spelled;
-use crate::db::DbConnection;
-
-/// The backend of [`DbConnection`]: each of its queries is rendered by the backend of the
-/// connection it runs on.
-type DbBackend = <DbConnection as diesel::Connection>::Backend;
+use super::dialect::{dialect_expression, spelled};
 
 /// The shape of a time as text, on every backend: UTC, `YYYY-MM-DD HH:MM:SS.SSS`.
 const TIME_FORMAT: &str = "%Y-%m-%d %H:%M:%S%.3f";
@@ -67,26 +60,9 @@ pub(crate) fn db_later(ms: i64) -> DbLater {
     }
 }
 
-macro_rules! clock_expression {
-    ($ty:ty) => {
-        impl Expression for $ty {
-            type SqlType = Timestamp;
-        }
-        impl<QS> AppearsOnTable<QS> for $ty {}
-        impl<QS> SelectableExpression<QS> for $ty {}
-        impl<GB> ValidGrouping<GB> for $ty {
-            type IsAggregate = is_aggregate::Never;
-        }
-        impl QueryFragment<DbBackend> for $ty {
-            fn walk_ast<'b>(&'b self, pass: AstPass<'_, 'b, DbBackend>) -> QueryResult<()> {
-                DbBackend::walk_variant_ast(self, pass)
-            }
-        }
-    };
-}
-clock_expression!(DbNow);
-clock_expression!(DbAgo);
-clock_expression!(DbLater);
+dialect_expression!(DbNow, Timestamp);
+dialect_expression!(DbAgo, Timestamp);
+dialect_expression!(DbLater, Timestamp);
 
 #[cfg(feature = "postgres")]
 spelled!(Pg, DbNow, "now()");

@@ -20,8 +20,33 @@ use diesel::sqlite::{Sqlite, SqliteConnection};
 
 use crate::db::DbConnection;
 
-/// The backend of [`DbConnection`].
-type DbBackend = <DbConnection as diesel::Connection>::Backend;
+/// The backend of [`DbConnection`]: each of its queries is rendered by the backend of the
+/// connection it runs on.
+pub(super) type DbBackend = <DbConnection as diesel::Connection>::Backend;
+
+/// `$ty` an expression of `$sql_type` on any table, rendered on [`DbConnection`] by the
+/// backend of the connection (each backend's spelling: [`spelled`]).
+macro_rules! dialect_expression {
+    ($ty:ty, $sql_type:ty) => {
+        impl diesel::expression::Expression for $ty {
+            type SqlType = $sql_type;
+        }
+        impl<QS> diesel::expression::AppearsOnTable<QS> for $ty {}
+        impl<QS> diesel::expression::SelectableExpression<QS> for $ty {}
+        impl<GB> diesel::expression::ValidGrouping<GB> for $ty {
+            type IsAggregate = diesel::expression::is_aggregate::Never;
+        }
+        impl diesel::query_builder::QueryFragment<$crate::driver::dialect::DbBackend> for $ty {
+            fn walk_ast<'b>(
+                &'b self,
+                pass: diesel::query_builder::AstPass<'_, 'b, $crate::driver::dialect::DbBackend>,
+            ) -> diesel::QueryResult<()> {
+                $crate::driver::dialect::DbBackend::walk_variant_ast(self, pass)
+            }
+        }
+    };
+}
+pub(super) use dialect_expression;
 
 /// A backend's connection, borrowed: what the driver's statements written once run on.
 pub enum Conn<'a> {
@@ -200,13 +225,7 @@ pub(crate) fn json_bind(json: &str) -> JsonBind {
 #[derive(Debug, Clone, Copy, QueryId)]
 pub(crate) struct JsonText<C>(pub(crate) C);
 
-impl Expression for JsonBind {
-    type SqlType = Text;
-}
-impl<QS> AppearsOnTable<QS> for JsonBind {}
-impl<GB> ValidGrouping<GB> for JsonBind {
-    type IsAggregate = is_aggregate::Never;
-}
+dialect_expression!(JsonBind, Text);
 
 impl<C: Expression> Expression for JsonText<C> {
     type SqlType = Text;
@@ -215,12 +234,6 @@ impl<QS, C: AppearsOnTable<QS> + Expression> AppearsOnTable<QS> for JsonText<C> 
 impl<QS, C: SelectableExpression<QS> + Expression> SelectableExpression<QS> for JsonText<C> {}
 impl<GB, C: ValidGrouping<GB>> ValidGrouping<GB> for JsonText<C> {
     type IsAggregate = C::IsAggregate;
-}
-
-impl QueryFragment<DbBackend> for JsonBind {
-    fn walk_ast<'b>(&'b self, pass: AstPass<'_, 'b, DbBackend>) -> QueryResult<()> {
-        DbBackend::walk_variant_ast(self, pass)
-    }
 }
 
 /// The JSON columns, read as text on [`DbConnection`].
@@ -286,13 +299,7 @@ pub(crate) fn time_bind(text: &str) -> TimeBind {
     TimeBind(AsExpression::<Text>::as_expression(text.to_owned()))
 }
 
-impl Expression for TimeBind {
-    type SqlType = Timestamp;
-}
-impl<QS> AppearsOnTable<QS> for TimeBind {}
-impl<GB> ValidGrouping<GB> for TimeBind {
-    type IsAggregate = is_aggregate::Never;
-}
+dialect_expression!(TimeBind, Timestamp);
 
 #[cfg(feature = "postgres")]
 spelled!(Pg, TimeBind, 0, "", "::timestamp AT TIME ZONE 'UTC'");

@@ -14,8 +14,7 @@ use super::NodeDomainsRow;
 use crate::db::DbConnection;
 use crate::sql::Statement;
 
-/// The backend of [`DbConnection`].
-type DbBackend = <DbConnection as diesel::Connection>::Backend;
+use super::dialect::DbBackend;
 use crate::schema::{async_node, async_task, async_tenant};
 use crate::task::TaskState;
 

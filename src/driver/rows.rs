@@ -358,3 +358,35 @@ pub struct Picked {
     /// took nothing.
     pub shared: Vec<Option<String>>,
 }
+
+/// A row of one `id`.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[derive(diesel::QueryableByName)]
+pub(super) struct IdRow {
+    #[diesel(sql_type = BigInt)]
+    pub(super) id: i64,
+}
+
+/// A row of one count, `n`.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[derive(diesel::QueryableByName)]
+pub(super) struct CountRow {
+    #[diesel(sql_type = BigInt)]
+    pub(super) n: i64,
+}
+
+/// A row of one `state`.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+#[derive(diesel::QueryableByName)]
+pub(super) struct StateRow {
+    #[diesel(sql_type = Text)]
+    pub(super) state: String,
+}
+
+/// A row of one `found`, whether something exists.
+#[cfg(feature = "postgres")]
+#[derive(diesel::QueryableByName)]
+pub(super) struct FoundRow {
+    #[diesel(sql_type = diesel::sql_types::Bool)]
+    pub(super) found: bool,
+}

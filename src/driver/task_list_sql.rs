@@ -11,8 +11,7 @@ use super::ops::{retry_states, TaskDetailRow, TaskListRow, TaskPageAt, TaskSelec
 use crate::db::DbConnection;
 use crate::schema::async_task;
 
-/// The backend of [`DbConnection`].
-type DbBackend = <DbConnection as diesel::Connection>::Backend;
+use super::dialect::DbBackend;
 
 /// The tasks that `select` matches, as a query to go on with.
 fn tasks_selected<'a>(select: &TaskSelect<'a>) -> async_task::BoxedQuery<'a, DbBackend> {

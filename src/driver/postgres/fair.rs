@@ -16,6 +16,7 @@ use diesel::pg::Pg;
 use diesel::sql_types::{Array, BigInt, Double, Text};
 
 use crate::driver::ring_sql::{passes_lap, walk, window};
+use crate::driver::rows::FoundRow;
 use crate::driver::strategy_sql::partition_pg;
 use crate::driver::{Due, Passes, Pick};
 
@@ -281,12 +282,7 @@ pub(super) fn others_pending(
     except: &[String],
 ) -> diesel::QueryResult<bool> {
     use diesel::RunQueryDsl;
-    #[derive(diesel::QueryableByName)]
-    struct Found {
-        #[diesel(sql_type = diesel::sql_types::Bool)]
-        found: bool,
-    }
-    let found: Found = Statement::<Pg>::new("SELECT async_task_others_pending(")
+    let found: FoundRow = Statement::<Pg>::new("SELECT async_task_others_pending(")
         .bind::<diesel::sql_types::Nullable<Text>, _>(tenant.map(str::to_owned))
         .sql(", ")
         .bind::<Array<Text>, _>(except.to_vec())

@@ -16,6 +16,7 @@ use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 
 use super::task::{picked, plan_lines, rescue_scope, stamp_picked, PickedRow, RESCUE_CHARGE};
 use crate::driver::ops::CANCELLED_RUNNING;
+use crate::driver::rows::{CountRow, StateRow};
 use crate::driver::{
     rescue_params, ChunkRuns, ClaimRow, Claiming, Due, LeaseCharge, LeaseDriver, Passes, Pick,
     Picked, RescueParams, RescuedRow, TxMark,
@@ -222,15 +223,10 @@ impl LeaseDriver for PgConnection {
         ran: &[i64],
         note: &str,
     ) -> QueryResult<usize> {
-        #[derive(QueryableByName)]
-        struct Deleted {
-            #[diesel(sql_type = BigInt)]
-            n: i64,
-        }
         if ran.is_empty() {
             return leases_deleted("", owner, claims).execute(self);
         }
-        let deleted: Deleted = leases_gone(owner, claims)
+        let deleted: CountRow = leases_gone(owner, claims)
             .sql(
                 " RETURNING task_id), noted AS (
                 UPDATE async_task t SET updated_at = now(), last_error = ",
@@ -248,15 +244,10 @@ impl LeaseDriver for PgConnection {
         owner: i64,
         charge: &LeaseCharge<'_>,
     ) -> QueryResult<Option<String>> {
-        #[derive(QueryableByName)]
-        struct Charged {
-            #[diesel(sql_type = Text)]
-            state: String,
-        }
         // Every lease of the chunk goes; only the hung task is charged. The others are free at
         // once, noted so (they may run again elsewhere after their handlers ran in this
         // chunk), and the chunk's late completion finds no lease of its own.
-        let charged: Vec<Charged> = leases_gone(owner, charge.chunk)
+        let charged: Vec<StateRow> = leases_gone(owner, charge.chunk)
             .sql(
                 " RETURNING task_id, token),
                  noted AS (UPDATE async_task t SET updated_at = now(),
@@ -361,16 +352,11 @@ impl LeaseDriver for PgConnection {
     }
 
     fn session_end_stale(&mut self, dead_after_ms: i64) -> QueryResult<i64> {
-        #[derive(QueryableByName)]
-        struct Ended {
-            #[diesel(sql_type = BigInt)]
-            n: i64,
-        }
         // Reading pg_locks takes the lock manager's partition locks for a moment: once a pass.
         // `pg_terminate_backend` returns before the ended session has let its locks go: a row
         // it still holds when the rescue statements after this reach it is passed over (`SKIP
         // LOCKED`) and charged at the next pass.
-        let ended: Ended = Statement::<Pg>::new(MARKS)
+        let ended: CountRow = Statement::<Pg>::new(MARKS)
             .sql(
                 "
             SELECT count(*) FILTER (WHERE CASE WHEN m.may_end THEN pg_terminate_backend(m.pid) END) AS n
@@ -391,12 +377,7 @@ impl LeaseDriver for PgConnection {
     }
 
     fn session_end(&mut self, mark: TxMark) -> QueryResult<bool> {
-        #[derive(QueryableByName)]
-        struct Ended {
-            #[diesel(sql_type = BigInt)]
-            n: i64,
-        }
-        let ended: Ended = Statement::<Pg>::new(MARKS)
+        let ended: CountRow = Statement::<Pg>::new(MARKS)
             .sql(
                 "
             SELECT count(*) FILTER (WHERE CASE WHEN may_end THEN pg_terminate_backend(pid) END) AS n

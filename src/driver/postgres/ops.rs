@@ -4,16 +4,11 @@
 
 use diesel::pg::{Pg, PgConnection};
 use diesel::sql_types::BigInt;
-use diesel::{QueryResult, QueryableByName, RunQueryDsl};
+use diesel::{QueryResult, RunQueryDsl};
 
 use crate::driver::ops::{retry_states, where_selected, OpsDriver, TaskSelect, PARENT_PRUNED};
+use crate::driver::rows::CountRow;
 use crate::sql::Statement;
-
-#[derive(QueryableByName)]
-struct Count {
-    #[diesel(sql_type = BigInt)]
-    n: i64,
-}
 
 /// See [`crate::driver::Driver::task_retry`]: the retry by filter's statement, of one task.
 /// The task is named by id alone, so it is locked whatever its state: a retry of a running
@@ -22,7 +17,7 @@ struct Count {
 pub(in crate::driver) fn retry(conn: &mut PgConnection, id: i64) -> QueryResult<usize> {
     let candidates = Statement::new("WITH candidates AS (SELECT id FROM async_task WHERE id = ")
         .bind::<BigInt, _>(id);
-    let n = retry_candidates(candidates).get_result::<Count>(conn)?.n;
+    let n = retry_candidates(candidates).get_result::<CountRow>(conn)?.n;
     Ok(usize::try_from(n).unwrap_or(usize::MAX))
 }
 
@@ -32,7 +27,7 @@ impl OpsDriver for PgConnection {
             Statement::new("WITH candidates AS (SELECT id FROM async_task"),
             &retry_states(select),
         );
-        Ok(retry_candidates(candidates).get_result::<Count>(self)?.n)
+        Ok(retry_candidates(candidates).get_result::<CountRow>(self)?.n)
     }
 }
 

@@ -5,6 +5,7 @@ use diesel::sql_types::{Array, BigInt, Nullable, Text};
 use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 
 use crate::driver::ring_sql::walk;
+use crate::driver::rows::{FoundRow, IdRow};
 use crate::driver::Passes;
 use crate::driver::{
     fence, rescue_params, Claim, ClaimRow, Claiming, Due, InsertRow, Pick, Picked, RescueParams,
@@ -291,11 +292,6 @@ pub(in crate::driver) fn rescue_dying(
     conn: &mut PgConnection,
     rescue: &RescueParams,
 ) -> QueryResult<Vec<i64>> {
-    #[derive(QueryableByName)]
-    struct Id {
-        #[diesel(sql_type = BigInt)]
-        id: i64,
-    }
     let lapsed = |s: Statement<Pg>, deadline: &'static str, node: &'static str| {
         s.sql(" AND (")
             .sql(deadline)
@@ -315,7 +311,7 @@ pub(in crate::driver) fn rescue_dying(
         "
         UNION SELECT t.id FROM async_lease l JOIN async_task t ON t.id = l.task_id WHERE TRUE",
     );
-    let ids: Vec<Id> = super::with_local(conn, super::RESCUE_SETTINGS, rescue.node, |conn| {
+    let ids: Vec<IdRow> = super::with_local(conn, super::RESCUE_SETTINGS, rescue.node, |conn| {
         dying(lapsed(statement, "l.deadline_at", "l.node_id"), "t")
             .sql(" ORDER BY id")
             .load(conn)
@@ -417,12 +413,7 @@ pub(in crate::driver) fn claim_suspect(
 
 /// See [`crate::driver::Driver::task_suspects_exist`].
 pub(in crate::driver) fn suspects_exist(conn: &mut PgConnection) -> QueryResult<bool> {
-    #[derive(QueryableByName)]
-    struct Found {
-        #[diesel(sql_type = diesel::sql_types::Bool)]
-        found: bool,
-    }
-    let found: Found = Statement::<Pg>::new(
+    let found: FoundRow = Statement::<Pg>::new(
         "SELECT EXISTS (SELECT 1 FROM async_task WHERE state = 'pending' AND suspect >= 2) AS found",
     )
     .get_result(conn)?;

@@ -1,9 +1,10 @@
 //! The prune of finished tasks on SQLite.
 
-use diesel::sql_types::{BigInt, Text};
+use diesel::sql_types::BigInt;
 use diesel::sqlite::SqliteConnection;
 use diesel::{QueryResult, RunQueryDsl};
 
+use crate::driver::rows::StateRow;
 use crate::driver::{counts_by_state, state_literals, PruneBatch, PrunedBatch};
 
 /// The next window of the prune's walk: the first `limit` tasks after `after_id`.
@@ -48,12 +49,7 @@ pub(in crate::driver) fn prune_tasks(
     let Some(last_id) = window.last_id else {
         return Ok(PrunedBatch::default());
     };
-    #[derive(diesel::QueryableByName)]
-    struct Deleted {
-        #[diesel(sql_type = Text)]
-        state: String,
-    }
-    let deleted: Vec<Deleted> = diesel::sql_query(format!(
+    let deleted: Vec<StateRow> = diesel::sql_query(format!(
         "DELETE FROM async_task
          WHERE id > ?2 AND id <= ?3
            AND state IN ('done', 'dead', 'cancelled') AND state IN ({})
