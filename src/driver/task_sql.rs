@@ -2,6 +2,7 @@
 //! backend's driver.
 
 use diesel::backend::Backend;
+use diesel::query_builder::QueryFragment;
 use diesel::sql_types::{BigInt, HasSqlType};
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 use diesel::sql_types::{Double, Integer};
@@ -14,7 +15,7 @@ use chrono::NaiveDateTime;
 use diesel::dsl::{count_star, min};
 use diesel::prelude::*;
 
-use super::clock::DbNow;
+use super::clock::{db_ago, DbAgo, DbNow};
 use super::dialect::{on_backend, pending, Conn, JsonText};
 use super::{Claim, ClaimState, KeywordStateCount, TaskRecord};
 use crate::schema::async_task;
@@ -33,10 +34,35 @@ pub(super) fn task_get_claim(conn: Conn<'_>, id: i64) -> QueryResult<Option<Clai
         .optional())
 }
 
+/// Appends that a running task's claim, or a lease, has lapsed: its `deadline` (a column)
+/// passed, or its node (the column `node`) is not a live node, one whose heartbeat came
+/// within `dead_after_ms`, by the database clock.
+pub(super) fn lapsed<DB>(
+    statement: Statement<DB>,
+    (deadline, node): (&'static str, &'static str),
+    dead_after_ms: i64,
+) -> Statement<DB>
+where
+    DB: Backend + HasSqlType<BigInt>,
+    DbNow: QueryFragment<DB>,
+    DbAgo: QueryFragment<DB>,
+{
+    statement
+        .sql("(")
+        .sql(deadline)
+        .sql(" < ")
+        .expr(DbNow)
+        .sql(" OR NOT EXISTS (SELECT 1 FROM async_node n WHERE n.id = ")
+        .sql(node)
+        .sql(" AND n.state = 'alive' AND n.heartbeat_at >= ")
+        .expr(db_ago(dead_after_ms))
+        .sql("))")
+}
+
 // Not on MySQL: MariaDB has no `WITH … UPDATE`; its rescue binds the values in place.
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
-/// `WITH params AS (SELECT … AS default_max, … AS dead_ms, … AS base_ms, … AS max_ms, … AS
-/// jitter)`, the head of the PostgreSQL and SQLite rescue statements.
+/// `WITH params AS (SELECT … AS default_max, … AS base_ms, … AS max_ms, … AS jitter)`, the
+/// head of the PostgreSQL and SQLite rescue statements.
 pub(super) fn rescue_params<DB>(rescue: &RescueParams) -> Statement<DB>
 where
     DB: Backend + HasSqlType<BigInt> + HasSqlType<Integer> + HasSqlType<Double>,
@@ -47,8 +73,6 @@ where
     Statement::new("WITH params AS (SELECT ")
         .bind::<Integer, _>(rescue.default_max_attempts)
         .sql(" AS default_max, ")
-        .bind::<BigInt, _>(rescue.dead_after_ms)
-        .sql(" AS dead_ms, ")
         .bind::<BigInt, _>(rescue.backoff_base_ms)
         .sql(" AS base_ms, ")
         .bind::<BigInt, _>(rescue.backoff_max_ms)

@@ -9,18 +9,11 @@
 //! deadlocking.
 
 use diesel::mysql::{Mysql, MysqlConnection};
-use diesel::sql_types::{BigInt, Text};
-use diesel::{QueryResult, QueryableByName, RunQueryDsl};
+use diesel::sql_types::Text;
+use diesel::{QueryResult, RunQueryDsl};
 
-use super::list;
+use super::{list, load_ids};
 use crate::sql::Statement;
-
-/// A task's id, as the statements of the operators' changes and of the chains read it.
-#[derive(QueryableByName)]
-pub(super) struct Id {
-    #[diesel(sql_type = BigInt)]
-    pub(super) id: i64,
-}
 
 /// Releases the children of `parents` (tasks that have just become done, in this
 /// transaction): each blocked child waits for as many parents fewer as it has among them,
@@ -29,12 +22,7 @@ pub(crate) fn release_children(conn: &mut MysqlConnection, parents: &[i64]) -> Q
     if parents.is_empty() {
         return Ok(());
     }
-    let linked: Vec<Id> = Statement::<Mysql>::new(
-        "SELECT DISTINCT child_id AS id FROM async_task_parent WHERE parent_id IN ",
-    )
-    .with(|s| list::ids(s, parents))
-    .load(conn)?;
-    let linked: Vec<i64> = linked.into_iter().map(|l| l.id).collect();
+    let linked = children_of(conn, parents, "")?;
     let children = lock_by_key(conn, &linked, |s| s.sql("state = 'blocked'"))?;
     if children.is_empty() {
         return Ok(());
@@ -109,15 +97,10 @@ pub(super) fn lock_by_key_or(
     if ids.is_empty() {
         return Ok(Vec::new());
     }
-    let locked: Vec<Id> =
-        Statement::<Mysql>::new("SELECT id FROM async_task FORCE INDEX (PRIMARY) WHERE id IN ")
-            .with(|s| list::ids(s, ids))
-            .sql(" AND ")
-            .with(test)
-            .sql(" ORDER BY id")
-            .sql(on_locked.clause())
-            .load(conn)?;
-    Ok(locked.into_iter().map(|l| l.id).collect())
+    let statement =
+        Statement::<Mysql>::new("SELECT id FROM async_task FORCE INDEX (PRIMARY) WHERE id IN ");
+    let statement = list::ids(statement, ids).sql(" AND ").with(test);
+    load_ids(conn, statement.sql(" ORDER BY id").sql(on_locked.clause()))
 }
 
 /// Cancels the blocked and pending descendants of `root` (not `root` itself), however deep
@@ -166,19 +149,25 @@ fn descendants(conn: &mut MysqlConnection, root: i64) -> QueryResult<Vec<i64>> {
     let mut seen: std::collections::BTreeSet<i64> = std::collections::BTreeSet::new();
     let mut generation = vec![root];
     while !generation.is_empty() {
-        let children: Vec<Id> = Statement::<Mysql>::new(
-            "SELECT DISTINCT child_id AS id FROM async_task_parent WHERE parent_id IN ",
-        )
-        .with(|s| list::ids(s, &generation))
-        .sql(" LOCK IN SHARE MODE")
-        .load(conn)?;
-        generation = children
+        generation = children_of(conn, &generation, " LOCK IN SHARE MODE")?
             .into_iter()
-            .map(|c| c.id)
             .filter(|&id| seen.insert(id))
             .collect();
     }
     Ok(seen.into_iter().collect())
+}
+
+/// The children of `parents`, each once, read from their links with `lock` appended (empty,
+/// or the locking clause of [`descendants`]).
+fn children_of(
+    conn: &mut MysqlConnection,
+    parents: &[i64],
+    lock: &'static str,
+) -> QueryResult<Vec<i64>> {
+    let statement = Statement::<Mysql>::new(
+        "SELECT DISTINCT child_id AS id FROM async_task_parent WHERE parent_id IN ",
+    );
+    load_ids(conn, list::ids(statement, parents).sql(lock))
 }
 
 /// Cancels the descendants of each of `roots`, tasks that have just ended dead or cancelled
@@ -193,18 +182,12 @@ pub(crate) fn cancel_descendants_of(
     }
     // Only the roots that are anyone's parent: one index read for all of them (a locking
     // read: the newest links, as `descendants` reads them).
-    let parents: Vec<Id> = Statement::<Mysql>::new(
+    let statement = Statement::<Mysql>::new(
         "SELECT DISTINCT parent_id AS id FROM async_task_parent WHERE parent_id IN ",
-    )
-    .with(|s| list::ids(s, roots))
-    .sql(" ORDER BY parent_id LOCK IN SHARE MODE")
-    .load(conn)?;
-    for parent in parents {
-        cancel_descendants(
-            conn,
-            parent.id,
-            &format!("parent task {} is {state}", parent.id),
-        )?;
+    );
+    let statement = list::ids(statement, roots).sql(" ORDER BY parent_id LOCK IN SHARE MODE");
+    for parent in load_ids(conn, statement)? {
+        cancel_descendants(conn, parent, &format!("parent task {parent} is {state}"))?;
     }
     Ok(())
 }

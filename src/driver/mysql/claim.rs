@@ -59,7 +59,7 @@ pub(super) fn take_page(
                 match take {
                     Take::Stamp => mark(conn, owner, &ids, timeout_ms),
                     Take::Lease(runs) => {
-                        let rows = read_pending(conn, &ids)?;
+                        let rows = read_back(conn, &ids, |s| s.sql("state = 'pending'"))?;
                         lease(conn, owner, &rows, runs, timeout_ms)?;
                         Ok(rows)
                     }
@@ -104,14 +104,21 @@ fn pick_page(
     Ok(rows)
 }
 
-/// The tasks `ids` (locked by this transaction, pending), whole, in claim order.
-fn read_pending(conn: &mut MysqlConnection, ids: &[i64]) -> QueryResult<Vec<ClaimRow>> {
+/// The tasks `ids` (locked by this transaction) that pass `test`, whole as they are now
+/// ([`LEASED`]), in claim order; none, with no statement, for no ids.
+fn read_back(
+    conn: &mut MysqlConnection,
+    ids: &[i64],
+    test: impl FnOnce(Statement<Mysql>) -> Statement<Mysql>,
+) -> QueryResult<Vec<ClaimRow>> {
     if ids.is_empty() {
         return Ok(Vec::new());
     }
     Statement::<Mysql>::new("SELECT ")
         .sql(LEASED)
-        .sql(" FROM async_task WHERE state = 'pending' AND id IN ")
+        .sql(" FROM async_task WHERE ")
+        .with(test)
+        .sql(" AND id IN ")
         .with(|s| list::ids(s, ids))
         .sql(" ORDER BY priority, run_at, id")
         .load(conn)
@@ -127,13 +134,14 @@ fn lease(
     runs: ChunkRuns,
     timeout_ms: i64,
 ) -> QueryResult<()> {
-    let mut statement = Statement::<Mysql>::new(
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let statement = Statement::<Mysql>::new(
         "INSERT INTO async_lease (task_id, node_id, token, chunk, deadline_at) VALUES ",
     );
-    for (i, row) in rows.iter().enumerate() {
-        statement = statement
-            .sql(if i == 0 { "(" } else { ", (" })
-            .bind::<BigInt, _>(row.id)
+    list::rows(statement, rows.iter().enumerate(), |s, (i, row)| {
+        s.bind::<BigInt, _>(row.id)
             .sql(", ")
             .bind::<BigInt, _>(owner)
             .sql(", ")
@@ -142,11 +150,9 @@ fn lease(
             .bind::<Integer, _>(chunk_of(runs, i))
             .sql(concat!(", ", now!(), " + INTERVAL "))
             .bind::<BigInt, _>(timeout_ms)
-            .sql(" * 1000 MICROSECOND)");
-    }
-    if !rows.is_empty() {
-        statement.execute(conn)?;
-    }
+            .sql(" * 1000 MICROSECOND")
+    })
+    .execute(conn)?;
     Ok(())
 }
 
@@ -179,19 +185,11 @@ pub(super) fn mark(
     ids: &[i64],
     timeout_ms: i64,
 ) -> QueryResult<Vec<ClaimRow>> {
-    if ids.is_empty() {
-        return Ok(Vec::new());
-    }
     stamp(conn, owner, ids, timeout_ms)?;
-    Statement::<Mysql>::new(
-        "SELECT id, keyword, biz_id, biz_data, tenant, failures, max_attempts, claim_token, priority
-           FROM async_task WHERE state = 'running' AND owner = ",
-    )
-    .bind::<BigInt, _>(owner)
-    .sql(" AND id IN ")
-    .with(|s| list::ids(s, ids))
-    .sql(" ORDER BY priority, run_at, id")
-    .load(conn)
+    read_back(conn, ids, |s| {
+        s.sql("state = 'running' AND owner = ")
+            .bind::<BigInt, _>(owner)
+    })
 }
 
 /// Marks the tasks `ids` (locked by this transaction, pending) running for `owner`: claim

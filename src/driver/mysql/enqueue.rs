@@ -87,19 +87,15 @@ pub(in crate::driver) fn link_parents(
     if links.is_empty() {
         return Ok(0);
     }
-    let mut statement =
+    let statement =
         Statement::<Mysql>::new("INSERT INTO async_task_parent (child_id, parent_id) VALUES ");
-    for (i, &(child, parent)) in links.iter().enumerate() {
-        statement = statement
-            .sql(if i == 0 { "(" } else { ", (" })
-            .bind::<BigInt, _>(child)
+    list::rows(statement, links, |s, &(child, parent)| {
+        s.bind::<BigInt, _>(child)
             .sql(", ")
             .bind::<BigInt, _>(parent)
-            .sql(")");
-    }
-    statement
-        .sql(" ON DUPLICATE KEY UPDATE parent_id = parent_id")
-        .execute(conn)
+    })
+    .sql(" ON DUPLICATE KEY UPDATE parent_id = parent_id")
+    .execute(conn)
 }
 
 pub(in crate::driver) fn find_many(
@@ -134,13 +130,11 @@ fn find_keys(conn: &mut MysqlConnection, keys: &[(String, String)]) -> QueryResu
 /// One plain multi-row INSERT of `rows`, each row's `run_at` its delay after the server's
 /// clock, to the millisecond.
 fn insert_statement(rows: &[&InsertRow<'_>]) -> Statement<Mysql> {
-    let mut statement = Statement::<Mysql>::new(
+    let statement = Statement::<Mysql>::new(
         "INSERT INTO async_task (keyword, biz_id, biz_data, tenant, priority, max_attempts, run_at) VALUES ",
     );
-    for (i, row) in rows.iter().enumerate() {
-        statement = statement
-            .sql(if i == 0 { "(" } else { ", (" })
-            .bind::<Text, _>(row.k.to_owned())
+    list::rows(statement, rows, |s, row| {
+        s.bind::<Text, _>(row.k.to_owned())
             .sql(", ")
             .bind::<Text, _>(row.b.to_owned())
             .sql(", ")
@@ -153,7 +147,6 @@ fn insert_statement(rows: &[&InsertRow<'_>]) -> Statement<Mysql> {
             .bind::<Nullable<Integer>, _>(row.m)
             .sql(concat!(", ", now!(), " + INTERVAL "))
             .bind::<BigInt, _>(row.ms)
-            .sql(" * 1000 MICROSECOND)");
-    }
-    statement
+            .sql(" * 1000 MICROSECOND")
+    })
 }

@@ -13,18 +13,19 @@
 //! The domain watchdog kills a hung handler's statement (`KILL QUERY`).
 
 use diesel::mysql::{Mysql, MysqlConnection};
-use diesel::sql_types::{BigInt, Bool, Integer, Text};
+use diesel::sql_types::{BigInt, Bool, Text};
 use diesel::Connection;
 use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 
 use super::chain::OnLocked;
 use super::claim::{chunk_of, mark, take_page, Take};
+use super::task::Taken;
 use super::{list, session, task};
 use crate::db::transaction::depth_of;
 use crate::driver::ops::CANCELLED_RUNNING;
 use crate::driver::{
-    ChunkRuns, ClaimRow, Claiming, Due, LeaseCharge, LeaseDriver, Pick, Picked, RescueParams,
-    RescuedRow,
+    lapsed, ChunkRuns, ClaimRow, Claiming, Due, LeaseCharge, LeaseDriver, Pick, Picked,
+    RescueParams, RescuedRow,
 };
 use crate::sql::Statement;
 
@@ -123,71 +124,6 @@ fn drop_leases(
         .sql(" AND ")
         .with(|s| owned(s, owner, claims))
         .execute(conn)
-}
-
-/// When a charged task runs again.
-enum Delay<'a> {
-    /// After this many milliseconds.
-    Fixed(i64),
-    /// After rescue's backoff.
-    Backoff(&'a RescueParams),
-}
-
-/// What a charge writes besides the failure.
-struct Charge<'a> {
-    /// `last_error`.
-    error: &'a str,
-    /// Added to `suspect` (a death of the task's node).
-    suspect: i32,
-    /// The owner a task that ends dead keeps.
-    owner: i64,
-    delay: Delay<'a>,
-    default_max_attempts: i32,
-}
-
-/// Charges the tasks `ids` (locked, pending under their leases) a failure: pending again
-/// after the delay, or dead at max attempts (their descendants cancelled), with a new claim
-/// token. MySQL assigns `SET`'s columns left to right: every column that reads `failures`
-/// comes before it changes.
-fn charge(conn: &mut MysqlConnection, ids: &[i64], charge: &Charge<'_>) -> QueryResult<()> {
-    if ids.is_empty() {
-        return Ok(());
-    }
-    let at_max = |s: Statement<Mysql>| {
-        s.sql("failures + 1 >= COALESCE(max_attempts, ")
-            .bind::<Integer, _>(charge.default_max_attempts)
-            .sql(")")
-    };
-    Statement::<Mysql>::new(concat!(engine_update!(), " SET last_error = "))
-        .bind::<Text, _>(charge.error.to_owned())
-        .sql(", suspect = suspect + ")
-        .bind::<Integer, _>(charge.suspect)
-        .sql(", run_at = CASE WHEN ")
-        .with(at_max)
-        .sql(" THEN run_at ELSE ")
-        .with(|s| match charge.delay {
-            Delay::Fixed(ms) => s
-                .sql(concat!(now!(), " + INTERVAL "))
-                .bind::<BigInt, _>(ms)
-                .sql(" * 1000 MICROSECOND"),
-            Delay::Backoff(rescue) => task::backoff_after(s, rescue),
-        })
-        .sql(" END, finished_at = CASE WHEN ")
-        .with(at_max)
-        .sql(concat!(" THEN ", now!(), " END, owner = CASE WHEN "))
-        .with(at_max)
-        .sql(" THEN ")
-        .bind::<BigInt, _>(charge.owner)
-        .sql(" END, state = CASE WHEN ")
-        .with(at_max)
-        .sql(concat!(
-            " THEN 'dead' ELSE 'pending' END, claim_token = claim_token + 1, updated_at = ",
-            now!(),
-            ", failures = failures + 1 WHERE state = 'pending' AND id IN "
-        ))
-        .with(|s| list::ids(s, ids))
-        .execute(conn)?;
-    Ok(())
 }
 
 impl LeaseDriver for MysqlConnection {
@@ -313,14 +249,17 @@ impl LeaseDriver for MysqlConnection {
                 .with(|s| list::ids(s, &freed))
                 .execute(conn)?;
             }
-            let how = Charge {
+            let taken = Taken::Leased {
+                node: owner,
                 error: lease.error,
                 suspect: 0,
-                owner,
-                delay: Delay::Fixed(lease.delay_ms),
-                default_max_attempts: lease.default_max_attempts,
             };
-            charge(conn, &held, &how)?;
+            let delay = |s: Statement<Mysql>| {
+                s.sql(concat!(now!(), " + INTERVAL "))
+                    .bind::<BigInt, _>(lease.delay_ms)
+                    .sql(" * 1000 MICROSECOND")
+            };
+            task::charge(conn, &held, taken, delay, lease.default_max_attempts)?;
             Ok(task::charged(conn, &held)?
                 .into_iter()
                 .next()
@@ -340,7 +279,7 @@ impl LeaseDriver for MysqlConnection {
         // completion under way deletes its leases; one frozen midway holds them as long as
         // its session, and waiting for it held up the rescue of every other lease.
         let lapsed = |s| {
-            let s = task::lapsed(s, ("l.deadline_at", "l.node_id"), rescue.dead_after_ms);
+            let s = lapsed(s, ("l.deadline_at", "l.node_id"), rescue.dead_after_ms);
             match rescue.only {
                 Some(only) => s.sql(" AND l.task_id = ").bind::<BigInt, _>(only),
                 None => task::dying(
@@ -382,14 +321,13 @@ impl LeaseDriver for MysqlConnection {
                         false => "the node stopped heartbeating",
                     };
                     let error = format!("rescued from node {node}: {why}");
-                    let how = Charge {
+                    let taken = Taken::Leased {
+                        node: *node,
                         error: &error,
                         suspect: i32::from(!late),
-                        owner: *node,
-                        delay: Delay::Backoff(rescue),
-                        default_max_attempts: rescue.default_max_attempts,
                     };
-                    charge(conn, ids, &how)?;
+                    let backoff = |s| task::backoff_after(s, rescue);
+                    task::charge(conn, ids, taken, backoff, rescue.default_max_attempts)?;
                 }
                 // A cancelled task's lease goes with the cancel's note (a cancel that missed
                 // the lease wrote none).

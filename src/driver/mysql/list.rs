@@ -36,34 +36,44 @@ pub(super) fn texts(statement: Statement<Mysql>, texts: &[String]) -> Statement<
     binds::<Text, _>(statement, texts)
 }
 
-/// Appends `((?, ?), (?, ?), …)` binding each `(keyword, biz_id)`; `((NULL, NULL))` for none.
-pub(super) fn keys(mut statement: Statement<Mysql>, keys: &[(String, String)]) -> Statement<Mysql> {
-    if keys.is_empty() {
-        return statement.sql("((NULL, NULL))");
+/// Appends `(…), (…), …`: each of `items` a row in parentheses that `row` appends (the rows
+/// of `VALUES`, or the items of a list of tuples); nothing for none.
+pub(super) fn rows<T>(
+    mut statement: Statement<Mysql>,
+    items: impl IntoIterator<Item = T>,
+    row: impl Fn(Statement<Mysql>, T) -> Statement<Mysql>,
+) -> Statement<Mysql> {
+    for (i, item) in items.into_iter().enumerate() {
+        statement = row(statement.sql(if i == 0 { "(" } else { ", (" }), item).sql(")");
     }
-    for (i, (keyword, biz_id)) in keys.iter().enumerate() {
-        statement = statement
-            .sql(if i == 0 { "((" } else { ", (" })
-            .bind::<Text, _>(keyword.clone())
-            .sql(", ")
-            .bind::<Text, _>(biz_id.clone())
-            .sql(")");
-    }
-    statement.sql(")")
+    statement
 }
 
-/// Appends `((?, ?), …)` binding each `(id, claim_token)`.
-pub(super) fn pairs(mut statement: Statement<Mysql>, pairs: &[(i64, i64)]) -> Statement<Mysql> {
+/// Appends `((…), …)`, each of `pairs` a row that `row` appends; `((NULL, NULL))`, which
+/// matches nothing, for none.
+fn pair_list<T>(
+    statement: Statement<Mysql>,
+    pairs: &[T],
+    row: impl Fn(Statement<Mysql>, &T) -> Statement<Mysql>,
+) -> Statement<Mysql> {
     if pairs.is_empty() {
         return statement.sql("((NULL, NULL))");
     }
-    for (i, (a, b)) in pairs.iter().enumerate() {
-        statement = statement
-            .sql(if i == 0 { "((" } else { ", (" })
-            .bind::<BigInt, _>(*a)
+    rows(statement.sql("("), pairs, row).sql(")")
+}
+
+/// Appends `((?, ?), (?, ?), …)` binding each `(keyword, biz_id)`; `((NULL, NULL))` for none.
+pub(super) fn keys(statement: Statement<Mysql>, keys: &[(String, String)]) -> Statement<Mysql> {
+    pair_list(statement, keys, |s, (keyword, biz_id)| {
+        s.bind::<Text, _>(keyword.clone())
             .sql(", ")
-            .bind::<BigInt, _>(*b)
-            .sql(")");
-    }
-    statement.sql(")")
+            .bind::<Text, _>(biz_id.clone())
+    })
+}
+
+/// Appends `((?, ?), …)` binding each `(id, claim_token)`; `((NULL, NULL))` for none.
+pub(super) fn pairs(statement: Statement<Mysql>, pairs: &[(i64, i64)]) -> Statement<Mysql> {
+    pair_list(statement, pairs, |s, &(a, b)| {
+        s.bind::<BigInt, _>(a).sql(", ").bind::<BigInt, _>(b)
+    })
 }

@@ -66,11 +66,13 @@ pub(super) use task::{
 };
 
 use diesel::connection::{AnsiTransactionManager, SimpleConnection, TransactionManager};
-use diesel::mysql::MysqlConnection;
+use diesel::mysql::{Mysql, MysqlConnection};
 use diesel::{QueryResult, RunQueryDsl};
 use diesel_migrations::{embed_migrations, EmbeddedMigrations};
 
+use super::rows::IdRow;
 use super::{Claim, Conn, Driver, MigrationError, TaskFilter, TxMark};
+use crate::sql::Statement;
 
 const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/mysql");
 
@@ -146,7 +148,7 @@ impl Driver for MysqlConnection {
     }
 
     fn task_cancel(&mut self, id: i64) -> QueryResult<usize> {
-        task::cancel(self, id)
+        operate::cancel(self, id)
     }
 
     fn task_cancel_matching(&mut self, filter: &TaskFilter<'_>, dry_run: bool) -> QueryResult<i64> {
@@ -180,4 +182,10 @@ pub(super) fn rescue_waiting_briefly<T>(
     let reset = conn.batch_execute("SET SESSION innodb_lock_wait_timeout = DEFAULT");
     let value = result?;
     reset.map(|()| value)
+}
+
+/// The ids `statement` reads (its column `id`), in its order.
+fn load_ids(conn: &mut MysqlConnection, statement: Statement<Mysql>) -> QueryResult<Vec<i64>> {
+    let rows: Vec<IdRow> = statement.load(conn)?;
+    Ok(rows.into_iter().map(|r| r.id).collect())
 }

@@ -1,4 +1,5 @@
-//! Operators' changes on MySQL: cancel by filter, retry of one task or by filter.
+//! Operators' changes on MySQL: cancel of one task or by filter, retry of one task or by
+//! filter.
 //!
 //! What the other backends' triggers do when a task is cancelled (its descendants cancelled
 //! with it) is the driver's here, in the same transaction (`chain.rs`); and MySQL refuses an
@@ -9,12 +10,13 @@ use std::collections::BTreeMap;
 
 use diesel::connection::Connection;
 use diesel::mysql::{Mysql, MysqlConnection};
-use diesel::sql_types::{BigInt, Integer};
+use diesel::sql_types::{BigInt, Integer, Text};
 use diesel::{QueryResult, QueryableByName, RunQueryDsl};
 
-use super::chain::{self, Id};
-use super::list;
-use crate::driver::ops::{retry_states, where_selected, OpsDriver, TaskSelect, PARENT_PRUNED};
+use super::{chain, list, load_ids};
+use crate::driver::ops::{
+    retry_states, where_selected, OpsDriver, TaskSelect, CANCELLED_RUNNING, PARENT_PRUNED,
+};
 use crate::driver::{operate_sql, Conn, TaskFilter};
 use crate::sql::Statement;
 use crate::task::TaskState;
@@ -35,15 +37,13 @@ fn by_chunks(
         let mut after = 0;
         let mut changed = 0;
         loop {
-            let chunk: Vec<Id> =
-                where_selected(Statement::new("SELECT id FROM async_task"), select)
-                    .sql(" AND id > ")
-                    .bind::<BigInt, _>(after)
-                    .sql(" ORDER BY id LIMIT ")
-                    .bind::<BigInt, _>(CHUNK)
-                    .sql(if lock { " FOR UPDATE" } else { "" })
-                    .load(conn)?;
-            let ids: Vec<i64> = chunk.into_iter().map(|c| c.id).collect();
+            let chunk = where_selected(Statement::new("SELECT id FROM async_task"), select)
+                .sql(" AND id > ")
+                .bind::<BigInt, _>(after)
+                .sql(" ORDER BY id LIMIT ")
+                .bind::<BigInt, _>(CHUNK)
+                .sql(if lock { " FOR UPDATE" } else { "" });
+            let ids = load_ids(conn, chunk)?;
             let Some(&last) = ids.last() else { break };
             after = last;
             changed += change(conn, &ids)?;
@@ -52,6 +52,55 @@ fn by_chunks(
             }
         }
         Ok(i64::try_from(changed).unwrap_or(i64::MAX))
+    })
+}
+
+/// `UPDATE async_task` to cancelled, finished now, with the note of a cancel on a task whose
+/// handler may be running: running, or pending and leased ([`leased_among`] of the tasks;
+/// `last_error` first: MySQL's `SET` reads the columns it has already set). The caller
+/// appends `WHERE`.
+pub(super) fn cancelled(leased: &[i64]) -> Statement<Mysql> {
+    let statement =
+        Statement::<Mysql>::new("UPDATE async_task SET last_error = CASE WHEN state = 'running'");
+    let statement = match leased.is_empty() {
+        true => statement,
+        false => statement
+            .sql(" OR state = 'pending' AND id IN ")
+            .with(|s| list::ids(s, leased)),
+    };
+    statement
+        .sql(" THEN ")
+        .bind::<Text, _>(CANCELLED_RUNNING)
+        .sql(concat!(
+            " ELSE last_error END, state = 'cancelled', finished_at = ",
+            now!(),
+            ", updated_at = ",
+            now!()
+        ))
+}
+
+/// The tasks among `ids` leased to a chunk, read apart, without a lock: a subquery of the
+/// cancel's `UPDATE` would lock the leases it reads, and their gaps, for the length of a
+/// producer's transaction at REPEATABLE READ, and a lock claim's insert of a lease would wait
+/// for it. A lease committed after this read is the chunk's to note (`worker/locked.rs`).
+pub(super) fn leased_among(conn: &mut MysqlConnection, ids: &[i64]) -> QueryResult<Vec<i64>> {
+    let statement =
+        Statement::<Mysql>::new("SELECT task_id AS id FROM async_lease WHERE task_id IN ");
+    load_ids(conn, list::ids(statement, ids))
+}
+
+pub(super) fn cancel(conn: &mut MysqlConnection, id: i64) -> QueryResult<usize> {
+    conn.transaction(|conn| {
+        let leased = leased_among(conn, &[id])?;
+        let n = cancelled(&leased)
+            .sql(" WHERE id = ")
+            .bind::<BigInt, _>(id)
+            .sql(" AND state IN ('pending', 'blocked', 'running')")
+            .execute(conn)?;
+        if n == 1 {
+            chain::cancel_descendants_of(conn, &[id], "cancelled")?;
+        }
+        Ok(n)
     })
 }
 
@@ -76,16 +125,16 @@ pub(super) fn cancel_matching(
         ..TaskSelect::default()
     };
     conn.transaction(|conn| {
-        let mut cancelled: Vec<i64> = Vec::new();
+        let mut roots: Vec<i64> = Vec::new();
         let n = by_chunks(conn, &select, true, |conn, ids| {
-            let leased = super::task::leased_among(conn, ids)?;
-            cancelled.extend_from_slice(ids);
-            super::task::cancelled(&leased)
+            let leased = leased_among(conn, ids)?;
+            roots.extend_from_slice(ids);
+            cancelled(&leased)
                 .sql(" WHERE state IN ('pending', 'blocked', 'running') AND id IN ")
                 .with(|s| list::ids(s, ids))
                 .execute(conn)
         })?;
-        for ids in cancelled.chunks(CHUNK as usize) {
+        for ids in roots.chunks(CHUNK as usize) {
             chain::cancel_descendants_of(conn, ids, "cancelled")?;
         }
         Ok(n)
@@ -125,25 +174,25 @@ fn retry_ids(conn: &mut MysqlConnection, ids: &[i64], states: &[String]) -> Quer
         return Ok(0);
     }
     conn.transaction(|conn| {
-        Statement::<Mysql>::new(
+        let parents = Statement::<Mysql>::new(
             "SELECT id FROM async_task WHERE id IN
                (SELECT parent_id FROM async_task_parent WHERE child_id IN ",
-        )
-        .with(|s| list::ids(s, ids))
-        .sql(") ORDER BY id FOR UPDATE")
-        .load::<Id>(conn)?;
-        let picked: Vec<Id> = Statement::<Mysql>::new("SELECT id FROM async_task WHERE id IN ")
+        );
+        load_ids(
+            conn,
+            list::ids(parents, ids).sql(") ORDER BY id FOR UPDATE"),
+        )?;
+        let picked = Statement::<Mysql>::new("SELECT id FROM async_task WHERE id IN ")
             .with(|s| list::ids(s, ids))
             .sql(" AND state IN ")
             .with(|s| list::texts(s, states))
             .sql(" AND NOT ")
             .sql(PARENT_PRUNED)
-            .sql(" ORDER BY id FOR UPDATE")
-            .load(conn)?;
+            .sql(" ORDER BY id FOR UPDATE");
+        let picked = load_ids(conn, picked)?;
         if picked.is_empty() {
             return Ok(0);
         }
-        let picked: Vec<i64> = picked.into_iter().map(|p| p.id).collect();
         let n = Statement::<Mysql>::new(concat!(
             "UPDATE async_task SET state = 'pending', blocked_by = 0, failures = 0, owner = NULL,
                     claim_token = claim_token + 1, run_at = ",

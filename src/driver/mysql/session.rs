@@ -32,9 +32,10 @@
 use diesel::connection::SimpleConnection;
 use diesel::mysql::{Mysql, MysqlConnection};
 use diesel::sql_types::BigInt;
-use diesel::{QueryResult, QueryableByName, RunQueryDsl};
+use diesel::{QueryResult, RunQueryDsl};
 
 use crate::db::reply::{session_node, set_session_node};
+use crate::driver::rows::CountRow;
 use crate::sql::Statement;
 
 /// The named lock by which the session `$session` (an SQL expression) says it works for the
@@ -76,12 +77,6 @@ pub(super) fn tag(conn: &mut MysqlConnection, node: i64) -> QueryResult<()> {
     Ok(())
 }
 
-#[derive(QueryableByName)]
-struct Session {
-    #[diesel(sql_type = BigInt)]
-    id: i64,
-}
-
 /// See [`crate::driver::LeaseDriver::session_end_stale`]: the sessions of this user whose
 /// lock names a node that is not live (no heartbeat for `dead_after_ms`) and did not exit
 /// cleanly (`gone`: a node that stopped its work, whose pool may live on in its process, in
@@ -90,7 +85,7 @@ struct Session {
 /// session has left already; otherwise the first such error is returned, after the others
 /// were ended and waited for. Returns how many it ended.
 pub(super) fn end_stale(conn: &mut MysqlConnection, dead_after_ms: i64) -> QueryResult<i64> {
-    let stale: Vec<Session> = Statement::<Mysql>::new(
+    let stale = Statement::<Mysql>::new(
         "SELECT CAST(p.ID AS SIGNED) AS id
            FROM information_schema.PROCESSLIST p JOIN async_node n
              ON IS_USED_LOCK(",
@@ -107,15 +102,14 @@ pub(super) fn end_stale(conn: &mut MysqlConnection, dead_after_ms: i64) -> Query
         " - INTERVAL "
     ))
     .bind::<BigInt, _>(dead_after_ms)
-    .sql(" * 1000 MICROSECOND")
-    .load(conn)?;
+    .sql(" * 1000 MICROSECOND");
     let mut ended = Vec::new();
     let mut failed = None;
-    for session in stale {
-        match conn.batch_execute(&format!("KILL CONNECTION {}", session.id)) {
-            Ok(()) => ended.push(session.id),
+    for session in super::load_ids(conn, stale)? {
+        match conn.batch_execute(&format!("KILL CONNECTION {session}")) {
+            Ok(()) => ended.push(session),
             // Gone already (ER_NO_SUCH_THREAD), told apart by the list, not the message's words.
-            Err(e) => match listed(conn, &[session.id]) {
+            Err(e) => match listed(conn, &[session]) {
                 Ok(0) => {}
                 _ => {
                     failed.get_or_insert(e);
@@ -146,17 +140,12 @@ fn wait_gone(conn: &mut MysqlConnection, ids: &[i64]) -> QueryResult<()> {
 
 /// How many of the sessions `ids` the server lists.
 fn listed(conn: &mut MysqlConnection, ids: &[i64]) -> QueryResult<i64> {
-    #[derive(QueryableByName)]
-    struct Listed {
-        #[diesel(sql_type = BigInt)]
-        n: i64,
-    }
     let list = ids
         .iter()
         .map(i64::to_string)
         .collect::<Vec<_>>()
         .join(", ");
-    let listed: Listed = diesel::sql_query(format!(
+    let listed: CountRow = diesel::sql_query(format!(
         "SELECT count(*) AS n FROM information_schema.PROCESSLIST WHERE ID IN ({list})"
     ))
     .get_result(conn)?;

@@ -1,25 +1,19 @@
-//! Task statements on MySQL: completion, failure, release, cancellation, rescue. A task that
-//! ends done releases its children, one that ends dead or cancelled cancels its descendants,
-//! in the same transaction (see `chain.rs`: no trigger may do it on MySQL). A task without
-//! children, the common case, completes in one statement with no look-up of children.
+//! Task statements on MySQL: completion, failure, release, rescue (cancellation is in
+//! `operate.rs`). A task that ends done releases its children, one that ends dead or
+//! cancelled cancels its descendants, in the same transaction (see `chain.rs`: no trigger may
+//! do it on MySQL). A task without children, the common case, completes in one statement
+//! with no look-up of children.
 
 use diesel::mysql::{Mysql, MysqlConnection};
 use diesel::sql_types::{BigInt, Double, Integer, Text};
 use diesel::Connection;
-use diesel::{QueryResult, QueryableByName, RunQueryDsl};
+use diesel::{QueryResult, RunQueryDsl};
 
 use super::chain::{self, OnLocked};
-use super::list;
+use super::{list, load_ids};
 use crate::db::transaction::depth_of;
-use crate::driver::ops::CANCELLED_RUNNING;
-use crate::driver::{fence, Claim, RescueParams, RescuedRow};
+use crate::driver::{fence, lapsed, Claim, RescueParams, RescuedRow};
 use crate::sql::Statement;
-
-#[derive(QueryableByName)]
-struct Id {
-    #[diesel(sql_type = BigInt)]
-    id: i64,
-}
 
 // The columns a completion sets: done, now.
 macro_rules! done {
@@ -167,82 +161,6 @@ fn in_transaction<T>(
     }
 }
 
-/// `UPDATE async_task` to cancelled, finished now, with the note of a cancel on a task whose
-/// handler may be running: running, or pending and leased ([`leased_among`] of the tasks;
-/// `last_error` first: MySQL's `SET` reads the columns it has already set). The caller
-/// appends `WHERE`.
-pub(super) fn cancelled(leased: &[i64]) -> Statement<Mysql> {
-    let statement =
-        Statement::<Mysql>::new("UPDATE async_task SET last_error = CASE WHEN state = 'running'");
-    let statement = match leased.is_empty() {
-        true => statement,
-        false => statement
-            .sql(" OR state = 'pending' AND id IN ")
-            .with(|s| list::ids(s, leased)),
-    };
-    statement
-        .sql(" THEN ")
-        .bind::<Text, _>(CANCELLED_RUNNING)
-        .sql(concat!(
-            " ELSE last_error END, state = 'cancelled', finished_at = ",
-            now!(),
-            ", updated_at = ",
-            now!()
-        ))
-}
-
-/// The tasks among `ids` leased to a chunk, read apart, without a lock: a subquery of the
-/// cancel's `UPDATE` would lock the leases it reads, and their gaps, for the length of a
-/// producer's transaction at REPEATABLE READ, and a lock claim's insert of a lease would wait
-/// for it. A lease committed after this read is the chunk's to note (`worker/locked.rs`).
-pub(super) fn leased_among(conn: &mut MysqlConnection, ids: &[i64]) -> QueryResult<Vec<i64>> {
-    let leased: Vec<Id> =
-        Statement::<Mysql>::new("SELECT task_id AS id FROM async_lease WHERE task_id IN ")
-            .with(|s| list::ids(s, ids))
-            .load(conn)?;
-    Ok(leased.into_iter().map(|l| l.id).collect())
-}
-
-pub(super) fn cancel(conn: &mut MysqlConnection, id: i64) -> QueryResult<usize> {
-    conn.transaction(|conn| {
-        let leased = leased_among(conn, &[id])?;
-        let n = cancelled(&leased)
-            .sql(" WHERE id = ")
-            .bind::<BigInt, _>(id)
-            .sql(" AND state IN ('pending', 'blocked', 'running')")
-            .execute(conn)?;
-        if n == 1 {
-            chain::cancel_descendants_of(conn, &[id], "cancelled")?;
-        }
-        Ok(n)
-    })
-}
-
-/// Appends that a claim has lapsed: its deadline (the column `deadline`) is past, or its
-/// node (the column `node`) is not live, by the database clock.
-pub(super) fn lapsed(
-    statement: Statement<Mysql>,
-    (deadline, node): (&'static str, &'static str),
-    dead_after_ms: i64,
-) -> Statement<Mysql> {
-    statement
-        .sql("(")
-        .sql(deadline)
-        .sql(concat!(
-            " < ",
-            now!(),
-            " OR NOT EXISTS (SELECT 1 FROM async_node n WHERE n.id = "
-        ))
-        .sql(node)
-        .sql(concat!(
-            " AND n.state = 'alive' AND n.heartbeat_at >= ",
-            now!(),
-            " - INTERVAL "
-        ))
-        .bind::<BigInt, _>(dead_after_ms)
-        .sql(" * 1000 MICROSECOND))")
-}
-
 /// Appends that the task `task` (a table or alias) is a dying parent: at its last attempt,
 /// with children, whose cancelling at its death (`chain::cancel_descendants`) waits for
 /// locks. By its links, not `has_children`: a producer's `parent_id` shorthand cannot set that
@@ -286,12 +204,12 @@ pub(in crate::driver) fn rescue_dying(
         ("l.deadline_at", "l.node_id"),
         rescue.dead_after_ms,
     );
-    let ids: Vec<Id> = super::rescue_waiting_briefly(conn, |conn| {
-        dying(statement.sql(" AND "), "d", rescue)
-            .sql(" ORDER BY id")
-            .load(conn)
-    })?;
-    Ok(ids.into_iter().map(|i| i.id).collect())
+    super::rescue_waiting_briefly(conn, |conn| {
+        load_ids(
+            conn,
+            dying(statement.sql(" AND "), "d", rescue).sql(" ORDER BY id"),
+        )
+    })
 }
 
 /// Appends when a rescued task runs again: now, plus its backoff after `failures` failures
@@ -346,55 +264,106 @@ pub(in crate::driver) fn rescue_many(
                 Some(_) => "SELECT id FROM async_task FORCE INDEX (PRIMARY) WHERE ",
                 None => "SELECT id FROM async_task FORCE INDEX (async_task_deadline_idx) WHERE ",
             };
-            let found: Vec<Id> = Statement::<Mysql>::new(index).with(lapsed).load(conn)?;
-            if found.is_empty() {
-                return Ok(Vec::new());
-            }
-            let found: Vec<i64> = found.into_iter().map(|i| i.id).collect();
+            // None found, or none locked: the charge and the read-back run no statement.
+            let found = load_ids(conn, Statement::<Mysql>::new(index).with(lapsed))?;
             let ids = chain::lock_by_key_or(conn, &found, lapsed, OnLocked::Skip)?;
-            if ids.is_empty() {
-                return Ok(Vec::new());
-            }
-            let at_max = |s: Statement<Mysql>| {
-                s.sql("failures + 1 >= COALESCE(max_attempts, ")
-                    .bind::<Integer, _>(rescue.default_max_attempts)
-                    .sql(")")
-            };
-            // MySQL assigns SET's columns left to right, each seeing the ones before: every
-            // column that reads failures, owner or the deadline comes before they change.
-            Statement::<Mysql>::new(concat!(
-                engine_update!(),
-                " SET
-                last_error = CONCAT('rescued from node ', COALESCE(owner, '(none)'), ': ',
-                    CASE WHEN deadline_at < "
-            ))
-            .sql(concat!(
-                now!(),
-                " THEN 'running past its deadline' ELSE 'the node stopped heartbeating' END),
-                suspect = suspect + CASE WHEN deadline_at < ",
-                now!(),
-                " THEN 0 ELSE 1 END,
-                run_at = CASE WHEN "
-            ))
-            .with(at_max)
-            .sql(" THEN run_at ELSE ")
-            .with(|s| backoff_after(s, rescue))
-            .sql(" END, finished_at = CASE WHEN ")
-            .with(at_max)
-            .sql(concat!(" THEN ", now!(), " END, owner = CASE WHEN "))
-            .with(at_max)
-            .sql(" THEN owner END, state = CASE WHEN ")
-            .with(at_max)
-            .sql(concat!(
-                " THEN 'dead' ELSE 'pending' END, deadline_at = NULL, updated_at = ",
-                now!(),
-                ", failures = failures + 1 WHERE state = 'running' AND id IN "
-            ))
-            .with(|s| list::ids(s, &ids))
-            .execute(conn)?;
+            let backoff = |s| backoff_after(s, rescue);
+            charge(
+                conn,
+                &ids,
+                Taken::Stamped,
+                backoff,
+                rescue.default_max_attempts,
+            )?;
             charged(conn, &ids)
         })
     })
+}
+
+/// Whose claims a [`charge`] ends: what it writes besides the failure.
+pub(super) enum Taken<'a> {
+    /// Stamped, the tasks running: the reason read from the owner and the deadline (a death
+    /// counted unless the deadline passed), the owner kept, the deadline cleared.
+    Stamped,
+    /// Leased by `node`, the tasks pending: `error` the reason, `suspect` the deaths counted,
+    /// `node` the owner of a task that ends dead, a new claim token.
+    Leased {
+        node: i64,
+        error: &'a str,
+        suspect: i32,
+    },
+}
+
+/// Charges the tasks `ids` (locked by this transaction, claimed as `taken` says) a failure:
+/// pending again at the time `delay` appends or, at max attempts (`default_max_attempts` for
+/// a task without its own), dead. Rescue's charge and a lease's, one statement; the caller
+/// reads the tasks back with [`charged`], which cancels the descendants of the dead.
+///
+/// MySQL assigns `SET`'s columns left to right, each seeing the ones before: every column
+/// that reads `failures`, `owner` or `deadline_at` (`delay` may) comes before they change.
+pub(super) fn charge(
+    conn: &mut MysqlConnection,
+    ids: &[i64],
+    taken: Taken<'_>,
+    delay: impl FnOnce(Statement<Mysql>) -> Statement<Mysql>,
+    default_max_attempts: i32,
+) -> QueryResult<()> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let at_max = |s: Statement<Mysql>| {
+        s.sql("failures + 1 >= COALESCE(max_attempts, ")
+            .bind::<Integer, _>(default_max_attempts)
+            .sql(")")
+    };
+    let (extra, from) = match taken {
+        Taken::Stamped => ("deadline_at = NULL", "'running'"),
+        Taken::Leased { .. } => ("claim_token = claim_token + 1", "'pending'"),
+    };
+    let statement = Statement::<Mysql>::new(concat!(engine_update!(), " SET last_error = "));
+    let statement = match taken {
+        Taken::Stamped => statement.sql(concat!(
+            "CONCAT('rescued from node ', COALESCE(owner, '(none)'), ': ',
+                CASE WHEN deadline_at < ",
+            now!(),
+            " THEN 'running past its deadline' ELSE 'the node stopped heartbeating' END),
+                suspect = suspect + CASE WHEN deadline_at < ",
+            now!(),
+            " THEN 0 ELSE 1 END"
+        )),
+        Taken::Leased { error, suspect, .. } => statement
+            .bind::<Text, _>(error.to_owned())
+            .sql(", suspect = suspect + ")
+            .bind::<Integer, _>(suspect),
+    };
+    statement
+        .sql(", run_at = CASE WHEN ")
+        .with(at_max)
+        .sql(" THEN run_at ELSE ")
+        .with(delay)
+        .sql(" END, finished_at = CASE WHEN ")
+        .with(at_max)
+        .sql(concat!(" THEN ", now!(), " END, owner = CASE WHEN "))
+        .with(at_max)
+        .sql(" THEN ")
+        .with(|s| match taken {
+            Taken::Stamped => s.sql("owner"),
+            Taken::Leased { node, .. } => s.bind::<BigInt, _>(node),
+        })
+        .sql(" END, state = CASE WHEN ")
+        .with(at_max)
+        .sql(" THEN 'dead' ELSE 'pending' END, ")
+        .sql(extra)
+        .sql(concat!(
+            ", updated_at = ",
+            now!(),
+            ", failures = failures + 1 WHERE state = "
+        ))
+        .sql(from)
+        .sql(" AND id IN ")
+        .with(|s| list::ids(s, ids))
+        .execute(conn)?;
+    Ok(())
 }
 
 /// The tasks `ids`, read back after a charge; the descendants of those that ended dead

@@ -18,8 +18,8 @@ use super::task::{picked, plan_lines, rescue_scope, stamp_picked, PickedRow, RES
 use crate::driver::ops::CANCELLED_RUNNING;
 use crate::driver::rows::{CountRow, StateRow};
 use crate::driver::{
-    rescue_params, ChunkRuns, ClaimRow, Claiming, Due, LeaseCharge, LeaseDriver, Passes, Pick,
-    Picked, RescueParams, RescuedRow, TxMark,
+    lapsed, rescue_params, ChunkRuns, ClaimRow, Claiming, Due, LeaseCharge, LeaseDriver, Passes,
+    Pick, Picked, RescueParams, RescuedRow, TxMark,
 };
 
 /// The advisory lock class of a transaction's node (`'obn'`, then 1): two-key advisory
@@ -297,13 +297,9 @@ impl LeaseDriver for PgConnection {
             rescue_params(rescue)
             .sql(
                 ", lapsed AS (
-                    SELECT l.task_id, l.deadline_at < now() AS late FROM async_lease l
-                     WHERE (l.deadline_at < now()
-                        OR NOT EXISTS (SELECT 1 FROM async_node n
-                                        WHERE n.id = l.node_id AND n.state = 'alive'
-                                          AND n.heartbeat_at >= now() - (SELECT dead_ms FROM params)
-                                                                       * interval '1 millisecond'))",
+                    SELECT l.task_id, l.deadline_at < now() AS late FROM async_lease l WHERE ",
             )
+            .with(|s| lapsed(s, ("l.deadline_at", "l.node_id"), rescue.dead_after_ms))
             .with(|s| match rescue.only {
                 Some(only) => s.sql(" AND l.task_id = ").bind::<BigInt, _>(only),
                 None => s,

@@ -8,8 +8,8 @@ use crate::driver::ring_sql::walk;
 use crate::driver::rows::{FoundRow, IdRow};
 use crate::driver::Passes;
 use crate::driver::{
-    fence, rescue_params, Claim, ClaimRow, Claiming, Due, InsertRow, Pick, Picked, RescueParams,
-    RescuedRow, TaskKey,
+    fence, lapsed, rescue_params, Claim, ClaimRow, Claiming, Due, InsertRow, Pick, Picked,
+    RescueParams, RescuedRow, TaskKey,
 };
 use crate::sql::Statement;
 
@@ -237,14 +237,9 @@ pub(in crate::driver) fn rescue_many(
             suspect = t.suspect + CASE WHEN t.deadline_at < now() THEN 0 ELSE 1 END,
             updated_at = now()
         FROM params p,
-             (SELECT c.id FROM async_task c
-               WHERE c.state = 'running'
-                 AND (c.deadline_at < now()
-                      OR NOT EXISTS (SELECT 1 FROM async_node n
-                                     WHERE n.id = c.owner AND n.state = 'alive'
-                                       AND n.heartbeat_at >= now() - (SELECT dead_ms FROM params)
-                                                                    * interval '1 millisecond'))",
+             (SELECT c.id FROM async_task c WHERE c.state = 'running' AND ",
             )
+            .with(|s| lapsed(s, ("c.deadline_at", "c.owner"), rescue.dead_after_ms))
             .with(|s| rescue_scope(s, rescue, "c"))
             .sql(
                 "
@@ -292,27 +287,17 @@ pub(in crate::driver) fn rescue_dying(
     conn: &mut PgConnection,
     rescue: &RescueParams,
 ) -> QueryResult<Vec<i64>> {
-    let lapsed = |s: Statement<Pg>, deadline: &'static str, node: &'static str| {
-        s.sql(" AND (")
-            .sql(deadline)
-            .sql(" < now() OR NOT EXISTS (SELECT 1 FROM async_node n WHERE n.id = ")
-            .sql(node)
-            .sql(
-                " AND n.state = 'alive'
-                   AND n.heartbeat_at >= now() - (SELECT dead_ms FROM params)
-                                                 * interval '1 millisecond')) AND ",
-            )
-    };
+    let lapsed = |s: Statement<Pg>, columns| lapsed(s, columns, rescue.dead_after_ms).sql(" AND ");
     let statement = rescue_params(rescue).sql(
         "
-        SELECT t.id FROM async_task t WHERE t.state = 'running'",
+        SELECT t.id FROM async_task t WHERE t.state = 'running' AND ",
     );
-    let statement = dying(lapsed(statement, "t.deadline_at", "t.owner"), "t").sql(
+    let statement = dying(lapsed(statement, ("t.deadline_at", "t.owner")), "t").sql(
         "
-        UNION SELECT t.id FROM async_lease l JOIN async_task t ON t.id = l.task_id WHERE TRUE",
+        UNION SELECT t.id FROM async_lease l JOIN async_task t ON t.id = l.task_id WHERE ",
     );
     let ids: Vec<IdRow> = super::with_local(conn, super::RESCUE_SETTINGS, rescue.node, |conn| {
-        dying(lapsed(statement, "l.deadline_at", "l.node_id"), "t")
+        dying(lapsed(statement, ("l.deadline_at", "l.node_id")), "t")
             .sql(" ORDER BY id")
             .load(conn)
     })?;

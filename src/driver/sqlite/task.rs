@@ -11,7 +11,8 @@ use crate::driver::fair_sql::{
 };
 use crate::driver::ring_sql::Share;
 use crate::driver::{
-    fence, rescue_params, Claim, ClaimRow, Claiming, Due, Pick, Picked, RescueParams, RescuedRow,
+    fence, lapsed, rescue_params, Claim, ClaimRow, Claiming, Due, Pick, Picked, RescueParams,
+    RescuedRow,
 };
 use crate::sql::Statement;
 
@@ -159,14 +160,9 @@ fn rescue_statement(rescue: &RescueParams) -> Statement<Sqlite> {
                     updated_at = ",
                 now!(),
                 "
-                WHERE deadline_at IS NOT NULL AND state = 'running'
-                  AND (deadline_at < ",
-                now!(),
-                " OR NOT EXISTS (SELECT 1 FROM async_node n
-                                  WHERE n.id = async_task.owner AND n.state = 'alive'
-                                    AND n.heartbeat_at >= datetime('now', 'subsec',
-                                        printf('-%.3f seconds', (SELECT dead_ms FROM params) / 1000.0))))"
+                WHERE deadline_at IS NOT NULL AND state = 'running' AND "
             ))
+    .with(|s| lapsed(s, ("deadline_at", "async_task.owner"), rescue.dead_after_ms))
     .with(|s| match rescue.only {
         Some(only) => s.sql(" AND id = ").bind::<BigInt, _>(only),
         None => s,
