@@ -372,9 +372,11 @@ pub trait Driver: LeaseDriver + ops::OpsDriver {
         Ok(false)
     }
 
-    /// In a transaction: its lock waits fail after 2 s (PostgreSQL, which has no lock timeout
-    /// by default; MySQL's `innodb_lock_wait_timeout` and SQLite's busy timeout bound them).
-    fn transaction_lock_wait_bounded(&mut self) -> QueryResult<()> {
+    /// `bounded`, in a transaction: its lock waits fail after 2 s (PostgreSQL, for the
+    /// transaction; MySQL, for the session until called again without, its default
+    /// `innodb_lock_wait_timeout` 50 s; SQLite's busy timeout bounds them already).
+    fn transaction_lock_wait_bounded(&mut self, bounded: bool) -> QueryResult<()> {
+        let _ = bounded;
         Ok(())
     }
 

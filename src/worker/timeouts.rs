@@ -347,12 +347,17 @@ fn bounded<T>(
         node,
         run: super::lease::next_run(),
     };
-    write_transaction_marked(conn, Some(mark), |conn| {
+    let charged = write_transaction_marked(conn, Some(mark), |conn| {
         driver(conn)
-            .transaction_lock_wait_bounded()
+            .transaction_lock_wait_bounded(true)
             .op("task timeout")?;
         charge(conn)
-    })
+    });
+    // MySQL's bound is the session's: back to the server's, or the pool drops the connection.
+    if driver(conn).transaction_lock_wait_bounded(false).is_err() {
+        crate::db::transaction::mark_broken(conn);
+    }
+    charged
 }
 
 /// What a charge at the timeout made of its task.

@@ -658,60 +658,61 @@ fn holding(db: &TestDb, id: i64) -> outbox::DbConnection {
     holder
 }
 
-/// A charge at a domain's timeout waits for no lock for ever, on PostgreSQL: a task made dead
-/// there cancels its descendants, whose rows a producer's or an operator's open transaction
-/// may hold. Its charge gives up after the lock timeout and is made again later, and the
-/// watchdog meanwhile charges the other handlers past their timeouts.
-#[test]
-fn a_timeouts_charge_that_meets_a_held_descendant_holds_up_no_other_charge() {
-    let db = &TestDb::postgres();
-    let (parent, child) = dying_parent_and_child(db);
-    let other = outbox::enqueue(&mut db.conn(), &NewTask::new("slow.q", "q"))
-        .unwrap()
-        .id;
-    let mut registry = Registry::new();
-    for keyword in ["slow.p", "slow.q", "other"] {
-        registry.register(
-            keyword,
-            |_: &TaskContext, _: &mut TaskTx| -> HandlerResult {
-                std::thread::sleep(Duration::from_secs(4));
-                Ok(())
-            },
-        );
-    }
-    let worker = Worker::new(
-        &db.url,
-        registry,
-        config(3)
-            .domain(Domain::max("p", ["slow.p"], 1).timeout(Duration::from_millis(300)))
-            .domain(Domain::max("q", ["slow.q"], 1).timeout(Duration::from_millis(1500))),
-    )
-    .unwrap();
-    let mut holder = holding(db, child);
-    std::thread::scope(|s| {
-        let run = s.spawn(|| worker.run_once().unwrap());
-        let charged = wait_for(|| {
+server_backends! {
+    /// A charge at a domain's timeout waits for no lock for ever, on PostgreSQL and MySQL: a
+    /// task made dead there cancels its descendants, whose rows a producer's or an operator's
+    /// open transaction may hold. Its charge gives up after 2 s (MySQL's lock wait timeout is
+    /// 50 s by default) and is made again later, and the watchdog meanwhile charges the other
+    /// handlers past their timeouts.
+    fn a_timeouts_charge_that_meets_a_held_descendant_holds_up_no_other_charge(db: &TestDb) {
+        let (parent, child) = dying_parent_and_child(db);
+        let other = outbox::enqueue(&mut db.conn(), &NewTask::new("slow.q", "q"))
+            .unwrap()
+            .id;
+        let mut registry = Registry::new();
+        for keyword in ["slow.p", "slow.q", "other"] {
+            registry.register(
+                keyword,
+                |_: &TaskContext, _: &mut TaskTx| -> HandlerResult {
+                    std::thread::sleep(Duration::from_secs(4));
+                    Ok(())
+                },
+            );
+        }
+        let worker = Worker::new(
+            &db.url,
+            registry,
+            config(3)
+                .domain(Domain::max("p", ["slow.p"], 1).timeout(Duration::from_millis(300)))
+                .domain(Domain::max("q", ["slow.q"], 1).timeout(Duration::from_millis(1500))),
+        )
+        .unwrap();
+        let mut holder = holding(db, child);
+        std::thread::scope(|s| {
+            let run = s.spawn(|| worker.run_once().unwrap());
+            let charged = wait_for(|| {
+                db.count(&format!(
+                    "SELECT failures FROM async_task WHERE id = {other}"
+                )) == 1
+            });
+            diesel::sql_query("ROLLBACK").execute(&mut holder).unwrap();
+            assert!(
+                charged,
+                "the other handler was not charged while a charge waited"
+            );
+            run.join().unwrap();
+        });
+        let dead = wait_for(|| {
             db.count(&format!(
-                "SELECT failures FROM async_task WHERE id = {other}"
+                "SELECT count(*) FROM async_task WHERE id = {parent} AND state = 'dead'"
             )) == 1
         });
-        diesel::sql_query("ROLLBACK").execute(&mut holder).unwrap();
         assert!(
-            charged,
-            "the other handler was not charged while a charge waited"
+            dead,
+            "the parent's charge, made again once the lock was free"
         );
-        run.join().unwrap();
-    });
-    let dead = wait_for(|| {
-        db.count(&format!(
-            "SELECT count(*) FROM async_task WHERE id = {parent} AND state = 'dead'"
-        )) == 1
-    });
-    assert!(
-        dead,
-        "the parent's charge, made again once the lock was free"
-    );
-    assert_eq!(db.task(child).state, "cancelled");
+        assert_eq!(db.task(child).state, "cancelled");
+    }
 }
 
 /// A charge at a domain's timeout that gives up at its lock timeout (a dead task's descendant

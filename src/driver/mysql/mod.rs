@@ -162,6 +162,13 @@ impl Driver for MysqlConnection {
     fn backend_cancel(&mut self, pid: i32) -> QueryResult<bool> {
         maintenance::kill_query(self, pid)
     }
+
+    fn transaction_lock_wait_bounded(&mut self, bounded: bool) -> QueryResult<()> {
+        self.batch_execute(match bounded {
+            true => "SET SESSION innodb_lock_wait_timeout = 2",
+            false => "SET SESSION innodb_lock_wait_timeout = DEFAULT",
+        })
+    }
 }
 
 /// Runs a rescue statement's transaction `f` with InnoDB's lock wait timeout at 2 s for this
@@ -175,11 +182,11 @@ pub(super) fn rescue_waiting_briefly<T>(
     conn: &mut MysqlConnection,
     f: impl FnOnce(&mut MysqlConnection) -> QueryResult<T>,
 ) -> QueryResult<T> {
-    conn.batch_execute("SET SESSION innodb_lock_wait_timeout = 2")?;
+    conn.transaction_lock_wait_bounded(true)?;
     let result = f(conn);
     // A failure here fails the connection's statement, and the pool drops the connection
     // (`db/reply.rs`) rather than hand it out with the short timeout.
-    let reset = conn.batch_execute("SET SESSION innodb_lock_wait_timeout = DEFAULT");
+    let reset = conn.transaction_lock_wait_bounded(false);
     let value = result?;
     reset.map(|()| value)
 }

@@ -177,8 +177,12 @@ impl Driver for PgConnection {
         applied
     }
 
-    fn transaction_lock_wait_bounded(&mut self) -> QueryResult<()> {
-        self.batch_execute(lock_wait_bound!())
+    fn transaction_lock_wait_bounded(&mut self, bounded: bool) -> QueryResult<()> {
+        // `SET LOCAL`: it ends with the transaction.
+        match bounded {
+            true => self.batch_execute(lock_wait_bound!()),
+            false => Ok(()),
+        }
     }
 
     fn migrations_known(&self) -> Result<Vec<String>, MigrationError> {
