@@ -113,8 +113,9 @@ impl Worker {
         }
         if plan.by_lanes() {
             let tally = Mutex::new(Tally::default());
-            self.dispatcher
-                .scope(&self.stopping, |feed| self.refill_lanes(feed, &tally, &plan).map(|_| ()))?;
+            self.dispatcher.scope(&self.stopping, |feed| {
+                self.refill_lanes(feed, &tally, &plan).map(|_| ())
+            })?;
             return Ok(tally.into_inner().unwrap_or_else(PoisonError::into_inner));
         }
         let page = self.claim()?;
@@ -308,7 +309,8 @@ impl Worker {
     fn claim_until_stopped(&self) -> Result<Report> {
         let started = Instant::now();
         let tally = Mutex::new(Tally::default());
-        self.dispatcher.scope(&self.stopping, |feed| self.claim_on(feed, &tally));
+        self.dispatcher
+            .scope(&self.stopping, |feed| self.claim_on(feed, &tally));
         Ok(Report::new(
             tally.into_inner().unwrap_or_else(PoisonError::into_inner),
             started.elapsed(),
