@@ -73,7 +73,8 @@ struct Queues<'j> {
 pub(crate) struct Feed<'j> {
     jobs: Mutex<Queues<'j>>,
     ready: Condvar,
-    /// Signalled when the feed closes: the scope's stop watcher waits on it.
+    /// Signalled when the feed closes, and when a pool thread leaves it closed and empty:
+    /// the scope's stop watcher waits on it.
     closing: Condvar,
     /// The first panic that escaped a job: re-raised when the scope ends, after the pool's
     /// threads have carried on with the other jobs.
@@ -106,8 +107,9 @@ impl<'j> Feed<'j> {
     /// The scope's stop watcher, on a thread of its own: once `stop` is set, runs every
     /// queued job, of any lane, slot or not (each releases its tasks at once: its handler
     /// never starts), even while every pool thread, and the claiming thread itself
-    /// (CallerRuns), run handlers that may take long. Returns when the feed closes, after
-    /// what is queued then if `stop` is set; left to the pool otherwise.
+    /// (CallerRuns), run handlers that may take long. Returns once the feed is closed and
+    /// empty: a scope that claimed, closed and left its queued jobs to the pool (`run_once`,
+    /// a drain that reached its count) is watched until the last of them starts.
     fn release_at_stop(&self, dispatcher: &Dispatcher, stop: &AtomicBool) {
         let mut jobs = self.lock();
         loop {
@@ -121,7 +123,7 @@ impl<'j> Feed<'j> {
                     continue;
                 }
             }
-            if jobs.closed {
+            if jobs.closed && jobs.lanes.iter().all(VecDeque::is_empty) {
                 return;
             }
             // The stop is a flag: looked at every poll.
@@ -142,6 +144,7 @@ impl<'j> Feed<'j> {
                         break startable;
                     }
                     if jobs.closed && jobs.lanes.iter().all(VecDeque::is_empty) {
+                        self.closing.notify_all();
                         return;
                     }
                     jobs = self

@@ -287,8 +287,16 @@ impl Timeouts {
                 "released: task {} of its chunk ran past its domain's timeout",
                 watched.claim.id
             );
+            // Bounded too: on MySQL the hung chunk's transaction lives on (`KILL QUERY` ends
+            // its statement only), holding what its handlers locked, a sibling's row among
+            // them when a handler linked a child to its own task.
             for claim in claims.iter().filter(|c| c.id != watched.claim.id) {
-                if let Err(e) = driver(conn).task_release(claim, Some(&note)) {
+                let released = bounded(conn, watched.claim.owner, |conn| {
+                    driver(conn)
+                        .task_release(claim, Some(&note))
+                        .op("task timeout")
+                });
+                if let Err(e) = released {
                     log::warn!("task {}: could not be released: {e}", claim.id);
                 }
             }

@@ -715,6 +715,81 @@ server_backends! {
     }
 }
 
+server_backends! {
+    /// A stamped chunk whose handler runs past its domain's timeout has its other tasks
+    /// released after the charge. On MySQL the chunk's transaction outlives its ended
+    /// statement, holding what its handlers locked: here the row of a sibling that linked a
+    /// child to itself. Its release waits 2 s at most, and the watchdog meanwhile charges the
+    /// other handlers past their timeouts.
+    fn a_release_of_a_hung_chunks_sibling_holds_up_no_other_charge(db: &TestDb) {
+        outbox::enqueue(&mut db.conn(), &NewTask::new("slow.a", "a")).unwrap();
+        let hung = outbox::enqueue(&mut db.conn(), &NewTask::new("slow.b", "b"))
+            .unwrap()
+            .id;
+        let other = outbox::enqueue(&mut db.conn(), &NewTask::new("slow.q", "q"))
+            .unwrap()
+            .id;
+        let mut registry = Registry::new();
+        registry.register(
+            "slow.a",
+            |task: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
+                outbox::enqueue(tx.conn()?, &NewTask::new("other", "c").after(task.id()))?;
+                Ok(())
+            },
+        );
+        // The hung handler waits until the test has looked (60 s at most).
+        let looked = Arc::new((Mutex::new(false), Condvar::new()));
+        let gate = Arc::clone(&looked);
+        registry.register(
+            "slow.b",
+            move |_: &TaskContext, _: &mut TaskTx| -> HandlerResult {
+                let (open, changed) = &*gate;
+                let open = open.lock().unwrap();
+                let _open = changed.wait_timeout_while(open, Duration::from_secs(60), |o| !*o);
+                Ok(())
+            },
+        );
+        for keyword in ["slow.q", "other"] {
+            registry.register(
+                keyword,
+                |_: &TaskContext, _: &mut TaskTx| -> HandlerResult {
+                    std::thread::sleep(Duration::from_secs(4));
+                    Ok(())
+                },
+            );
+        }
+        let worker = Worker::new(
+            &db.url,
+            registry,
+            config(3)
+                .commit_batch(2)
+                .claim_style(ClaimStyle::Stamp)
+                .domain(
+                    Domain::max("p", ["slow.a", "slow.b"], 1)
+                        .timeout(Duration::from_millis(300)),
+                )
+                .domain(Domain::max("q", ["slow.q"], 1).timeout(Duration::from_millis(1500))),
+        )
+        .unwrap();
+        std::thread::scope(|s| {
+            let run = s.spawn(|| worker.run_once().unwrap());
+            let charged = wait_for(|| {
+                db.count(&format!(
+                    "SELECT failures FROM async_task WHERE id = {other}"
+                )) == 1
+            });
+            *looked.0.lock().unwrap() = true;
+            looked.1.notify_all();
+            assert!(
+                charged,
+                "the other handler was not charged while a sibling's release waited"
+            );
+            run.join().unwrap();
+        });
+        assert_eq!(db.task(hung).failures, 1, "the hung handler's task, charged");
+    }
+}
+
 /// A charge at a domain's timeout that gives up at its lock timeout (a dead task's descendant
 /// held by another transaction) leaves the task to be charged, not released: the hung
 /// handler's session was ended first, and its handler, failing on the cut connection, once

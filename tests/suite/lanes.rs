@@ -289,6 +289,22 @@ every_backend! {
         assert_eq!(report.tally.released, 8, "{report:?}");
     }
 
+    fn a_stop_during_run_once_releases_what_waits_behind_a_blocked_domain(db: &TestDb) {
+        // As above, through `run_once`, whose claim has returned before the stop: its queued
+        // tasks wait for the pool, which the blocked handler holds.
+        let gate: Gate = Arc::default();
+        enqueue_batch(&mut db.conn(), &tasks("stuck", 9)).unwrap();
+        let w = Worker::new(&db.url, registry(&gate), config()).unwrap();
+        let (released, tally) = released_at_stop(db, &gate, &w.stop_flag(), (9, 1), || w.run_once());
+        let tally = tally.unwrap();
+        assert_eq!(
+            released, 8,
+            "10 s after the stop, with `slow`'s handler still blocked, {released} of the 8 \
+             tasks queued behind it were released: {tally:?}"
+        );
+        assert_eq!(tally.released, 8, "{tally:?}");
+    }
+
     fn a_fleets_stop_releases_what_waits_behind_a_database_whose_handler_blocks(db: &TestDb) {
         // Two databases on 2 threads and a queue of 8: each its thread and 4 queued. The
         // first's 5 tasks all block on one handler: 1 runs, 4 wait for its slot.
