@@ -289,15 +289,24 @@ impl Timeouts {
             );
             // Bounded too: on MySQL the hung chunk's transaction lives on (`KILL QUERY` ends
             // its statement only), holding what its handlers locked, a sibling's row among
-            // them when a handler linked a child to its own task.
-            for claim in claims.iter().filter(|c| c.id != watched.claim.id) {
+            // them when a handler linked a child to its own task. The first release that
+            // fails leaves the rest, whose rows that transaction may hold as well, to the
+            // chunk's rerun once its handler returns, or to rescue at their deadline: one
+            // wait of 2 s at most, not one per sibling.
+            let siblings = claims.iter().filter(|c| c.id != watched.claim.id);
+            for (i, claim) in siblings.clone().enumerate() {
                 let released = bounded(conn, watched.claim.owner, |conn| {
                     driver(conn)
                         .task_release(claim, Some(&note))
                         .op("task timeout")
                 });
                 if let Err(e) = released {
-                    log::warn!("task {}: could not be released: {e}", claim.id);
+                    let left = siblings.clone().count() - i;
+                    log::warn!(
+                        "task {}: could not be released ({left} of its chunk left held): {e}",
+                        claim.id
+                    );
+                    break;
                 }
             }
         }

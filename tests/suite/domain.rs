@@ -718,11 +718,13 @@ server_backends! {
 server_backends! {
     /// A stamped chunk whose handler runs past its domain's timeout has its other tasks
     /// released after the charge. On MySQL the chunk's transaction outlives its ended
-    /// statement, holding what its handlers locked: here the row of a sibling that linked a
-    /// child to itself. Its release waits 2 s at most, and the watchdog meanwhile charges the
-    /// other handlers past their timeouts.
+    /// statement, holding what its handlers locked: here the rows of six siblings that each
+    /// linked a child to itself. Their release waits 2 s at most in all, not per sibling, and
+    /// the watchdog meanwhile charges the other handlers past their timeouts.
     fn a_release_of_a_hung_chunks_sibling_holds_up_no_other_charge(db: &TestDb) {
-        outbox::enqueue(&mut db.conn(), &NewTask::new("slow.a", "a")).unwrap();
+        for i in 0..6 {
+            outbox::enqueue(&mut db.conn(), &NewTask::new("slow.a", format!("a{i}"))).unwrap();
+        }
         let hung = outbox::enqueue(&mut db.conn(), &NewTask::new("slow.b", "b"))
             .unwrap()
             .id;
@@ -733,7 +735,8 @@ server_backends! {
         registry.register(
             "slow.a",
             |task: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
-                outbox::enqueue(tx.conn()?, &NewTask::new("other", "c").after(task.id()))?;
+                let child = NewTask::new("other", format!("c{}", task.id())).after(task.id());
+                outbox::enqueue(tx.conn()?, &child)?;
                 Ok(())
             },
         );
@@ -762,7 +765,7 @@ server_backends! {
             &db.url,
             registry,
             config(3)
-                .commit_batch(2)
+                .commit_batch(7)
                 .claim_style(ClaimStyle::Stamp)
                 .domain(
                     Domain::max("p", ["slow.a", "slow.b"], 1)
