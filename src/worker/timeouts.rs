@@ -293,15 +293,15 @@ impl Timeouts {
             // fails leaves the rest, whose rows that transaction may hold as well, to the
             // chunk's rerun once its handler returns, or to rescue at their deadline: one
             // wait of 2 s at most, not one per sibling.
-            let siblings = claims.iter().filter(|c| c.id != watched.claim.id);
-            for (i, claim) in siblings.clone().enumerate() {
+            let siblings: Vec<_> = claims.iter().filter(|c| c.id != watched.claim.id).collect();
+            for (i, claim) in siblings.iter().enumerate() {
                 let released = bounded(conn, watched.claim.owner, |conn| {
                     driver(conn)
                         .task_release(claim, Some(&note))
                         .op("task timeout")
                 });
                 if let Err(e) = released {
-                    let left = siblings.clone().count() - i;
+                    let left = siblings.len() - i;
                     log::warn!(
                         "task {}: could not be released ({left} of its chunk left held): {e}",
                         claim.id

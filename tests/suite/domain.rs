@@ -658,6 +658,43 @@ fn holding(db: &TestDb, id: i64) -> outbox::DbConnection {
     holder
 }
 
+/// Domain `q`'s task `q` (its handler past its 1.5 s timeout): the other handler, whose
+/// charge the tests below watch for; `registry` gets 4 s sleeping handlers for `keywords`
+/// and `slow.q`.
+fn other_in_q(db: &TestDb, registry: &mut Registry, keywords: &[&str]) -> (i64, Domain) {
+    for &keyword in keywords.iter().chain(&["slow.q"]) {
+        registry.register(
+            keyword,
+            |_: &TaskContext, _: &mut TaskTx| -> HandlerResult {
+                std::thread::sleep(Duration::from_secs(4));
+                Ok(())
+            },
+        );
+    }
+    let other = outbox::enqueue(&mut db.conn(), &NewTask::new("slow.q", "q"))
+        .unwrap()
+        .id;
+    let q = Domain::max("q", ["slow.q"], 1).timeout(Duration::from_millis(1500));
+    (other, q)
+}
+
+/// Runs `worker.run_once()` on a thread: whether the task `other` was charged a failure
+/// within 10 s, while the test held what it holds; `let_go` then frees it, before the run is
+/// joined.
+fn charged_meanwhile(db: &TestDb, worker: &Worker, other: i64, let_go: impl FnOnce()) -> bool {
+    std::thread::scope(|s| {
+        let run = s.spawn(|| worker.run_once().unwrap());
+        let charged = wait_for(|| {
+            db.count(&format!(
+                "SELECT failures FROM async_task WHERE id = {other}"
+            )) == 1
+        });
+        let_go();
+        run.join().unwrap();
+        charged
+    })
+}
+
 server_backends! {
     /// A charge at a domain's timeout waits for no lock for ever, on PostgreSQL and MySQL: a
     /// task made dead there cancels its descendants, whose rows a producer's or an operator's
@@ -666,42 +703,24 @@ server_backends! {
     /// handlers past their timeouts.
     fn a_timeouts_charge_that_meets_a_held_descendant_holds_up_no_other_charge(db: &TestDb) {
         let (parent, child) = dying_parent_and_child(db);
-        let other = outbox::enqueue(&mut db.conn(), &NewTask::new("slow.q", "q"))
-            .unwrap()
-            .id;
         let mut registry = Registry::new();
-        for keyword in ["slow.p", "slow.q", "other"] {
-            registry.register(
-                keyword,
-                |_: &TaskContext, _: &mut TaskTx| -> HandlerResult {
-                    std::thread::sleep(Duration::from_secs(4));
-                    Ok(())
-                },
-            );
-        }
+        let (other, q) = other_in_q(db, &mut registry, &["slow.p", "other"]);
         let worker = Worker::new(
             &db.url,
             registry,
             config(3)
                 .domain(Domain::max("p", ["slow.p"], 1).timeout(Duration::from_millis(300)))
-                .domain(Domain::max("q", ["slow.q"], 1).timeout(Duration::from_millis(1500))),
+                .domain(q),
         )
         .unwrap();
         let mut holder = holding(db, child);
-        std::thread::scope(|s| {
-            let run = s.spawn(|| worker.run_once().unwrap());
-            let charged = wait_for(|| {
-                db.count(&format!(
-                    "SELECT failures FROM async_task WHERE id = {other}"
-                )) == 1
-            });
+        let charged = charged_meanwhile(db, &worker, other, || {
             diesel::sql_query("ROLLBACK").execute(&mut holder).unwrap();
-            assert!(
-                charged,
-                "the other handler was not charged while a charge waited"
-            );
-            run.join().unwrap();
         });
+        assert!(
+            charged,
+            "the other handler was not charged while a charge waited"
+        );
         let dead = wait_for(|| {
             db.count(&format!(
                 "SELECT count(*) FROM async_task WHERE id = {parent} AND state = 'dead'"
@@ -728,10 +747,8 @@ server_backends! {
         let hung = outbox::enqueue(&mut db.conn(), &NewTask::new("slow.b", "b"))
             .unwrap()
             .id;
-        let other = outbox::enqueue(&mut db.conn(), &NewTask::new("slow.q", "q"))
-            .unwrap()
-            .id;
         let mut registry = Registry::new();
+        let (other, q) = other_in_q(db, &mut registry, &["other"]);
         registry.register(
             "slow.a",
             |task: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
@@ -752,15 +769,6 @@ server_backends! {
                 Ok(())
             },
         );
-        for keyword in ["slow.q", "other"] {
-            registry.register(
-                keyword,
-                |_: &TaskContext, _: &mut TaskTx| -> HandlerResult {
-                    std::thread::sleep(Duration::from_secs(4));
-                    Ok(())
-                },
-            );
-        }
         let worker = Worker::new(
             &db.url,
             registry,
@@ -771,24 +779,17 @@ server_backends! {
                     Domain::max("p", ["slow.a", "slow.b"], 1)
                         .timeout(Duration::from_millis(300)),
                 )
-                .domain(Domain::max("q", ["slow.q"], 1).timeout(Duration::from_millis(1500))),
+                .domain(q),
         )
         .unwrap();
-        std::thread::scope(|s| {
-            let run = s.spawn(|| worker.run_once().unwrap());
-            let charged = wait_for(|| {
-                db.count(&format!(
-                    "SELECT failures FROM async_task WHERE id = {other}"
-                )) == 1
-            });
+        let charged = charged_meanwhile(db, &worker, other, || {
             *looked.0.lock().unwrap() = true;
             looked.1.notify_all();
-            assert!(
-                charged,
-                "the other handler was not charged while a sibling's release waited"
-            );
-            run.join().unwrap();
         });
+        assert!(
+            charged,
+            "the other handler was not charged while a sibling's release waited"
+        );
         assert_eq!(db.task(hung).failures, 1, "the hung handler's task, charged");
     }
 }

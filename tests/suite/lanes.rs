@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use outbox::domain::Domain;
 use outbox::{
-    enqueue, enqueue_batch, Backend, ClaimStyle, HandlerResult, NewTask, TaskContext, TaskTx,
-    Worker, WorkerConfig,
+    enqueue, enqueue_batch, Backend, ClaimStyle, HandlerResult, NewTask, Tally, TaskContext,
+    TaskTx, Worker, WorkerConfig,
 };
 
 use crate::ledger_registry;
@@ -271,38 +271,32 @@ fn released_at_stop<R: Send>(
     })
 }
 
+/// `slow` runs one task at a time and queues 8 more (its queue's default): of 9 `stuck`
+/// tasks worked through `work`, the first blocks, and the 8 wait for its slot. Asserts that a
+/// stop releases them at once, not when the blocked handler returns (nor, after the process's
+/// exit, through rescue's charge).
+fn a_stop_releases_what_waits_behind_slow(db: &TestDb, work: impl FnOnce(&Worker) -> Tally + Send) {
+    let gate: Gate = Arc::default();
+    enqueue_batch(&mut db.conn(), &tasks("stuck", 9)).unwrap();
+    let w = Worker::new(&db.url, registry(&gate), config()).unwrap();
+    let (released, tally) = released_at_stop(db, &gate, &w.stop_flag(), (9, 1), || work(&w));
+    assert_eq!(
+        released, 8,
+        "10 s after the stop, with `slow`'s handler still blocked, {released} of the 8 tasks \
+         queued behind it were released: {tally:?}"
+    );
+    assert_eq!(tally.released, 8, "{tally:?}");
+}
+
 every_backend! {
     fn a_stop_releases_what_waits_behind_a_domain_whose_handler_blocks_uncharged(db: &TestDb) {
-        // `slow` runs one task at a time and queues 8 more (its queue's default): the first
-        // blocks, and the 8 wait for its slot. A stop releases them at once, not when the
-        // blocked handler returns (nor, after the process's exit, through rescue's charge).
-        let gate: Gate = Arc::default();
-        enqueue_batch(&mut db.conn(), &tasks("stuck", 9)).unwrap();
-        let w = Worker::new(&db.url, registry(&gate), config()).unwrap();
-        let (released, report) = released_at_stop(db, &gate, &w.stop_flag(), (9, 1), || w.run());
-        let report = report.unwrap();
-        assert_eq!(
-            released, 8,
-            "10 s after the stop, with `slow`'s handler still blocked, {released} of the 8 \
-             tasks queued behind it were released: {report:?}"
-        );
-        assert_eq!(report.tally.released, 8, "{report:?}");
+        a_stop_releases_what_waits_behind_slow(db, |w| w.run().unwrap().tally);
     }
 
     fn a_stop_during_run_once_releases_what_waits_behind_a_blocked_domain(db: &TestDb) {
-        // As above, through `run_once`, whose claim has returned before the stop: its queued
-        // tasks wait for the pool, which the blocked handler holds.
-        let gate: Gate = Arc::default();
-        enqueue_batch(&mut db.conn(), &tasks("stuck", 9)).unwrap();
-        let w = Worker::new(&db.url, registry(&gate), config()).unwrap();
-        let (released, tally) = released_at_stop(db, &gate, &w.stop_flag(), (9, 1), || w.run_once());
-        let tally = tally.unwrap();
-        assert_eq!(
-            released, 8,
-            "10 s after the stop, with `slow`'s handler still blocked, {released} of the 8 \
-             tasks queued behind it were released: {tally:?}"
-        );
-        assert_eq!(tally.released, 8, "{tally:?}");
+        // Its claim has returned before the stop: its queued tasks wait for the pool, which
+        // the blocked handler holds.
+        a_stop_releases_what_waits_behind_slow(db, |w| w.run_once().unwrap());
     }
 
     fn a_fleets_stop_releases_what_waits_behind_a_database_whose_handler_blocks(db: &TestDb) {
