@@ -69,7 +69,7 @@ pub(crate) use strategy_sql::{node_strategies, node_strategy_publish};
 use dialect::{on_backend, per_backend};
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 use task_sql::rescue_params;
-use task_sql::{counts_by_state, fence, lapsed, state_literals};
+use task_sql::{counts_by_state, fence, lapsed, prunable, UNFINISHED_CHILD};
 
 use crate::db::DbConnection;
 

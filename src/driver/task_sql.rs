@@ -179,15 +179,24 @@ where
         .sql(" AND state = 'running'")
 }
 
-/// The states as SQL literals, for a statement's `state IN (…)` (never from user text: the
-/// states come from [`TaskState`]).
-pub(super) fn state_literals(states: &[TaskState]) -> String {
-    states
-        .iter()
-        .map(|s| format!("'{}'", s.as_str()))
-        .collect::<Vec<_>>()
-        .join(", ")
+/// That a task of `async_task` is finished and in one of `states`, for a prune's statement:
+/// the finished states as literals, as PostgreSQL's partial index on `finished_at` names them
+/// (see `postgres/maintenance.rs`), then `states` as literals too (never from user text:
+/// they come from [`TaskState`]).
+pub(super) fn prunable(states: &[TaskState]) -> String {
+    let states: Vec<String> = states.iter().map(|s| format!("'{}'", s.as_str())).collect();
+    format!(
+        "state IN ('done', 'dead', 'cancelled') AND state IN ({})",
+        states.join(", ")
+    )
 }
+
+/// That the task `async_task.id` has a child not finished, found through its links
+/// (`async_task_parent`): prune keeps such a task.
+pub(super) const UNFINISHED_CHILD: &str = "EXISTS (
+               SELECT 1 FROM async_task_parent l JOIN async_task c ON c.id = l.child_id
+                WHERE l.parent_id = async_task.id
+                  AND c.state IN ('pending', 'blocked', 'running'))";
 
 /// Deleted-row counts per state, as the prune statements report them.
 pub(super) fn counts_by_state(rows: impl Iterator<Item = (String, i64)>) -> Vec<(TaskState, u64)> {

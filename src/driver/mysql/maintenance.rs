@@ -6,7 +6,7 @@ use diesel::sql_types::{BigInt, Text};
 use diesel::{QueryResult, RunQueryDsl};
 
 use super::list;
-use crate::driver::{counts_by_state, state_literals, PruneBatch, PrunedBatch};
+use crate::driver::{counts_by_state, prunable, PruneBatch, PrunedBatch, UNFINISHED_CHILD};
 use crate::sql::Statement;
 
 /// Deletes up to `limit` tasks that finished before the cutoff, oldest first, with their
@@ -37,16 +37,14 @@ pub(in crate::driver) fn prune_tasks(
              WHERE finished_at < ",
             now!(),
             " - INTERVAL ? * 1000 MICROSECOND
-               AND state IN ('done', 'dead', 'cancelled') AND state IN ({})
-               AND NOT EXISTS (
-                   SELECT 1 FROM async_task_parent l JOIN async_task c ON c.id = l.child_id
-                    WHERE l.parent_id = async_task.id
-                      AND c.state IN ('pending', 'blocked', 'running'))
+               AND {}
+               AND NOT {}
              ORDER BY finished_at
              LIMIT ?
              FOR UPDATE SKIP LOCKED"
         ),
-        state_literals(batch.states)
+        prunable(batch.states),
+        UNFINISHED_CHILD
     ))
     .bind::<BigInt, _>(batch.older_than_ms)
     .bind::<BigInt, _>(batch.limit)

@@ -4,7 +4,7 @@ use diesel::pg::PgConnection;
 use diesel::sql_types::{BigInt, Text};
 use diesel::{QueryResult, RunQueryDsl};
 
-use crate::driver::{counts_by_state, state_literals, PruneBatch, PrunedBatch};
+use crate::driver::{counts_by_state, prunable, PruneBatch, PrunedBatch, UNFINISHED_CHILD};
 
 #[derive(diesel::QueryableByName)]
 struct StateCount {
@@ -30,12 +30,9 @@ pub(in crate::driver) fn prune_tasks(
     let sql = format!(
         "WITH doomed AS MATERIALIZED (
              SELECT id FROM async_task
-             WHERE state IN ('done', 'dead', 'cancelled') AND state IN ({})
+             WHERE {}
                AND finished_at < now() - $1 * interval '1 millisecond'
-               AND NOT (has_children AND EXISTS (
-                   SELECT 1 FROM async_task_parent l JOIN async_task c ON c.id = l.child_id
-                    WHERE l.parent_id = async_task.id
-                      AND c.state IN ('pending', 'blocked', 'running')))
+               AND NOT (has_children AND {UNFINISHED_CHILD})
              ORDER BY finished_at
              LIMIT $2
              FOR UPDATE SKIP LOCKED),
@@ -43,7 +40,7 @@ pub(in crate::driver) fn prune_tasks(
              DELETE FROM async_task WHERE id = ANY (ARRAY(SELECT id FROM doomed))
              RETURNING state)
          SELECT state, count(*) AS n FROM deleted GROUP BY state",
-        state_literals(batch.states)
+        prunable(batch.states)
     );
     let rows: Vec<StateCount> = diesel::sql_query(sql)
         .bind::<BigInt, _>(batch.older_than_ms)

@@ -5,7 +5,7 @@ use diesel::sqlite::SqliteConnection;
 use diesel::{QueryResult, RunQueryDsl};
 
 use crate::driver::rows::StateRow;
-use crate::driver::{counts_by_state, state_literals, PruneBatch, PrunedBatch};
+use crate::driver::{counts_by_state, prunable, PruneBatch, PrunedBatch, UNFINISHED_CHILD};
 
 /// The next window of the prune's walk: the first `limit` tasks after `after_id`.
 #[derive(diesel::QueryableByName)]
@@ -52,14 +52,11 @@ pub(in crate::driver) fn prune_tasks(
     let deleted: Vec<StateRow> = diesel::sql_query(format!(
         "DELETE FROM async_task
          WHERE id > ?2 AND id <= ?3
-           AND state IN ('done', 'dead', 'cancelled') AND state IN ({})
+           AND {}
            AND finished_at < {CUTOFF}
-           AND NOT (has_children AND EXISTS (
-               SELECT 1 FROM async_task_parent l JOIN async_task c ON c.id = l.child_id
-                WHERE l.parent_id = async_task.id
-                  AND c.state IN ('pending', 'blocked', 'running')))
+           AND NOT (has_children AND {UNFINISHED_CHILD})
          RETURNING state",
-        state_literals(batch.states)
+        prunable(batch.states)
     ))
     .bind::<BigInt, _>(batch.older_than_ms)
     .bind::<BigInt, _>(batch.after_id)
