@@ -30,6 +30,17 @@ fn lease_left(
         .then_some(async_task::deadline_at.eq(None::<NaiveDateTime>))
 }
 
+/// What a task given back to the claims sets: pending, no owner, and [`lease_left`].
+macro_rules! requeued {
+    ($conn:expr) => {
+        (
+            async_task::state.eq("pending"),
+            async_task::owner.eq(None::<i64>),
+            lease_left($conn),
+        )
+    };
+}
+
 /// See [`super::Driver::task_fail_retry`].
 pub(super) fn task_fail_retry(
     conn: Conn<'_>,
@@ -37,12 +48,10 @@ pub(super) fn task_fail_retry(
     error: &str,
     delay_ms: i64,
 ) -> QueryResult<usize> {
-    let lease = lease_left(&conn);
+    let requeued = requeued!(&conn);
     on_backend!(conn, |c| fenced!(claim)
         .set((
-            async_task::state.eq("pending"),
-            async_task::owner.eq(None::<i64>),
-            lease,
+            requeued,
             async_task::failures.eq(async_task::failures + 1),
             async_task::last_error.eq(error),
             async_task::run_at.eq(db_later(delay_ms)),
@@ -73,12 +82,10 @@ pub(super) fn task_release(
     claim: &Claim,
     note: Option<&str>,
 ) -> QueryResult<usize> {
-    let lease = lease_left(&conn);
+    let requeued = requeued!(&conn);
     on_backend!(conn, |c| fenced!(claim)
         .set((
-            async_task::state.eq("pending"),
-            async_task::owner.eq(None::<i64>),
-            lease,
+            requeued,
             async_task::updated_at.eq(DbNow),
             note.map(|note| async_task::last_error.eq(note)),
         ))
