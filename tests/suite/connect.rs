@@ -1,5 +1,5 @@
 //! Connections: errors carry the database's own message; a server that never answers fails
-//! within the connect timeout.
+//! within the connect timeout; MySQL sessions read English messages.
 
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
@@ -126,4 +126,60 @@ fn a_worker_whose_idle_connections_were_all_terminated_drains_at_once() {
             40
         );
     }
+}
+
+/// MySQL: outbox tells InnoDB's deadlock victim, its lock wait timeout and a lost session from
+/// a task's failure by the server's message, so every session it opens asks for English
+/// messages, whatever language the server speaks by default (`lc_messages`). The server speaks
+/// German to new sessions only for the milliseconds two connections take to open, a bare one
+/// and outbox's: the bare one shows that it did. (Other tests' sessions opened meanwhile are
+/// outbox's, English by the same setting, or bare ones that read no message.)
+#[cfg(feature = "mysql")]
+#[test]
+fn outbox_reads_mysql_messages_in_english_from_a_server_set_to_another_language() {
+    use diesel::mysql::MysqlConnection;
+
+    let db = &crate::support::TestDb::mysql();
+    db.exec("CREATE TABLE lang_rows (id INT PRIMARY KEY)");
+    db.exec("INSERT INTO lang_rows (id) VALUES (1)");
+    #[derive(diesel::QueryableByName)]
+    struct Language {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        lc: String,
+    }
+    let global = |conn: &mut outbox::DbConnection| -> String {
+        use diesel::RunQueryDsl;
+        diesel::sql_query("SELECT @@GLOBAL.lc_messages AS lc")
+            .get_result::<Language>(conn)
+            .unwrap()
+            .lc
+    };
+    let mut admin = db.conn();
+    let before = global(&mut admin);
+    admin
+        .batch_execute("SET GLOBAL lc_messages = 'de_DE'")
+        .unwrap();
+    let opened = (MysqlConnection::establish(&db.url_text), db.url.connect());
+    admin
+        .batch_execute(&format!("SET GLOBAL lc_messages = '{before}'"))
+        .unwrap();
+    assert_eq!(global(&mut admin), before, "the server's language restored");
+    let (mut bare, mut configured) = (opened.0.unwrap(), opened.1.unwrap());
+    let mut locker = db.conn();
+    locker
+        .batch_execute("BEGIN; SELECT id FROM lang_rows WHERE id = 1 FOR UPDATE")
+        .unwrap();
+    let wait = "SET SESSION innodb_lock_wait_timeout = 1;
+                SELECT id FROM lang_rows WHERE id = 1 FOR UPDATE";
+    let german = bare.batch_execute(wait).unwrap_err().to_string();
+    assert!(
+        !german.starts_with("Lock wait timeout"),
+        "the server did not speak another language: {german}"
+    );
+    let english = configured.batch_execute(wait).unwrap_err().to_string();
+    assert!(
+        english.starts_with("Lock wait timeout exceeded"),
+        "outbox's session read: {english}"
+    );
+    locker.batch_execute("COMMIT").unwrap();
 }

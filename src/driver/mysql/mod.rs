@@ -90,12 +90,15 @@ impl Driver for MysqlConnection {
     /// UTC as the session's time zone (every time is the server's UTC clock), `utf8mb4`,
     /// strict SQL mode (a value out of range is an error, never truncated), standard SQL
     /// strings (`||` concatenates, `"` quotes names, a backslash is an ordinary character),
+    /// English messages (the engine tells InnoDB's deadlock victim, its lock wait timeout and
+    /// a lost session from a task's failure by the server's message: `db::transaction`),
     /// and READ
     /// COMMITTED: a claim's or rescue's re-check reads the latest committed rows, as on
     /// PostgreSQL, and InnoDB takes no gap locks on the claim index.
     fn connection_configure(&mut self) -> QueryResult<()> {
         self.batch_execute(concat!(
-            "SET time_zone = '+00:00', NAMES utf8mb4 COLLATE utf8mb4_bin, sql_mode = ",
+            "SET time_zone = '+00:00', NAMES utf8mb4 COLLATE utf8mb4_bin, lc_messages = 'en_US', \
+             sql_mode = ",
             sql_mode!(),
             "; SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED"
         ))
