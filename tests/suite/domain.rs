@@ -840,3 +840,64 @@ fn a_handler_ended_at_its_timeout_whose_charge_failed_is_not_released_uncharged(
     assert_eq!(db.task(parent).failures, 1);
     assert_eq!(db.task(child).state, "cancelled");
 }
+
+/// MySQL: a charge at a domain's timeout bounds its lock waits to 2 s with a session setting
+/// (`innodb_lock_wait_timeout`; MySQL has no transaction-local one), and sets it back to the
+/// server's after: a handler that later gets the same pooled connection waits for its locks as
+/// long as the server lets it. The worker runs on the test's own pool, so that each of its
+/// connections can be looked at after the charge.
+#[cfg(feature = "mysql")]
+#[test]
+fn a_timeouts_charge_on_mysql_leaves_its_connections_lock_wait_as_the_servers() {
+    #[derive(diesel::QueryableByName)]
+    struct Waits {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        session: i64,
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        global: i64,
+    }
+    let db = &TestDb::mysql();
+    enqueue_batch(&mut db.conn(), &tasks("stuck", 1)).unwrap();
+    let mut registry = Registry::new();
+    registry.register(
+        "stuck",
+        |_: &TaskContext, _: &mut TaskTx| -> HandlerResult {
+            std::thread::sleep(Duration::from_millis(1500));
+            Ok(())
+        },
+    );
+    let pool_size = 4; // threads + 2
+    let pool = db.url.pool(pool_size).unwrap();
+    let worker = Worker::with_pool(
+        &db.url,
+        pool.clone(),
+        registry,
+        config(2).domain(Domain::max("stuck", ["stuck"], 1).timeout(Duration::from_millis(200))),
+    )
+    .unwrap();
+    assert_eq!(
+        worker.run_once().unwrap().done,
+        0,
+        "the late completion was fenced out"
+    );
+    let task = db.task(db.count("SELECT id FROM async_task"));
+    assert_eq!(
+        (task.state.as_str(), task.failures),
+        ("pending", 1),
+        "charged at its timeout"
+    );
+    // Every connection of the pool, each held while the next is taken.
+    let held: Vec<_> = (0..pool_size).map(|_| pool.get().unwrap()).collect();
+    for mut conn in held {
+        let waits: Waits = diesel::sql_query(
+            "SELECT CAST(@@SESSION.innodb_lock_wait_timeout AS SIGNED) AS session,
+                    CAST(@@GLOBAL.innodb_lock_wait_timeout AS SIGNED) AS global",
+        )
+        .get_result(&mut *conn)
+        .unwrap();
+        assert_eq!(
+            waits.session, waits.global,
+            "a pooled connection kept the charge's bound"
+        );
+    }
+}
