@@ -158,13 +158,25 @@ fn outbox_reads_mysql_messages_in_english_from_a_server_set_to_another_language(
     let before = global(&mut admin);
     admin
         .batch_execute("SET GLOBAL lc_messages = 'de_DE'")
-        .unwrap();
+        .expect("the test's MySQL user may set a global variable (SUPER)");
     let opened = (MysqlConnection::establish(&db.url_text), db.url.connect());
     admin
         .batch_execute(&format!("SET GLOBAL lc_messages = '{before}'"))
         .unwrap();
     assert_eq!(global(&mut admin), before, "the server's language restored");
     let (mut bare, mut configured) = (opened.0.unwrap(), opened.1.unwrap());
+    let session = "SELECT @@SESSION.lc_messages AS lc";
+    {
+        use diesel::RunQueryDsl;
+        let bare_lc = diesel::sql_query(session).get_result::<Language>(&mut bare);
+        assert_eq!(bare_lc.unwrap().lc, "de_DE", "the bare session's language");
+        let outbox_lc = diesel::sql_query(session).get_result::<Language>(&mut configured);
+        assert_eq!(
+            outbox_lc.unwrap().lc,
+            "en_US",
+            "outbox's session's language"
+        );
+    }
     let mut locker = db.conn();
     locker
         .batch_execute("BEGIN; SELECT id FROM lang_rows WHERE id = 1 FOR UPDATE")
@@ -173,8 +185,8 @@ fn outbox_reads_mysql_messages_in_english_from_a_server_set_to_another_language(
                 SELECT id FROM lang_rows WHERE id = 1 FOR UPDATE";
     let german = bare.batch_execute(wait).unwrap_err().to_string();
     assert!(
-        !german.starts_with("Lock wait timeout"),
-        "the server did not speak another language: {german}"
+        german.starts_with("Beim Warten auf eine Sperre"),
+        "the bare session's lock wait timeout: {german}"
     );
     let english = configured.batch_execute(wait).unwrap_err().to_string();
     assert!(

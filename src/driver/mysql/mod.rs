@@ -91,7 +91,8 @@ impl Driver for MysqlConnection {
     /// strict SQL mode (a value out of range is an error, never truncated), standard SQL
     /// strings (`||` concatenates, `"` quotes names, a backslash is an ordinary character),
     /// English messages (the engine tells InnoDB's deadlock victim, its lock wait timeout and
-    /// a lost session from a task's failure by the server's message: `db::transaction`),
+    /// a killed session from a task's failure by the server's message, `db::transaction`, and
+    /// reads `KILL`'s answer),
     /// and READ
     /// COMMITTED: a claim's or rescue's re-check reads the latest committed rows, as on
     /// PostgreSQL, and InnoDB takes no gap locks on the claim index.
