@@ -244,7 +244,8 @@ impl Checks {
         })();
         self.operator_calls += 1;
         if let Err(e) = result {
-            if e.contains("deadlock") {
+            // PostgreSQL's `deadlock detected`, MySQL's `Deadlock found …`.
+            if e.to_ascii_lowercase().contains("deadlock") {
                 self.violation(format!(
                     "a producer's cancel of order {order} in its own transaction deadlocked \
                      with a worker: {e}"
@@ -261,7 +262,7 @@ impl Checks {
         self.operator_calls += 1;
         if code != Some(0) {
             let text = format!("`{what}` exited {code:?}: {}", stderr.trim());
-            if stderr.contains("deadlock") || code.is_none() {
+            if stderr.to_ascii_lowercase().contains("deadlock") || code.is_none() {
                 self.violation(format!("an operator's command deadlocked or hung: {text}"));
             } else {
                 self.producer_errors.push(text);
