@@ -22,9 +22,15 @@ impl Worker {
     /// handler's error or panic, a claim taken over (fewer rows marked than claimed), the
     /// commit — the chunk rolls back as a whole and each of its tasks runs again in strict
     /// mode, which records that task's own outcome.
-    pub(crate) fn execute_chunk(&self, chunk: Vec<ClaimedTask>) -> Vec<Outcome> {
+    ///
+    /// With `release`, or held back (see [`Worker::held_back`]), each task is given back
+    /// unstarted, as one alone would be.
+    pub(crate) fn execute_chunk(&self, chunk: Vec<ClaimedTask>, release: bool) -> Vec<Outcome> {
         let strict = |chunk: &[ClaimedTask]| -> Vec<Outcome> {
-            chunk.iter().map(|task| self.execute_task(task)).collect()
+            chunk
+                .iter()
+                .map(|task| self.execute_task(task, release))
+                .collect()
         };
         // After the chunk rolled back, each task runs again alone only if this node still
         // holds its claim: one cancelled, charged by the domain watchdog, released with its
@@ -54,7 +60,7 @@ impl Worker {
                     Some(deadline) => {
                         let mut task = task.clone();
                         task.deadline = deadline;
-                        self.execute_task(&task)
+                        self.execute_task(&task, false)
                     }
                     None if Some(at) == ended => Outcome::Lost,
                     None => {
@@ -67,7 +73,7 @@ impl Worker {
                 })
                 .collect()
         };
-        if chunk.len() < 2 || self.is_stopping() {
+        if release || chunk.len() < 2 || self.held_back(&chunk) {
             return strict(&chunk);
         }
         let Some(handlers) = chunk

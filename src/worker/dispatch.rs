@@ -56,8 +56,9 @@ const STOP_POLL: Duration = Duration::from_millis(50);
 /// What [`Dispatcher::wait_for_lane_room`] waits for: some lane worth claiming for.
 pub(super) const LANE_ROOM: usize = usize::MAX;
 
-/// A unit of work.
-pub(super) type Job<'j> = Box<dyn FnOnce() + Send + 'j>;
+/// A unit of work. Its argument: whether it gives its tasks back unstarted, none of their
+/// handlers run (at a stop, or its lane paused while it waited), rather than run them.
+pub(super) type Job<'j> = Box<dyn FnOnce(bool) + Send + 'j>;
 
 /// The queues of one [`Dispatcher::scope`], one per lane (domain), and whether the scope has
 /// closed.
@@ -104,24 +105,30 @@ impl<'j> Feed<'j> {
         self.closing.notify_all();
     }
 
-    /// The scope's stop watcher, on a thread of its own: once `stop` is set, runs every
-    /// queued job, of any lane, slot or not (each releases its tasks at once: its handler
-    /// never starts), even while every pool thread, and the claiming thread itself
-    /// (CallerRuns), run handlers that may take long. Returns once the feed is closed and
-    /// empty: a scope that claimed, closed and left its queued jobs to the pool (`run_once`,
-    /// a drain that reached its count) is watched until the last of them starts.
+    /// The scope's stop watcher, on a thread of its own: once `stop` is set, gives back
+    /// every queued job's tasks, of any lane, slot or not (their handlers never start), and
+    /// while a lane is paused (its domain paused, or force-released), that lane's. At once,
+    /// even while every pool thread, and the claiming thread itself (CallerRuns), run
+    /// handlers that may take long. Returns once the feed is closed and empty: a scope that
+    /// claimed, closed and left its queued jobs to the pool (`run_once`, a drain that reached
+    /// its count) is watched until the last of them starts.
     fn release_at_stop(&self, dispatcher: &Dispatcher, stop: &AtomicBool) {
         let mut jobs = self.lock();
         loop {
-            if stop.load(Ordering::Relaxed) {
-                if let Some(lane) = jobs.lanes.iter().position(|q| !q.is_empty()) {
-                    let job = jobs.lanes[lane].pop_front().expect("not empty");
-                    dispatcher.slots().unqueue(lane);
-                    drop(jobs);
-                    self.run(dispatcher, lane, None, job);
-                    jobs = self.lock();
-                    continue;
-                }
+            let stopping = stop.load(Ordering::Relaxed);
+            let held = {
+                let slots = dispatcher.slots();
+                jobs.lanes.iter().enumerate().position(|(lane, q)| {
+                    !q.is_empty() && (stopping || (lane < slots.len() && slots.spec(lane).paused))
+                })
+            };
+            if let Some(lane) = held {
+                let job = jobs.lanes[lane].pop_front().expect("not empty");
+                dispatcher.slots().unqueue(lane);
+                drop(jobs);
+                self.run(dispatcher, lane, None, job, true);
+                jobs = self.lock();
+                continue;
             }
             if jobs.closed && jobs.lanes.iter().all(VecDeque::is_empty) {
                 return;
@@ -153,7 +160,7 @@ impl<'j> Feed<'j> {
                         .unwrap_or_else(PoisonError::into_inner);
                 }
             };
-            self.run(dispatcher, lane, Some(slot), job);
+            self.run(dispatcher, lane, Some(slot), job, false);
         }
     }
 
@@ -197,11 +204,20 @@ impl<'j> Feed<'j> {
     }
 
     /// Runs one job taken from the queue (on a pool thread with its lane's `slot`, or on the
-    /// claiming thread when it helps) and counts it finished.
-    fn run(&self, dispatcher: &Dispatcher, lane: usize, slot: Option<Slot>, job: Job<'j>) {
+    /// claiming thread when it helps), or with `release` gives its tasks back, and counts it
+    /// finished.
+    fn run(
+        &self,
+        dispatcher: &Dispatcher,
+        lane: usize,
+        slot: Option<Slot>,
+        job: Job<'j>,
+        release: bool,
+    ) {
         // Tasks catch their handlers' panics; this catches the rest (a bug, or a handler
         // error whose Display panics), so that the count stays right and this thread keeps
         // serving the queue.
+        let job = || job(release);
         if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job)) {
             let mut slot = self.panic.lock().unwrap_or_else(|e| e.into_inner());
             slot.get_or_insert(panic);
@@ -360,14 +376,14 @@ impl Dispatcher {
     /// always queued, since its claim asked for no more than its room.
     pub(crate) fn submit<'j, F>(&self, feed: &Feed<'j>, lane: usize, work: F)
     where
-        F: FnOnce() + Send + 'j,
+        F: FnOnce(bool) + Send + 'j,
     {
         if self.in_flight.fetch_add(1, Ordering::SeqCst) < self.bound() || lane != 0 {
             feed.push(self, lane, Box::new(work));
         } else {
             self.in_flight.fetch_sub(1, Ordering::SeqCst);
             self.caller_runs.fetch_add(1, Ordering::Relaxed);
-            work();
+            work(false);
         }
     }
 
@@ -382,7 +398,7 @@ impl Dispatcher {
     pub(crate) fn run_queued_at_stop(&self, feed: &Feed<'_>, lanes: &[usize]) {
         for &lane in lanes {
             while let Some(job) = feed.try_pop(self, lane) {
-                feed.run(self, lane, None, job);
+                feed.run(self, lane, None, job, true);
             }
         }
     }
@@ -390,7 +406,7 @@ impl Dispatcher {
     /// Runs a queued `job` of `default` on the claiming thread, which helps while it waits.
     pub(super) fn help<'j>(&self, feed: &Feed<'j>, job: Job<'j>) {
         self.helped.fetch_add(1, Ordering::Relaxed);
-        feed.run(self, 0, None, job);
+        feed.run(self, 0, None, job, false);
     }
 
     /// How many units the calling thread has run itself because the pool was full.

@@ -46,17 +46,18 @@ impl From<diesel::result::Error> for ChunkRollback {
 }
 
 impl Worker {
-    /// Runs one claimed task to its outcome, counted in the metrics.
-    pub(crate) fn execute_task(&self, task: &ClaimedTask) -> Outcome {
-        let outcome = self.run_task(task);
+    /// Runs one claimed task to its outcome, counted in the metrics; with `release`, or held
+    /// back (see [`Worker::held_back`]), gives it back unstarted.
+    pub(crate) fn execute_task(&self, task: &ClaimedTask, release: bool) -> Outcome {
+        let outcome = self.run_task(task, release);
         self.observers.finished(task, outcome);
         outcome
     }
 
     /// Runs one claimed task to its outcome.
-    fn run_task(&self, task: &ClaimedTask) -> Outcome {
+    fn run_task(&self, task: &ClaimedTask, release: bool) -> Outcome {
         let claim = task.claim();
-        if self.is_stopping() {
+        if release || self.held_back(std::slice::from_ref(task)) {
             // Its handler never ran: nothing to note.
             return self.release(task, None);
         }
@@ -203,6 +204,17 @@ impl Worker {
     ) -> Option<(usize, std::time::Duration, Option<i32>)> {
         let (lane, limit) = self.watched(task)?;
         Some((lane, limit, backend_of(conn, task)))
+    }
+
+    /// Whether claimed `tasks` that have not started are to be given back rather than run: at
+    /// a stop, or while one's domain or keyword is paused (their claims stopped; a pause
+    /// stops what waits in the queue as well, and lets what runs finish).
+    pub(super) fn held_back(&self, tasks: &[ClaimedTask]) -> bool {
+        if self.is_stopping() {
+            return true;
+        }
+        let plan = self.services.domains.plan();
+        tasks.iter().any(|task| plan.holds(&task.context.keyword))
     }
 
     /// How much longer than the task timeout a handler may run: its domain's timeout

@@ -87,8 +87,9 @@ impl Worker {
             for chunk in chunks {
                 let size = chunk.tasks.len();
                 let record = self.recorder(size, tally);
-                self.dispatcher.submit(feed, lane.lane, move || {
-                    record_or_unwind(self, size as u64, || self.execute_leased(chunk), &record)
+                self.dispatcher.submit(feed, lane.lane, move |release| {
+                    let leased = || self.execute_leased(chunk, release);
+                    record_or_unwind(self, size as u64, leased, &record)
                 });
             }
             if n == 0 && !goes_on() {
@@ -203,8 +204,9 @@ impl Worker {
         Ok((chunks, shared))
     }
 
-    /// Runs a leased chunk's handlers in one transaction and marks the tasks done in it.
-    pub(super) fn execute_leased(&self, chunk: LeasedChunk) -> Vec<Outcome> {
+    /// Runs a leased chunk's handlers in one transaction and marks the tasks done in it; with
+    /// `release`, or held back (see [`Worker::held_back`]), gives its leases back instead.
+    pub(super) fn execute_leased(&self, chunk: LeasedChunk, release: bool) -> Vec<Outcome> {
         let LeasedChunk { mark, tasks } = chunk;
         let claims: Vec<(i64, i64)> = tasks.iter().map(ClaimedTask::id_token).collect();
         let ids: Vec<i64> = tasks.iter().map(|task| task.context.id).collect();
@@ -212,8 +214,9 @@ impl Worker {
             .iter()
             .map(|task| self.registry.get(&task.context.keyword))
             .collect::<Option<Vec<_>>>();
-        let Some(handlers) = handlers.filter(|_| !self.is_stopping()) else {
-            // Stopping, or (a bug) a keyword without a handler: none has run.
+        let Some(handlers) = handlers.filter(|_| !release && !self.held_back(&tasks)) else {
+            // Given back (stopping, paused), or (a bug) a keyword without a handler: none
+            // has run.
             return self.release_leased(&tasks, &[]);
         };
         let mut conn = match self.engine_conn() {
@@ -322,7 +325,7 @@ impl Worker {
                 let lost = ran.contains(&task.context.id) && self.holds(task, true, left).is_none();
                 match lost {
                     true => Outcome::Lost,
-                    false => self.execute_task(task),
+                    false => self.execute_task(task, false),
                 }
             })
             .collect();

@@ -64,6 +64,17 @@ impl Plan {
             .collect()
     }
 
+    /// Whether the tasks of `keyword` are held back: its lane lists it (registered here) but
+    /// claims it no more, its domain or the keyword itself paused. Such a task that waits in
+    /// the queue is given back unstarted when its turn comes.
+    pub(crate) fn holds(&self, keyword: &str) -> bool {
+        self.lanes.iter().any(|l| {
+            l.keywords.len() < l.listed.len()
+                && l.listed.iter().any(|k| k == keyword)
+                && !l.keywords.iter().any(|k| k == keyword)
+        })
+    }
+
     /// Every keyword any lane claims (none of a paused lane, nor a paused keyword).
     pub(crate) fn keywords(&self) -> Vec<String> {
         self.lanes

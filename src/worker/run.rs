@@ -47,8 +47,8 @@ impl Worker {
             page.into_iter().partition(|task| task.solo.is_some());
         for task in solo {
             let lane = plan.lane_of(&task.context.keyword);
-            self.dispatcher.submit(feed, lane, move || {
-                record_or_unwind(self, 1, || vec![self.execute_task(&task)], &record)
+            self.dispatcher.submit(feed, lane, move |release| {
+                record_or_unwind(self, 1, || vec![self.execute_task(&task, release)], &record)
             });
         }
         if self.settings.commit_batch > 1 {
@@ -57,17 +57,17 @@ impl Worker {
                 while tasks.peek().is_some() {
                     let chunk: Vec<ClaimedTask> =
                         tasks.by_ref().take(self.settings.commit_batch).collect();
-                    self.dispatcher.submit(feed, lane, move || {
+                    self.dispatcher.submit(feed, lane, move |release| {
                         let n = chunk.len() as u64;
-                        record_or_unwind(self, n, || self.execute_chunk(chunk), &record)
+                        record_or_unwind(self, n, || self.execute_chunk(chunk, release), &record)
                     });
                 }
             }
         } else {
             for task in page {
                 let lane = plan.lane_of(&task.context.keyword);
-                self.dispatcher.submit(feed, lane, move || {
-                    record_or_unwind(self, 1, || vec![self.execute_task(&task)], &record)
+                self.dispatcher.submit(feed, lane, move |release| {
+                    record_or_unwind(self, 1, || vec![self.execute_task(&task, release)], &record)
                 });
             }
         }

@@ -132,14 +132,13 @@ impl Slots {
     }
 
     /// Lane `i`'s configuration.
-    #[cfg(test)]
     pub(crate) fn spec(&self, lane: usize) -> &LaneSpec {
         &self.lanes[lane].spec
     }
 
     /// Applies a new configuration: `specs[0]` is `default`'s. Lanes are matched by name; a
-    /// new name gets a new lane; a lane no longer configured is paused and runs what it
-    /// still has queued on shared threads. Returns each spec's lane index.
+    /// new name gets a new lane; a lane no longer configured is paused (what it has queued
+    /// is given back, what runs finishes on shared threads). Returns each spec's lane index.
     pub(crate) fn apply(&mut self, specs: Vec<LaneSpec>) -> Vec<usize> {
         let mut seen = vec![false; self.lanes.len()];
         let mut indexes = Vec::with_capacity(specs.len());

@@ -242,6 +242,23 @@ fn released_at_stop<R: Send>(
     db: &TestDb,
     gate: &Gate,
     stop: &AtomicBool,
+    counts: (i64, usize),
+    work: impl FnOnce() -> R + Send,
+) -> (i64, R) {
+    released_at(
+        db,
+        gate,
+        || stop.store(true, Ordering::Relaxed),
+        counts,
+        work,
+    )
+}
+
+/// As [`released_at_stop`], with `hold` (a stop, a pause) in place of the stop.
+fn released_at<R: Send>(
+    db: &TestDb,
+    gate: &Gate,
+    hold: impl FnOnce(),
     (n, blocked): (i64, usize),
     work: impl FnOnce() -> R + Send,
 ) -> (i64, R) {
@@ -259,7 +276,7 @@ fn released_at_stop<R: Send>(
             entered(gate, blocked),
             "the blocking handlers never started"
         );
-        stop.store(true, Ordering::Relaxed);
+        hold();
         let deadline = Instant::now() + Duration::from_secs(10);
         let queued = n - blocked as i64;
         while db.count(released) < queued && Instant::now() < deadline {
@@ -343,5 +360,76 @@ every_backend! {
              queued behind them were released: {report:?}"
         );
         assert_eq!(report.tally.released, 2, "{report:?}");
+    }
+}
+
+/// Pauses the domain `slow` as an operator does, and has `w` apply it (as its heartbeat does).
+fn pause_slow(db: &TestDb, w: &Worker) {
+    db.exec("INSERT INTO async_domain (name, paused, updated_by) VALUES ('slow', true, 't')");
+    w.heartbeat_once().unwrap();
+}
+
+every_backend! {
+    fn a_pause_gives_back_what_waits_behind_a_domain_whose_handler_blocks(db: &TestDb) {
+        // As at a stop: of 9 `stuck` tasks of `slow`, one blocks and 8 wait for its slot. A
+        // pause gives the 8 back at once, uncharged, and none of their handlers starts, not
+        // even once the blocked one returns; the blocked one finishes.
+        let gate: Gate = Arc::default();
+        enqueue_batch(&mut db.conn(), &tasks("stuck", 9)).unwrap();
+        let w = Worker::new(&db.url, registry(&gate), config()).unwrap();
+        let (released, tally) =
+            released_at(db, &gate, || pause_slow(db, &w), (9, 1), || w.run_once().unwrap());
+        assert_eq!(
+            released, 8,
+            "10 s after the pause, with `slow`'s handler still blocked, {released} of the 8 \
+             tasks queued behind it were given back: {tally:?}"
+        );
+        assert_eq!((tally.done, tally.released), (1, 8), "{tally:?}");
+        assert_eq!(gate.0.lock().unwrap().entered, 1, "a handler started after the pause");
+    }
+
+    fn a_pause_gives_back_the_chunks_that_wait_behind_a_domain_whose_handler_blocks(db: &TestDb) {
+        // Batched, stamped chunks of 2: of 10 `stuck` tasks, the first chunk's first handler
+        // blocks (its second task waits in the chunk) and 4 chunks wait for its slot.
+        let gate: Gate = Arc::default();
+        enqueue_batch(&mut db.conn(), &tasks("stuck", 10)).unwrap();
+        let config = config().commit_batch(2).claim_style(ClaimStyle::Stamp);
+        let w = Worker::new(&db.url, registry(&gate), config).unwrap();
+        let (released, tally) =
+            released_at(db, &gate, || pause_slow(db, &w), (10, 1), || w.run_once().unwrap());
+        assert_eq!(
+            released, 8,
+            "10 s after the pause, {released} of the 8 tasks queued in chunks were given \
+             back: {tally:?}"
+        );
+        assert_eq!(tally.released, 8, "{tally:?}");
+        assert_eq!(gate.0.lock().unwrap().entered, 2, "the blocked chunk's two handlers only");
+    }
+
+    fn a_keyword_paused_on_its_own_has_what_waits_given_back_when_its_turn_comes(db: &TestDb) {
+        // No domain: one thread and a queue of 4. The first `stuck` handler blocks (on
+        // PostgreSQL the claiming thread, which helps, may start a second); the keyword is
+        // paused, the gate opened: the queued ones are given back as their turn comes.
+        let gate: Gate = Arc::default();
+        enqueue_batch(&mut db.conn(), &tasks("stuck", 5)).unwrap();
+        let config = WorkerConfig::default()
+            .threads(1)
+            .queue(4)
+            .listen(false)
+            .poll_interval(Duration::from_secs(3600));
+        let w = Worker::new(&db.url, registry(&gate), config).unwrap();
+        let tally = std::thread::scope(|s| {
+            let run = s.spawn(|| w.run_once().unwrap());
+            assert!(entered(&gate, 1), "the first handler never started");
+            db.exec("INSERT INTO async_pause (keyword, paused_by) VALUES ('stuck', 't')");
+            w.heartbeat_once().unwrap();
+            open(&gate);
+            run.join().unwrap()
+        });
+        let started = gate.0.lock().unwrap().entered as u64;
+        assert!(started <= 2, "{started} handlers started: {tally:?}");
+        assert_eq!((tally.done, tally.released), (started, 5 - started), "{tally:?}");
+        let given_back = "SELECT count(*) FROM async_task WHERE state = 'pending' AND failures = 0";
+        assert_eq!(db.count(given_back), 5 - started as i64);
     }
 }
