@@ -144,7 +144,7 @@ impl<'j> Feed<'j> {
     /// closed and empty.
     fn work(&self, dispatcher: &Dispatcher) {
         loop {
-            let (lane, slot, job) = {
+            let (lane, slot, job, paused) = {
                 let mut jobs = self.lock();
                 loop {
                     if let Some(startable) = Self::pop_startable(&mut jobs, dispatcher) {
@@ -160,16 +160,17 @@ impl<'j> Feed<'j> {
                         .unwrap_or_else(PoisonError::into_inner);
                 }
             };
-            self.run(dispatcher, lane, Some(slot), job, false);
+            self.run(dispatcher, lane, Some(slot), job, paused);
         }
     }
 
     /// The first queued job, lanes taken in turn, whose lane may start it now, with the slot
-    /// it takes.
+    /// it takes and whether its lane is paused (the job then gives its tasks back, as the
+    /// stop watcher would have).
     fn pop_startable(
         jobs: &mut Queues<'j>,
         dispatcher: &Dispatcher,
-    ) -> Option<(usize, Slot, Job<'j>)> {
+    ) -> Option<(usize, Slot, Job<'j>, bool)> {
         let n = jobs.lanes.len();
         if jobs.lanes.iter().all(VecDeque::is_empty) {
             return None;
@@ -183,7 +184,7 @@ impl<'j> Feed<'j> {
             if let Some(slot) = slots.start(lane) {
                 jobs.next = (lane + 1) % n;
                 let job = jobs.lanes[lane].pop_front().expect("not empty");
-                return Some((lane, slot, job));
+                return Some((lane, slot, job, slots.spec(lane).paused));
             }
         }
         None

@@ -55,6 +55,9 @@ pub(crate) struct DomainControl {
     /// Whether some lane of the plan has a timeout of its own: read per task, so that a
     /// node without one looks no further.
     watching: AtomicBool,
+    /// Whether some lane lists a keyword it no longer claims (paused, or held by a paused
+    /// domain): read per task, so that a node with no pause looks no further.
+    holding: AtomicBool,
     /// The table's rows and paused keywords last applied.
     applied: Mutex<Option<(Vec<DomainRow>, Vec<String>)>>,
     /// The rows of the last configuration applied whole (the last good one).
@@ -73,6 +76,7 @@ impl DomainControl {
                 home: 0,
             })),
             watching: AtomicBool::new(false),
+            holding: AtomicBool::new(false),
             applied: Mutex::new(None),
             good: Mutex::new(Vec::new()),
         };
@@ -88,6 +92,11 @@ impl DomainControl {
     /// Whether some domain has a timeout of its own (see [`Plan::watch_of`]).
     pub(crate) fn watching(&self) -> bool {
         self.watching.load(Ordering::Relaxed)
+    }
+
+    /// Whether the tasks of `keyword` are held back now (see [`Plan::holds`]).
+    pub(crate) fn holds(&self, keyword: &str) -> bool {
+        self.holding.load(Ordering::Relaxed) && self.plan().holds(keyword)
     }
 
     /// Reads `async_domain` and `async_pause` again and applies them if they changed.
@@ -268,7 +277,9 @@ impl DomainControl {
             plan.lanes.iter().any(|l| l.watch.is_some()),
             Ordering::Relaxed,
         );
+        let holding = plan.lanes.iter().any(|l| l.keywords.len() < l.listed.len());
         *current = Arc::new(plan);
+        self.holding.store(holding, Ordering::Relaxed);
         Ok(())
     }
 

@@ -213,8 +213,10 @@ impl Worker {
         if self.is_stopping() {
             return true;
         }
-        let plan = self.services.domains.plan();
-        tasks.iter().any(|task| plan.holds(&task.context.keyword))
+        let domains = &self.services.domains;
+        tasks
+            .iter()
+            .any(|task| domains.holds(&task.context.keyword))
     }
 
     /// How much longer than the task timeout a handler may run: its domain's timeout

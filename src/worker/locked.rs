@@ -215,8 +215,9 @@ impl Worker {
             .map(|task| self.registry.get(&task.context.keyword))
             .collect::<Option<Vec<_>>>();
         let Some(handlers) = handlers.filter(|_| !release && !self.held_back(&tasks)) else {
-            // Given back (stopping, paused), or (a bug) a keyword without a handler: none
-            // has run.
+            // Given back (stopping, paused: the whole chunk, even its tasks of keywords not
+            // paused, leased again later), or (a bug) a keyword without a handler: none has
+            // run.
             return self.release_leased(&tasks, &[]);
         };
         let mut conn = match self.engine_conn() {

@@ -242,9 +242,10 @@ fn released_at_stop<R: Send>(
     db: &TestDb,
     gate: &Gate,
     stop: &AtomicBool,
-    counts: (i64, usize),
+    (n, blocked): (i64, usize),
     work: impl FnOnce() -> R + Send,
 ) -> (i64, R) {
+    let counts = (n, blocked, n - blocked as i64);
     released_at(
         db,
         gate,
@@ -254,12 +255,13 @@ fn released_at_stop<R: Send>(
     )
 }
 
-/// As [`released_at_stop`], with `hold` (a stop, a pause) in place of the stop.
+/// As [`released_at_stop`], with `hold` (a stop, a pause) in place of the stop, and `queued`
+/// of the `n` tasks waiting to be given back.
 fn released_at<R: Send>(
     db: &TestDb,
     gate: &Gate,
     hold: impl FnOnce(),
-    (n, blocked): (i64, usize),
+    (n, blocked, queued): (i64, usize, i64),
     work: impl FnOnce() -> R + Send,
 ) -> (i64, R) {
     let running = "SELECT count(*) FROM async_task WHERE state = 'running'";
@@ -278,7 +280,6 @@ fn released_at<R: Send>(
         );
         hold();
         let deadline = Instant::now() + Duration::from_secs(10);
-        let queued = n - blocked as i64;
         while db.count(released) < queued && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -378,7 +379,7 @@ every_backend! {
         enqueue_batch(&mut db.conn(), &tasks("stuck", 9)).unwrap();
         let w = Worker::new(&db.url, registry(&gate), config()).unwrap();
         let (released, tally) =
-            released_at(db, &gate, || pause_slow(db, &w), (9, 1), || w.run_once().unwrap());
+            released_at(db, &gate, || pause_slow(db, &w), (9, 1, 8), || w.run_once().unwrap());
         assert_eq!(
             released, 8,
             "10 s after the pause, with `slow`'s handler still blocked, {released} of the 8 \
@@ -396,7 +397,7 @@ every_backend! {
         let config = config().commit_batch(2).claim_style(ClaimStyle::Stamp);
         let w = Worker::new(&db.url, registry(&gate), config).unwrap();
         let (released, tally) =
-            released_at(db, &gate, || pause_slow(db, &w), (10, 1), || w.run_once().unwrap());
+            released_at(db, &gate, || pause_slow(db, &w), (10, 1, 8), || w.run_once().unwrap());
         assert_eq!(
             released, 8,
             "10 s after the pause, {released} of the 8 tasks queued in chunks were given \
