@@ -346,12 +346,7 @@ every_backend! {
         // process's exit, through rescue's charge: they never started).
         let gate: Gate = Arc::default();
         enqueue_batch(&mut db.conn(), &tasks("stuck", 4)).unwrap();
-        let config = WorkerConfig::default()
-            .threads(1)
-            .queue(2)
-            .listen(false)
-            .poll_interval(Duration::from_secs(3600));
-        let w = Worker::new(&db.url, registry(&gate), config).unwrap();
+        let w = Worker::new(&db.url, registry(&gate), one_thread(2)).unwrap();
         let (released, report) = released_at_stop(db, &gate, &w.stop_flag(), (4, 2), || w.run());
         let report = report.unwrap();
         assert_eq!(w.caller_runs(), 1, "the claiming thread ran no handler: {report:?}");
@@ -362,6 +357,15 @@ every_backend! {
         );
         assert_eq!(report.tally.released, 2, "{report:?}");
     }
+}
+
+/// One thread and a queue of `queue`, no domain; a poll interval of an hour and no `NOTIFY`.
+fn one_thread(queue: usize) -> WorkerConfig {
+    WorkerConfig::default()
+        .threads(1)
+        .queue(queue)
+        .listen(false)
+        .poll_interval(Duration::from_secs(3600))
 }
 
 /// Pauses the domain `slow` as an operator does, and has `w` apply it (as its heartbeat does).
@@ -413,12 +417,7 @@ every_backend! {
         // paused, the gate opened: the queued ones are given back as their turn comes.
         let gate: Gate = Arc::default();
         enqueue_batch(&mut db.conn(), &tasks("stuck", 5)).unwrap();
-        let config = WorkerConfig::default()
-            .threads(1)
-            .queue(4)
-            .listen(false)
-            .poll_interval(Duration::from_secs(3600));
-        let w = Worker::new(&db.url, registry(&gate), config).unwrap();
+        let w = Worker::new(&db.url, registry(&gate), one_thread(4)).unwrap();
         let tally = std::thread::scope(|s| {
             let run = s.spawn(|| w.run_once().unwrap());
             assert!(entered(&gate, 1), "the first handler never started");
