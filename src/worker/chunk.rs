@@ -23,8 +23,9 @@ impl Worker {
     /// commit — the chunk rolls back as a whole and each of its tasks runs again in strict
     /// mode, which records that task's own outcome.
     ///
-    /// With `release`, or held back (see [`Worker::held_back`]), each task is given back
-    /// unstarted, as one alone would be.
+    /// With `release`, each task is given back unstarted; when one of its tasks is held back
+    /// (see [`Worker::held_back`]), the tasks run one by one, and those held back are given
+    /// back.
     pub(crate) fn execute_chunk(&self, chunk: Vec<ClaimedTask>, release: bool) -> Vec<Outcome> {
         let strict = |chunk: &[ClaimedTask]| -> Vec<Outcome> {
             chunk

@@ -94,9 +94,9 @@ impl DomainControl {
         self.watching.load(Ordering::Relaxed)
     }
 
-    /// Whether the tasks of `keyword` are held back now (see [`Plan::holds`]).
-    pub(crate) fn holds(&self, keyword: &str) -> bool {
-        self.holding.load(Ordering::Relaxed) && self.plan().holds(keyword)
+    /// Whether the tasks of `keyword` are held back now (see [`Plan::holds_back`]).
+    pub(crate) fn holds_back(&self, keyword: &str) -> bool {
+        self.holding.load(Ordering::Relaxed) && self.plan().holds_back(keyword)
     }
 
     /// Reads `async_domain` and `async_pause` again and applies them if they changed.

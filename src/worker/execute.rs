@@ -216,7 +216,7 @@ impl Worker {
         let domains = &self.services.domains;
         tasks
             .iter()
-            .any(|task| domains.holds(&task.context.keyword))
+            .any(|task| domains.holds_back(&task.context.keyword))
     }
 
     /// How much longer than the task timeout a handler may run: its domain's timeout

@@ -67,7 +67,7 @@ impl Plan {
     /// Whether the tasks of `keyword` are held back: its lane lists it (registered here) but
     /// claims it no more, its domain or the keyword itself paused. Such a task that waits in
     /// the queue is given back unstarted when its turn comes.
-    pub(crate) fn holds(&self, keyword: &str) -> bool {
+    pub(crate) fn holds_back(&self, keyword: &str) -> bool {
         self.lanes.iter().any(|l| {
             l.keywords.len() < l.listed.len()
                 && l.listed.iter().any(|k| k == keyword)
