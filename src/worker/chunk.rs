@@ -44,10 +44,10 @@ impl Worker {
         // charge's, not run again.
         let still_held = |chunk: &[ClaimedTask], ended: Option<usize>| -> Vec<Outcome> {
             let mut runs = 0;
-            let held: Vec<Option<Instant>> = (0..chunk.len())
+            let held: Vec<Hold> = (0..chunk.len())
                 .map(|at| {
                     if Some(at) == ended {
-                        return None;
+                        return Hold::TakenOver;
                     }
                     runs += 1;
                     self.holds(&chunk[at], at < ran.get(), runs)
@@ -58,13 +58,14 @@ impl Worker {
                 .zip(held)
                 .enumerate()
                 .map(|(at, (task, held))| match held {
-                    Some(deadline) => {
+                    Hold::Until(deadline) => {
                         let mut task = task.clone();
                         task.deadline = deadline;
                         self.execute_task(&task, false)
                     }
-                    None if Some(at) == ended => Outcome::Lost,
-                    None => {
+                    Hold::Unnoted => Outcome::Abandoned,
+                    Hold::TakenOver if Some(at) == ended => Outcome::Lost,
+                    Hold::TakenOver => {
                         log::warn!(
                             "task {}: its claim was taken over before its chunk's rerun",
                             task.context.id
@@ -124,27 +125,49 @@ impl Worker {
     }
 
     /// Whether this node still holds `task`'s claim (running, under this claim's token), in
-    /// the statement that gives it a deadline of its own, `runs` of its timeout from now:
-    /// that deadline, when it holds it; with `ran`, noting in its `last_error` that it runs
-    /// again after its chunk rolled back.
-    pub(super) fn holds(&self, task: &ClaimedTask, ran: bool, runs: usize) -> Option<Instant> {
+    /// the statement that gives it a deadline of its own, `runs` of its timeout from now;
+    /// with `ran`, noting in its `last_error` that it runs again after its chunk rolled back.
+    /// The statement is retried through an outage (the chunk may have rolled back for one,
+    /// and the pool's other connections be dead with it) until the claim's deadline.
+    pub(super) fn holds(&self, task: &ClaimedTask, ran: bool, runs: usize) -> Hold {
         let claim = task.claim();
-        // A check that cannot be made (the pool's connection lost with the chunk's, a write
-        // that fails) runs the task: its completion is fenced all the same, while a task
-        // skipped here would wait, running under this live node, for its chunk's deadline.
-        let Ok(mut conn) = self.engine_conn() else {
-            return Some(task.deadline);
-        };
         let note = ran.then_some(RAN_IN_A_ROLLED_BACK_CHUNK);
         let timeout = self
             .own_timeout(task)
             .saturating_mul(u32::try_from(runs).unwrap_or(u32::MAX));
         let _turn = self.writer_turn.take();
-        let asked = Instant::now();
-        match driver(&mut conn).task_hold(&claim, note, super::settings::millis(timeout)) {
-            Ok(0) => None,
-            Ok(_) => Some(asked + timeout),
-            Err(_) => Some(task.deadline),
+        let asked = Cell::new(Instant::now());
+        let held = self.retry_until("a chunk's rerun's claim check", task.deadline, |conn| {
+            asked.set(Instant::now());
+            driver(conn).task_hold(&claim, note, super::settings::millis(timeout))
+        });
+        match held {
+            Ok(0) => Hold::TakenOver,
+            Ok(_) => Hold::Until(asked.get() + timeout),
+            // A task whose handler ran must say so before it runs again: it is left to
+            // rescue, which charges it at its deadline and says why.
+            Err(e) if ran => {
+                log::warn!(
+                    "task {}: its rerun after its chunk rolled back could not be noted: {e}; \
+                     rescue charges it at its deadline",
+                    task.context.id
+                );
+                Hold::Unnoted
+            }
+            // One that never ran runs: its completion is fenced all the same, while a task
+            // skipped here would wait, running under this live node, for its deadline.
+            Err(_) => Hold::Until(task.deadline),
         }
     }
+}
+
+/// Whether a task of a chunk that rolled back is still this node's to run again alone.
+pub(super) enum Hold {
+    /// Held, until this deadline of its own.
+    Until(Instant),
+    /// Cancelled, charged by a domain's watchdog, released or rescued meanwhile.
+    TakenOver,
+    /// Its handler ran in the chunk, and the note that it runs again could not be written:
+    /// not run again here.
+    Unnoted,
 }

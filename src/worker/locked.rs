@@ -21,6 +21,7 @@ use std::cell::Cell;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use super::chunk::Hold;
 use super::claim::claimed_tasks;
 use super::dispatch::Feed;
 use super::engine::Worker;
@@ -323,10 +324,13 @@ impl Worker {
             .enumerate()
             .map(|(at, task)| {
                 let left = claimed.len() - at;
-                let lost = ran.contains(&task.context.id) && self.holds(task, true, left).is_none();
-                match lost {
-                    true => Outcome::Lost,
-                    false => self.execute_task(task, false),
+                if !ran.contains(&task.context.id) {
+                    return self.execute_task(task, false);
+                }
+                match self.holds(task, true, left) {
+                    Hold::Until(_) => self.execute_task(task, false),
+                    Hold::TakenOver => Outcome::Lost,
+                    Hold::Unnoted => Outcome::Abandoned,
                 }
             })
             .collect();

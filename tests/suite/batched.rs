@@ -385,3 +385,110 @@ every_claim_style! {
         }
     }
 }
+
+/// Every session of the worker's database ends while task 3 of a chunk runs (a failover, an
+/// operator's `pg_terminate_backend` or `KILL` sweep), the pool's idle connections with the
+/// chunk's: the chunk rolls back, and the first statements after it meet dead connections.
+/// Tasks 1 to 4 ran in the chunk (4 found the connection gone); each runs again alone only
+/// once its `last_error` says so
+/// (the note is retried through the outage), since its effects outside the database may have
+/// happened twice. PostgreSQL and MySQL, each claim style (SQLite has no session to end).
+#[test]
+fn a_task_run_again_after_its_chunk_rolled_back_says_so_after_a_sweep_of_sessions() {
+    let mut dbs = vec![
+        (TestDb::postgres(), ClaimStyle::Stamp),
+        (TestDb::postgres(), ClaimStyle::Lock),
+    ];
+    #[cfg(feature = "mysql")]
+    dbs.extend([
+        (TestDb::mysql(), ClaimStyle::Stamp),
+        (TestDb::mysql(), ClaimStyle::Lock),
+    ]);
+    for (db, style) in &dbs {
+        let ids = five_tasks(db);
+        let calls = Arc::new(AtomicUsize::new(0));
+        let swept = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (calls_in, swept_in, url) = (Arc::clone(&calls), Arc::clone(&swept), db.url.clone());
+        let mut registry = Registry::new();
+        registry.register(
+            "ledger",
+            move |task: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
+                calls_in.fetch_add(1, Ordering::SeqCst);
+                write_ledger(task, tx)?;
+                if task.biz_id() == "3" && !swept_in.swap(true, Ordering::SeqCst) {
+                    end_every_other_session(&url)?;
+                }
+                Ok(())
+            },
+        );
+        let w = Worker::new(&db.url, registry, one_chunk_config().claim_style(*style)).unwrap();
+        // Idle connections in the pool beside the chunk's: the sweep leaves them dead, to be
+        // found so at their next use.
+        let idle: Vec<_> = (0..w.pool().max_size())
+            .map(|_| w.pool().get().unwrap())
+            .collect();
+        drop(idle);
+        let tally = w.run_once().unwrap();
+        assert!(swept.load(Ordering::SeqCst), "{style}");
+        assert_eq!((tally.done, tally.retried), (5, 0), "{style}: {tally:?}");
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            4 + 5,
+            "{style}: the chunk, then each alone"
+        );
+        for (n, id) in ids.iter().enumerate() {
+            let row = db.task(*id);
+            assert_eq!(
+                (row.state.as_str(), row.failures),
+                ("done", 0),
+                "{style}: task {}",
+                n + 1
+            );
+            assert_eq!(
+                db.ledger_rows(*id),
+                1,
+                "{style}: task {}: exactly one effect",
+                n + 1
+            );
+            match n {
+                0..=3 => {
+                    let note = row.last_error.unwrap_or_else(|| {
+                        panic!("{style}: task {} ran twice and does not say so", n + 1)
+                    });
+                    assert!(note.contains("its chunk rolled back"), "{style}: {note}");
+                }
+                _ => assert_eq!(row.last_error, None, "{style}: task {}", n + 1),
+            }
+        }
+    }
+}
+
+/// Ends every session of `url`'s database but the one this opens to do it.
+fn end_every_other_session(url: &outbox::DatabaseUrl) -> diesel::QueryResult<()> {
+    use diesel::RunQueryDsl;
+    #[derive(diesel::QueryableByName)]
+    struct Id {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+    let mut conn = url.connect().expect("a connection to end the others");
+    let others = match url.backend() {
+        outbox::Backend::Mysql => {
+            "SELECT CAST(id AS SIGNED) AS n FROM information_schema.processlist
+             WHERE db = DATABASE() AND id <> CONNECTION_ID()"
+        }
+        _ => {
+            "SELECT CAST(pid AS BIGINT) AS n FROM pg_stat_activity
+             WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        }
+    };
+    for id in diesel::sql_query(others).load::<Id>(&mut conn)? {
+        let end = match url.backend() {
+            outbox::Backend::Mysql => format!("KILL {}", id.n),
+            _ => format!("SELECT pg_terminate_backend({})", id.n),
+        };
+        // A session may have ended on its own meanwhile.
+        let _ = diesel::sql_query(end).execute(&mut conn);
+    }
+    Ok(())
+}

@@ -125,7 +125,11 @@ impl Scenario {
             .current_dir(self.path(""))
             .env("DATABASE_URL", url)
             .env("OUTBOX_FAULT_FILE", self.external_file())
-            .env("RUST_LOG", "info")
+            // `OUTBOX_FAULT_RUST_LOG` for more (replaying a seed: `outbox::worker=debug`).
+            .env(
+                "RUST_LOG",
+                std::env::var("OUTBOX_FAULT_RUST_LOG").unwrap_or_else(|_| "info".into()),
+            )
             // No backtrace for the panics the poison handlers raise on purpose: a debug build
             // resolving one under load took longer than a scenario's 2 s task timeout, and
             // the hang watchdog, which times the handler with its panic, ended the worker.
