@@ -7,6 +7,8 @@ use std::time::Instant;
 
 use super::engine::Worker;
 use super::execute::ChunkRollback;
+use super::record::done_under;
+use super::settings::millis;
 use super::tally::Outcome;
 use crate::driver::driver;
 use crate::task::ClaimedTask;
@@ -63,6 +65,7 @@ impl Worker {
                         task.deadline = deadline;
                         self.execute_task(&task, false)
                     }
+                    Hold::Done => self.done_by_its_chunk(task),
                     Hold::Unnoted => Outcome::Abandoned,
                     Hold::TakenOver if Some(at) == ended => Outcome::Lost,
                     Hold::TakenOver => {
@@ -124,6 +127,17 @@ impl Worker {
         }
     }
 
+    /// A task found done under its own claim after its chunk's database error: the chunk's
+    /// commit happened and its reply was lost.
+    pub(super) fn done_by_its_chunk(&self, task: &ClaimedTask) -> Outcome {
+        log::warn!(
+            "task {}: its chunk's commit happened and the reply was lost",
+            task.context.id
+        );
+        self.observers.all_done(std::slice::from_ref(task));
+        Outcome::Done
+    }
+
     /// Whether this node still holds `task`'s claim (running, under this claim's token), in
     /// the statement that gives it a deadline of its own, `runs` of its timeout from now;
     /// with `ran`, noting in its `last_error` that it runs again after its chunk rolled back.
@@ -135,15 +149,22 @@ impl Worker {
         let timeout = self
             .own_timeout(task)
             .saturating_mul(u32::try_from(runs).unwrap_or(u32::MAX));
-        let _turn = self.writer_turn.take();
-        let asked = Cell::new(Instant::now());
         let held = self.retry_until("a chunk's rerun's claim check", task.deadline, |conn| {
-            asked.set(Instant::now());
-            driver(conn).task_hold(&claim, note, super::settings::millis(timeout))
+            // The writer's turn (SQLite) once a connection is had, for this statement only:
+            // not across the retries' pauses.
+            let _turn = self.writer_turn.take();
+            let asked = Instant::now();
+            Ok(
+                match driver(conn).task_hold(&claim, note, millis(timeout))? {
+                    // The chunk's commit happened and its reply was lost.
+                    0 if done_under(conn, &claim) => Hold::Done,
+                    0 => Hold::TakenOver,
+                    _ => Hold::Until(asked + timeout),
+                },
+            )
         });
         match held {
-            Ok(0) => Hold::TakenOver,
-            Ok(_) => Hold::Until(asked.get() + timeout),
+            Ok(hold) => hold,
             // A task whose handler ran must say so before it runs again: it is left to
             // rescue, which charges it at its deadline and says why.
             Err(e) if ran => {
@@ -165,6 +186,8 @@ impl Worker {
 pub(super) enum Hold {
     /// Held, until this deadline of its own.
     Until(Instant),
+    /// Done under this very claim: the chunk's commit happened and its reply was lost.
+    Done,
     /// Cancelled, charged by a domain's watchdog, released or rescued meanwhile.
     TakenOver,
     /// Its handler ran in the chunk, and the note that it runs again could not be written:

@@ -62,7 +62,16 @@ impl Node {
 /// debug level and the work goes on: its next statement finds the connection lost, and the
 /// pool drops a connection on which a statement failed.
 pub(crate) fn node_conn(pool: &DbPool, node: i64) -> Result<PooledConnection, r2d2::Error> {
-    let mut conn = pool.get()?;
+    node_conn_within(pool, node, pool.connection_timeout())
+}
+
+/// [`node_conn`], waiting for it at most `wait` (and at most the pool's checkout timeout).
+pub(crate) fn node_conn_within(
+    pool: &DbPool,
+    node: i64,
+    wait: std::time::Duration,
+) -> Result<PooledConnection, r2d2::Error> {
+    let mut conn = pool.get_timeout(wait.min(pool.connection_timeout()))?;
     if let Err(e) = driver(&mut conn).session_tag(node) {
         log::debug!("node {node}: a connection's session could not be tagged: {e}");
     }

@@ -328,7 +328,12 @@ impl Worker {
                     return self.execute_task(task, false);
                 }
                 match self.holds(task, true, left) {
-                    Hold::Until(_) => self.execute_task(task, false),
+                    Hold::Until(deadline) => {
+                        let mut task = task.clone();
+                        task.deadline = deadline;
+                        self.execute_task(&task, false)
+                    }
+                    Hold::Done => self.done_by_its_chunk(task),
                     Hold::TakenOver => Outcome::Lost,
                     Hold::Unnoted => Outcome::Abandoned,
                 }
@@ -339,12 +344,7 @@ impl Worker {
                 continue;
             }
             let outcome = if self.is_done_by_this_chunk(task) {
-                log::warn!(
-                    "task {}: its chunk's commit happened and the reply was lost",
-                    task.context.id
-                );
-                self.observers.all_done(std::slice::from_ref(task));
-                Outcome::Done
+                self.done_by_its_chunk(task)
             } else {
                 Outcome::Lost
             };

@@ -158,7 +158,16 @@ impl Worker {
     ) -> Result<T, String> {
         let mut pause = WRITE_RETRY_PAUSE;
         for attempt in 1.. {
-            let error = match self.engine_conn() {
+            // A checkout waits no longer than the deadline, or a second past it (a database
+            // that refuses connections would hold each attempt for the pool's whole checkout
+            // timeout; a connection to open again needs a moment).
+            let left = deadline.saturating_duration_since(Instant::now());
+            let conn = super::heartbeat::node_conn_within(
+                &self.pool,
+                self.node.id(),
+                left.max(Duration::from_secs(1)),
+            );
+            let error = match conn {
                 Ok(mut conn) => match write(&mut conn).discard_broken(&mut conn) {
                     Ok(value) => {
                         if attempt > 1 {
@@ -209,7 +218,7 @@ impl Worker {
 }
 
 /// Whether the task of `claim` is done under that very claim.
-fn done_under(conn: &mut DbConnection, claim: &Claim) -> bool {
+pub(super) fn done_under(conn: &mut DbConnection, claim: &Claim) -> bool {
     matches!(
         driver(conn).task_get_claim(claim.id),
         Ok(Some(now)) if now.state == "done"

@@ -390,9 +390,11 @@ every_claim_style! {
 /// operator's `pg_terminate_backend` or `KILL` sweep), the pool's idle connections with the
 /// chunk's: the chunk rolls back, and the first statements after it meet dead connections.
 /// Tasks 1 to 4 ran in the chunk (4 found the connection gone); each runs again alone only
-/// once its `last_error` says so
-/// (the note is retried through the outage), since its effects outside the database may have
-/// happened twice. PostgreSQL and MySQL, each claim style (SQLite has no session to end).
+/// once its `last_error` says so (the note is retried through the outage), since its effects
+/// outside the database may have happened twice. PostgreSQL and MySQL, each claim style
+/// (SQLite has no session to end). With stamp claims the check meets the dead connections;
+/// with lock claims the tasks' claim again, retried, takes them first, so there the test
+/// guards the rerun's note without reaching a dead connection.
 #[test]
 fn a_task_run_again_after_its_chunk_rolled_back_says_so_after_a_sweep_of_sessions() {
     let mut dbs = vec![
@@ -421,7 +423,11 @@ fn a_task_run_again_after_its_chunk_rolled_back_says_so_after_a_sweep_of_session
                 Ok(())
             },
         );
-        let w = Worker::new(&db.url, registry, one_chunk_config().claim_style(*style)).unwrap();
+        // A short deadline: a rerun that waited for it would fail the test, not hang it.
+        let config = one_chunk_config()
+            .claim_style(*style)
+            .task_timeout(std::time::Duration::from_secs(2));
+        let w = Worker::new(&db.url, registry, config).unwrap();
         // Idle connections in the pool beside the chunk's: the sweep leaves them dead, to be
         // found so at their next use.
         let idle: Vec<_> = (0..w.pool().max_size())
@@ -460,6 +466,87 @@ fn a_task_run_again_after_its_chunk_rolled_back_says_so_after_a_sweep_of_session
                 _ => assert_eq!(row.last_error, None, "{style}: task {}", n + 1),
             }
         }
+    }
+}
+
+/// PostgreSQL, stamp claims: task 5, the last of a chunk, closes its database to new
+/// connections and ends every session of it. All five ran in the chunk, and the note that each
+/// runs again cannot be written until the claim's deadline: none of them runs again here. They
+/// stay running for rescue, which charges each a failure and says why in `last_error`.
+#[test]
+fn a_task_whose_rerun_cannot_be_noted_before_its_deadline_is_left_to_rescue() {
+    use std::time::Duration;
+    let db = &TestDb::postgres();
+    let ids = five_tasks(db);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let calls_in = Arc::clone(&calls);
+    let name = db.url_text.rsplit('/').next().unwrap().to_owned();
+    let close = format!("ALTER DATABASE {name} ALLOW_CONNECTIONS false");
+    let end =
+        format!("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'");
+    let mut registry = Registry::new();
+    registry.register(
+        "ledger",
+        move |task: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
+            calls_in.fetch_add(1, Ordering::SeqCst);
+            write_ledger(task, tx)?;
+            if task.biz_id() == "5" {
+                // From the server's own database: not in the chunk's transaction, which rolls
+                // back, nor on the database it closes.
+                let mut admin: diesel::PgConnection =
+                    diesel::Connection::establish(crate::support::pg_server_url())
+                        .expect("the server");
+                diesel::RunQueryDsl::execute(diesel::sql_query(&close), &mut admin)?;
+                diesel::RunQueryDsl::execute(diesel::sql_query(&end), &mut admin)?;
+            }
+            Ok(())
+        },
+    );
+    let config = one_chunk_config()
+        .claim_style(ClaimStyle::Stamp)
+        .task_timeout(Duration::from_millis(300));
+    let w = Worker::new(&db.url, registry, config).unwrap();
+    let idle: Vec<_> = (0..w.pool().max_size())
+        .map(|_| w.pool().get().unwrap())
+        .collect();
+    drop(idle);
+    let tally = w.run_once();
+    let reopen = format!("ALTER DATABASE {name} ALLOW_CONNECTIONS true");
+    let mut admin: diesel::PgConnection =
+        diesel::Connection::establish(crate::support::pg_server_url()).expect("the server");
+    diesel::RunQueryDsl::execute(diesel::sql_query(reopen), &mut admin)
+        .expect("reopen the database");
+    let tally = tally.unwrap();
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        5,
+        "no task ran again: {tally:?}"
+    );
+    assert_eq!(tally.abandoned, 5, "{tally:?}");
+    for (n, id) in ids.iter().enumerate() {
+        let row = db.task(*id);
+        assert_eq!(
+            (row.state.as_str(), row.failures),
+            ("running", 0),
+            "task {}",
+            n + 1
+        );
+        assert_eq!(
+            db.ledger_rows(*id),
+            0,
+            "task {}: its effect rolled back",
+            n + 1
+        );
+    }
+    // Past the claims' deadline (backdated), rescue charges each a failure with its reason.
+    db.exec("UPDATE async_task SET deadline_at = run_at - interval '1 hour'");
+    let rescued = crate::rescue::quiet_worker(db).rescue_once().unwrap();
+    assert_eq!(rescued.pending, 5, "{rescued:?}");
+    for id in &ids {
+        let row = db.task(*id);
+        assert_eq!((row.state.as_str(), row.failures), ("pending", 1));
+        let note = row.last_error.expect("rescue's reason");
+        assert!(note.contains("running past its deadline"), "{note}");
     }
 }
 
