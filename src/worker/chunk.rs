@@ -107,7 +107,9 @@ impl Worker {
             }
             // The connection failed at or after the chunk's completion: the commit may have
             // happened with its reply lost. The chunk is all or nothing, so one task tells.
-            Err(ChunkRollback::Database(_)) if self.is_done_under(&chunk[0].claim()) => {
+            Err(ChunkRollback::Database(_))
+                if self.is_done_under(&chunk[0].claim(), chunk[0].deadline) =>
+            {
                 log::warn!(
                     "a chunk of {} tasks found done under its claims after a database error: \
                      its commit happened and the reply was lost",
@@ -157,7 +159,7 @@ impl Worker {
             Ok(
                 match driver(conn).task_hold(&claim, note, millis(timeout))? {
                     // The chunk's commit happened and its reply was lost.
-                    0 if done_under(conn, &claim) => Hold::Done,
+                    0 if done_under(conn, &claim)? => Hold::Done,
                     0 => Hold::TakenOver,
                     _ => Hold::Until(asked + timeout),
                 },

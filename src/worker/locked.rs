@@ -382,10 +382,11 @@ impl Worker {
     /// completion gives (its lease's plus one). A newer chunk of this node that completed the
     /// task after a rescue (two tokens on) is not this one.
     fn is_done_by_this_chunk(&self, task: &ClaimedTask) -> bool {
-        self.is_done_under(&Claim {
+        let claim = Claim {
             token: task.claim_token + 1,
             ..task.claim()
-        })
+        };
+        self.is_done_under(&claim, task.deadline)
     }
 
     /// Deletes this node's leases of `tasks` (their chunk never ran, or rolled back as the

@@ -158,16 +158,7 @@ impl Worker {
     ) -> Result<T, String> {
         let mut pause = WRITE_RETRY_PAUSE;
         for attempt in 1.. {
-            // A checkout waits no longer than the deadline, or a second past it (a database
-            // that refuses connections would hold each attempt for the pool's whole checkout
-            // timeout; a connection to open again needs a moment).
-            let left = deadline.saturating_duration_since(Instant::now());
-            let conn = super::heartbeat::node_conn_within(
-                &self.pool,
-                self.node.id(),
-                left.max(Duration::from_secs(1)),
-            );
-            let error = match conn {
+            let error = match self.conn_until(deadline) {
                 Ok(mut conn) => match write(&mut conn).discard_broken(&mut conn) {
                     Ok(value) => {
                         if attempt > 1 {
@@ -191,19 +182,32 @@ impl Worker {
         unreachable!("the loop returns")
     }
 
+    /// A connection of the pool for work due by `deadline`: its checkout waits no longer than
+    /// the time left, or a second once it is past (a database that refuses connections would
+    /// hold each attempt for the pool's whole checkout timeout; a connection to open again
+    /// needs a moment).
+    fn conn_until(&self, deadline: Instant) -> Result<crate::db::PooledConnection, r2d2::Error> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        super::heartbeat::node_conn_within(
+            &self.pool,
+            self.node.id(),
+            left.max(Duration::from_secs(1)),
+        )
+    }
+
     /// Whether the task of `claim` is done under that very claim, on a connection of the pool
-    /// (`false` when the database cannot say).
-    pub(super) fn is_done_under(&self, claim: &Claim) -> bool {
-        let Ok(mut conn) = self.pool.get() else {
+    /// taken by `deadline` (`false` when the database cannot say).
+    pub(super) fn is_done_under(&self, claim: &Claim, deadline: Instant) -> bool {
+        let Ok(mut conn) = self.conn_until(deadline) else {
             return false;
         };
-        done_under(&mut conn, claim)
+        done_under(&mut conn, claim).discard_broken(&mut conn) == Ok(true)
     }
 
     /// What a fenced write that touched no row means: the claim was taken over, or the task
     /// is already done under this claim (its completion committed and the reply was lost).
     fn after_fenced_out(&self, conn: &mut DbConnection, claim: &Claim, what: &str) -> Outcome {
-        if done_under(conn, claim) {
+        if done_under(conn, claim) == Ok(true) {
             log::warn!(
                 "task {}: {what} found it done under this claim: its completion committed \
                  and the reply was lost",
@@ -218,13 +222,13 @@ impl Worker {
 }
 
 /// Whether the task of `claim` is done under that very claim.
-pub(super) fn done_under(conn: &mut DbConnection, claim: &Claim) -> bool {
-    matches!(
-        driver(conn).task_get_claim(claim.id),
-        Ok(Some(now)) if now.state == "done"
+pub(super) fn done_under(conn: &mut DbConnection, claim: &Claim) -> diesel::QueryResult<bool> {
+    Ok(matches!(
+        driver(conn).task_get_claim(claim.id)?,
+        Some(now) if now.state == "done"
             && now.owner == Some(claim.owner)
             && now.claim_token == claim.token
-    )
+    ))
 }
 
 /// Runs a unit of work and records its outcomes; if it panics outside the handlers (which are
