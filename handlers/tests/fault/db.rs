@@ -119,6 +119,21 @@ impl Db {
             .collect()
     }
 
+    /// The `a` and `b` columns of every row of `sql`.
+    pub fn pairs(&self, sql: &str) -> Vec<(i64, i64)> {
+        #[derive(QueryableByName)]
+        struct P {
+            #[diesel(sql_type = BigInt)]
+            a: i64,
+            #[diesel(sql_type = BigInt)]
+            b: i64,
+        }
+        self.with(sql, |c| diesel::sql_query(sql).load::<P>(c))
+            .into_iter()
+            .map(|r| (r.a, r.b))
+            .collect()
+    }
+
     /// `SELECT (sql) AS t`, a text.
     pub fn text(&self, sql: &str) -> String {
         #[derive(QueryableByName)]

@@ -26,33 +26,62 @@ const PACE: Duration = Duration::from_secs(3);
 /// The transaction manager of the library's connection.
 type Manager = <outbox::DbConnection as Connection>::TransactionManager;
 
-/// How long after a worker froze the tasks it held must be finished by others: its
-/// `--dead-after` (1.5 s), a rescue pass's heartbeat and the tasks' own run. A worker's exit
-/// meanwhile starts the bound again (the chaos loop): what the exited worker held waits for
-/// rescue too.
+/// How long after a worker froze the tasks it held must be finished, or given back, by others:
+/// its `--dead-after` (1.5 s), a rescue pass's heartbeat and the tasks' own run. A worker's
+/// exit meanwhile starts the bound again (the chaos loop): what the exited worker held waits
+/// for rescue too.
 pub const FROZEN_BOUND: Duration = Duration::from_millis(6_500);
+
+/// The tasks a node holds, each by the claim it holds it with.
+#[derive(Debug, Default)]
+pub struct Held {
+    /// Running under the node: id and claim token.
+    stamped: Vec<(i64, i64)>,
+    /// Leased by the node (lock claims): id and lease token.
+    leased: Vec<(i64, i64)>,
+    /// Row-locked by the node's sessions (lock claims before leases).
+    locked: Vec<i64>,
+}
+
+impl Held {
+    pub fn len(&self) -> usize {
+        self.stamped.len() + self.leased.len() + self.locked.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn ids(&self) -> Vec<i64> {
+        let claimed = self.stamped.iter().chain(&self.leased).map(|&(id, _)| id);
+        claimed.chain(self.locked.iter().copied()).collect()
+    }
+}
 
 /// The tasks `proc`'s node holds now: running under it, leased by it (lock claims), or —
 /// before leases — row-locked by its sessions.
-pub fn held_by(db: &Db, proc: &Proc) -> Vec<i64> {
+pub fn held_by(db: &Db, proc: &Proc) -> Held {
     let Some(node) = db.node_id(&proc.node_name()) else {
-        return Vec::new();
+        return Held::default();
     };
-    let mut held = db.numbers(&format!(
-        "SELECT id AS n FROM async_task WHERE owner = {node} AND state = 'running'"
-    ));
+    let mut held = Held {
+        stamped: db.pairs(&format!(
+            "SELECT id AS a, claim_token AS b FROM async_task WHERE owner = {node} AND state = 'running'"
+        )),
+        ..Held::default()
+    };
     if db.backend() == Backend::Postgres {
         if has_leases(db) {
-            held.extend(db.numbers(&format!(
-                "SELECT task_id AS n FROM async_lease WHERE node_id = {node}"
-            )));
+            held.leased = db.pairs(&format!(
+                "SELECT task_id AS a, token AS b FROM async_lease WHERE node_id = {node}"
+            ));
         } else {
-            held.extend(db.numbers(&format!(
+            held.locked = db.numbers(&format!(
                 "SELECT t.id AS n FROM async_task t JOIN pg_stat_activity a ON a.backend_xid = t.xmax
                   WHERE a.datname = current_database() AND a.application_name = '{}'
                     AND t.state = 'pending'",
                 proc.app
-            )));
+            ));
         }
     }
     held
@@ -340,22 +369,58 @@ impl Checks {
         }
     }
 
-    /// The tasks a frozen worker held when it froze are finished (by others), the bound
-    /// after: a frozen worker holds nothing for long.
-    pub fn frozen_held_run(&mut self, db: &Db, held: &[i64]) {
+    /// The tasks a frozen worker held when it froze are finished, or no longer held by the
+    /// claims it held them with (given back by rescue, charged, to wait their turn: behind a
+    /// backlog of due tasks, a rescued task's run waits for those before it), the bound after:
+    /// a frozen worker holds nothing for long. A task it held by a row lock (no token to tell
+    /// by) must be finished.
+    pub fn frozen_held_run(&mut self, db: &Db, held: &Held) {
         if held.is_empty() {
             return;
         }
-        let ids: Vec<String> = held.iter().map(i64::to_string).collect();
-        let left = db.numbers(&format!(
-            "SELECT id AS n FROM async_task WHERE id IN ({})
-               AND state NOT IN ('done', 'dead', 'cancelled')",
-            ids.join(", ")
-        ));
+        let list = |ids: &[i64]| {
+            ids.iter()
+                .map(i64::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let unfinished: HashSet<i64> = db
+            .numbers(&format!(
+                "SELECT id AS n FROM async_task WHERE id IN ({})
+                   AND state NOT IN ('done', 'dead', 'cancelled')",
+                list(&held.ids())
+            ))
+            .into_iter()
+            .collect();
+        let still = |table: &str, id: &str, token: &str, claims: &[(i64, i64)], running: &str| {
+            let claims: Vec<(i64, i64)> = claims
+                .iter()
+                .copied()
+                .filter(|(id, _)| unfinished.contains(id))
+                .collect();
+            if claims.is_empty() {
+                return Vec::new();
+            }
+            let pairs: Vec<String> = claims.iter().map(|(i, t)| format!("({i}, {t})")).collect();
+            db.numbers(&format!(
+                "SELECT {id} AS n FROM {table} WHERE ({id}, {token}) IN ({}){running}",
+                pairs.join(", ")
+            ))
+        };
+        let mut left = still(
+            "async_task",
+            "id",
+            "claim_token",
+            &held.stamped,
+            " AND state = 'running'",
+        );
+        left.extend(still("async_lease", "task_id", "token", &held.leased, ""));
+        left.extend(held.locked.iter().filter(|id| unfinished.contains(id)));
         if !left.is_empty() {
+            left.sort_unstable();
             self.violation(format!(
-                "a frozen worker's tasks still unfinished {FROZEN_BOUND:?} after it froze: \
-                 {left:?} of the {} it held",
+                "a frozen worker's tasks still held by its claims {FROZEN_BOUND:?} after it \
+                 froze: {left:?} of the {} it held",
                 held.len()
             ));
         }

@@ -105,7 +105,7 @@ pub fn run_seed(seed: u64) {
     // What the other databases had finished, and had left, when one's table was locked.
     let mut lock_progress: Option<Vec<(usize, i64, i64)>> = None;
     // The tasks each frozen worker held, to be finished by others by the instant given.
-    let mut frozen_checks: Vec<(Instant, Vec<i64>)> = Vec::new();
+    let mut frozen_checks: Vec<(Instant, checks::Held)> = Vec::new();
     let mut pause: Option<Instant> = None;
     // When every node has applied the pause (a heartbeat and more after the command).
     let mut pause_applied: Option<Instant> = None;
@@ -534,7 +534,7 @@ fn apply_fault(
     slots: &mut [Slot],
     databases: &[Database],
     lock_holder: &mut Option<(usize, diesel_holder::Holder, Instant)>,
-    frozen_checks: &mut Vec<(Instant, Vec<i64>)>,
+    frozen_checks: &mut Vec<(Instant, checks::Held)>,
     timeline: &mut Vec<String>,
     now: Duration,
 ) {
