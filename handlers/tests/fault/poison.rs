@@ -367,6 +367,64 @@ fn poison_hang_mysql() {
     poison_hang(Backend::Mysql);
 }
 
+/// Lock claims: task A of a leased chunk is cancelled after its handler ran, by a cancel that
+/// could not see the lease (on PostgreSQL its snapshot older than the lease claim, on MySQL its
+/// read of the leases before the lease committed): `cancelled`, and no note. Task B after it
+/// hangs; the hang watchdog charges B, frees the chunk and exits. A's handler ran: its
+/// `last_error` must say so, or a `retry` of A runs its effect again with no reason given.
+fn a_cancel_that_missed_a_lease_is_noted_by_the_hang_charge(backend: Backend) {
+    let sc = Scenario::start("cancel_missed_lease", backend.name());
+    let (test_db, db) = fault_db(backend);
+    let url = test_db.url_text.clone();
+    db.enqueue(&[task("fault.external", 1, 0, 5), task("fault.hang", 2, 0, 2)]);
+    let a = db.count("SELECT id FROM async_task WHERE keyword = 'fault.external'");
+    let args = sc.worker_args(
+        "run",
+        &[
+            ("--task-timeout", "1s"),
+            ("--claim", "lock"),
+            ("--commit-batch", "20"),
+            ("--threads", "1"),
+        ],
+    );
+    let mut worker = sc.spawn("worker", &url, &args);
+    wait_until(&db, Duration::from_secs(30), "A's effect", || {
+        std::fs::read_to_string(sc.external_file())
+            .unwrap_or_default()
+            .lines()
+            .any(|line| line.split_whitespace().next() == Some(&a.to_string()))
+    });
+    // The cancel's own statement, as it reads a task it sees pending: no note.
+    db.exec(&format!(
+        "UPDATE async_task SET state = 'cancelled' WHERE id = {a} AND state = 'pending'"
+    ));
+    wait_until(
+        &db,
+        Duration::from_secs(30),
+        "the hang watchdog's exit",
+        || worker.poll().is_some(),
+    );
+    let status = worker.poll().expect("exited");
+    assert_eq!(status.code(), Some(3), "{}", tail(&worker.stderr, 40));
+    let rows = task_rows(&db, "fault.external");
+    assert_eq!(rows[0].0, "cancelled");
+    assert_eq!(
+        rows[0].2, "cancelled while running: its handler may have run",
+        "A's handler ran and its note is missing"
+    );
+}
+
+#[test]
+fn a_cancel_that_missed_a_lease_is_noted_by_the_hang_charge_postgres() {
+    a_cancel_that_missed_a_lease_is_noted_by_the_hang_charge(Backend::Postgres);
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn a_cancel_that_missed_a_lease_is_noted_by_the_hang_charge_mysql() {
+    a_cancel_that_missed_a_lease_is_noted_by_the_hang_charge(Backend::Mysql);
+}
+
 /// Batched mode runs a chunk's handlers one after another: each handler gets
 /// `--task-timeout`, and the chunk's tasks a deadline that covers the whole chunk. Five
 /// 300 ms handlers in a chunk of five, with a 1 s timeout, are not a hang.

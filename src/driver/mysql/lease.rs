@@ -229,10 +229,25 @@ impl LeaseDriver for MysqlConnection {
         self.transaction(|conn| {
             // The chunk's tasks and leases locked first, in the order every locking read of
             // leases takes.
-            let (held, freed): (Vec<i64>, Vec<i64>) = lock_leased(conn, owner, lease.chunk)?
-                .into_iter()
+            let locked = lock_with_leases(
+                conn,
+                &ids_of(lease.chunk),
+                |s| owned(s, owner, lease.chunk),
+                OnLocked::Wait,
+            )?;
+            let (held, freed): (Vec<i64>, Vec<i64>) = locked
+                .iter()
+                .filter(|h| h.holds)
+                .map(|h| h.id)
                 .partition(|&id| id == lease.task);
             drop_leases(conn, owner, lease.chunk)?;
+            // A task cancelled by a cancel that read the leases before this one committed
+            // wrote no note: written with the lease's end, since the process may exit next
+            // (the hang watchdog).
+            let ours: Vec<i64> = locked.iter().map(|h| h.id).collect();
+            if !ours.is_empty() {
+                crate::driver::Driver::task_note_cancelled(conn, &ours, CANCELLED_RUNNING)?;
+            }
             // The others may run again elsewhere after their handlers ran in this chunk: the
             // note says why (on PostgreSQL the chunk's transaction id tells it; InnoDB gives a
             // handler no id to record).

@@ -256,6 +256,12 @@ impl LeaseDriver for PgConnection {
             .bind::<BigInt, _>(charge.task)
             .sql(" || ' of its chunk ran past its timeout' FROM gone WHERE t.id = gone.task_id AND t.state = 'pending' AND t.id <> ")
             .bind::<BigInt, _>(charge.task)
+            // A task cancelled by a cancel that could not see its lease (its snapshot older
+            // than the lease claim) wrote no note: written here, with the lease's end, since
+            // the process may exit next (the hang watchdog).
+            .sql("), cancelled AS (UPDATE async_task t SET updated_at = now(), last_error = ")
+            .bind::<Text, _>(CANCELLED_RUNNING)
+            .sql(" FROM gone WHERE t.id = gone.task_id AND t.state = 'cancelled'")
             .sql(") UPDATE async_task t SET failures = t.failures + 1, state = CASE WHEN t.failures + 1 >= COALESCE(t.max_attempts, ")
             .bind::<Integer, _>(charge.default_max_attempts)
             .sql(") THEN 'dead' ELSE 'pending' END, run_at = CASE WHEN t.failures + 1 >= COALESCE(t.max_attempts, ")
