@@ -59,22 +59,14 @@ impl Worker {
                 .iter()
                 .zip(held)
                 .enumerate()
-                .map(|(at, (task, held))| match held {
-                    Hold::Until(deadline) => {
-                        let mut task = task.clone();
-                        task.deadline = deadline;
-                        self.execute_task(&task, false)
-                    }
-                    Hold::Done => self.done_by_its_chunk(task),
-                    Hold::Unnoted => Outcome::Abandoned,
-                    Hold::TakenOver if Some(at) == ended => Outcome::Lost,
-                    Hold::TakenOver => {
+                .map(|(at, (task, held))| {
+                    if matches!(held, Hold::TakenOver) && Some(at) != ended {
                         log::warn!(
                             "task {}: its claim was taken over before its chunk's rerun",
                             task.context.id
                         );
-                        Outcome::Lost
                     }
+                    self.rerun_held(task, held)
                 })
                 .collect()
         };
@@ -138,6 +130,22 @@ impl Worker {
         );
         self.observers.all_done(std::slice::from_ref(task));
         Outcome::Done
+    }
+
+    /// Runs `task` again alone as the check of its claim found it ([`Worker::holds`]): under
+    /// the deadline the check gave it, counted done (its chunk's commit happened), left to
+    /// rescue (its note unwritten) or lost (taken over).
+    pub(super) fn rerun_held(&self, task: &ClaimedTask, hold: Hold) -> Outcome {
+        match hold {
+            Hold::Until(deadline) => {
+                let mut task = task.clone();
+                task.deadline = deadline;
+                self.execute_task(&task, false)
+            }
+            Hold::Done => self.done_by_its_chunk(task),
+            Hold::Unnoted => Outcome::Abandoned,
+            Hold::TakenOver => Outcome::Lost,
+        }
     }
 
     /// Whether this node still holds `task`'s claim (running, under this claim's token), in

@@ -21,7 +21,6 @@ use std::cell::Cell;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use super::chunk::Hold;
 use super::claim::claimed_tasks;
 use super::dispatch::Feed;
 use super::engine::Worker;
@@ -327,16 +326,7 @@ impl Worker {
                 if !ran.contains(&task.context.id) {
                     return self.execute_task(task, false);
                 }
-                match self.holds(task, true, left) {
-                    Hold::Until(deadline) => {
-                        let mut task = task.clone();
-                        task.deadline = deadline;
-                        self.execute_task(&task, false)
-                    }
-                    Hold::Done => self.done_by_its_chunk(task),
-                    Hold::TakenOver => Outcome::Lost,
-                    Hold::Unnoted => Outcome::Abandoned,
-                }
+                self.rerun_held(task, self.holds(task, true, left))
             })
             .collect();
         for task in tasks {
