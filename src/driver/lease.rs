@@ -46,21 +46,25 @@ pub trait LeaseDriver {
 
     /// After a chunk rolled back: claims, the stamping way, those of the tasks of `claims`
     /// still leased by `owner` under those tokens and pending, deleting their leases, in one
-    /// statement.
+    /// transaction. A task of `ran` (its handler ran in the chunk) found cancelled is noted
+    /// [`CANCELLED_RUNNING`](crate::driver::ops::CANCELLED_RUNNING) in it: a cancel that
+    /// could not see the lease wrote no note, and the lease's end is the last trace of the run.
     fn task_claim_leased(
         &mut self,
         owner: i64,
         claims: &[(i64, i64)],
+        ran: &[i64],
         timeout_ms: i64,
     ) -> QueryResult<Vec<ClaimRow>> {
-        let _ = (owner, claims, timeout_ms);
+        let _ = (owner, claims, ran, timeout_ms);
         Err(lock_claims_unsupported())
     }
 
     /// Deletes `owner`'s leases of `claims` under those tokens (their chunk never ran, or
     /// rolled back as its worker stops): the tasks are free again, no failure counted; those
-    /// of `ran` (their handlers ran in the chunk) get `note` in `last_error`, in the same
-    /// statement. Returns how many leases it deleted.
+    /// of `ran` (their handlers ran in the chunk) get `note` in `last_error`, or
+    /// `CANCELLED_RUNNING` when they are cancelled, in the same transaction. Returns how many
+    /// leases it deleted.
     fn task_release_leased(
         &mut self,
         owner: i64,

@@ -32,7 +32,6 @@ use super::record::record_or_unwind;
 use super::settings::millis;
 use super::tally::{Outcome, Tally};
 use crate::db::transaction::{is_connection_error, is_deadlock, mark_broken, DiscardBroken};
-use crate::driver::ops::CANCELLED_RUNNING;
 use crate::driver::{driver, ChunkRuns, Claim, Claiming, Due, TxMark};
 use crate::error::{OpContext, Result};
 use crate::task::ClaimedTask;
@@ -271,17 +270,16 @@ impl Worker {
 
     /// After a leased chunk rolled back: claims, the stamping way, its tasks still leased by
     /// this node and runs them one by one, so that each records its own outcome; those of
-    /// `ran` (their handlers ran in the chunk) noted as running again. A task no longer
-    /// leased is done (a commit whose reply was lost) or another's (counted lost).
+    /// `ran` (their handlers ran in the chunk) noted as running again, or, found cancelled,
+    /// by the claim itself. A task no longer leased is done (a commit whose reply was lost)
+    /// or another's (counted lost).
     fn rerun_leased(&self, tasks: &[ClaimedTask], ran: &[i64]) -> Vec<Outcome> {
         let claims: Vec<(i64, i64)> = tasks.iter().map(ClaimedTask::id_token).collect();
         if self.is_stopping() {
             // Stopping (or the hang watchdog is about to exit): claimed now, they would be
             // left running for rescue to charge; they are released as they are, those of
-            // `ran` noted (they run again elsewhere).
-            let released = self.release_leased(tasks, ran);
-            self.note_cancelled(tasks, &[], ran);
-            return released;
+            // `ran` noted (they run again elsewhere, or were cancelled after they ran).
+            return self.release_leased(tasks, ran);
         }
         log::debug!(
             "a leased chunk of {} tasks rolled back; running them one by one",
@@ -298,24 +296,22 @@ impl Worker {
         let claimed = self.retry_until("a rolled-back chunk's claim", lease_deadline, |conn| {
             let deadline = Instant::now() + timeout;
             driver(conn)
-                .task_claim_leased(self.node.id(), &claims, millis(timeout))
+                .task_claim_leased(self.node.id(), &claims, ran, millis(timeout))
                 .map(|rows| claimed_tasks(rows, self.node.id(), deadline))
         });
         let claimed = match claimed {
             Ok(claimed) => claimed,
             Err(e) => {
+                // Their leases stay: rescue's charge notes one found cancelled, as the claim
+                // would have.
                 log::warn!(
                     "a leased chunk of {} tasks rolled back and could not be claimed again: \
                      {e}; rescue charges them at their deadline",
                     claims.len()
                 );
-                self.note_cancelled(tasks, &[], ran);
                 return vec![Outcome::Abandoned; claims.len()];
             }
         };
-        // Before the reruns, which may take a while: a note written later could overwrite
-        // what a retry and a failure elsewhere wrote meanwhile.
-        self.note_cancelled(tasks, &claimed, ran);
         // Just claimed, so held unless cancelled since: only a task whose handler ran in the
         // chunk is checked, by the statement that notes its rerun.
         let mut outcomes: Vec<Outcome> = claimed
@@ -341,31 +337,6 @@ impl Worker {
             outcomes.push(outcome);
         }
         outcomes
-    }
-
-    /// Notes the tasks of `ran` (their handlers ran in the chunk) that were not claimed again
-    /// and are cancelled: a cancel whose statement could not see their lease (PostgreSQL: its
-    /// snapshot older than the lock claim) wrote no note, and a retry would run them again.
-    fn note_cancelled(&self, tasks: &[ClaimedTask], claimed: &[ClaimedTask], ran: &[i64]) {
-        let unclaimed: Vec<i64> = tasks
-            .iter()
-            .map(|t| t.context.id)
-            .filter(|id| ran.contains(id) && !claimed.iter().any(|c| c.context.id == *id))
-            .collect();
-        if unclaimed.is_empty() {
-            return;
-        }
-        let noted = self
-            .engine_conn()
-            .map_err(|e| e.to_string())
-            .and_then(|mut conn| {
-                driver(&mut conn)
-                    .task_note_cancelled(&unclaimed, CANCELLED_RUNNING)
-                    .map_err(|e| e.to_string())
-            });
-        if let Err(e) = noted {
-            log::warn!("tasks {unclaimed:?}: a cancel's note could not be written: {e}");
-        }
     }
 
     /// Whether `task` is done by its leased chunk's completion: under the token that

@@ -235,8 +235,18 @@ server_backends! {
         // A cancel whose statement could not see the lease (PostgreSQL: its snapshot predates
         // the lock claim's commit; a producer at REPEATABLE READ) writes no note. The chunk,
         // whose completion the cancel fences out, writes it: its handler ran. So it does when
-        // the worker is stopping then, and releases the chunk instead of running it again.
-        for (keyword, stopping) in [("mail.send", false), ("mail.stop", true)] {
+        // the worker is stopping then, and releases the chunk instead of running it again. It
+        // does when the note's first write fails, too (a connection lost, here a trigger's
+        // error): the note is written with the leases' end, in one transaction, retried.
+        for (keyword, stopping, fault) in [
+            ("mail.send", false, false),
+            ("mail.stop", true, false),
+            ("mail.fault", false, true),
+            ("mail.stop_fault", true, true),
+        ] {
+            if fault {
+                fail_the_next_cancel_note(db);
+            }
             let ids = enqueue(db, keyword, 5);
             let stop: Arc<std::sync::OnceLock<Arc<AtomicBool>>> = Arc::default();
             let once = Arc::new(AtomicBool::new(false));
@@ -266,6 +276,9 @@ server_backends! {
             let task = db.task(ids[2]);
             let note = Some("cancelled while running: its handler may have run".to_owned());
             assert_eq!((task.state.as_str(), &task.last_error), ("cancelled", &note), "{keyword}");
+            if fault {
+                assert_eq!(db.count(FAULTS_LEFT), 0, "{keyword}: the fault was met");
+            }
         }
     }
 
@@ -1347,4 +1360,56 @@ fn a_cancel_at_repeatable_read_leaves_the_lock_claims_free_on_mysql() {
         "the lock claim waited for the producer's transaction"
     );
     assert_eq!(db.task(ids[5]).state, "cancelled");
+}
+
+/// How many of the faults [`fail_the_next_cancel_note`] set up are still to be met.
+const FAULTS_LEFT: &str = "SELECT count(*) FROM note_fault WHERE armed";
+
+/// Makes the next write of a note on a cancelled task fail once, with an error from a trigger
+/// (as a connection lost at that moment would): a fault the test arms, met at most once.
+fn fail_the_next_cancel_note(db: &TestDb) {
+    match db.backend() {
+        // A MyISAM table: its change stays when the failed statement's transaction rolls back.
+        Backend::Mysql => {
+            db.exec(
+                "CREATE TABLE IF NOT EXISTS note_fault (armed BOOLEAN NOT NULL) ENGINE = MyISAM",
+            );
+            db.exec("DELETE FROM note_fault");
+            db.exec("INSERT INTO note_fault VALUES (TRUE)");
+            db.exec("DROP TRIGGER IF EXISTS note_fault");
+            db.exec(
+                "CREATE TRIGGER note_fault BEFORE UPDATE ON async_task FOR EACH ROW
+                 IF NEW.state = 'cancelled' AND NOT (NEW.last_error <=> OLD.last_error)
+                    AND (SELECT count(*) FROM note_fault WHERE armed) > 0 THEN
+                     UPDATE note_fault SET armed = FALSE;
+                     SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'the test fails this note';
+                 END IF",
+            );
+        }
+        // A sequence: `nextval` is not rolled back with the failed statement.
+        _ => {
+            db.exec("CREATE SEQUENCE IF NOT EXISTS note_fault_met");
+            db.exec("SELECT setval('note_fault_met', 1, false)");
+            db.exec(
+                "CREATE OR REPLACE VIEW note_fault AS
+                 SELECT last_value = 1 AND NOT is_called AS armed FROM note_fault_met",
+            );
+            db.exec(
+                "CREATE OR REPLACE FUNCTION note_fault() RETURNS trigger LANGUAGE plpgsql AS $$
+                 BEGIN
+                     IF NEW.state = 'cancelled' AND NEW.last_error IS DISTINCT FROM OLD.last_error THEN
+                         IF nextval('note_fault_met') = 1 THEN
+                             RAISE EXCEPTION 'the test fails this note';
+                         END IF;
+                     END IF;
+                     RETURN NEW;
+                 END $$",
+            );
+            db.exec("DROP TRIGGER IF EXISTS note_fault ON async_task");
+            db.exec(
+                "CREATE TRIGGER note_fault BEFORE UPDATE ON async_task
+                 FOR EACH ROW EXECUTE FUNCTION note_fault()",
+            );
+        }
+    }
 }

@@ -89,19 +89,38 @@ fn owned(statement: Statement<Mysql>, owner: i64, claims: &[(i64, i64)]) -> Stat
         .with(|s| list::pairs(s, claims))
 }
 
-/// The tasks of `claims` that `owner`'s leases hold, locked with their leases.
-fn lock_leased(
+/// The tasks of `claims` under `owner`'s leases, locked with their leases.
+fn lock_owned(
     conn: &mut MysqlConnection,
     owner: i64,
     claims: &[(i64, i64)],
-) -> QueryResult<Vec<i64>> {
-    let held = lock_with_leases(
+) -> QueryResult<Vec<Held>> {
+    lock_with_leases(
         conn,
         &ids_of(claims),
         |s| owned(s, owner, claims),
         OnLocked::Wait,
-    )?;
-    Ok(held.into_iter().filter(|h| h.holds).map(|h| h.id).collect())
+    )
+}
+
+/// The ids of the tasks of `locked` that their leases still hold.
+fn holding(locked: &[Held]) -> Vec<i64> {
+    locked.iter().filter(|h| h.holds).map(|h| h.id).collect()
+}
+
+/// The tasks of `locked` (by [`lock_owned`]) and of `ran` (their handlers ran in the chunk)
+/// found cancelled, noted [`CANCELLED_RUNNING`] before their leases go: a cancel that read the
+/// leases before this chunk's committed wrote nothing.
+fn note_cancelled(conn: &mut MysqlConnection, locked: &[Held], ran: &[i64]) -> QueryResult<()> {
+    let ours: Vec<i64> = locked
+        .iter()
+        .map(|h| h.id)
+        .filter(|id| ran.contains(id))
+        .collect();
+    if !ours.is_empty() {
+        crate::driver::Driver::task_note_cancelled(conn, &ours, CANCELLED_RUNNING)?;
+    }
+    Ok(())
 }
 
 /// The deletion of leases by task, then the list of tasks. Through the primary key, named:
@@ -165,7 +184,7 @@ impl LeaseDriver for MysqlConnection {
         }
         // The leases and their tasks locked first, so that the check for links of the
         // completion's UPDATE reads after every lock (see `task::finish_held`).
-        let held = lock_leased(self, owner, claims)?;
+        let held = holding(&lock_owned(self, owner, claims)?);
         let n = task::finish_held(self, &held, "pending", |s| {
             s.sql(", owner = ").bind::<BigInt, _>(owner).sql(concat!(
                 ", claim_token = claim_token + 1, claimed_at = ",
@@ -180,12 +199,14 @@ impl LeaseDriver for MysqlConnection {
         &mut self,
         owner: i64,
         claims: &[(i64, i64)],
+        ran: &[i64],
         timeout_ms: i64,
     ) -> QueryResult<Vec<ClaimRow>> {
         self.transaction(|conn| {
-            let held = lock_leased(conn, owner, claims)?;
+            let locked = lock_owned(conn, owner, claims)?;
+            note_cancelled(conn, &locked, ran)?;
             drop_leases(conn, owner, claims)?;
-            mark(conn, owner, &held, timeout_ms)
+            mark(conn, owner, &holding(&locked), timeout_ms)
         })
     }
 
@@ -200,16 +221,20 @@ impl LeaseDriver for MysqlConnection {
             return drop_leases(self, owner, claims);
         }
         // The tasks of `ran` first, then the chunk's leases: a charge of the same chunk that
-        // locks them the other way round deadlocks with it, and the worker retries.
+        // locks them the other way round deadlocks with it, and the worker retries. A task
+        // cancelled by a cancel that read the leases before this chunk's committed wrote no
+        // note: it gets its own.
         self.transaction(|conn| {
             Statement::<Mysql>::new(concat!(
                 engine_update!(),
                 " SET updated_at = ",
                 now!(),
-                ", last_error = "
+                ", last_error = CASE state WHEN 'cancelled' THEN "
             ))
+            .bind::<Text, _>(CANCELLED_RUNNING)
+            .sql(" ELSE ")
             .bind::<Text, _>(note.to_owned())
-            .sql(" WHERE state = 'pending' AND id IN ")
+            .sql(" END WHERE state IN ('cancelled', 'pending') AND id IN ")
             .with(|s| list::ids(s, ran))
             .sql(" AND EXISTS (SELECT 1 FROM async_lease l WHERE l.task_id = async_task.id AND ")
             .with(|s| owned(s, owner, claims))

@@ -119,6 +119,27 @@ fn leases_gone(owner: i64, claims: &[(i64, i64)]) -> Statement<Pg> {
     leases_deleted("WITH gone AS (", owner, claims)
 }
 
+/// After [`leases_gone`]'s `RETURNING task_id, …),`: the CTE `noted`, the tasks of `ran`
+/// (their handlers ran in the chunk) whose leases went noted: a cancelled one
+/// [`CANCELLED_RUNNING`] (a cancel that could not see the lease wrote nothing), and a pending
+/// one `pending`'s note when there is one.
+fn noted(statement: Statement<Pg>, ran: &[i64], pending: Option<&str>) -> Statement<Pg> {
+    let statement = statement
+        .sql(
+            " noted AS (UPDATE async_task t SET updated_at = now(),
+                     last_error = CASE t.state WHEN 'cancelled' THEN ",
+        )
+        .bind::<Text, _>(CANCELLED_RUNNING)
+        .sql(" ELSE ")
+        .bind::<Text, _>(pending.unwrap_or(CANCELLED_RUNNING).to_owned())
+        .sql(" END FROM gone WHERE t.id = gone.task_id AND t.id = ANY(")
+        .bind::<Array<BigInt>, _>(ran.to_vec());
+    match pending {
+        Some(_) => statement.sql(") AND t.state IN ('cancelled', 'pending'))"),
+        None => statement.sql(") AND t.state = 'cancelled')"),
+    }
+}
+
 /// The sessions holding the advisory locks of the engine's transactions (`pg_locks`), in
 /// this database, but this session: `marks(pid, node, run, may_end)`. `may_end`: this role
 /// may end the session (`pg_terminate_backend` refuses, with an error that would end the
@@ -204,11 +225,16 @@ impl LeaseDriver for PgConnection {
         &mut self,
         owner: i64,
         claims: &[(i64, i64)],
+        ran: &[i64],
         timeout_ms: i64,
     ) -> QueryResult<Vec<ClaimRow>> {
-        let picked = leases_gone(owner, claims).sql(
-            " RETURNING task_id, token),
-            picked AS (
+        let gone = leases_gone(owner, claims).sql(" RETURNING task_id, token),");
+        let gone = match ran {
+            [] => gone,
+            ran => noted(gone, ran, None).sql(","),
+        };
+        let picked = gone.sql(
+            " picked AS (
                 SELECT t.id FROM async_task t JOIN gone ON gone.task_id = t.id
                  WHERE t.claim_token = gone.token AND t.state = 'pending'
                  FOR UPDATE OF t",
@@ -226,15 +252,9 @@ impl LeaseDriver for PgConnection {
         if ran.is_empty() {
             return leases_deleted("", owner, claims).execute(self);
         }
-        let deleted: CountRow = leases_gone(owner, claims)
-            .sql(
-                " RETURNING task_id), noted AS (
-                UPDATE async_task t SET updated_at = now(), last_error = ",
-            )
-            .bind::<Text, _>(note.to_owned())
-            .sql(" FROM gone WHERE t.id = gone.task_id AND t.state = 'pending' AND t.id = ANY(")
-            .bind::<Array<BigInt>, _>(ran.to_vec())
-            .sql(")) SELECT count(*) AS n FROM gone")
+        let gone = leases_gone(owner, claims).sql(" RETURNING task_id),");
+        let deleted: CountRow = noted(gone, ran, Some(note))
+            .sql(" SELECT count(*) AS n FROM gone")
             .get_result(self)?;
         Ok(usize::try_from(deleted.n).unwrap_or(0))
     }
