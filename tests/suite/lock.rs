@@ -282,6 +282,44 @@ server_backends! {
         }
     }
 
+    fn a_cancel_committed_while_the_claim_again_waits_for_its_row_is_noted(db: &TestDb) {
+        // Task 2's handler ran; task 3's cancels task 2 in a transaction that could not see
+        // the lease (no note) and holds it open, then fails: the chunk rolls back. The claim
+        // again waits for task 2's row, and the cancel commits while it waits: task 2 is not
+        // claimed, and its note must be written though the claim's snapshot saw it pending.
+        let ids = enqueue(db, "mail.send", 5);
+        let holder: Arc<std::sync::Mutex<Option<std::thread::JoinHandle<()>>>> = Arc::default();
+        let (holder_in, url, second) = (Arc::clone(&holder), db.url.clone(), ids[1]);
+        let mut registry = Registry::new();
+        registry.register(
+            "mail.send",
+            move |task: &TaskContext, _: &mut TaskTx| -> HandlerResult {
+                let mut holder = holder_in.lock().unwrap();
+                if task.biz_id() == "3" && holder.is_none() {
+                    let mut cancel = url.connect()?;
+                    diesel::sql_query("BEGIN").execute(&mut cancel)?;
+                    let sql = format!(
+                        "UPDATE async_task SET state = 'cancelled', finished_at = updated_at WHERE id = {second}"
+                    );
+                    diesel::sql_query(sql).execute(&mut cancel)?;
+                    let url = url.clone();
+                    *holder = Some(std::thread::spawn(move || {
+                        commit_once_a_session_waits_for_a_lock(&url, &mut cancel);
+                    }));
+                    return Err(anyhow::anyhow!("fails once, with the cancel open").into());
+                }
+                Ok(())
+            },
+        );
+        let w = Worker::new(&db.url, registry, chunk_config(ClaimStyle::Lock)).unwrap();
+        let tally = w.run_once().unwrap();
+        holder.lock().unwrap().take().expect("the cancel began").join().unwrap();
+        assert_eq!((tally.done, tally.lost), (4, 1), "{tally:?}");
+        let task = db.task(ids[1]);
+        let note = Some("cancelled while running: its handler may have run".to_owned());
+        assert_eq!((task.state.as_str(), &task.last_error), ("cancelled", &note));
+    }
+
     fn a_leased_chunk_rolled_back_as_its_worker_stops_notes_the_tasks_whose_handlers_ran(db: &TestDb) {
         let ids = enqueue(db, "mail.send", 5);
         let stop: Arc<std::sync::OnceLock<Arc<AtomicBool>>> = Arc::default();
@@ -1412,4 +1450,25 @@ fn fail_the_next_cancel_note(db: &TestDb) {
             );
         }
     }
+}
+
+/// Commits `open`'s transaction once another session of `url`'s database waits for a row
+/// lock (at most 30 s: the test then fails on what it finds).
+fn commit_once_a_session_waits_for_a_lock(url: &DatabaseUrl, open: &mut outbox::DbConnection) {
+    let waiting = match url.backend() {
+        Backend::Mysql => {
+            "SELECT count(*) AS n FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT'"
+        }
+        _ => {
+            "SELECT count(*) AS n FROM pg_stat_activity
+             WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        }
+    };
+    let start = std::time::Instant::now();
+    while count_on(url, waiting) == 0 && start.elapsed() < std::time::Duration::from_secs(30) {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    diesel::sql_query("COMMIT")
+        .execute(open)
+        .expect("the cancel commits");
 }

@@ -108,18 +108,23 @@ fn holding(locked: &[Held]) -> Vec<i64> {
     locked.iter().filter(|h| h.holds).map(|h| h.id).collect()
 }
 
-/// The tasks of `locked` (by [`lock_owned`]) and of `ran` (their handlers ran in the chunk)
-/// found cancelled, noted [`CANCELLED_RUNNING`] before their leases go: a cancel that read the
-/// leases before this chunk's committed wrote nothing.
-fn note_cancelled(conn: &mut MysqlConnection, locked: &[Held], ran: &[i64]) -> QueryResult<()> {
-    let ours: Vec<i64> = locked
-        .iter()
-        .map(|h| h.id)
-        .filter(|id| ran.contains(id))
-        .collect();
-    if !ours.is_empty() {
-        crate::driver::Driver::task_note_cancelled(conn, &ours, CANCELLED_RUNNING)?;
+/// The tasks of `ids` found cancelled, noted [`CANCELLED_RUNNING`] before their leases go: a
+/// cancel that read the leases before the lease committed wrote nothing. The engine's
+/// `UPDATE` (no CHECK evaluated), so that a row written against a rule fails no claim again,
+/// charge or rescue pass.
+fn note_cancelled(conn: &mut MysqlConnection, ids: &[i64]) -> QueryResult<()> {
+    if ids.is_empty() {
+        return Ok(());
     }
+    Statement::<Mysql>::new(concat!(engine_update!(), " SET last_error = "))
+        .bind::<Text, _>(CANCELLED_RUNNING)
+        .sql(concat!(
+            ", updated_at = ",
+            now!(),
+            " WHERE state = 'cancelled' AND id IN "
+        ))
+        .with(|s| list::ids(s, ids))
+        .execute(conn)?;
     Ok(())
 }
 
@@ -204,7 +209,12 @@ impl LeaseDriver for MysqlConnection {
     ) -> QueryResult<Vec<ClaimRow>> {
         self.transaction(|conn| {
             let locked = lock_owned(conn, owner, claims)?;
-            note_cancelled(conn, &locked, ran)?;
+            let ran: Vec<i64> = locked
+                .iter()
+                .map(|h| h.id)
+                .filter(|id| ran.contains(id))
+                .collect();
+            note_cancelled(conn, &ran)?;
             drop_leases(conn, owner, claims)?;
             mark(conn, owner, &holding(&locked), timeout_ms)
         })
@@ -270,9 +280,7 @@ impl LeaseDriver for MysqlConnection {
             // wrote no note: written with the lease's end, since the process may exit next
             // (the hang watchdog).
             let ours: Vec<i64> = locked.iter().map(|h| h.id).collect();
-            if !ours.is_empty() {
-                crate::driver::Driver::task_note_cancelled(conn, &ours, CANCELLED_RUNNING)?;
-            }
+            note_cancelled(conn, &ours)?;
             // The others may run again elsewhere after their handlers ran in this chunk: the
             // note says why (on PostgreSQL the chunk's transaction id tells it; InnoDB gives a
             // handler no id to record).
@@ -372,7 +380,7 @@ impl LeaseDriver for MysqlConnection {
                 // A cancelled task's lease goes with the cancel's note (a cancel that missed
                 // the lease wrote none).
                 let gone: Vec<i64> = locked.iter().map(|h| h.id).collect();
-                crate::driver::Driver::task_note_cancelled(conn, &gone, CANCELLED_RUNNING)?;
+                note_cancelled(conn, &gone)?;
                 Statement::<Mysql>::new(DELETE_LEASES)
                     .with(|s| list::ids(s, &gone))
                     .execute(conn)?;

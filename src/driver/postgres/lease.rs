@@ -119,25 +119,22 @@ fn leases_gone(owner: i64, claims: &[(i64, i64)]) -> Statement<Pg> {
     leases_deleted("WITH gone AS (", owner, claims)
 }
 
-/// After [`leases_gone`]'s `RETURNING task_id, …),`: the CTE `noted`, the tasks of `ran`
-/// (their handlers ran in the chunk) whose leases went noted: a cancelled one
-/// [`CANCELLED_RUNNING`] (a cancel that could not see the lease wrote nothing), and a pending
-/// one `pending`'s note when there is one.
-fn noted(statement: Statement<Pg>, ran: &[i64], pending: Option<&str>) -> Statement<Pg> {
-    let statement = statement
+/// After [`leases_gone`]'s `RETURNING task_id),`: the CTE `noted`, the tasks of `ran` (their
+/// handlers ran in the chunk) whose leases went noted: a pending one `note`, and a cancelled
+/// one [`CANCELLED_RUNNING`] (a cancel that could not see the lease wrote nothing). Its
+/// `UPDATE` reads again a row a cancel changed while the statement waited for it.
+fn noted(statement: Statement<Pg>, ran: &[i64], note: &str) -> Statement<Pg> {
+    statement
         .sql(
             " noted AS (UPDATE async_task t SET updated_at = now(),
                      last_error = CASE t.state WHEN 'cancelled' THEN ",
         )
         .bind::<Text, _>(CANCELLED_RUNNING)
         .sql(" ELSE ")
-        .bind::<Text, _>(pending.unwrap_or(CANCELLED_RUNNING).to_owned())
+        .bind::<Text, _>(note.to_owned())
         .sql(" END FROM gone WHERE t.id = gone.task_id AND t.id = ANY(")
-        .bind::<Array<BigInt>, _>(ran.to_vec());
-    match pending {
-        Some(_) => statement.sql(") AND t.state IN ('cancelled', 'pending'))"),
-        None => statement.sql(") AND t.state = 'cancelled')"),
-    }
+        .bind::<Array<BigInt>, _>(ran.to_vec())
+        .sql(") AND t.state IN ('cancelled', 'pending'))")
 }
 
 /// The sessions holding the advisory locks of the engine's transactions (`pg_locks`), in
@@ -228,18 +225,33 @@ impl LeaseDriver for PgConnection {
         ran: &[i64],
         timeout_ms: i64,
     ) -> QueryResult<Vec<ClaimRow>> {
-        let gone = leases_gone(owner, claims).sql(" RETURNING task_id, token),");
-        let gone = match ran {
-            [] => gone,
-            ran => noted(gone, ran, None).sql(","),
-        };
-        let picked = gone.sql(
-            " picked AS (
+        let picked = leases_gone(owner, claims).sql(
+            " RETURNING task_id, token),
+            picked AS (
                 SELECT t.id FROM async_task t JOIN gone ON gone.task_id = t.id
                  WHERE t.claim_token = gone.token AND t.state = 'pending'
                  FOR UPDATE OF t",
         );
-        stamp_picked(picked, owner, timeout_ms).load(self)
+        let claim = stamp_picked(picked, owner, timeout_ms);
+        if ran.is_empty() {
+            return claim.load(self);
+        }
+        // The note of the tasks of `ran` found cancelled, in a statement of its own in the
+        // claim's transaction: a cancel that held a task's row when the claim began is seen
+        // by the claim's lock (the task is not claimed) but not by its snapshot, which a CTE
+        // of the claim would read; this statement's snapshot is taken after that wait.
+        super::without_jit(self, owner, |conn| {
+            let rows: Vec<ClaimRow> = claim.load(conn)?;
+            let unclaimed: Vec<i64> = ran
+                .iter()
+                .copied()
+                .filter(|id| !rows.iter().any(|row| row.id == *id))
+                .collect();
+            if !unclaimed.is_empty() {
+                crate::driver::Driver::task_note_cancelled(conn, &unclaimed, CANCELLED_RUNNING)?;
+            }
+            Ok(rows)
+        })
     }
 
     fn task_release_leased(
@@ -253,7 +265,7 @@ impl LeaseDriver for PgConnection {
             return leases_deleted("", owner, claims).execute(self);
         }
         let gone = leases_gone(owner, claims).sql(" RETURNING task_id),");
-        let deleted: CountRow = noted(gone, ran, Some(note))
+        let deleted: CountRow = noted(gone, ran, note)
             .sql(" SELECT count(*) AS n FROM gone")
             .get_result(self)?;
         Ok(usize::try_from(deleted.n).unwrap_or(0))
