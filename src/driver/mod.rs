@@ -253,12 +253,6 @@ pub trait Driver: LeaseDriver + ops::OpsDriver {
         operate_sql::task_cancel_matching(self.conn(), filter, dry_run)
     }
 
-    /// Writes `note` to the `last_error` of the cancelled tasks among `ids`: a leased chunk's,
-    /// whose cancel may not have seen the lease (its snapshot older than the lock claim).
-    fn task_note_cancelled(&mut self, ids: &[i64], note: &str) -> QueryResult<usize> {
-        operate_sql::task_note_cancelled(self.conn(), ids, note)
-    }
-
     /// Puts the task `id` back to pending, due now with no failure counted, if it is dead or
     /// cancelled (to `blocked` instead while one of its parents is not done, its parents
     /// locked first so that none completes unseen; not at all when one of its parents was

@@ -38,20 +38,6 @@ pub(super) fn task_cancel(conn: Conn<'_>, id: i64) -> QueryResult<usize> {
         .execute(c))
 }
 
-/// See [`super::Driver::task_note_cancelled`].
-pub(super) fn task_note_cancelled(conn: Conn<'_>, ids: &[i64], note: &str) -> QueryResult<usize> {
-    on_backend!(conn, |c| diesel::update(
-        async_task::table
-            .filter(async_task::id.eq_any(ids))
-            .filter(async_task::state.eq(TaskState::Cancelled.as_str()))
-    )
-    .set((
-        async_task::last_error.eq(note),
-        async_task::updated_at.eq(DbNow),
-    ))
-    .execute(c))
-}
-
 /// Writes one row of `async_audit`.
 pub(super) fn audit_write(conn: Conn<'_>, audit: &AuditEntry<'_>) -> QueryResult<usize> {
     on_backend!(conn, |c| diesel::insert_into(async_audit::table)

@@ -288,7 +288,7 @@ server_backends! {
         // again waits for task 2's row, and the cancel commits while it waits: task 2 is not
         // claimed, and its note must be written though the claim's snapshot saw it pending.
         let ids = enqueue(db, "mail.send", 5);
-        let holder: Arc<std::sync::Mutex<Option<std::thread::JoinHandle<()>>>> = Arc::default();
+        let holder: Arc<std::sync::Mutex<Option<std::thread::JoinHandle<bool>>>> = Arc::default();
         let (holder_in, url, second) = (Arc::clone(&holder), db.url.clone(), ids[1]);
         let mut registry = Registry::new();
         registry.register(
@@ -304,7 +304,7 @@ server_backends! {
                     diesel::sql_query(sql).execute(&mut cancel)?;
                     let url = url.clone();
                     *holder = Some(std::thread::spawn(move || {
-                        commit_once_a_session_waits_for_a_lock(&url, &mut cancel);
+                        commit_once_a_session_waits_for_a_lock(&url, &mut cancel)
                     }));
                     return Err(anyhow::anyhow!("fails once, with the cancel open").into());
                 }
@@ -313,7 +313,8 @@ server_backends! {
         );
         let w = Worker::new(&db.url, registry, chunk_config(ClaimStyle::Lock)).unwrap();
         let tally = w.run_once().unwrap();
-        holder.lock().unwrap().take().expect("the cancel began").join().unwrap();
+        let waited = holder.lock().unwrap().take().expect("the cancel began").join().unwrap();
+        assert!(waited, "the claim again waited for the cancel's row");
         assert_eq!((tally.done, tally.lost), (4, 1), "{tally:?}");
         let task = db.task(ids[1]);
         let note = Some("cancelled while running: its handler may have run".to_owned());
@@ -1453,11 +1454,16 @@ fn fail_the_next_cancel_note(db: &TestDb) {
 }
 
 /// Commits `open`'s transaction once another session of `url`'s database waits for a row
-/// lock (at most 30 s: the test then fails on what it finds).
-fn commit_once_a_session_waits_for_a_lock(url: &DatabaseUrl, open: &mut outbox::DbConnection) {
+/// lock, or after 30 s; whether one was seen waiting.
+fn commit_once_a_session_waits_for_a_lock(
+    url: &DatabaseUrl,
+    open: &mut outbox::DbConnection,
+) -> bool {
     let waiting = match url.backend() {
         Backend::Mysql => {
-            "SELECT count(*) AS n FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT'"
+            "SELECT count(*) AS n FROM information_schema.innodb_trx t
+               JOIN information_schema.processlist p ON p.id = t.trx_mysql_thread_id
+              WHERE t.trx_state = 'LOCK WAIT' AND p.db = DATABASE()"
         }
         _ => {
             "SELECT count(*) AS n FROM pg_stat_activity
@@ -1465,10 +1471,15 @@ fn commit_once_a_session_waits_for_a_lock(url: &DatabaseUrl, open: &mut outbox::
         }
     };
     let start = std::time::Instant::now();
-    while count_on(url, waiting) == 0 && start.elapsed() < std::time::Duration::from_secs(30) {
-        std::thread::sleep(std::time::Duration::from_millis(5));
+    let mut seen = false;
+    while !seen && start.elapsed() < std::time::Duration::from_secs(30) {
+        seen = count_on(url, waiting) > 0;
+        if !seen {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
     }
     diesel::sql_query("COMMIT")
         .execute(open)
         .expect("the cancel commits");
+    seen
 }

@@ -3,12 +3,7 @@
 //! chunk's run, and marked done in it as their leases are deleted: one row version per
 //! task, and no task row locked while handlers run. A lease that outlives its chunk is
 //! rescued.
-//!
-//! Each transaction of the engine holds two shared advisory locks, of its node and of its
-//! run ([`TxMark`], see `Driver::transaction_begin`): `pg_locks` then tells which session
-//! runs which, for the whole transaction and not a moment after (a pooled session that has
-//! moved on holds neither), through PgBouncer too, and a cancel of another role's session
-//! is never needed to find it.
+//! The sessions of its transactions are found by their marks (`session.rs`).
 
 use diesel::pg::{Pg, PgConnection};
 use diesel::sql_types::{Array, BigInt, Integer, Text};
@@ -22,18 +17,6 @@ use crate::driver::{
     Pick, Picked, RescueParams, RescuedRow, TxMark,
 };
 
-/// The advisory lock class of a transaction's node (`'obn'`, then 1): two-key advisory
-/// locks, apart from the one-key ones (the migrations' lock) and from the tenants' claim
-/// locks (class `'or'`).
-pub(super) const NODE_CLASS: i32 = 0x6f62_6e01;
-/// The advisory lock class of a transaction's run (`'obr'`, then 1).
-pub(super) const RUN_CLASS: i32 = 0x6f62_7201;
-
-/// A node id or run number as the second key of an advisory lock: its low 31 bits (two
-/// live transactions 2³¹ runs apart are all it could confuse).
-pub(super) fn key(n: i64) -> i32 {
-    i32::try_from(n & 0x7fff_ffff).expect("31 bits fit")
-}
 use crate::sql::Statement;
 
 /// A leased row and its chunk's run.
@@ -137,24 +120,32 @@ fn noted(statement: Statement<Pg>, ran: &[i64], note: &str) -> Statement<Pg> {
         .sql(") AND t.state IN ('cancelled', 'pending'))")
 }
 
-/// The sessions holding the advisory locks of the engine's transactions (`pg_locks`), in
-/// this database, but this session: `marks(pid, node, run, may_end)`. `may_end`: this role
-/// may end the session (`pg_terminate_backend` refuses, with an error that would end the
-/// whole statement, another role's session unless this one is a member of it, or of
-/// `pg_signal_backend` for a session that is not a superuser's).
-const MARKS: &str = "WITH marks AS (
-        SELECT n.pid, n.objid::bigint AS node, r.objid::bigint AS run,
-               COALESCE((SELECT pg_has_role(s.usesysid, 'MEMBER')
-                                OR (pg_has_role('pg_signal_backend', 'MEMBER') AND NOT u.rolsuper)
-                           FROM pg_stat_activity s JOIN pg_roles u ON u.oid = s.usesysid
-                          WHERE s.pid = n.pid), false) AS may_end
-          FROM pg_locks n JOIN pg_locks r ON r.pid = n.pid
-         WHERE n.locktype = 'advisory' AND n.objsubid = 2 AND n.granted
-           AND n.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-           AND r.locktype = 'advisory' AND r.objsubid = 2 AND r.granted
-           AND r.database = n.database
-           AND n.classid = 1868721665::oid AND r.classid = 1868722689::oid
-           AND n.pid <> pg_backend_pid())";
+/// The tasks of `claims` (`(id, token)`) found cancelled under those tokens, noted
+/// [`CANCELLED_RUNNING`], in the caller's transaction. The token tells a task whose lease was
+/// this chunk's until now from one rescue charged meanwhile (and a later cancel found pending).
+/// Its lock wait bounded (an operator's open transaction on the row fails it, to be retried)
+/// and its commit flushed: a claim's transaction commits without waiting for its flush, and a
+/// crash empties the lease table, which leaves nothing to note the run by.
+fn note_cancelled(conn: &mut PgConnection, claims: &[(i64, i64)]) -> QueryResult<()> {
+    use diesel::connection::SimpleConnection;
+    conn.batch_execute(concat!(
+        lock_wait_bound!(),
+        "; SET LOCAL synchronous_commit = on"
+    ))?;
+    let (ids, tokens): (Vec<i64>, Vec<i64>) = claims.iter().copied().unzip();
+    Statement::<Pg>::new("UPDATE async_task t SET updated_at = now(), last_error = ")
+        .bind::<Text, _>(CANCELLED_RUNNING)
+        .sql(" FROM unnest(")
+        .bind::<Array<BigInt>, _>(ids)
+        .sql(", ")
+        .bind::<Array<BigInt>, _>(tokens)
+        .sql(
+            ") AS c(id, token)
+             WHERE t.id = c.id AND t.claim_token = c.token AND t.state = 'cancelled'",
+        )
+        .execute(conn)?;
+    Ok(())
+}
 
 impl LeaseDriver for PgConnection {
     fn task_lease_page(
@@ -242,13 +233,13 @@ impl LeaseDriver for PgConnection {
         // of the claim would read; this statement's snapshot is taken after that wait.
         super::without_jit(self, owner, |conn| {
             let rows: Vec<ClaimRow> = claim.load(conn)?;
-            let unclaimed: Vec<i64> = ran
+            let unclaimed: Vec<(i64, i64)> = claims
                 .iter()
                 .copied()
-                .filter(|id| !rows.iter().any(|row| row.id == *id))
+                .filter(|(id, _)| ran.contains(id) && !rows.iter().any(|row| row.id == *id))
                 .collect();
             if !unclaimed.is_empty() {
-                crate::driver::Driver::task_note_cancelled(conn, &unclaimed, CANCELLED_RUNNING)?;
+                note_cancelled(conn, &unclaimed)?;
             }
             Ok(rows)
         })
@@ -386,60 +377,10 @@ impl LeaseDriver for PgConnection {
     }
 
     fn session_end_stale(&mut self, dead_after_ms: i64) -> QueryResult<i64> {
-        // Reading pg_locks takes the lock manager's partition locks for a moment: once a pass.
-        // `pg_terminate_backend` returns before the ended session has let its locks go: a row
-        // it still holds when the rescue statements after this reach it is passed over (`SKIP
-        // LOCKED`) and charged at the next pass.
-        let ended: CountRow = Statement::<Pg>::new(MARKS)
-            .sql(
-                "
-            SELECT count(*) FILTER (WHERE CASE WHEN m.may_end THEN pg_terminate_backend(m.pid) END) AS n
-              FROM (SELECT DISTINCT pid, node, run, may_end FROM marks) m
-             WHERE NOT EXISTS (SELECT 1 FROM async_node a
-                                WHERE a.id & 2147483647 = m.node AND a.state = 'alive'
-                                  AND a.heartbeat_at >= now() - ",
-            )
-            .bind::<BigInt, _>(dead_after_ms)
-            .sql(
-                " * interval '1 millisecond')
-                OR EXISTS (SELECT 1 FROM async_lease l
-                            WHERE l.node_id & 2147483647 = m.node AND l.chunk = m.run
-                              AND l.deadline_at < now())",
-            )
-            .get_result(self)?;
-        Ok(ended.n)
+        super::session::end_stale(self, dead_after_ms)
     }
 
     fn session_end(&mut self, mark: TxMark) -> QueryResult<bool> {
-        let ended: CountRow = Statement::<Pg>::new(MARKS)
-            .sql(
-                "
-            SELECT count(*) FILTER (WHERE CASE WHEN may_end THEN pg_terminate_backend(pid) END) AS n
-              FROM (SELECT DISTINCT pid, may_end FROM marks WHERE node = ",
-            )
-            .bind::<BigInt, _>(i64::from(key(mark.node)))
-            .sql(" AND run = ")
-            .bind::<BigInt, _>(i64::from(key(mark.run)))
-            .sql(") m")
-            .get_result(self)?;
-        Ok(ended.n > 0)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_marks_query_names_the_lock_classes_the_transactions_take() {
-        assert!(MARKS.contains(&format!("n.classid = {NODE_CLASS}::oid")));
-        assert!(MARKS.contains(&format!("r.classid = {RUN_CLASS}::oid")));
-    }
-
-    #[test]
-    fn a_key_is_the_low_31_bits() {
-        assert_eq!(key(7), 7);
-        assert_eq!(key(0x7fff_ffff), 0x7fff_ffff);
-        assert_eq!(key(0x8000_0005), 5);
+        super::session::end(self, mark)
     }
 }

@@ -1,11 +1,21 @@
 //! The driver on PostgreSQL: `SKIP LOCKED` claims, `jsonb` payloads, `NOTIFY` on enqueue, an
 //! advisory lock around migrations.
 
+// How long a statement of a transaction that must not wait for ever waits for a lock: a
+// rescue's, a charge's (PostgreSQL has no lock timeout by default). Defined before the
+// modules, which use it.
+macro_rules! lock_wait_bound {
+    () => {
+        "SET LOCAL lock_timeout = '2s'"
+    };
+}
+
 mod fair;
 mod lease;
 mod maintenance;
 mod ops;
 mod payload;
+mod session;
 mod task;
 mod tenant;
 
@@ -55,21 +65,21 @@ fn begin_with(conn: &mut PgConnection, sql: &str) -> QueryResult<()> {
 /// of its run, by which rescue and the domain watchdog find its session in `pg_locks` (see
 /// [`crate::driver::Driver::transaction_begin`]). Numbers, not text from elsewhere.
 fn marks(mark: TxMark) -> String {
-    marks_keyed(mark.node, lease::key(mark.run))
+    marks_keyed(mark.node, session::key(mark.run))
 }
 
 /// [`marks`] with the run's key as given.
 fn marks_keyed(node: i64, run: i32) -> String {
     format!(
         "SELECT pg_advisory_xact_lock_shared({}, {}), pg_advisory_xact_lock_shared({}, {run})",
-        lease::NODE_CLASS,
-        lease::key(node),
-        lease::RUN_CLASS,
+        session::NODE_CLASS,
+        session::key(node),
+        session::RUN_CLASS,
     )
 }
 
 /// The run key of the mark of a claim's or a rescue's transaction: negative, which no run's
-/// key is ([`lease::key`] keeps 31 bits), so that neither the domain watchdog, which ends a
+/// key is ([`session::key`] keeps 31 bits), so that neither the domain watchdog, which ends a
 /// run, nor a late lease's chunk ever names it: only its node's death ends it.
 const UPKEEP_RUN_KEY: i32 = -1;
 
@@ -89,14 +99,6 @@ pub(super) fn without_jit<T>(
     claim: impl FnOnce(&mut PgConnection) -> QueryResult<T>,
 ) -> QueryResult<T> {
     with_local(conn, "SET LOCAL jit = off", node, claim)
-}
-
-/// How long a statement of a transaction that must not wait for ever waits for a lock: a
-/// rescue's, a charge's (PostgreSQL has no lock timeout by default).
-macro_rules! lock_wait_bound {
-    () => {
-        "SET LOCAL lock_timeout = '2s'"
-    };
 }
 
 /// What a rescue statement's transaction sets. JIT off, as for a claim: its estimate grows
