@@ -1455,7 +1455,7 @@ fn fail_the_next_cancel_note(db: &TestDb) {
 
 /// Commits `open`'s transaction once another session of `url`'s database waits for a row
 /// lock, or after 30 s; whether one was seen waiting.
-fn commit_once_a_session_waits_for_a_lock(
+pub(crate) fn commit_once_a_session_waits_for_a_lock(
     url: &DatabaseUrl,
     open: &mut outbox::DbConnection,
 ) -> bool {

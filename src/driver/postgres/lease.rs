@@ -270,7 +270,7 @@ impl LeaseDriver for PgConnection {
         // Every lease of the chunk goes; only the hung task is charged. The others are free at
         // once, noted so (they may run again elsewhere after their handlers ran in this
         // chunk), and the chunk's late completion finds no lease of its own.
-        let charged: Vec<StateRow> = leases_gone(owner, charge.chunk)
+        let statement = leases_gone(owner, charge.chunk)
             .sql(
                 " RETURNING task_id, token),
                  noted AS (UPDATE async_task t SET updated_at = now(),
@@ -279,12 +279,6 @@ impl LeaseDriver for PgConnection {
             .bind::<BigInt, _>(charge.task)
             .sql(" || ' of its chunk ran past its timeout' FROM gone WHERE t.id = gone.task_id AND t.state = 'pending' AND t.id <> ")
             .bind::<BigInt, _>(charge.task)
-            // A task cancelled by a cancel that could not see its lease (its snapshot older
-            // than the lease claim) wrote no note: written here, with the lease's end, since
-            // the process may exit next (the hang watchdog).
-            .sql("), cancelled AS (UPDATE async_task t SET updated_at = now(), last_error = ")
-            .bind::<Text, _>(CANCELLED_RUNNING)
-            .sql(" FROM gone WHERE t.id = gone.task_id AND t.state = 'cancelled'")
             .sql(") UPDATE async_task t SET failures = t.failures + 1, state = CASE WHEN t.failures + 1 >= COALESCE(t.max_attempts, ")
             .bind::<Integer, _>(charge.default_max_attempts)
             .sql(") THEN 'dead' ELSE 'pending' END, run_at = CASE WHEN t.failures + 1 >= COALESCE(t.max_attempts, ")
@@ -305,9 +299,16 @@ impl LeaseDriver for PgConnection {
                  WHERE gone.task_id = t.id AND t.id = ",
             )
             .bind::<BigInt, _>(charge.task)
-            .sql(" AND t.claim_token = gone.token AND t.state = 'pending' RETURNING t.state")
-            .load(self)?;
-        Ok(charged.into_iter().next().map(|c| c.state))
+            .sql(" AND t.claim_token = gone.token AND t.state = 'pending' RETURNING t.state");
+        // A task cancelled by a cancel that could not see its lease (its snapshot older than
+        // the lease claim) wrote no note: written with the lease's end, since the process may
+        // exit next (the hang watchdog), in a statement after the charge, whose snapshot sees
+        // a cancel the charge waited for (see `task_claim_leased`).
+        super::without_jit(self, owner, |conn| {
+            let charged: Vec<StateRow> = statement.load(conn)?;
+            note_cancelled(conn, charge.chunk)?;
+            Ok(charged.into_iter().next().map(|c| c.state))
+        })
     }
 
     fn task_rescue_leases(&mut self, rescue: &RescueParams) -> QueryResult<Vec<RescuedRow>> {
