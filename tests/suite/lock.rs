@@ -282,6 +282,42 @@ server_backends! {
         }
     }
 
+    fn a_parent_cannot_be_added_to_a_task_leased_to_a_running_chunk(db: &TestDb) {
+        // A producer's SQL links a task as another's child while the task's handler runs in a
+        // leased chunk (pending, its row unlocked): refused, as for a running task. Accepted,
+        // it blocked the task behind the parent, the chunk rolled back, and the task ran again
+        // once the parent was done, its effect twice and no reason given.
+        let parent = enqueue(db, "mail.later", 1)[0];
+        let ids = enqueue(db, "mail.send", 1);
+        let runs = Arc::new(AtomicUsize::new(0));
+        let linked: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
+        let (runs_in, linked_in, url) = (Arc::clone(&runs), Arc::clone(&linked), db.url.clone());
+        let mut registry = Registry::new();
+        registry.register(
+            "mail.send",
+            move |task: &TaskContext, _: &mut TaskTx| -> HandlerResult {
+                runs_in.fetch_add(1, Ordering::SeqCst);
+                let link = format!(
+                    "INSERT INTO async_task_parent (child_id, parent_id) VALUES ({}, {parent})",
+                    task.id()
+                );
+                let result = diesel::sql_query(link).execute(&mut url.connect()?);
+                *linked_in.lock().unwrap() = Some(match result {
+                    Ok(n) => format!("linked ({n} row)"),
+                    Err(e) => e.to_string(),
+                });
+                Ok(())
+            },
+        );
+        let w = Worker::new(&db.url, registry, chunk_config(ClaimStyle::Lock)).unwrap();
+        let tally = w.run_once().unwrap();
+        let linked = linked.lock().unwrap().clone().expect("the handler ran");
+        assert!(linked.contains("async_task_parent"), "the link was not refused: {linked}");
+        assert_eq!((tally.done, runs.load(Ordering::SeqCst)), (1, 1), "{tally:?}");
+        assert_eq!(db.task(ids[0]).state, "done");
+        assert_eq!(db.count("SELECT count(*) FROM async_task_parent"), 0, "no link");
+    }
+
     fn a_cancel_committed_while_the_claim_again_waits_for_its_row_is_noted(db: &TestDb) {
         // Task 2's handler ran; task 3's cancels task 2 in a transaction that could not see
         // the lease (no note) and holds it open, then fails: the chunk rolls back. The claim
