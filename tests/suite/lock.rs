@@ -868,6 +868,46 @@ impl Drop for SetOnDrop {
     }
 }
 
+/// MySQL, a producer at REPEATABLE READ (MySQL's default) links a child it inserts, in a
+/// transaction it keeps open: the link's look for a lease of the child takes no lock, so a
+/// lock claim's lease of another task, meanwhile, does not wait for that producer's commit.
+#[cfg(feature = "mysql")]
+#[test]
+fn a_link_at_repeatable_read_holds_up_no_lease_claim_on_mysql() {
+    let db = &TestDb::mysql();
+    let parent = enqueue(db, "mail.later", 1)[0];
+    let ids = enqueue(db, "ledger", 1);
+    let mut producer = db.url.connect().unwrap();
+    for sql in [
+        "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ".to_owned(),
+        "BEGIN".to_owned(),
+        "INSERT INTO async_task (keyword, biz_id) VALUES ('mail.later', 'child')".to_owned(),
+        format!("INSERT INTO async_task_parent (child_id, parent_id) VALUES (LAST_INSERT_ID(), {parent})"),
+    ] {
+        diesel::sql_query(sql).execute(&mut producer).unwrap();
+    }
+    let url = db.url.clone();
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let worker = std::thread::spawn(move || {
+        let mut registry = Registry::new();
+        registry.register("ledger", crate::write_ledger);
+        let w = Worker::new(&url, registry, chunk_config(ClaimStyle::Lock)).unwrap();
+        let tally = w.run_once().unwrap();
+        done_tx.send(tally.done).unwrap();
+    });
+    // The worker's lease would wait out the server's lock wait timeout if the link had
+    // locked the lease table's gap: it must be done while the producer's transaction is open.
+    let done = done_rx.recv_timeout(std::time::Duration::from_secs(30));
+    diesel::sql_query("COMMIT").execute(&mut producer).unwrap();
+    worker.join().unwrap();
+    assert_eq!(
+        done,
+        Ok(1),
+        "the lease claim finished while the producer's link was open"
+    );
+    assert_eq!(db.task(ids[0]).state, "done");
+}
+
 /// A chunk's completion reads no lease but its own: with other chunks' leases in the table,
 /// one of them locked by another transaction (as a chunk completing at the same moment locks
 /// its own), the completion goes through. MariaDB read the whole lease table for the deletion

@@ -361,6 +361,7 @@ sqlite_and_postgres! {
         // rebuilds the table as it was at version 4), and come back after.
         let downs: &[&str] = match db.backend() {
             Backend::Postgres => &[
+                include_str!("../../migrations/postgres/2026-11-28-000024_link_refuses_a_leased_child/down.sql"),
                 include_str!("../../migrations/postgres/2026-11-26-000017_payload_check_after_update/down.sql"),
                 include_str!("../../migrations/postgres/2026-11-26-000016_lease_by_task/down.sql"),
                 include_str!("../../migrations/postgres/2026-11-25-000015_lease_claims/down.sql"),
@@ -379,7 +380,7 @@ sqlite_and_postgres! {
         for down in downs {
             db.exec(down);
         }
-        db.exec("DELETE FROM __diesel_schema_migrations WHERE version IN ('20261124000005', '20261124000010', '20261125000015', '20261126000016', '20261126000017', '20261126000020', '20261127000021')");
+        db.exec("DELETE FROM __diesel_schema_migrations WHERE version IN ('20261124000005', '20261124000010', '20261125000015', '20261126000016', '20261126000017', '20261126000020', '20261127000021', '20261128000024')");
         let mut conn = db.conn();
         for i in 0..5 {
             enqueue(&mut conn, &NewTask::new("k", i.to_string()).tenant("t").payload(&serde_json::json!({"i": i}))).unwrap();

@@ -18,11 +18,13 @@ BEGIN
         END IF;
         SELECT state INTO child_state FROM async_task WHERE id = NEW.child_id FOR UPDATE;
         -- Under lock claims a task leased to a chunk is pending and its row unlocked while
-        -- its handler runs: it has started all the same. A locking read, which reads the
-        -- newest lease whatever the producer's isolation.
+        -- its handler runs: it has started all the same. Read after the child's row lock,
+        -- which a lease claim's pick holds until its lease commits: at READ COMMITTED this
+        -- read sees the lease. Not a locking read: at REPEATABLE READ it would lock the gap
+        -- after the key in the lease table (a new child has no lease) until the producer
+        -- commits, and hold up every lease claim of a task in it.
         IF child_state = 'pending' THEN
-            SELECT COUNT(*) INTO leases FROM async_lease WHERE task_id = NEW.child_id
-                LOCK IN SHARE MODE;
+            SELECT COUNT(*) INTO leases FROM async_lease WHERE task_id = NEW.child_id;
             IF leases > 0 THEN
                 SET child_state = 'leased';
             END IF;
