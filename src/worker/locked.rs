@@ -352,7 +352,8 @@ impl Worker {
 
     /// Deletes this node's leases of `tasks` (their chunk never ran, or rolled back as the
     /// worker stops): free again, no failure, those of `ran` (their handlers ran in the chunk)
-    /// noted [`RELEASED_AFTER_RUNNING`]; retried through an outage until the leases' deadline.
+    /// noted [`RELEASED_AFTER_RUNNING`], or the cancel's note when cancelled; retried through
+    /// an outage until the leases' deadline.
     fn release_leased(&self, tasks: &[ClaimedTask], ran: &[i64]) -> Vec<Outcome> {
         let claims: Vec<(i64, i64)> = tasks.iter().map(ClaimedTask::id_token).collect();
         let deadline = tasks.first().map_or_else(Instant::now, |t| t.deadline);

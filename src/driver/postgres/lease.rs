@@ -3,6 +3,7 @@
 //! chunk's run, and marked done in it as their leases are deleted: one row version per
 //! task, and no task row locked while handlers run. A lease that outlives its chunk is
 //! rescued.
+//!
 //! The sessions of its transactions are found by their marks (`session.rs`).
 
 use diesel::pg::{Pg, PgConnection};
