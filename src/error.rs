@@ -310,8 +310,15 @@ impl Error {
     }
 
     pub(crate) fn is_connection_lost(&self) -> bool {
-        matches!(self, Error::Database { source, .. }
-            if crate::db::transaction::is_connection_error(source))
+        use crate::db::transaction::is_connection_error;
+        match self {
+            Error::Database { source, .. } => is_connection_error(source),
+            // The migration check's read, on a connection found dead.
+            Error::Migration { source, .. } => source
+                .downcast_ref::<diesel::result::Error>()
+                .is_some_and(is_connection_error),
+            _ => false,
+        }
     }
 
     /// Whether a statement failed because a lock it waited for was not granted within the

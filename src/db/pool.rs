@@ -142,3 +142,27 @@ impl DatabaseUrl {
             })
     }
 }
+
+/// Runs `f` on a connection of `pool`, and again on another when it failed on one found dead
+/// (ended by a failover or a sweep of sessions since the pool opened it: the pool does not
+/// test a connection on checkout), up to once per connection of the pool: a start's first
+/// statements, which would otherwise fail on what is no outage.
+pub(crate) fn on_live_conn<T>(
+    pool: &DbPool,
+    what: &'static str,
+    mut f: impl FnMut(&mut DbConnection) -> Result<T>,
+) -> Result<T> {
+    use crate::error::OpContext;
+    let mut left = pool.max_size();
+    loop {
+        let mut conn = pool.get().op(what)?;
+        match f(&mut conn) {
+            Err(e) if left > 0 && e.is_connection_lost() => {
+                super::transaction::mark_broken(&mut conn);
+                left -= 1;
+                log::debug!("{what}: a pooled connection was dead ({e}); trying another");
+            }
+            result => return result,
+        }
+    }
+}

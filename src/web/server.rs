@@ -78,7 +78,7 @@ impl Dashboard {
         config.validate()?;
         url.require_existing()?;
         let pool = url.pool(POOL_SIZE)?;
-        ensure_migrated(&mut *pool.get().op("web start")?)?;
+        crate::db::pool::on_live_conn(&pool, "web start", ensure_migrated)?;
         let listen = |source| Error::Listen {
             addr: config.addr,
             source,

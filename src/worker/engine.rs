@@ -166,10 +166,14 @@ impl Worker {
             )?)),
             None => None,
         };
-        let mut conn = pool.get().op("worker start")?;
-        ensure_migrated(&mut conn)?;
-        let node = Arc::new(Node::register(&mut conn)?);
-        drop(conn);
+        let node = Arc::new(crate::db::pool::on_live_conn(
+            &pool,
+            "worker start",
+            |conn| {
+                ensure_migrated(conn)?;
+                Node::register(conn)
+            },
+        )?);
         let dispatcher = match &seat {
             Some(seat) => Arc::clone(&seat.shared.dispatcher),
             None => Arc::new(new_dispatcher(url, settings.threads, &settings)?),

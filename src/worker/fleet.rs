@@ -14,7 +14,7 @@ use super::slots::Share;
 use super::tally::{Report, Tally};
 use crate::db::secret::Secrets;
 use crate::db::{DatabaseUrl, DbPool};
-use crate::error::{Error, OpContext, Result};
+use crate::error::{Error, Result};
 use crate::migrate::ensure_migrated;
 use crate::registry::Registry;
 
@@ -349,8 +349,7 @@ impl Drop for Fleet {
 fn open(url: &DatabaseUrl, size: u32) -> Result<DbPool> {
     url.require_existing()?;
     let pool = url.pool(size)?;
-    let mut conn = pool.get().op("worker start")?;
-    ensure_migrated(&mut conn)?;
+    crate::db::pool::on_live_conn(&pool, "worker start", ensure_migrated)?;
     Ok(pool)
 }
 

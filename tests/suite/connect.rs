@@ -128,6 +128,30 @@ fn a_worker_whose_idle_connections_were_all_terminated_drains_at_once() {
     }
 }
 
+/// A worker started on a pool whose idle connections were terminated since they were opened
+/// (a failover or a `pg_terminate_backend` sweep between the pool's start and the worker's):
+/// its start-up check and registration take another connection, as a drain does, instead of
+/// failing with "terminating connection" (`outbox run` exited 1 when started during a sweep).
+#[test]
+fn a_worker_starts_on_a_pool_whose_idle_connections_were_terminated() {
+    let db = &crate::support::TestDb::postgres();
+    let pool = db.url.pool(4).unwrap();
+    let held: Vec<_> = (0..4).map(|_| pool.get().unwrap()).collect();
+    drop(held);
+    let terminated = db.count(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+         WHERE datname = current_database() AND pid <> pg_backend_pid()",
+    );
+    assert!(terminated >= 4, "{terminated} sessions terminated");
+    let mut registry = Registry::new();
+    registry.register("ledger", write_ledger);
+    let config = WorkerConfig::default().threads(2);
+    let w = Worker::with_pool(&db.url, pool, registry, config)
+        .unwrap_or_else(|e| panic!("the worker did not start: {e}"));
+    enqueue_batch(&mut db.conn(), &[NewTask::new("ledger", "1")]).unwrap();
+    assert_eq!(w.drain().unwrap().tally.done, 1);
+}
+
 /// MySQL: outbox tells InnoDB's deadlock victim, its lock wait timeout and a lost session from
 /// a task's failure by the server's message, so every session it opens asks for English
 /// messages, whatever language the server speaks by default (`lc_messages`). The server speaks
