@@ -143,26 +143,38 @@ impl DatabaseUrl {
     }
 }
 
-/// Runs `f` on a connection of `pool`, and again on another when it failed on one found dead
-/// (ended by a failover or a sweep of sessions since the pool opened it: the pool does not
-/// test a connection on checkout), up to once per connection of the pool: a start's first
-/// statements, which would otherwise fail on what is no outage.
+/// Runs `f`, and again at once when it failed on a pooled connection found dead, up to
+/// `tries` more times (once per connection of the pool). The pool does not test connections
+/// on checkout (a round trip per task), so after a sweep of `pg_terminate_backend` or a
+/// failover each idle connection fails once, at its next use, and is discarded: that is no
+/// outage to back off from, nor a reason to fail.
+pub(crate) fn retry_dead_connections<T>(tries: u32, mut f: impl FnMut() -> Result<T>) -> Result<T> {
+    let mut left = tries;
+    loop {
+        match f() {
+            Err(e) if left > 0 && e.is_connection_lost() => {
+                left -= 1;
+                log::debug!("a pooled connection was dead ({e}); trying another");
+            }
+            result => return result,
+        }
+    }
+}
+
+/// [`retry_dead_connections`] for `f` on a connection of `pool`, which it discards when it is
+/// found dead: a start's first statements (the migration check, the node's registration).
 pub(crate) fn on_live_conn<T>(
     pool: &DbPool,
     what: &'static str,
     mut f: impl FnMut(&mut DbConnection) -> Result<T>,
 ) -> Result<T> {
     use crate::error::OpContext;
-    let mut left = pool.max_size();
-    loop {
+    retry_dead_connections(pool.max_size(), || {
         let mut conn = pool.get().op(what)?;
-        match f(&mut conn) {
-            Err(e) if left > 0 && e.is_connection_lost() => {
+        f(&mut conn).inspect_err(|e| {
+            if e.is_connection_lost() {
                 super::transaction::mark_broken(&mut conn);
-                left -= 1;
-                log::debug!("{what}: a pooled connection was dead ({e}); trying another");
             }
-            result => return result,
-        }
-    }
+        })
+    })
 }

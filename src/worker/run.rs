@@ -137,22 +137,9 @@ impl Worker {
         self.drain_at_most(u64::MAX)
     }
 
-    /// Runs `f`, and again at once when it failed on a pooled connection found dead, up to
-    /// once per connection of the pool. The pool does not test connections on checkout (a
-    /// round trip per task), so after a sweep of `pg_terminate_backend` or a failover each
-    /// idle connection fails once, at its next use, and is discarded: that is no outage to
-    /// back off from, nor a reason for a drain to fail.
-    pub(super) fn retry_dead_connections<T>(&self, mut f: impl FnMut() -> Result<T>) -> Result<T> {
-        let mut left = self.settings.pool_size();
-        loop {
-            match f() {
-                Err(e) if left > 0 && e.is_connection_lost() => {
-                    left -= 1;
-                    log::debug!("a pooled connection was dead ({e}); trying another");
-                }
-                result => return result,
-            }
-        }
+    /// [`crate::db::pool::retry_dead_connections`], up to once per connection of the pool.
+    pub(super) fn retry_dead_connections<T>(&self, f: impl FnMut() -> Result<T>) -> Result<T> {
+        crate::db::pool::retry_dead_connections(self.settings.pool_size(), f)
     }
 
     /// [`Worker::drain`] without its rescue pass, stopping once `max` tasks have been claimed

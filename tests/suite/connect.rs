@@ -131,7 +131,7 @@ fn a_worker_whose_idle_connections_were_all_terminated_drains_at_once() {
 /// A worker started on a pool whose idle connections were terminated since they were opened
 /// (a failover or a `pg_terminate_backend` sweep between the pool's start and the worker's):
 /// its start-up check and registration take another connection, as a drain does, instead of
-/// failing with "terminating connection" (`outbox run` exited 1 when started during a sweep).
+/// failing with "terminating connection" (a process started during a sweep would exit 1).
 #[test]
 fn a_worker_starts_on_a_pool_whose_idle_connections_were_terminated() {
     let db = &crate::support::TestDb::postgres();

@@ -264,16 +264,9 @@ impl LeaseDriver for MysqlConnection {
         self.transaction(|conn| {
             // The chunk's tasks and leases locked first, in the order every locking read of
             // leases takes.
-            let locked = lock_with_leases(
-                conn,
-                &ids_of(lease.chunk),
-                |s| owned(s, owner, lease.chunk),
-                OnLocked::Wait,
-            )?;
-            let (held, freed): (Vec<i64>, Vec<i64>) = locked
-                .iter()
-                .filter(|h| h.holds)
-                .map(|h| h.id)
+            let locked = lock_owned(conn, owner, lease.chunk)?;
+            let (held, freed): (Vec<i64>, Vec<i64>) = holding(&locked)
+                .into_iter()
                 .partition(|&id| id == lease.task);
             drop_leases(conn, owner, lease.chunk)?;
             // A task cancelled by a cancel that read the leases before this one committed
