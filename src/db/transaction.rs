@@ -125,6 +125,8 @@ pub(crate) fn is_connection_error(error: &diesel::result::Error) -> bool {
         Error::DatabaseError(DatabaseErrorKind::ClosedConnection, _)
         | Error::DatabaseError(DatabaseErrorKind::UnableToSendCommand, _)
         | Error::BrokenTransactionManager => true,
+        // A COMMIT that failed, then its ROLLBACK: the COMMIT's error tells.
+        Error::RollbackErrorOnCommit { commit_error, .. } => is_connection_error(commit_error),
         // PostgreSQL's FATAL errors that end the session (SQLSTATE 57P01 and its kin:
         // `pg_terminate_backend`, a shutdown, an idle-session timeout), which diesel reports
         // with no kind of their own. Matched by their message (the server's `lc_messages`

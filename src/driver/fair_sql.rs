@@ -346,6 +346,7 @@ where
                 ring_end: None,
                 ring_cut: false,
                 shared: Vec::new(),
+                unconfirmed: None,
             });
         }
     };

@@ -19,6 +19,8 @@
 //! The items here are `pub` only so that the sealed [`crate::EnqueueConnection`] can name
 //! them; the module itself is private.
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+mod claim_commit;
 mod clock;
 mod dialect;
 mod domain_sql;

@@ -175,5 +175,6 @@ pub(super) fn picked(
         ring_end,
         ring_cut,
         shared: shares.iter().map(|s| s.tenant.clone()).collect(),
+        unconfirmed: None,
     }
 }

@@ -357,6 +357,10 @@ pub struct Picked {
     /// `None`: the tasks without one); empty for a solo claim, and for a fair claim that
     /// took nothing.
     pub shared: Vec<Option<String>>,
+    /// The claim's COMMIT failed (on a lost connection the server may have committed it and
+    /// its reply be what was lost): `rows` may be claimed or not, and the caller gives them
+    /// back (fenced by their tokens) before it reports this error.
+    pub unconfirmed: Option<diesel::result::Error>,
 }
 
 /// A row of one `id`.

@@ -142,6 +142,8 @@ impl Worker {
         let fair = &self.services.limits.fair;
         let mut picked_by = None;
         let mut took = (Vec::new(), false, None, false, Vec::new());
+        let mut unconfirmed = Vec::new();
+        let deadline = Instant::now() + timeout;
         let page = self.claim_statement(
             keywords,
             Some(false),
@@ -157,7 +159,11 @@ impl Worker {
                     limit: n,
                     timeout_ms: timeout,
                 };
-                let picked = driver.task_claim_page(&claim, &pick.as_pick())?;
+                let mut picked = driver.task_claim_page(&claim, &pick.as_pick())?;
+                if let Some(error) = picked.unconfirmed.take() {
+                    unconfirmed = picked.rows;
+                    return Err(error);
+                }
                 took = (
                     picked.weights,
                     picked.crowded,
@@ -167,7 +173,11 @@ impl Worker {
                 );
                 Ok(picked.rows)
             },
-        )?;
+        );
+        if let Err(Error::Database { source, .. }) = &page {
+            self.give_back_unconfirmed(&unconfirmed, false, deadline, source);
+        }
+        let page = page?;
         if let Some(pick) = picked_by {
             let (weights, crowded, ring_end, ring_cut, shared) = took;
             let took = Took {

@@ -151,20 +151,28 @@ impl Worker {
                 )
         };
         let mut attempt = 1;
-        let (leased, chunk_of) = loop {
+        let mut unconfirmed = Vec::new();
+        let leased = loop {
             let mut conn = self.engine_conn().op("task lease")?;
-            match driver(&mut conn)
-                .task_lease_page(&claiming, runs, &pick.as_pick())
-                .discard_broken(&mut conn)
-            {
-                Err(e) if lost_race(&e) && attempt < LEASE_ATTEMPTS => {
+            let leased = match driver(&mut conn).task_lease_page(&claiming, runs, &pick.as_pick()) {
+                Ok((mut picked, _)) if picked.unconfirmed.is_some() => {
+                    unconfirmed = std::mem::take(&mut picked.rows);
+                    Err(picked.unconfirmed.take().expect("just seen"))
+                }
+                leased => leased,
+            };
+            match leased.discard_broken(&mut conn) {
+                Err(e) if lost_race(&e) && attempt < LEASE_ATTEMPTS && unconfirmed.is_empty() => {
                     log::debug!("a lease claim lost a race to another; taken again: {e}");
                     attempt += 1;
                 }
                 leased => break leased,
             }
+        };
+        if let Err(error) = &leased {
+            self.give_back_unconfirmed(&unconfirmed, true, deadline, error);
         }
-        .op("task lease")?;
+        let (leased, chunk_of) = leased.op("task lease")?;
         self.observers.claimed(asked);
         let runs_of: std::collections::HashMap<i64, i64> = leased
             .rows
@@ -293,13 +301,15 @@ impl Worker {
             .first()
             .map_or(self.settings.task_timeout, |t| self.own_timeout(t));
         let timeout = each.saturating_mul(u32::try_from(claims.len()).unwrap_or(u32::MAX));
+        // The deadline of a claim by an attempt whose reply was lost: from before the first.
+        let first_deadline = Instant::now() + timeout;
         let claimed = self.retry_until("a rolled-back chunk's claim", lease_deadline, |conn| {
             let deadline = Instant::now() + timeout;
             driver(conn)
                 .task_claim_leased(self.node.id(), &claims, ran, millis(timeout))
                 .map(|rows| claimed_tasks(rows, self.node.id(), deadline))
         });
-        let claimed = match claimed {
+        let mut claimed = match claimed {
             Ok(claimed) => claimed,
             Err(e) => {
                 // Their leases stay: rescue's charge notes one found cancelled, as the claim
@@ -312,6 +322,12 @@ impl Worker {
                 return vec![Outcome::Abandoned; claims.len()];
             }
         };
+        // An attempt whose COMMIT's reply was lost claimed what the next found no lease of.
+        for task in tasks {
+            if !claimed.iter().any(|c| c.context.id == task.context.id) {
+                claimed.extend(self.claimed_unheard(task, first_deadline));
+            }
+        }
         // Just claimed, so held unless cancelled since: only a task whose handler ran in the
         // chunk is checked, by the statement that notes its rerun.
         let mut outcomes: Vec<Outcome> = claimed
@@ -337,6 +353,31 @@ impl Worker {
             outcomes.push(outcome);
         }
         outcomes
+    }
+
+    /// `task` as a claim again of its chunk leaves it (running under this node, its lease's
+    /// token plus one, due by `deadline`) when the database says it stands so: that claim
+    /// committed and its reply was lost. `None` otherwise, or when the database cannot say
+    /// by the task's deadline.
+    fn claimed_unheard(&self, task: &ClaimedTask, deadline: Instant) -> Option<ClaimedTask> {
+        let token = task.claim_token + 1;
+        let now = self
+            .retry_until("a rolled-back chunk's claim check", task.deadline, |conn| {
+                driver(conn).task_get_claim(task.context.id)
+            })
+            .ok()??;
+        let claimed = now.state == "running" && now.owner == Some(task.owner);
+        (claimed && now.claim_token == token).then(|| {
+            log::warn!(
+                "task {}: its chunk's claim again committed and the reply was lost",
+                task.context.id
+            );
+            ClaimedTask {
+                claim_token: token,
+                deadline,
+                ..task.clone()
+            }
+        })
     }
 
     /// Whether `task` is done by its leased chunk's completion: under the token that

@@ -21,7 +21,7 @@
 //! - the task's path, each module adding its part of `impl Worker`: `claim` (and the claim
 //!   of a suspect), `run` (the loops: `drain`, `run`, `run_once`), `refill` (when a claim is
 //!   made and how much it takes), `locked` (lock claims), `execute`, `chunk` (a batched
-//!   chunk), `record`; and `cron`, which enqueues the schedules' ticks;
+//!   chunk), `record`, `unconfirmed` (a claim whose COMMIT failed); and `cron`, which enqueues the schedules' ticks;
 //! - what stands on the worker: a [`Fleet`] of several databases, and `shutdown` (signals
 //!   and the grace period).
 
@@ -68,6 +68,7 @@ mod locked;
 mod record;
 mod refill;
 mod run;
+mod unconfirmed;
 
 // On the worker.
 mod fleet;

@@ -1,7 +1,8 @@
-//! TCP proxies in front of the test servers. [`CommitReplyLoser`] (PostgreSQL) can lose a
-//! commit's reply: once a connection is armed (it sends [`CommitReplyLoser::ARM`]), it
-//! forwards the next `COMMIT` that connection sends (a simple-query message) and closes it
-//! both ways when the reply comes, so the server commits and the client never hears so.
+//! TCP proxies in front of the test servers. [`CommitReplyLoser`] (PostgreSQL, MySQL) can lose a
+//! commit's reply: once a connection is armed (it sends [`CommitReplyLoser::ARM`], or the
+//! text the proxy was started to watch for), it forwards the next `COMMIT` that connection
+//! sends (a simple-query message, a `COM_QUERY`) and closes it both ways when the reply comes, so the server
+//! commits and the client never hears so. One reply is lost per proxy.
 //! [`ReplySwallower`] (PostgreSQL, MySQL) keeps a connection open and drops the server's
 //! replies on it.
 
@@ -11,8 +12,12 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread;
 
-/// The simple-query message `COMMIT`: type `Q`, length 11, the text and its NUL.
-const COMMIT: &[u8] = b"Q\0\0\0\x0bCOMMIT\0";
+/// PostgreSQL's simple-query message `COMMIT`: type `Q`, length 11, the text and its NUL.
+const PG_COMMIT: &[u8] = b"Q\0\0\0\x0bCOMMIT\0";
+
+/// MySQL's `COM_QUERY` packet `COMMIT`: length 7 (three bytes), sequence 0, command 3, the
+/// text.
+const MYSQL_COMMIT: &[u8] = b"\x07\0\0\0\x03COMMIT";
 
 pub struct CommitReplyLoser {
     /// The proxy's URL for the database of `url`.
@@ -21,9 +26,22 @@ pub struct CommitReplyLoser {
 }
 
 impl CommitReplyLoser {
-    /// A proxy for the PostgreSQL database at `url` (`postgres://user@host:port/db`).
+    /// A proxy for the PostgreSQL database at `url` (`postgres://user@host:port/db`), armed
+    /// by [`CommitReplyLoser::ARM`].
     pub fn start(url: &str) -> CommitReplyLoser {
-        let rest = url.strip_prefix("postgres://").expect("a postgres:// URL");
+        Self::start_on(url, Self::ARM)
+    }
+
+    /// A proxy for the database at `url` (`postgres://…` or `mysql://user@host:port/db`)
+    /// armed on a connection by the first message that holds `mark` (a statement's text goes
+    /// with its first execution on a connection: diesel prepares it then).
+    pub fn start_on(url: &str, mark: &'static str) -> CommitReplyLoser {
+        let (scheme, rest) = url.split_once("://").expect("a URL");
+        let commit = if scheme == "mysql" {
+            MYSQL_COMMIT
+        } else {
+            PG_COMMIT
+        };
         let (user, rest) = rest.split_once('@').expect("user@host");
         let (server, db) = rest.split_once('/').expect("host:port/db");
         let server = server.to_owned();
@@ -37,11 +55,11 @@ impl CommitReplyLoser {
                 let Ok(upstream) = TcpStream::connect(&server) else {
                     return;
                 };
-                relay(client, upstream, Arc::clone(&lost_in));
+                relay(client, upstream, (mark, commit), Arc::clone(&lost_in));
             }
         });
         CommitReplyLoser {
-            url: format!("postgres://{user}@127.0.0.1:{port}/{db}"),
+            url: format!("{scheme}://{user}@127.0.0.1:{port}/{db}"),
             lost,
         }
     }
@@ -61,7 +79,12 @@ impl CommitReplyLoser {
 /// for a COMMIT. The COMMIT goes to the server, and the connection is closed both ways when
 /// the server's reply comes, instead of it: the commit has happened by then, so a client that
 /// asks at once on another connection finds it.
-fn relay(client: TcpStream, upstream: TcpStream, lost: Arc<AtomicUsize>) {
+fn relay(
+    client: TcpStream,
+    upstream: TcpStream,
+    (mark, commit): (&'static str, &'static [u8]),
+    lost: Arc<AtomicUsize>,
+) {
     let (mut client_r, mut upstream_w) =
         (client.try_clone().unwrap(), upstream.try_clone().unwrap());
     let (mut upstream_r, mut client_w) = (upstream, client);
@@ -69,7 +92,7 @@ fn relay(client: TcpStream, upstream: TcpStream, lost: Arc<AtomicUsize>) {
     let swallow_in = Arc::clone(&swallow);
     thread::spawn(move || {
         let mut buf = [0u8; 65536];
-        let mark = CommitReplyLoser::ARM.as_bytes();
+        let mark = mark.as_bytes();
         let mut armed = false;
         loop {
             let n = match client_r.read(&mut buf) {
@@ -78,7 +101,12 @@ fn relay(client: TcpStream, upstream: TcpStream, lost: Arc<AtomicUsize>) {
             };
             let data = &buf[..n];
             armed |= data.windows(mark.len()).any(|w| w == mark);
-            let commits = armed && data.windows(COMMIT.len()).any(|w| w == COMMIT);
+            // Only the first armed COMMIT of the proxy's connections.
+            let commits = armed
+                && data.windows(commit.len()).any(|w| w == commit)
+                && lost
+                    .compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst)
+                    .is_ok();
             if commits {
                 // Set before the COMMIT leaves: its reply is the next thing the server sends.
                 swallow_in.store(true, Ordering::SeqCst);
@@ -87,7 +115,6 @@ fn relay(client: TcpStream, upstream: TcpStream, lost: Arc<AtomicUsize>) {
                 break;
             }
             if commits {
-                lost.fetch_add(1, Ordering::SeqCst);
                 // The other side closes the connection when the reply comes.
                 return;
             }

@@ -215,3 +215,159 @@ fn a_mysql_connection_whose_select_ended_in_an_error_is_not_used_again() {
     });
     assert_eq!(rows.expect("the row, unlocked now").len(), 1);
 }
+
+/// A page claim whose COMMIT reached the server but whose reply was lost (a proxy forwards the
+/// COMMIT, then drops the connection; a failover or a cut link does the same): the claim fails
+/// as on a lost connection, and the tasks it may have taken are free again at once, no
+/// failure charged, instead of waiting `running` (or leased) for their deadline and rescue's
+/// charge. PostgreSQL and MySQL (a server to proxy); strict and batched stamp claims, and lock
+/// claims.
+#[test]
+fn a_claim_whose_commit_reply_was_lost_gives_its_tasks_back_uncharged() {
+    // Text of the page claim and of the lease claim, not of a suspect's claim (which runs
+    // first, and, finding none, reads no row on MySQL).
+    for (server, mark) in servers("AS crowded", "tenant, failures, max_attempts") {
+        claim_reply_lost(server, mark);
+    }
+}
+
+/// A test database's maker and what arms [`crate::proxy::CommitReplyLoser`] on it.
+type Server = (fn() -> crate::support::TestDb, &'static str);
+
+/// PostgreSQL, armed by `pg`, and MySQL, by `mysql`.
+fn servers(pg: &'static str, mysql: &'static str) -> Vec<Server> {
+    let mut servers: Vec<Server> = vec![(crate::support::TestDb::postgres, pg)];
+    #[cfg(feature = "mysql")]
+    servers.push((crate::support::TestDb::mysql, mysql));
+    #[cfg(not(feature = "mysql"))]
+    let _ = mysql;
+    servers
+}
+
+/// Five ledger tasks `1`…`5`; their ids.
+fn five_tasks(db: &crate::support::TestDb) -> Vec<i64> {
+    let tasks: Vec<NewTask> = (1..=5)
+        .map(|n| NewTask::new("ledger", n.to_string()))
+        .collect();
+    enqueue_batch(&mut db.conn(), &tasks)
+        .unwrap()
+        .iter()
+        .map(|e| e.id)
+        .collect()
+}
+
+fn claim_reply_lost(server: fn() -> crate::support::TestDb, mark: &'static str) {
+    use outbox::ClaimStyle;
+
+    // One thread; a page of the five tasks (lock claims have no queue: a chunk of five).
+    let configs = [
+        ("strict", WorkerConfig::default().queue(4)),
+        ("batched", WorkerConfig::default().queue(4).commit_batch(5)),
+        (
+            "lock",
+            WorkerConfig::default()
+                .queue(0)
+                .commit_batch(5)
+                .claim_style(ClaimStyle::Lock),
+        ),
+    ];
+    for (name, config) in configs {
+        let db = &server();
+        let ids = five_tasks(db);
+        let proxy = crate::proxy::CommitReplyLoser::start_on(&db.url_text, mark);
+        let name = format!("{:?} {name}", db.backend());
+        let calls = Arc::new(AtomicUsize::new(0));
+        let calls_in = Arc::clone(&calls);
+        let mut registry = Registry::new();
+        registry.register(
+            "ledger",
+            move |task: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
+                calls_in.fetch_add(1, Ordering::SeqCst);
+                write_ledger(task, tx)
+            },
+        );
+        let url = DatabaseUrl::parse(&proxy.url).unwrap();
+        let config = config.threads(1).page_size(5);
+        let w = Worker::new(&url, registry, config).unwrap();
+        let first = w.run_once();
+        assert_eq!(proxy.lost(), 1, "{name}: the claim's commit reply was lost");
+        first.expect_err("the claim's outcome is unknown: it fails");
+        assert_eq!(calls.load(Ordering::SeqCst), 0, "{name}: nothing ran");
+        for &id in &ids {
+            let task = db.task(id);
+            assert_eq!(
+                (task.state.as_str(), task.failures, task.owner),
+                ("pending", 0, None),
+                "{name}: task {id} is free again, uncharged"
+            );
+        }
+        assert_eq!(
+            db.count("SELECT count(*) FROM async_lease"),
+            0,
+            "{name}: no lease left"
+        );
+        // The next claim takes them at once.
+        assert_eq!(w.run_once().unwrap().done, 5, "{name}");
+        assert_eq!(calls.load(Ordering::SeqCst), 5, "{name}: each ran once");
+        for id in ids {
+            assert_eq!(db.ledger_rows(id), 1, "{name}: task {id}");
+        }
+    }
+}
+
+/// A leased chunk rolls back (its task 3 fails) and its claim again, which stamps its tasks
+/// to run one by one, commits with its reply lost: the retry finds no lease left, and the
+/// worker finds the tasks claimed by the attempt it did not hear from and runs them, each
+/// once more, none charged, instead of leaving them `running` for their deadline and
+/// rescue's charge. PostgreSQL and MySQL, lock claims.
+#[test]
+fn a_chunks_claim_again_whose_commit_reply_was_lost_runs_its_tasks() {
+    // Text of the claim again only.
+    let marks = servers(
+        "JOIN gone ON gone.task_id = t.id",
+        "state = 'running' AND owner = ",
+    );
+    for (server, mark) in marks {
+        let db = &server();
+        let name = format!("{:?}", db.backend());
+        let ids = five_tasks(db);
+        let proxy = crate::proxy::CommitReplyLoser::start_on(&db.url_text, mark);
+        let calls = Arc::new(AtomicUsize::new(0));
+        let failed = Arc::new(AtomicBool::new(false));
+        let (calls_in, failed_in) = (Arc::clone(&calls), Arc::clone(&failed));
+        let mut registry = Registry::new();
+        registry.register(
+            "ledger",
+            move |task: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
+                calls_in.fetch_add(1, Ordering::SeqCst);
+                write_ledger(task, tx)?;
+                if task.biz_id() == "3" && !failed_in.swap(true, Ordering::SeqCst) {
+                    return Err(anyhow::anyhow!("downstream refused, once").into());
+                }
+                Ok(())
+            },
+        );
+        let url = DatabaseUrl::parse(&proxy.url).unwrap();
+        let config = WorkerConfig::default()
+            .threads(1)
+            .queue(0)
+            .page_size(5)
+            .commit_batch(5)
+            .claim_style(outbox::ClaimStyle::Lock);
+        let w = Worker::new(&url, registry, config).unwrap();
+        let tally = w.run_once().unwrap();
+        assert_eq!(proxy.lost(), 1, "{name}: the claim again's reply was lost");
+        assert_eq!((tally.done, tally.lost), (5, 0), "{name}: {tally:?}");
+        // Three in the chunk, then each alone.
+        assert_eq!(calls.load(Ordering::SeqCst), 3 + 5, "{name}");
+        for id in ids {
+            let task = db.task(id);
+            assert_eq!(
+                (task.state.as_str(), task.failures),
+                ("done", 0),
+                "{name}: task {id}"
+            );
+            assert_eq!(db.ledger_rows(id), 1, "{name}: task {id}");
+        }
+    }
+}

@@ -47,7 +47,7 @@ pub(super) fn take_page(
 ) -> QueryResult<Picked> {
     let (owner, limit, timeout_ms) = (claim.owner, claim.limit, claim.timeout_ms);
     let due = DueList::<Mysql>::of(claim.due);
-    conn.transaction(|conn| {
+    super::super::claim_commit::claim_transaction(conn, |conn| {
         choose_page(
             conn,
             claim,

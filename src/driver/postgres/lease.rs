@@ -155,7 +155,7 @@ impl LeaseDriver for PgConnection {
         chunk: ChunkRuns,
         pick: &Pick<'_>,
     ) -> QueryResult<(Picked, Vec<i64>)> {
-        super::without_jit(self, claim.owner, |conn| {
+        super::claim_without_jit(self, claim.owner, |conn| {
             let rows: Vec<LeasedRow> = lease_statement("", chunk, claim, pick).load(conn)?;
             let chunks = rows.iter().map(|r| i64::from(r.chunk)).collect();
             let rows = rows.into_iter().map(|r| r.picked).collect();

@@ -37,6 +37,7 @@ use diesel::pg::PgConnection;
 use diesel::QueryResult;
 use diesel_migrations::{embed_migrations, EmbeddedMigrations};
 
+use super::claim_commit::{finish, CommitUnknown};
 use super::{
     migrations_apply, rollback_unless_applied, rolled_back, Conn, Driver, MigrationError, TxMark,
 };
@@ -122,26 +123,41 @@ pub(super) fn with_local<T>(
     node: i64,
     f: impl FnOnce(&mut PgConnection) -> QueryResult<T>,
 ) -> QueryResult<T> {
+    if !begin_local(conn, settings, node)? {
+        return f(conn);
+    }
+    let result = f(conn);
+    finish(conn, result, |_, error| Err(error))
+}
+
+/// [`without_jit`] for a claim of a page: a COMMIT of its own transaction that fails gives
+/// the page back unconfirmed ([`crate::driver::Picked::unconfirmed`]).
+pub(super) fn claim_without_jit<T: CommitUnknown>(
+    conn: &mut PgConnection,
+    node: i64,
+    claim: impl FnOnce(&mut PgConnection) -> QueryResult<T>,
+) -> QueryResult<T> {
+    if !begin_local(conn, "SET LOCAL jit = off", node)? {
+        return claim(conn);
+    }
+    let claimed = claim(conn);
+    finish(conn, claimed, T::commit_failed)
+}
+
+/// Applies `settings` and `node`'s mark (see [`with_local`]) in the caller's transaction
+/// (`false`), or in a transaction of its own begun in the same round trip (`true`).
+fn begin_local(conn: &mut PgConnection, settings: &'static str, node: i64) -> QueryResult<bool> {
     let local = format!("{settings}; {}", marks_keyed(node, UPKEEP_RUN_KEY));
     match crate::db::transaction::depth_of(conn) {
         Some(0) => {}
         Some(_) => {
             conn.batch_execute(&local)?;
-            return f(conn);
+            return Ok(false);
         }
         None => return Err(diesel::result::Error::BrokenTransactionManager),
     }
     begin_with(conn, &format!("BEGIN; {local}"))?;
-    match f(conn) {
-        Ok(value) => {
-            AnsiTransactionManager::commit_transaction(conn)?;
-            Ok(value)
-        }
-        Err(error) => match AnsiTransactionManager::rollback_transaction(conn) {
-            Ok(()) | Err(diesel::result::Error::BrokenTransactionManager) => Err(error),
-            Err(rollback) => Err(rollback),
-        },
-    }
+    Ok(true)
 }
 
 impl Driver for PgConnection {

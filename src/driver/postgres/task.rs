@@ -79,7 +79,7 @@ pub(in crate::driver) fn claim_page(
     pick: &Pick<'_>,
 ) -> QueryResult<Picked> {
     let (owner, due, except) = (claim.owner, claim.due, claim.except);
-    super::without_jit(conn, owner, |conn| {
+    super::claim_without_jit(conn, owner, |conn| {
         let rows: Vec<PickedRow> =
             claim_statement("", owner, due, except, pick, claim.limit, claim.timeout_ms)
                 .load(conn)?;
@@ -143,6 +143,7 @@ pub(super) fn picked(
         shared,
         weights,
         rows: rows.into_iter().map(|r| r.task).collect(),
+        unconfirmed: None,
     })
 }
 
