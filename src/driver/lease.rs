@@ -79,7 +79,8 @@ pub trait LeaseDriver {
     /// Ends a chunk for one of its tasks that ran past its timeout: deletes `owner`'s leases
     /// of the chunk and charges that task a failure (retried after the delay, or dead at
     /// max attempts, with a new claim token); the chunk's other tasks are free, uncharged,
-    /// noted `released: …` in their `last_error` as a stamped chunk's are; one found
+    /// under a new claim token (leased again by `owner`, their leases are not the ended
+    /// chunk's), noted `released: …` in their `last_error` as a stamped chunk's are; one found
     /// cancelled is noted [`CANCELLED_RUNNING`](crate::driver::ops::CANCELLED_RUNNING).
     /// Returns the charged task's new state, `None` when it had left its lease.
     fn task_charge_leased(

@@ -153,7 +153,8 @@ pub trait Driver: LeaseDriver + ops::OpsDriver {
     /// A task is due for the claim when it is pending, its `run_at` has come, its keyword is
     /// one of `due.keywords` and, with a partition (claim strategies `id_hash` and
     /// `weight`), when this node owns it or it has been due for longer than the partition's
-    /// grace period; so in every claim below.
+    /// grace period; so in every claim below. A claim whose COMMIT fails returns its rows
+    /// with [`Picked::unconfirmed`] (so do the claims below).
     fn task_claim_page(&mut self, claim: &Claiming<'_>, pick: &Pick<'_>) -> QueryResult<Picked> {
         // Per backend: the claim (`SKIP LOCKED`, the write lock, or pick-then-mark without RETURNING).
         per_backend!(self.task_claim_page(claim, pick))
@@ -168,7 +169,7 @@ pub trait Driver: LeaseDriver + ops::OpsDriver {
         &mut self,
         claim: &Claiming<'_>,
         tenants: &[String],
-    ) -> QueryResult<Vec<ClaimRow>> {
+    ) -> QueryResult<Picked> {
         // Per backend: each serialises a tenant's claims its own way (advisory lock, write lock, row lock).
         per_backend!(self.task_claim_limited(claim, tenants))
     }
@@ -189,7 +190,7 @@ pub trait Driver: LeaseDriver + ops::OpsDriver {
         due: &Due<'_>,
         except: &[String],
         timeout_ms: i64,
-    ) -> QueryResult<Vec<ClaimRow>> {
+    ) -> QueryResult<Picked> {
         // Per backend: a claim, as `task_claim_page`.
         per_backend!(self.task_claim_suspect(owner, due, except, timeout_ms))
     }

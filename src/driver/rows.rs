@@ -363,6 +363,16 @@ pub struct Picked {
     pub unconfirmed: Option<diesel::result::Error>,
 }
 
+impl Picked {
+    /// A claim's `rows`, nothing else said.
+    pub(super) fn of(rows: Vec<ClaimRow>) -> Picked {
+        Picked {
+            rows,
+            ..Picked::default()
+        }
+    }
+}
+
 /// A row of one `id`.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 #[derive(diesel::QueryableByName)]

@@ -9,7 +9,7 @@ use super::fairness::{participants, Took};
 use super::heartbeat::may_claim;
 use super::settings::millis;
 use crate::db::transaction::DiscardBroken;
-use crate::driver::{driver, ClaimRow, Claiming, Driver, Due};
+use crate::driver::{driver, ClaimRow, Claiming, Driver, Due, Picked};
 use crate::error::{Error, OpContext, Result};
 use crate::handler::TaskContext;
 use crate::task::ClaimedTask;
@@ -142,8 +142,6 @@ impl Worker {
         let fair = &self.services.limits.fair;
         let mut picked_by = None;
         let mut took = (Vec::new(), false, None, false, Vec::new());
-        let mut unconfirmed = Vec::new();
-        let deadline = Instant::now() + timeout;
         let page = self.claim_statement(
             keywords,
             Some(false),
@@ -160,24 +158,16 @@ impl Worker {
                     timeout_ms: timeout,
                 };
                 let mut picked = driver.task_claim_page(&claim, &pick.as_pick())?;
-                if let Some(error) = picked.unconfirmed.take() {
-                    unconfirmed = picked.rows;
-                    return Err(error);
-                }
                 took = (
-                    picked.weights,
+                    std::mem::take(&mut picked.weights),
                     picked.crowded,
-                    picked.ring_end,
+                    picked.ring_end.take(),
                     picked.ring_cut,
-                    picked.shared,
+                    std::mem::take(&mut picked.shared),
                 );
-                Ok(picked.rows)
+                Ok(picked)
             },
-        );
-        if let Err(Error::Database { source, .. }) = &page {
-            self.give_back_unconfirmed(&unconfirmed, false, deadline, source);
-        }
-        let page = page?;
+        )?;
         if let Some(pick) = picked_by {
             let (weights, crowded, ring_end, ring_cut, shared) = took;
             let took = Took {
@@ -248,7 +238,7 @@ impl Worker {
             &[String],
             i64,
             i64,
-        ) -> diesel::QueryResult<Vec<ClaimRow>>,
+        ) -> diesel::QueryResult<Picked>,
     ) -> Result<Vec<ClaimedTask>> {
         if keywords.is_empty() {
             return Ok(Vec::new());
@@ -261,7 +251,7 @@ impl Worker {
         // database's.
         let asked = Instant::now();
         let deadline = asked + timeout;
-        let rows = {
+        let picked = {
             let _turn = self.writer_turn.take();
             let due = Due {
                 keywords,
@@ -277,8 +267,12 @@ impl Worker {
                 millis(timeout),
             )
             .discard_broken(&mut conn)
-            .op("task claim")?
         };
+        drop(conn);
+        let rows = self
+            .confirmed(picked, false, deadline)
+            .op("task claim")?
+            .rows;
         self.observers.claimed(asked);
         Ok(claimed_tasks(rows, owner, deadline))
     }
@@ -412,7 +406,7 @@ impl Worker {
         let mut conn = self.engine_conn().op("task claim")?;
         let owner = self.node.id();
         let asked = Instant::now();
-        let rows = {
+        let picked = {
             let _turn = self.writer_turn.take();
             let due = Due {
                 keywords,
@@ -422,8 +416,12 @@ impl Worker {
             driver(&mut conn)
                 .task_claim_suspect(owner, &due, &limited, millis(timeout))
                 .discard_broken(&mut conn)
-                .op("task claim")?
         };
+        drop(conn);
+        let rows = self
+            .confirmed(picked, false, asked + timeout)
+            .op("task claim")?
+            .rows;
         self.observers.claimed(asked);
         Ok(claimed_tasks(rows, owner, asked + timeout)
             .into_iter()

@@ -151,28 +151,23 @@ impl Worker {
                 )
         };
         let mut attempt = 1;
-        let mut unconfirmed = Vec::new();
-        let leased = loop {
+        let (leased, chunk_of) = loop {
             let mut conn = self.engine_conn().op("task lease")?;
-            let leased = match driver(&mut conn).task_lease_page(&claiming, runs, &pick.as_pick()) {
-                Ok((mut picked, _)) if picked.unconfirmed.is_some() => {
-                    unconfirmed = std::mem::take(&mut picked.rows);
-                    Err(picked.unconfirmed.take().expect("just seen"))
-                }
-                leased => leased,
-            };
-            match leased.discard_broken(&mut conn) {
-                Err(e) if lost_race(&e) && attempt < LEASE_ATTEMPTS && unconfirmed.is_empty() => {
+            match driver(&mut conn)
+                .task_lease_page(&claiming, runs, &pick.as_pick())
+                .discard_broken(&mut conn)
+            {
+                Err(e) if lost_race(&e) && attempt < LEASE_ATTEMPTS => {
                     log::debug!("a lease claim lost a race to another; taken again: {e}");
                     attempt += 1;
                 }
                 leased => break leased,
             }
-        };
-        if let Err(error) = &leased {
-            self.give_back_unconfirmed(&unconfirmed, true, deadline, error);
         }
-        let (leased, chunk_of) = leased.op("task lease")?;
+        .op("task lease")?;
+        let leased = self
+            .confirmed(Ok(leased), true, deadline)
+            .op("task lease")?;
         self.observers.claimed(asked);
         let runs_of: std::collections::HashMap<i64, i64> = leased
             .rows
@@ -303,7 +298,9 @@ impl Worker {
         let timeout = each.saturating_mul(u32::try_from(claims.len()).unwrap_or(u32::MAX));
         // The deadline of a claim by an attempt whose reply was lost: from before the first.
         let first_deadline = Instant::now() + timeout;
+        let attempts = Cell::new(0);
         let claimed = self.retry_until("a rolled-back chunk's claim", lease_deadline, |conn| {
+            attempts.set(attempts.get() + 1);
             let deadline = Instant::now() + timeout;
             driver(conn)
                 .task_claim_leased(self.node.id(), &claims, ran, millis(timeout))
@@ -322,8 +319,9 @@ impl Worker {
                 return vec![Outcome::Abandoned; claims.len()];
             }
         };
-        // An attempt whose COMMIT's reply was lost claimed what the next found no lease of.
-        for task in tasks {
+        // An attempt that failed may have committed, its reply lost: it claimed what the next
+        // found no lease of.
+        for task in tasks.iter().filter(|_| attempts.get() > 1) {
             if !claimed.iter().any(|c| c.context.id == task.context.id) {
                 claimed.extend(self.claimed_unheard(task, first_deadline));
             }

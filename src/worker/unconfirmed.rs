@@ -5,16 +5,35 @@
 use std::time::Instant;
 
 use super::engine::Worker;
-use crate::driver::{driver, Claim, ClaimRow};
+use crate::driver::{driver, Claim, ClaimRow, Picked};
 
 impl Worker {
+    /// What a claim took: `claimed`, or, when its COMMIT failed ([`Picked::unconfirmed`]),
+    /// that error, once what it may have taken is given back
+    /// ([`Worker::give_back_unconfirmed`]). Called once the claim's connection is let go.
+    pub(super) fn confirmed(
+        &self,
+        claimed: diesel::QueryResult<Picked>,
+        leased: bool,
+        deadline: Instant,
+    ) -> diesel::QueryResult<Picked> {
+        let mut picked = claimed?;
+        match picked.unconfirmed.take() {
+            None => Ok(picked),
+            Some(error) => {
+                self.give_back_unconfirmed(&picked.rows, leased, deadline, &error);
+                Err(error)
+            }
+        }
+    }
+
     /// Gives back what a claim whose COMMIT failed with `error` may have taken: each of `rows`
     /// still claimed by this node under its token is released (a stamp claim), or its lease
     /// deleted (`leased`), no failure counted. Left as they were, they would wait, claimed by
     /// a worker that never runs them, for their deadline and rescue's charge. Fenced by the
     /// tokens, so a claim that did not commit gives back nothing; retried through an outage
     /// until `deadline` (then rescue takes them at theirs, as before).
-    pub(super) fn give_back_unconfirmed(
+    fn give_back_unconfirmed(
         &self,
         rows: &[ClaimRow],
         leased: bool,

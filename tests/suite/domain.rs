@@ -574,6 +574,99 @@ server_backends! {
     }
 }
 
+server_backends! {
+    /// Under lock claims a chunk ended by its domain's timeout frees its other tasks, and this
+    /// node leases one of them again into a new chunk while the ended chunk's handler still
+    /// runs (a handler stuck outside the database, whose thread cannot be killed). When that
+    /// handler returns, the ended chunk's claim again must not take the new chunk's lease
+    /// (same node; before the fix, the same token too) and run the task a second time beside
+    /// it.
+    fn a_chunk_ended_past_its_timeout_leaves_its_tasks_new_chunk_alone(db: &TestDb) {
+        enqueue_batch(&mut db.conn(), &tasks("quick", 1)).unwrap();
+        enqueue_batch(&mut db.conn(), &tasks("stuck", 1)).unwrap();
+        let quick_calls = Arc::new(AtomicUsize::new(0));
+        // (the quick task runs again in a new chunk, the stuck handler has returned)
+        let gates = Arc::new((Mutex::new((false, false)), Condvar::new()));
+        let mut registry = Registry::new();
+        let (calls_in, state_in) = (Arc::clone(&quick_calls), Arc::clone(&gates));
+        registry.register(
+            "quick",
+            move |t: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
+                insert_ledger_row(t, tx.conn()?)?;
+                if calls_in.fetch_add(1, Ordering::SeqCst) != 1 {
+                    return Ok(());
+                }
+                // Its second run, in a new chunk: the stuck handler may return now; this one
+                // runs on until the ended chunk has had 1 s to claim it again (within the
+                // domain's timeout of 2 s).
+                let (state, changed) = &*state_in;
+                let mut both = state.lock().unwrap();
+                both.0 = true;
+                changed.notify_all();
+                let (both, _) = changed
+                    .wait_timeout_while(both, Duration::from_secs(30), |b| !b.1)
+                    .unwrap();
+                drop(both);
+                let until = Instant::now() + Duration::from_secs(1);
+                while Instant::now() < until && calls_in.load(Ordering::SeqCst) == 2 {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Ok(())
+            },
+        );
+        let state_in = Arc::clone(&gates);
+        registry.register(
+            "stuck",
+            move |_: &TaskContext, _: &mut TaskTx| -> HandlerResult {
+                let (state, changed) = &*state_in;
+                let both = state.lock().unwrap();
+                let (mut both, _) = changed
+                    .wait_timeout_while(both, Duration::from_secs(30), |b| !b.0)
+                    .unwrap();
+                both.1 = true;
+                changed.notify_all();
+                Ok(())
+            },
+        );
+        // `run`, not `drain`: a drain that finds nothing due waits for what runs before it
+        // claims again, and the quick task must be leased again while the stuck one runs.
+        let worker = Worker::new(
+            &db.url,
+            registry,
+            lock_config(3)
+                .poll_interval(Duration::from_millis(100))
+                .domain(
+                    Domain::max("stuck", ["stuck", "quick"], 3)
+                        .timeout(Duration::from_secs(2)),
+                ),
+        )
+        .unwrap();
+        let stop = worker.stop_flag();
+        let report = std::thread::scope(|s| {
+            let run = s.spawn(|| worker.run().unwrap());
+            // Done once its run in the new chunk has given the ended chunk 1 s.
+            let done = "SELECT count(*) FROM async_task WHERE keyword = 'quick' AND state = 'done'";
+            let done = wait_for(|| db.count(done) == 1 || run.is_finished());
+            stop.store(true, Ordering::SeqCst);
+            let report = run.join().unwrap();
+            assert!(done, "the quick task done ({report:?})");
+            report
+        });
+        assert_eq!(
+            quick_calls.load(Ordering::SeqCst),
+            2,
+            "the quick task ran in the ended chunk and in the new one only ({report:?})"
+        );
+        let quick_id = db.count("SELECT id FROM async_task WHERE keyword = 'quick'");
+        let quick = db.task(quick_id);
+        assert_eq!((quick.state.as_str(), quick.failures), ("done", 0));
+        assert_eq!(db.ledger_rows(quick_id), 1);
+        // Charged once, for its timeout.
+        let stuck = db.task(db.count("SELECT id FROM async_task WHERE keyword = 'stuck'"));
+        assert_eq!(stuck.failures, 1);
+    }
+}
+
 /// Polls `done` until it holds, for at most 10 s.
 fn wait_for(mut done: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + Duration::from_secs(10);

@@ -300,6 +300,9 @@ fn claim_reply_lost(server: fn() -> crate::support::TestDb, mark: &'static str) 
                 ("pending", 0, None),
                 "{name}: task {id} is free again, uncharged"
             );
+            // A stamp claim's token stays: its COMMIT happened, the reply alone was lost.
+            let token = if name.ends_with("lock") { 0 } else { 1 };
+            assert_eq!(task.claim_token, token, "{name}: task {id}");
         }
         assert_eq!(
             db.count("SELECT count(*) FROM async_lease"),
@@ -311,6 +314,68 @@ fn claim_reply_lost(server: fn() -> crate::support::TestDb, mark: &'static str) 
         assert_eq!(calls.load(Ordering::SeqCst), 5, "{name}: each ran once");
         for id in ids {
             assert_eq!(db.ledger_rows(id), 1, "{name}: task {id}");
+        }
+    }
+}
+
+/// The same for the claims that stamp whatever the claim style: a suspect's (a task two dead
+/// processes held, claimed alone) and the claim of a tenant with a `max_running`.
+#[test]
+fn a_suspect_or_limited_claim_whose_commit_reply_was_lost_gives_its_tasks_back_uncharged() {
+    let kinds = [
+        (
+            "suspect",
+            servers(
+                "LIMIT 1 FOR UPDATE SKIP LOCKED",
+                "LIMIT 1 FOR UPDATE SKIP LOCKED",
+            ),
+        ),
+        (
+            "limited",
+            servers(
+                "pg_try_advisory_xact_lock(x'6f72'",
+                "CAST(max_running AS SIGNED)",
+            ),
+        ),
+    ];
+    for (kind, servers) in kinds {
+        for (server, mark) in servers {
+            let db = &server();
+            let name = format!("{:?} {kind}", db.backend());
+            let claimed = if kind == "suspect" {
+                let ids = five_tasks(db);
+                db.exec("UPDATE async_task SET suspect = 2 WHERE biz_id = '1'");
+                vec![ids[0]]
+            } else {
+                let limit = outbox::TenantLimits::default().max_running(Some(5));
+                outbox::set_tenant(&mut db.conn(), "acme", &limit, "test").unwrap();
+                let tasks: Vec<NewTask> = (1..=5)
+                    .map(|n| NewTask::new("ledger", n.to_string()).tenant("acme"))
+                    .collect();
+                let enqueued = enqueue_batch(&mut db.conn(), &tasks).unwrap();
+                enqueued.iter().map(|e| e.id).collect()
+            };
+            let proxy = crate::proxy::CommitReplyLoser::start_on(&db.url_text, mark);
+            let url = DatabaseUrl::parse(&proxy.url).unwrap();
+            let config = WorkerConfig::default().threads(1).queue(4).page_size(5);
+            let w = Worker::new(&url, crate::ledger_registry("ledger"), config).unwrap();
+            w.run_once()
+                .expect_err("the claim's outcome is unknown: it fails");
+            assert_eq!(proxy.lost(), 1, "{name}: the claim's commit reply was lost");
+            for &id in &claimed {
+                let task = db.task(id);
+                assert_eq!(
+                    (task.state.as_str(), task.failures, task.owner),
+                    ("pending", 0, None),
+                    "{name}: task {id} is free again, uncharged"
+                );
+                // Its claim's COMMIT happened, the reply alone was lost.
+                assert_eq!(task.claim_token, 1, "{name}: task {id}");
+            }
+            assert_eq!(w.drain().unwrap().tally.done, 5, "{name}");
+            for id in claimed {
+                assert_eq!(db.ledger_rows(id), 1, "{name}: task {id}");
+            }
         }
     }
 }

@@ -9,7 +9,6 @@
 
 use diesel::mysql::{Mysql, MysqlConnection};
 use diesel::sql_types::{BigInt, Integer, Nullable, Text};
-use diesel::Connection;
 use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
 
 use super::fair::{self, page_ids, pick_statement};
@@ -280,7 +279,7 @@ pub(in crate::driver) fn claim_limited(
     conn: &mut MysqlConnection,
     claim: &Claiming<'_>,
     tenants: &[String],
-) -> QueryResult<Vec<ClaimRow>> {
+) -> QueryResult<Picked> {
     let due = DueList::<Mysql>::of(claim.due);
     let (owner, limit, timeout_ms) = (claim.owner, claim.limit, claim.timeout_ms);
     #[derive(QueryableByName)]
@@ -295,7 +294,7 @@ pub(in crate::driver) fn claim_limited(
     }
 
     let mut locked: Vec<&String> = Vec::new();
-    let page = conn.transaction(|conn| -> QueryResult<Vec<ClaimRow>> {
+    let page = super::super::claim_commit::claim_transaction(conn, |conn| {
         let mut page = Vec::new();
         for tenant in tenants {
             let left = limit - i64::try_from(page.len()).unwrap_or(i64::MAX);
@@ -327,7 +326,7 @@ pub(in crate::driver) fn claim_limited(
             let ids = pick_ids(conn, Some(tenant), &due, take)?;
             page.extend(mark(conn, owner, &ids, timeout_ms)?);
         }
-        Ok(page)
+        Ok(Picked::of(page))
     });
     // After the commit: a page claimed is the caller's even if a release fails (then on a
     // broken connection, whose session's end lets its locks go). After a failed claim the
@@ -378,13 +377,13 @@ pub(in crate::driver) fn claim_suspect(
     due: &Due<'_>,
     except: &[String],
     timeout_ms: i64,
-) -> QueryResult<Vec<ClaimRow>> {
+) -> QueryResult<Picked> {
     let due = DueList::of(&Due {
         suspect: Some(true),
         ..*due
     });
     let except = (!except.is_empty()).then_some(except.to_vec());
-    conn.transaction(|conn| {
+    super::super::claim_commit::claim_transaction(conn, |conn| {
         let statement = Statement::<Mysql>::new("SELECT ")
             .sql(fair::PICKED)
             .sql(" FROM ");
@@ -392,7 +391,7 @@ pub(in crate::driver) fn claim_suspect(
             .sql(" FOR UPDATE SKIP LOCKED")
             .load(conn)?;
         let ids: Vec<i64> = picked.into_iter().map(|p| p.id).collect();
-        mark(conn, owner, &ids, timeout_ms)
+        Ok(Picked::of(mark(conn, owner, &ids, timeout_ms)?))
     })
 }
 

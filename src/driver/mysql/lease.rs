@@ -260,7 +260,8 @@ impl LeaseDriver for MysqlConnection {
         lease: &LeaseCharge<'_>,
     ) -> QueryResult<Option<String>> {
         // Every lease of the chunk goes; only the hung task is charged. The others are free
-        // at once, and the chunk's late completion finds no lease of its own.
+        // at once, under a new token (as on PostgreSQL), and the chunk's late statements find
+        // no lease of its own.
         self.transaction(|conn| {
             // The chunk's tasks and leases locked first, in the order every locking read of
             // leases takes.
@@ -279,7 +280,8 @@ impl LeaseDriver for MysqlConnection {
             // handler no id to record).
             if !freed.is_empty() {
                 Statement::<Mysql>::new(
-                    "UPDATE async_task SET last_error = CONCAT('released: task ', ",
+                    "UPDATE async_task SET claim_token = claim_token + 1,
+                            last_error = CONCAT('released: task ', ",
                 )
                 .bind::<BigInt, _>(lease.task)
                 .sql(concat!(

@@ -155,7 +155,7 @@ impl LeaseDriver for PgConnection {
         chunk: ChunkRuns,
         pick: &Pick<'_>,
     ) -> QueryResult<(Picked, Vec<i64>)> {
-        super::claim_without_jit(self, claim.owner, |conn| {
+        super::claim_without_jit(self, "BEGIN", claim.owner, |conn| {
             let rows: Vec<LeasedRow> = lease_statement("", chunk, claim, pick).load(conn)?;
             let chunks = rows.iter().map(|r| i64::from(r.chunk)).collect();
             let rows = rows.into_iter().map(|r| r.picked).collect();
@@ -270,11 +270,13 @@ impl LeaseDriver for PgConnection {
     ) -> QueryResult<Option<String>> {
         // Every lease of the chunk goes; only the hung task is charged. The others are free at
         // once, noted so (they may run again elsewhere after their handlers ran in this
-        // chunk), and the chunk's late completion finds no lease of its own.
+        // chunk), under a new token: leased again by this node, their leases are not this
+        // chunk's, whose late statements (its completion, its claim again) then find none.
         let statement = leases_gone(owner, charge.chunk)
             .sql(
                 " RETURNING task_id, token),
                  noted AS (UPDATE async_task t SET updated_at = now(),
+                                  claim_token = t.claim_token + 1,
                                   last_error = 'released: task ' || ",
             )
             .bind::<BigInt, _>(charge.task)

@@ -123,21 +123,23 @@ pub(super) fn with_local<T>(
     node: i64,
     f: impl FnOnce(&mut PgConnection) -> QueryResult<T>,
 ) -> QueryResult<T> {
-    if !begin_local(conn, settings, node)? {
+    if !begin_local(conn, "BEGIN", settings, node)? {
         return f(conn);
     }
     let result = f(conn);
     finish(conn, result, |_, error| Err(error))
 }
 
-/// [`without_jit`] for a claim of a page: a COMMIT of its own transaction that fails gives
-/// the page back unconfirmed ([`crate::driver::Picked::unconfirmed`]).
+/// [`without_jit`] for a claim: a COMMIT of its own transaction that fails gives the claim's
+/// rows back unconfirmed ([`crate::driver::Picked::unconfirmed`]). `begin` opens that
+/// transaction (`BEGIN`, or with an isolation level).
 pub(super) fn claim_without_jit<T: CommitUnknown>(
     conn: &mut PgConnection,
+    begin: &'static str,
     node: i64,
     claim: impl FnOnce(&mut PgConnection) -> QueryResult<T>,
 ) -> QueryResult<T> {
-    if !begin_local(conn, "SET LOCAL jit = off", node)? {
+    if !begin_local(conn, begin, "SET LOCAL jit = off", node)? {
         return claim(conn);
     }
     let claimed = claim(conn);
@@ -145,8 +147,14 @@ pub(super) fn claim_without_jit<T: CommitUnknown>(
 }
 
 /// Applies `settings` and `node`'s mark (see [`with_local`]) in the caller's transaction
-/// (`false`), or in a transaction of its own begun in the same round trip (`true`).
-fn begin_local(conn: &mut PgConnection, settings: &'static str, node: i64) -> QueryResult<bool> {
+/// (`false`), or in a transaction of its own opened by `begin` in the same round trip
+/// (`true`).
+fn begin_local(
+    conn: &mut PgConnection,
+    begin: &'static str,
+    settings: &'static str,
+    node: i64,
+) -> QueryResult<bool> {
     let local = format!("{settings}; {}", marks_keyed(node, UPKEEP_RUN_KEY));
     match crate::db::transaction::depth_of(conn) {
         Some(0) => {}
@@ -156,7 +164,7 @@ fn begin_local(conn: &mut PgConnection, settings: &'static str, node: i64) -> Qu
         }
         None => return Err(diesel::result::Error::BrokenTransactionManager),
     }
-    begin_with(conn, &format!("BEGIN; {local}"))?;
+    begin_with(conn, &format!("{begin}; {local}"))?;
     Ok(true)
 }
 

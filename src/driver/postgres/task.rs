@@ -79,7 +79,7 @@ pub(in crate::driver) fn claim_page(
     pick: &Pick<'_>,
 ) -> QueryResult<Picked> {
     let (owner, due, except) = (claim.owner, claim.due, claim.except);
-    super::claim_without_jit(conn, owner, |conn| {
+    super::claim_without_jit(conn, "BEGIN", owner, |conn| {
         let rows: Vec<PickedRow> =
             claim_statement("", owner, due, except, pick, claim.limit, claim.timeout_ms)
                 .load(conn)?;
@@ -379,7 +379,7 @@ pub(in crate::driver) fn claim_suspect(
     due: &Due<'_>,
     except: &[String],
     timeout_ms: i64,
-) -> QueryResult<Vec<ClaimRow>> {
+) -> QueryResult<Picked> {
     let due = Due {
         suspect: Some(true),
         ..*due
@@ -392,8 +392,10 @@ pub(in crate::driver) fn claim_suspect(
     .sql(")) AND ")
     .with(|s| super::fair::due_for(s, &due))
     .sql(" ORDER BY t.priority, t.run_at, t.id LIMIT 1 FOR UPDATE SKIP LOCKED");
-    super::without_jit(conn, owner, |conn| {
-        stamp_picked(picked, owner, timeout_ms).load(conn)
+    super::claim_without_jit(conn, "BEGIN", owner, |conn| {
+        Ok(Picked::of(
+            stamp_picked(picked, owner, timeout_ms).load(conn)?,
+        ))
     })
 }
 

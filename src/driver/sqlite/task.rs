@@ -235,7 +235,7 @@ pub(in crate::driver) fn claim_limited(
     conn: &mut SqliteConnection,
     claim: &Claiming<'_>,
     tenants: &[String],
-) -> QueryResult<Vec<ClaimRow>> {
+) -> QueryResult<Picked> {
     #[derive(diesel::QueryableByName)]
     struct Room {
         #[diesel(sql_type = BigInt)]
@@ -269,7 +269,7 @@ pub(in crate::driver) fn claim_limited(
                 .load(conn)?;
             page.extend(rows);
         }
-        Ok(page)
+        Ok(Picked::of(page))
     })
 }
 
@@ -281,7 +281,7 @@ pub(in crate::driver) fn claim_suspect(
     due: &Due<'_>,
     except: &[String],
     timeout_ms: i64,
-) -> QueryResult<Vec<ClaimRow>> {
+) -> QueryResult<Picked> {
     let due = DueList::of(&Due {
         suspect: Some(true),
         ..*due
@@ -291,6 +291,7 @@ pub(in crate::driver) fn claim_suspect(
     first_suspect(statement, except.as_ref(), &due)
         .sql(CLAIM_RETURNING)
         .load(conn)
+        .map(Picked::of)
 }
 
 /// See [`crate::driver::Driver::task_suspects_exist`].
