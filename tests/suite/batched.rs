@@ -11,7 +11,7 @@ use outbox::{
 };
 
 use crate::support::TestDb;
-use crate::write_ledger;
+use crate::{five_tasks, write_ledger};
 
 /// One thread, no queue, chunks of 5, pages of 5: a page is exactly one chunk.
 fn one_chunk_config() -> WorkerConfig {
@@ -20,18 +20,6 @@ fn one_chunk_config() -> WorkerConfig {
         .queue(0)
         .page_size(5)
         .commit_batch(5)
-}
-
-/// Five tasks `1`…`5`; returns their ids in order.
-fn five_tasks(db: &TestDb) -> Vec<i64> {
-    let tasks: Vec<NewTask> = (1..=5)
-        .map(|n| NewTask::new("ledger", n.to_string()))
-        .collect();
-    enqueue_batch(&mut db.conn(), &tasks)
-        .unwrap()
-        .iter()
-        .map(|e| e.id)
-        .collect()
 }
 
 /// A ledger handler that counts its calls and misbehaves on biz_id `3` as `bad` says.

@@ -41,6 +41,8 @@ mod task_tx;
 mod tenant;
 mod web;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use diesel::prelude::*;
 use outbox::{DbConnection, HandlerResult, Registry, TaskContext, TaskTx, Worker, WorkerConfig};
 use support::TestDb;
@@ -75,6 +77,32 @@ pub fn ledger_registry(keyword: &str) -> Registry {
     let mut registry = Registry::new();
     registry.register(keyword, write_ledger);
     registry
+}
+
+/// A registry with `write_ledger` under `keyword`, counting its calls in `calls`.
+pub fn counted_ledger_registry(keyword: &str, calls: &std::sync::Arc<AtomicUsize>) -> Registry {
+    let calls = std::sync::Arc::clone(calls);
+    let mut registry = Registry::new();
+    registry.register(
+        keyword,
+        move |task: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
+            calls.fetch_add(1, Ordering::SeqCst);
+            write_ledger(task, tx)
+        },
+    );
+    registry
+}
+
+/// Five `ledger` tasks `1`…`5`; their ids, in order.
+pub fn five_tasks(db: &TestDb) -> Vec<i64> {
+    let tasks: Vec<outbox::NewTask> = (1..=5)
+        .map(|n| outbox::NewTask::new("ledger", n.to_string()))
+        .collect();
+    outbox::enqueue_batch(&mut db.conn(), &tasks)
+        .unwrap()
+        .iter()
+        .map(|e| e.id)
+        .collect()
 }
 
 /// A small worker configuration for tests.

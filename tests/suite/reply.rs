@@ -244,18 +244,6 @@ fn servers(pg: &'static str, mysql: &'static str) -> Vec<Server> {
     servers
 }
 
-/// Five ledger tasks `1`…`5`; their ids.
-fn five_tasks(db: &crate::support::TestDb) -> Vec<i64> {
-    let tasks: Vec<NewTask> = (1..=5)
-        .map(|n| NewTask::new("ledger", n.to_string()))
-        .collect();
-    enqueue_batch(&mut db.conn(), &tasks)
-        .unwrap()
-        .iter()
-        .map(|e| e.id)
-        .collect()
-}
-
 fn claim_reply_lost(server: fn() -> crate::support::TestDb, mark: &'static str) {
     use outbox::ClaimStyle;
 
@@ -273,19 +261,11 @@ fn claim_reply_lost(server: fn() -> crate::support::TestDb, mark: &'static str) 
     ];
     for (name, config) in configs {
         let db = &server();
-        let ids = five_tasks(db);
+        let ids = crate::five_tasks(db);
         let proxy = crate::proxy::CommitReplyLoser::start_on(&db.url_text, mark);
         let name = format!("{:?} {name}", db.backend());
         let calls = Arc::new(AtomicUsize::new(0));
-        let calls_in = Arc::clone(&calls);
-        let mut registry = Registry::new();
-        registry.register(
-            "ledger",
-            move |task: &TaskContext, tx: &mut TaskTx| -> HandlerResult {
-                calls_in.fetch_add(1, Ordering::SeqCst);
-                write_ledger(task, tx)
-            },
-        );
+        let registry = crate::counted_ledger_registry("ledger", &calls);
         let url = DatabaseUrl::parse(&proxy.url).unwrap();
         let config = config.threads(1).page_size(5);
         let w = Worker::new(&url, registry, config).unwrap();
@@ -343,7 +323,7 @@ fn a_suspect_or_limited_claim_whose_commit_reply_was_lost_gives_its_tasks_back_u
             let db = &server();
             let name = format!("{:?} {kind}", db.backend());
             let claimed = if kind == "suspect" {
-                let ids = five_tasks(db);
+                let ids = crate::five_tasks(db);
                 db.exec("UPDATE async_task SET suspect = 2 WHERE biz_id = '1'");
                 vec![ids[0]]
             } else {
@@ -395,7 +375,7 @@ fn a_chunks_claim_again_whose_commit_reply_was_lost_runs_its_tasks() {
     for (server, mark) in marks {
         let db = &server();
         let name = format!("{:?}", db.backend());
-        let ids = five_tasks(db);
+        let ids = crate::five_tasks(db);
         let proxy = crate::proxy::CommitReplyLoser::start_on(&db.url_text, mark);
         let calls = Arc::new(AtomicUsize::new(0));
         let failed = Arc::new(AtomicBool::new(false));
