@@ -245,6 +245,7 @@ impl Worker {
         }
         self.ensure_heartbeat_fresh()?;
         let limited = self.services.limits.tenants();
+        let _claiming = self.node.claim_turn();
         let mut conn = self.engine_conn().op("task claim")?;
         let owner = self.node.id();
         // The local deadline starts before the statement, so it never ends after the
@@ -403,6 +404,7 @@ impl Worker {
     ) -> Result<Option<ClaimedTask>> {
         self.ensure_heartbeat_fresh()?;
         let limited = self.services.limits.tenants();
+        let _claiming = self.node.claim_turn();
         let mut conn = self.engine_conn().op("task claim")?;
         let owner = self.node.id();
         let asked = Instant::now();

@@ -25,6 +25,8 @@ use crate::error::{OpContext, Result};
 pub(crate) struct Node {
     id: AtomicI64,
     name: String,
+    /// Its claims take turns (see [`Node::claim_turn`]).
+    claims: std::sync::Mutex<()>,
 }
 
 impl Node {
@@ -39,7 +41,19 @@ impl Node {
         Ok(Node {
             id: AtomicI64::new(id),
             name,
+            claims: std::sync::Mutex::new(()),
         })
+    }
+
+    /// This node's turn to claim, held through a claim and the give-back of a claim whose
+    /// COMMIT failed (`worker/unconfirmed.rs`): that give-back is fenced by the tokens the
+    /// claim would have set, which another claim of this node made meanwhile could set too.
+    /// The engine claims from one thread; this keeps [`crate::Worker::claim`], called beside
+    /// it, in turn.
+    pub(crate) fn claim_turn(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.claims
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The node's current id: the owner of the tasks it claims now.

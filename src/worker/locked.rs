@@ -151,6 +151,7 @@ impl Worker {
                 )
         };
         let mut attempt = 1;
+        let _claiming = self.node.claim_turn();
         let (leased, chunk_of) = loop {
             let mut conn = self.engine_conn().op("task lease")?;
             match driver(&mut conn)

@@ -37,7 +37,7 @@ pub(crate) struct Watchdog {
     /// How long a handler may run before the process exits; `None`: nothing is watched.
     limit: Option<Duration>,
     /// Numbers the runs: a key of its own for each, whatever task and claim token it has
-    /// (a task freed from a zombie run and leased again by this node keeps its token, and
+    /// (a task freed from a zombie run and leased again by this node may keep its token, and
     /// must not take the zombie's place).
     runs: AtomicU64,
 }

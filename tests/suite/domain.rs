@@ -575,9 +575,9 @@ server_backends! {
 }
 
 server_backends! {
-    /// Under lock claims a chunk ended by its domain's timeout frees its other tasks, and this
-    /// node leases one of them again into a new chunk while the ended chunk's handler still
-    /// runs (a handler stuck outside the database, whose thread cannot be killed). When that
+    /// Under lock claims (three threads) a chunk ended by its domain's timeout frees its other
+    /// tasks, and this node leases one of them again into a new chunk while the ended chunk's
+    /// handler still runs (a handler stuck outside the database, whose thread cannot be killed). When that
     /// handler returns, the ended chunk's claim again must not take the new chunk's lease
     /// (same node; before the fix, the same token too) and run the task a second time beside
     /// it.
@@ -597,8 +597,8 @@ server_backends! {
                     return Ok(());
                 }
                 // Its second run, in a new chunk: the stuck handler may return now; this one
-                // runs on until the ended chunk has had 1 s to claim it again (within the
-                // domain's timeout of 2 s).
+                // runs on until the ended chunk has had 1 s to claim it again (well within
+                // the domain's timeout of 3 s).
                 let (state, changed) = &*state_in;
                 let mut both = state.lock().unwrap();
                 both.0 = true;
@@ -637,7 +637,7 @@ server_backends! {
                 .poll_interval(Duration::from_millis(100))
                 .domain(
                     Domain::max("stuck", ["stuck", "quick"], 3)
-                        .timeout(Duration::from_secs(2)),
+                        .timeout(Duration::from_secs(3)),
                 ),
         )
         .unwrap();

@@ -13,6 +13,7 @@ use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
 
 use super::fair::{self, page_ids, pick_statement};
 use super::list;
+use crate::db::transaction::is_connection_error;
 use crate::driver::fair_sql::{
     choose_page, first_suspect, shares_statement, suspects_exist as suspects, DueList, Found,
 };
@@ -331,8 +332,11 @@ pub(in crate::driver) fn claim_limited(
     // After the commit: a page claimed is the caller's even if a release fails (then on a
     // broken connection, whose session's end lets its locks go). After a failed claim the
     // connection is not used again (a statement failed on it: `db::reply`), and its
-    // session's end lets them go.
+    // session's end lets them go; so after a COMMIT lost with its connection.
     let page = page?;
+    if page.unconfirmed.as_ref().is_some_and(is_connection_error) {
+        return Ok(page);
+    }
     for tenant in locked {
         if let Err(e) = tenant_claim_lock(conn, "RELEASE_LOCK(", tenant, ")") {
             log::warn!("tenant {tenant:?}: its claim lock was not released: {e}");
