@@ -246,6 +246,20 @@ mod tests {
         }
     }
 
+    /// A COMMIT whose connection was lost, then its ROLLBACK on the same connection: diesel
+    /// reports both, and the COMMIT's error tells.
+    #[test]
+    fn a_commit_lost_with_its_connection_is_a_lost_session() {
+        let commit = |message: &str| Error::RollbackErrorOnCommit {
+            rollback_error: Box::new(unknown("Server has gone away")),
+            commit_error: Box::new(unknown(message)),
+        };
+        assert!(is_connection_error(&commit("Server has gone away")));
+        assert!(!is_connection_error(&commit(
+            "could not serialize access due to read/write dependencies among transactions"
+        )));
+    }
+
     #[test]
     fn a_failed_statement_is_not_a_lost_session() {
         for message in [

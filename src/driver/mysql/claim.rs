@@ -14,6 +14,7 @@ use diesel::{OptionalExtension, QueryResult, QueryableByName, RunQueryDsl};
 use super::fair::{self, page_ids, pick_statement};
 use super::list;
 use crate::db::transaction::is_connection_error;
+use crate::driver::claim_commit::claim_transaction;
 use crate::driver::fair_sql::{
     choose_page, first_suspect, shares_statement, suspects_exist as suspects, DueList, Found,
 };
@@ -47,7 +48,7 @@ pub(super) fn take_page(
 ) -> QueryResult<Picked> {
     let (owner, limit, timeout_ms) = (claim.owner, claim.limit, claim.timeout_ms);
     let due = DueList::<Mysql>::of(claim.due);
-    super::super::claim_commit::claim_transaction(conn, |conn| {
+    claim_transaction(conn, |conn| {
         choose_page(
             conn,
             claim,
@@ -295,7 +296,7 @@ pub(in crate::driver) fn claim_limited(
     }
 
     let mut locked: Vec<&String> = Vec::new();
-    let page = super::super::claim_commit::claim_transaction(conn, |conn| {
+    let page = claim_transaction(conn, |conn| {
         let mut page = Vec::new();
         for tenant in tenants {
             let left = limit - i64::try_from(page.len()).unwrap_or(i64::MAX);
@@ -387,7 +388,7 @@ pub(in crate::driver) fn claim_suspect(
         ..*due
     });
     let except = (!except.is_empty()).then_some(except.to_vec());
-    super::super::claim_commit::claim_transaction(conn, |conn| {
+    claim_transaction(conn, |conn| {
         let statement = Statement::<Mysql>::new("SELECT ")
             .sql(fair::PICKED)
             .sql(" FROM ");
