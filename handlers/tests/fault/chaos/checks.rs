@@ -121,6 +121,33 @@ pub fn unfinished(db: &Db) -> i64 {
     )
 }
 
+/// The first unfinished tasks, each with its state, keyword and its parents' states: a
+/// liveness failure explains itself (the seed's database is gone after the run).
+pub fn stuck(db: &Db) -> Vec<String> {
+    let ids = db.numbers(
+        "SELECT id AS n FROM async_task WHERE state NOT IN ('done', 'dead', 'cancelled')
+           AND (tenant IS NULL OR tenant NOT LIKE 'idle-%') ORDER BY id LIMIT 5",
+    );
+    ids.into_iter()
+        .map(|id| {
+            let parents: Vec<String> = db
+                .numbers(&format!(
+                    "SELECT parent_id AS n FROM async_task_parent WHERE child_id = {id}"
+                ))
+                .into_iter()
+                .map(|p| format!("{p} {}", db.task_state(p)))
+                .collect();
+            format!(
+                "task {id} {} {} (parents: {parents:?})",
+                db.task_state(id),
+                db.text(&format!(
+                    "SELECT COALESCE(MAX(keyword), '') AS t FROM async_task WHERE id = {id}"
+                ))
+            )
+        })
+        .collect()
+}
+
 /// What the harness saw and found.
 pub struct Checks {
     backend: Backend,

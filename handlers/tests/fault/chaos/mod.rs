@@ -267,8 +267,12 @@ pub fn run_seed(seed: u64) {
             if now > plan.window + BOUND {
                 checks.violation(format!(
                     "liveness: {left} task(s) not done, dead or cancelled {BOUND:?} after the faults \
-                     stopped: {:?}",
-                    databases.iter().map(|d| d.db.states()).collect::<Vec<_>>()
+                     stopped: {:?}; {:?}",
+                    databases.iter().map(|d| d.db.states()).collect::<Vec<_>>(),
+                    databases
+                        .iter()
+                        .flat_map(|d| checks::stuck(&d.db))
+                        .collect::<Vec<_>>()
                 ));
                 break;
             }
@@ -620,7 +624,11 @@ fn operate(
             timeline.push(format!("{}: cancel {ids:?}", secs(now)));
         }
         Operation::RetryAll => {
-            for state in ["dead", "cancelled"] {
+            // Two commands, as an operator types them, then the dead once more: a chain's
+            // parent that died between the two cancelled its child, which the second
+            // brought back `blocked` behind it, and the guide's rule is to retry the parent
+            // too (`chains.md`; seed 5260 stayed blocked without the third).
+            for state in ["dead", "cancelled", "dead"] {
                 let args: Vec<String> = ["retry", "--all", "--state", state]
                     .iter()
                     .map(|s| (*s).to_owned())
