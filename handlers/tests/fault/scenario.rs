@@ -279,6 +279,26 @@ impl Proc {
         );
     }
 
+    /// SIGTERM once it handles signals, as [`Proc::signal`]; `false`, and nothing sent, when
+    /// it exits before it does (a worker whose start failed: a connection cut, say).
+    pub fn terminate(&mut self) -> bool {
+        let ready = Instant::now() + COMMAND_LIMIT;
+        while !self.stderr_text().contains("SIGINT or SIGTERM stops it") {
+            if self.poll().is_some() {
+                return false;
+            }
+            assert!(
+                Instant::now() < ready,
+                "{} never logged that it handles signals\n{}",
+                self.label,
+                tail(&self.stderr, 40)
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.signal(libc::SIGTERM);
+        true
+    }
+
     /// The exit status if it has exited.
     pub fn poll(&mut self) -> Option<ExitStatus> {
         if self.status.is_none() {

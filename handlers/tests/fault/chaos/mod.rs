@@ -3,7 +3,8 @@
 //! databases), a workload (producers in transactions, some rolled back; handlers that succeed,
 //! fail, panic, abort the process, hang in SQL and outside it; operators cancelling,
 //! retrying, pausing, pruning) and a schedule of faults (SIGKILL, SIGSTOP/SIGCONT, SIGTERM,
-//! sessions ended by the server, a lock held on a handler's table), run on the real binaries
+//! sessions ended by the server, a lock held on a handler's table, replies lost with their
+//! connection after the server ran the statement), run on the real binaries
 //! and servers; then the invariants of `shared/DESIGN.md` checked, each with its figures.
 //!
 //! `seed N` is printed first; `scripts/chaos.sh --seed N` replays it: the same plan, run
@@ -20,6 +21,7 @@
 //! call failing with a deadlock.
 
 mod checks;
+mod cut;
 mod plan;
 
 use std::path::PathBuf;
@@ -44,6 +46,8 @@ struct Database {
     _test_db: crate::support::TestDb,
     db: Db,
     url: String,
+    /// The workers' way to the database when the plan cuts replies.
+    proxy: Option<cut::CutProxy>,
 }
 
 /// A worker slot: its process now, how many times it was started.
@@ -68,9 +72,14 @@ pub fn run_seed(seed: u64) {
         .map(|_| {
             let (test_db, db) = fault_db(plan.backend);
             let url = test_db.url_text.clone();
+            let cuts = plan
+                .faults
+                .iter()
+                .any(|(_, f)| matches!(f, Fault::CutReplies(_)));
             Database {
                 _test_db: test_db,
                 db,
+                proxy: cuts.then(|| cut::CutProxy::start(&url, seed)),
                 url,
             }
         })
@@ -92,7 +101,12 @@ pub fn run_seed(seed: u64) {
             stopping: false,
         })
         .collect();
-    let urls: Vec<&str> = databases.iter().map(|d| d.url.as_str()).collect();
+    // The workers' URLs: through the proxy when the plan cuts replies (operators, producers
+    // and the checks connect directly).
+    let urls: Vec<&str> = databases
+        .iter()
+        .map(|d| d.proxy.as_ref().map_or(d.url.as_str(), |p| p.url.as_str()))
+        .collect();
     let mut rng = fastrand::Rng::with_seed(seed ^ 0x5eed);
     let started = Instant::now();
     let mut faults = plan.faults.iter().peekable();
@@ -109,6 +123,10 @@ pub fn run_seed(seed: u64) {
     let mut pause: Option<Instant> = None;
     // When every node has applied the pause (a heartbeat and more after the command).
     let mut pause_applied: Option<Instant> = None;
+    // While the proxies cut replies: until when. The bound counts from the faults' end: the
+    // window's, or a cut's that goes on past it.
+    let mut cut_until: Option<Instant> = None;
+    let mut faults_end = plan.window;
 
     // The faults' window, then the bound for the tasks to finish.
     loop {
@@ -164,6 +182,15 @@ pub fn run_seed(seed: u64) {
         while let Some((at, fault)) = faults.peek() {
             if *at > now {
                 break;
+            }
+            if let Fault::CutReplies(d) = fault {
+                for database in &databases {
+                    database.proxy.as_ref().expect("a proxy").cut(true);
+                }
+                cut_until = Some(Instant::now() + *d);
+                timeline.push(format!("{}: replies cut for {}", secs(now), secs(*d)));
+                faults.next();
+                continue;
             }
             apply_fault(
                 &sc,
@@ -236,6 +263,19 @@ pub fn run_seed(seed: u64) {
             checks.frozen_held_run(&databases[0].db, held);
             false
         });
+        if cut_until.is_some_and(|until| Instant::now() >= until) {
+            let cuts: usize = databases
+                .iter()
+                .filter_map(|d| d.proxy.as_ref())
+                .map(|p| {
+                    p.cut(false);
+                    p.cuts()
+                })
+                .sum();
+            timeline.push(format!("{}: replies whole again, {cuts} cut", secs(now)));
+            cut_until = None;
+            faults_end = faults_end.max(now);
+        }
         if pause_applied.is_some_and(|at| Instant::now() >= at) {
             checks.paused(&plan, &databases[0].db);
             pause_applied = None;
@@ -259,12 +299,12 @@ pub fn run_seed(seed: u64) {
                 stopping,
             );
         }
-        if !in_window && lock_holder.is_none() && pause.is_none() {
+        if !in_window && lock_holder.is_none() && pause.is_none() && cut_until.is_none() {
             let left: i64 = databases.iter().map(|d| checks::unfinished(&d.db)).sum();
             if left == 0 {
                 break;
             }
-            if now > plan.window + BOUND {
+            if now > faults_end + BOUND {
                 checks.violation(format!(
                     "liveness: {left} task(s) not done, dead or cancelled {BOUND:?} after the faults \
                      stopped: {:?}; {:?}",
@@ -553,13 +593,16 @@ fn apply_fault(
             timeline.push(format!("{}: worker {i} SIGKILL", secs(now)));
         }
         Fault::Term(i) if running(&mut slots[i]) => {
-            slots[i]
-                .proc
-                .as_ref()
-                .expect("running")
-                .signal(libc::SIGTERM);
-            slots[i].stopping = true;
-            timeline.push(format!("{}: worker {i} SIGTERM", secs(now)));
+            // A worker still starting may exit first (its connection cut: seed 5761).
+            if slots[i].proc.as_mut().expect("running").terminate() {
+                slots[i].stopping = true;
+                timeline.push(format!("{}: worker {i} SIGTERM", secs(now)));
+            } else {
+                timeline.push(format!(
+                    "{}: worker {i} exited before its SIGTERM",
+                    secs(now)
+                ));
+            }
         }
         Fault::Freeze(i, d) if running(&mut slots[i]) => {
             let proc = slots[i].proc.as_ref().expect("running");
@@ -689,11 +732,11 @@ fn stop(slots: &mut [Slot]) -> Vec<Proc> {
             if slot.frozen_until.take().is_some() {
                 proc.thaw();
             }
-            if proc.poll().is_none() {
-                proc.signal(libc::SIGTERM);
-                if proc.wait_for_exit(crate::STOP_LIMIT).is_none() {
-                    proc.kill9();
-                }
+            if proc.poll().is_none()
+                && proc.terminate()
+                && proc.wait_for_exit(crate::STOP_LIMIT).is_none()
+            {
+                proc.kill9();
             }
             procs.push(proc);
         }

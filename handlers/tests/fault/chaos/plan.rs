@@ -60,6 +60,10 @@ pub enum Fault {
     /// The handlers' table (`fault_ledger`) locked by the test for the duration, in the
     /// database `n`.
     LockLedger(usize, Duration),
+    /// For the duration, the workers' connections (through [`super::cut::CutProxy`]) lose
+    /// the answer to one message in a dozen, the connection with it: most often run by the
+    /// server, unheard by the worker.
+    CutReplies(Duration),
 }
 
 /// An operator's action, at a time after the start.
@@ -67,7 +71,7 @@ pub enum Fault {
 pub enum Operation {
     /// `cancel` a few tasks by id.
     Cancel,
-    /// `retry --all --state dead` and `--state cancelled`.
+    /// `retry --all --state dead`, `--state cancelled`, then `--state dead` again.
     RetryAll,
     /// `pause DOMAIN`, `resume DOMAIN` after the duration.
     Pause(Duration),
@@ -130,6 +134,10 @@ pub struct Plan {
 /// The first seed whose focus, whatever it is, may draw a claim strategy other than
 /// `default` (before it, only [`Focus::Mixed`] did).
 const EVERY_FOCUS_DRAWS_A_STRATEGY: u64 = 2300;
+
+/// The first seed that may draw [`Fault::CutReplies`], from a generator of its own: the
+/// seeds before keep their plans, the fixed seeds among them.
+pub const FIRST_CUTTING_SEED: u64 = 5500;
 
 impl Plan {
     /// The plan of `seed`. `mysql`: whether MySQL may be drawn (the feature is on).
@@ -321,6 +329,24 @@ impl Plan {
                 faults.push((at(&mut rng), fault));
             }
         }
+        // Not with the foci whose checks time a pace (a frozen worker's tasks run by the
+        // others, a slow database's neighbour, a paused domain's hand-over): cuts slow every
+        // claim. A random freeze of another focus may meet a cut, and its check with it.
+        let mut cut_rng = fastrand::Rng::with_seed(seed ^ 0xc075_0b5e);
+        if seed >= FIRST_CUTTING_SEED
+            && backend != Backend::Sqlite
+            && !matches!(
+                focus,
+                Focus::Frozen | Focus::SlowDatabase | Focus::PausedDomain
+            )
+            && cut_rng.bool()
+        {
+            let start = cut_rng.u64(500..window.as_millis() as u64 - 1_000);
+            faults.push((
+                Duration::from_millis(start),
+                Fault::CutReplies(Duration::from_millis(cut_rng.u64(1_000..=3_000))),
+            ));
+        }
         faults.sort_by_key(|(at, _)| *at);
         let mut operations = Vec::new();
         match focus {
@@ -447,7 +473,7 @@ mod tests {
         for seed in 1..=n {
             let p = Plan::from_seed(seed, true);
             println!(
-                "{seed}: {:?} {} batch {} claim {} workers {} drains {} dbs {} strategy {}",
+                "{seed}: {:?} {} batch {} claim {} workers {} drains {} dbs {} strategy {} cuts {}",
                 p.focus,
                 p.backend.name(),
                 p.commit_batch,
@@ -455,7 +481,10 @@ mod tests {
                 p.workers,
                 p.drains,
                 p.databases,
-                p.strategy
+                p.strategy,
+                p.faults
+                    .iter()
+                    .any(|(_, f)| matches!(f, Fault::CutReplies(_)))
             );
         }
     }
@@ -481,6 +510,54 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// FNV-1a over the plans (`Debug`) of seeds 1 to `FIRST_CUTTING_SEED - 1`, MySQL drawn,
+    /// as ad25801 drew them, before replies were cut.
+    const PLANS_BEFORE_CUTS: u64 = 0x8b39_c9ca_0949_a6b3;
+
+    /// The seeds before `FIRST_CUTTING_SEED`, the fixed seeds among them, keep their plans.
+    #[test]
+    fn seeds_before_the_first_cutting_one_keep_their_plans() {
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for seed in 1..FIRST_CUTTING_SEED {
+            for byte in format!("{:?}", Plan::from_seed(seed, true)).bytes() {
+                hash ^= u64::from(byte);
+                hash = hash.wrapping_mul(0x0100_0000_01b3);
+            }
+        }
+        assert_eq!(
+            hash, PLANS_BEFORE_CUTS,
+            "a seed before {FIRST_CUTTING_SEED} drew another plan"
+        );
+    }
+
+    /// From `FIRST_CUTTING_SEED` on, replies are cut on both server backends, never on SQLite
+    /// (no connection to cut), nor with a focus whose checks time a pace.
+    #[test]
+    fn replies_are_cut_from_their_first_seed_on_server_backends_only() {
+        let cuts = |p: &Plan| {
+            p.faults
+                .iter()
+                .any(|(_, f)| matches!(f, Fault::CutReplies(_)))
+        };
+        let after: Vec<Plan> = (FIRST_CUTTING_SEED..FIRST_CUTTING_SEED + 500)
+            .map(|s| Plan::from_seed(s, true))
+            .collect();
+        for backend in [Backend::Postgres, Backend::Mysql] {
+            assert!(
+                after.iter().any(|p| p.backend == backend && cuts(p)),
+                "{backend:?} never cut"
+            );
+        }
+        assert!(!after
+            .iter()
+            .any(|p| p.backend == Backend::Sqlite && cuts(p)));
+        assert!(!after.iter().any(|p| cuts(p)
+            && matches!(
+                p.focus,
+                Focus::Frozen | Focus::SlowDatabase | Focus::PausedDomain
+            )));
     }
 
     #[test]
