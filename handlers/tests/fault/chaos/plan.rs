@@ -528,7 +528,8 @@ mod tests {
         }
         assert_eq!(
             hash, PLANS_BEFORE_CUTS,
-            "a seed before {FIRST_CUTTING_SEED} drew another plan"
+            "a seed before {FIRST_CUTTING_SEED} drew another plan (or `Plan`'s `Debug` text changed: a \
+             field added, say; then take the new value, once the old plans are checked equal)"
         );
     }
 
