@@ -29,6 +29,7 @@ mod ops;
 mod proxy;
 mod prune;
 mod record;
+mod relay;
 mod reply;
 mod rescue;
 mod schema;

@@ -8,7 +8,7 @@
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread;
 
@@ -55,7 +55,17 @@ impl CommitReplyLoser {
                 let Ok(upstream) = TcpStream::connect(&server) else {
                     return;
                 };
-                relay(client, upstream, (mark, commit), Arc::clone(&lost_in));
+                // Armed by `mark`, then cut at the COMMIT: only the first of the proxy's.
+                let lost = Arc::clone(&lost_in);
+                let mut armed = false;
+                crate::relay::relay(client, upstream, move |data| {
+                    armed |= data.windows(mark.len()).any(|w| w == mark.as_bytes());
+                    armed
+                        && data.windows(commit.len()).any(|w| w == commit)
+                        && lost
+                            .compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst)
+                            .is_ok()
+                });
             }
         });
         CommitReplyLoser {
@@ -73,72 +83,6 @@ impl CommitReplyLoser {
     pub fn lost(&self) -> usize {
         self.lost.load(Ordering::SeqCst)
     }
-}
-
-/// Copies bytes both ways; the client's side is watched for [`CommitReplyLoser::ARM`], then
-/// for a COMMIT. The COMMIT goes to the server, and the connection is closed both ways when
-/// the server's reply comes, instead of it: the commit has happened by then, so a client that
-/// asks at once on another connection finds it.
-fn relay(
-    client: TcpStream,
-    upstream: TcpStream,
-    (mark, commit): (&'static str, &'static [u8]),
-    lost: Arc<AtomicUsize>,
-) {
-    let (mut client_r, mut upstream_w) =
-        (client.try_clone().unwrap(), upstream.try_clone().unwrap());
-    let (mut upstream_r, mut client_w) = (upstream, client);
-    let swallow = Arc::new(AtomicBool::new(false));
-    let swallow_in = Arc::clone(&swallow);
-    thread::spawn(move || {
-        let mut buf = [0u8; 65536];
-        let mark = mark.as_bytes();
-        let mut armed = false;
-        loop {
-            let n = match client_r.read(&mut buf) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => n,
-            };
-            let data = &buf[..n];
-            armed |= data.windows(mark.len()).any(|w| w == mark);
-            // Only the first armed COMMIT of the proxy's connections.
-            let commits = armed
-                && data.windows(commit.len()).any(|w| w == commit)
-                && lost
-                    .compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst)
-                    .is_ok();
-            if commits {
-                // Set before the COMMIT leaves: its reply is the next thing the server sends.
-                swallow_in.store(true, Ordering::SeqCst);
-            }
-            if upstream_w.write_all(data).is_err() {
-                break;
-            }
-            if commits {
-                // The other side closes the connection when the reply comes.
-                return;
-            }
-        }
-        let _ = upstream_w.shutdown(Shutdown::Both);
-    });
-    thread::spawn(move || {
-        let mut buf = [0u8; 65536];
-        loop {
-            let n = match upstream_r.read(&mut buf) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => n,
-            };
-            if swallow.load(Ordering::SeqCst) {
-                // The server has committed; its reply goes nowhere.
-                let _ = upstream_r.shutdown(Shutdown::Both);
-                break;
-            }
-            if client_w.write_all(&buf[..n]).is_err() {
-                break;
-            }
-        }
-        let _ = client_w.shutdown(Shutdown::Both);
-    });
 }
 
 /// A TCP proxy in front of a PostgreSQL or MySQL test server that can swallow replies: once

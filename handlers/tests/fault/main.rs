@@ -53,6 +53,8 @@
 //! `sigterm`, `poison`, `drains`, `migrations`, `cron`, `failover`, `exit`), so a test's full name is, e.g.,
 //! `kill::kill_9_during_a_run`; the modules they share are listed below.
 
+#[path = "../../../tests/suite/relay.rs"]
+mod relay;
 #[path = "../../../tests/suite/support.rs"]
 mod support;
 

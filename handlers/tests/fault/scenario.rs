@@ -251,15 +251,7 @@ impl Proc {
             // A catchable signal before the handlers are installed would kill it outright:
             // wait for the line the worker logs once they are.
             let ready = Instant::now() + COMMAND_LIMIT;
-            while !self.stderr_text().contains("SIGINT or SIGTERM stops it") {
-                assert!(
-                    Instant::now() < ready,
-                    "{} never logged that it handles signals\n{}",
-                    self.label,
-                    tail(&self.stderr, 40)
-                );
-                std::thread::sleep(Duration::from_millis(10));
-            }
+            while !self.handles_signals(ready) {}
         }
         assert!(
             self.status.is_none(),
@@ -283,20 +275,29 @@ impl Proc {
     /// it exits before it does (a worker whose start failed: a connection cut, say).
     pub fn terminate(&mut self) -> bool {
         let ready = Instant::now() + COMMAND_LIMIT;
-        while !self.stderr_text().contains("SIGINT or SIGTERM stops it") {
+        while !self.handles_signals(ready) {
             if self.poll().is_some() {
                 return false;
             }
-            assert!(
-                Instant::now() < ready,
-                "{} never logged that it handles signals\n{}",
-                self.label,
-                tail(&self.stderr, 40)
-            );
-            std::thread::sleep(Duration::from_millis(10));
         }
         self.signal(libc::SIGTERM);
         true
+    }
+
+    /// Whether it has logged that its signal handlers are installed; if not, a pause of 10 ms
+    /// first. Panics once `ready` has passed without.
+    fn handles_signals(&self, ready: Instant) -> bool {
+        if self.stderr_text().contains("SIGINT or SIGTERM stops it") {
+            return true;
+        }
+        assert!(
+            Instant::now() < ready,
+            "{} never logged that it handles signals\n{}",
+            self.label,
+            tail(&self.stderr, 40)
+        );
+        std::thread::sleep(Duration::from_millis(10));
+        false
     }
 
     /// The exit status if it has exited.

@@ -6,8 +6,7 @@
 //! hears only that its connection is gone, as through a failover, a cut link or a proxy that
 //! drops it. Data the server sends unasked (a notice, a notification) ends it as well.
 
-use std::io::{Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
+use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread;
@@ -53,14 +52,15 @@ impl CutProxy {
                 let Ok(upstream) = TcpStream::connect(&server) else {
                     continue;
                 };
-                let rng = fastrand::Rng::with_seed(seed ^ (n as u64).wrapping_mul(0x9e37_79b9));
-                relay(
-                    client,
-                    upstream,
-                    rng,
-                    Arc::clone(&cutting_in),
-                    Arc::clone(&cuts_in),
-                );
+                let mut rng = fastrand::Rng::with_seed(seed ^ (n as u64).wrapping_mul(0x9e37_79b9));
+                let (cutting, cuts) = (Arc::clone(&cutting_in), Arc::clone(&cuts_in));
+                crate::relay::relay(client, upstream, move |_| {
+                    let cut = cutting.load(Ordering::SeqCst) && rng.u32(..ONE_IN) == 0;
+                    if cut {
+                        cuts.fetch_add(1, Ordering::SeqCst);
+                    }
+                    cut
+                });
             }
         });
         CutProxy {
@@ -89,63 +89,4 @@ impl Drop for CutProxy {
         self.closed.store(true, Ordering::SeqCst);
         let _ = TcpStream::connect(("127.0.0.1", self.port));
     }
-}
-
-/// Copies bytes both ways. While cutting, a client's message is, one time in [`ONE_IN`],
-/// forwarded and its connection closed both ways as soon as the server answers.
-fn relay(
-    client: TcpStream,
-    upstream: TcpStream,
-    mut rng: fastrand::Rng,
-    cutting: Arc<AtomicBool>,
-    cuts: Arc<AtomicUsize>,
-) {
-    let (Ok(mut client_r), Ok(mut upstream_w)) = (client.try_clone(), upstream.try_clone()) else {
-        return;
-    };
-    let (mut upstream_r, mut client_w) = (upstream, client);
-    let swallow = Arc::new(AtomicBool::new(false));
-    let swallow_in = Arc::clone(&swallow);
-    thread::spawn(move || {
-        let mut buf = [0u8; 65536];
-        loop {
-            let n = match client_r.read(&mut buf) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => n,
-            };
-            // Once per connection. What follows a cut message goes on to the server: a
-            // message that has no reply (MySQL's `COM_STMT_CLOSE`) loses the next one's.
-            let cut = !swallow_in.load(Ordering::SeqCst)
-                && cutting.load(Ordering::SeqCst)
-                && rng.u32(..ONE_IN) == 0;
-            if cut {
-                // Set before the message leaves: its reply is the next thing the server
-                // sends on this connection. The other side closes the connection then.
-                swallow_in.store(true, Ordering::SeqCst);
-                cuts.fetch_add(1, Ordering::SeqCst);
-            }
-            if upstream_w.write_all(&buf[..n]).is_err() {
-                break;
-            }
-        }
-        let _ = upstream_w.shutdown(Shutdown::Both);
-    });
-    thread::spawn(move || {
-        let mut buf = [0u8; 65536];
-        loop {
-            let n = match upstream_r.read(&mut buf) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => n,
-            };
-            if swallow.load(Ordering::SeqCst) {
-                // The server has run the statement; its reply goes nowhere.
-                let _ = upstream_r.shutdown(Shutdown::Both);
-                break;
-            }
-            if client_w.write_all(&buf[..n]).is_err() {
-                break;
-            }
-        }
-        let _ = client_w.shutdown(Shutdown::Both);
-    });
 }
