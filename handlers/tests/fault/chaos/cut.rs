@@ -77,7 +77,8 @@ impl CutProxy {
         self.cutting.store(on, Ordering::SeqCst);
     }
 
-    /// How many connections were cut after their statement reached the server.
+    /// How many connections were cut (each after what its client last sent reached the
+    /// server).
     pub fn cuts(&self) -> usize {
         self.cuts.load(Ordering::SeqCst)
     }

@@ -72,14 +72,12 @@ pub fn run_seed(seed: u64) {
         .map(|_| {
             let (test_db, db) = fault_db(plan.backend);
             let url = test_db.url_text.clone();
-            let cuts = plan
-                .faults
-                .iter()
-                .any(|(_, f)| matches!(f, Fault::CutReplies(_)));
             Database {
                 _test_db: test_db,
                 db,
-                proxy: cuts.then(|| cut::CutProxy::start(&url, seed)),
+                proxy: plan
+                    .cuts_replies()
+                    .then(|| cut::CutProxy::start(&url, seed)),
                 url,
             }
         })

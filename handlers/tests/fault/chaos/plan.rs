@@ -140,6 +140,13 @@ const EVERY_FOCUS_DRAWS_A_STRATEGY: u64 = 2300;
 pub const FIRST_CUTTING_SEED: u64 = 5500;
 
 impl Plan {
+    /// Whether it cuts the workers' replies ([`Fault::CutReplies`]).
+    pub fn cuts_replies(&self) -> bool {
+        self.faults
+            .iter()
+            .any(|(_, f)| matches!(f, Fault::CutReplies(_)))
+    }
+
     /// The plan of `seed`. `mysql`: whether MySQL may be drawn (the feature is on).
     pub fn from_seed(seed: u64, mysql: bool) -> Plan {
         let mut rng = fastrand::Rng::with_seed(seed);
@@ -482,9 +489,7 @@ mod tests {
                 p.drains,
                 p.databases,
                 p.strategy,
-                p.faults
-                    .iter()
-                    .any(|(_, f)| matches!(f, Fault::CutReplies(_)))
+                p.cuts_replies()
             );
         }
     }
@@ -537,24 +542,21 @@ mod tests {
     /// (no connection to cut), nor with a focus whose checks time a pace.
     #[test]
     fn replies_are_cut_from_their_first_seed_on_server_backends_only() {
-        let cuts = |p: &Plan| {
-            p.faults
-                .iter()
-                .any(|(_, f)| matches!(f, Fault::CutReplies(_)))
-        };
         let after: Vec<Plan> = (FIRST_CUTTING_SEED..FIRST_CUTTING_SEED + 500)
             .map(|s| Plan::from_seed(s, true))
             .collect();
         for backend in [Backend::Postgres, Backend::Mysql] {
             assert!(
-                after.iter().any(|p| p.backend == backend && cuts(p)),
+                after
+                    .iter()
+                    .any(|p| p.backend == backend && p.cuts_replies()),
                 "{backend:?} never cut"
             );
         }
         assert!(!after
             .iter()
-            .any(|p| p.backend == Backend::Sqlite && cuts(p)));
-        assert!(!after.iter().any(|p| cuts(p)
+            .any(|p| p.backend == Backend::Sqlite && p.cuts_replies()));
+        assert!(!after.iter().any(|p| p.cuts_replies()
             && matches!(
                 p.focus,
                 Focus::Frozen | Focus::SlowDatabase | Focus::PausedDomain
