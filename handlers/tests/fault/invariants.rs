@@ -471,12 +471,22 @@ pub fn check_and_publish_failover(
 
 /// [`check_and_publish`] for the seeded harness: cancelled tasks are finished (its operators
 /// and producers cancel), and on PostgreSQL an extra external run in a transaction that rolled
-/// back is accepted whatever the claim style (its workers' styles vary by seed).
-pub fn check_and_publish_chaos(sc: &Scenario, db: &Db, mut report: Report) -> Figures {
+/// back is accepted whatever the claim style (its workers' styles vary by seed). `crash`: the
+/// server crashed, with the tasks whose claims the workers logged as lost
+/// ([`check_and_publish_after_crash`]).
+pub fn check_and_publish_chaos(
+    sc: &Scenario,
+    db: &Db,
+    mut report: Report,
+    crash: Option<&HashSet<i64>>,
+) -> Figures {
     let mut figures = Figures::collect(db, &sc.external_file());
     figures.cancels = true;
+    if let Some(lost_claims) = crash {
+        figures.explain_lost_claims(lost_claims);
+    }
     if db.backend() == outbox::Backend::Postgres {
-        figures.explain_rolled_back(db, false);
+        figures.explain_rolled_back(db, crash.is_some());
     }
     figures.add_to(&mut report);
     let violations = figures.violations();

@@ -552,7 +552,14 @@ impl Checks {
     /// Adds the harness's figures and violations to `report`, then publishes it with the
     /// suite's invariants (`check_and_publish`, on the first database; on the others they
     /// are checked as well); fails naming every violation.
-    pub fn publish(&self, sc: &Scenario, dbs: &[&Db], mut report: Report) {
+    /// `crash`: the server crashed, and the tasks whose claims the workers logged as lost.
+    pub fn publish(
+        &self,
+        sc: &Scenario,
+        dbs: &[&Db],
+        mut report: Report,
+        crash: Option<&HashSet<i64>>,
+    ) {
         report.add(
             "producers",
             format!(
@@ -591,7 +598,7 @@ impl Checks {
             report.add("other database", format!("{:?}", db.states()));
         }
         if self.violations.is_empty() {
-            crate::invariants::check_and_publish_chaos(sc, dbs[0], report);
+            crate::invariants::check_and_publish_chaos(sc, dbs[0], report, crash);
         } else {
             sc.publish(&report);
             panic!("seed invariants violated:\n{}", self.violations.join("\n"));
@@ -607,6 +614,12 @@ pub struct Sampler {
 }
 
 impl Sampler {
+    /// Counts the pace from now: the server just came back, and the workers' backoff brings
+    /// them back within about as long as it was away.
+    pub fn excuse(&mut self) {
+        self.since = Some(Instant::now());
+    }
+
     pub fn sample(
         &mut self,
         plan: &Plan,

@@ -4,8 +4,9 @@
 //! fail, panic, abort the process, hang in SQL and outside it; operators cancelling,
 //! retrying, pausing, pruning) and a schedule of faults (SIGKILL, SIGSTOP/SIGCONT, SIGTERM,
 //! sessions ended by the server, a lock held on a handler's table, replies lost with their
-//! connection after the server ran the statement), run on the real binaries
-//! and servers; then the invariants of `shared/DESIGN.md` checked, each with its figures.
+//! connection after the server ran the statement, the server restarted or crashed), run on
+//! the real binaries and servers; then the invariants of `shared/DESIGN.md` checked, each with
+//! its figures.
 //!
 //! `seed N` is printed first; `scripts/chaos.sh --seed N` replays it: the same plan, run
 //! again (the same configuration, workload and fault schedule; the processes' own timing
@@ -24,14 +25,18 @@ mod checks;
 mod cut;
 mod plan;
 
+use std::collections::HashSet;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use outbox::{Backend, NewTask};
 
+use crate::cluster::Cluster;
 use crate::db::{fault_db, task, Db};
+use crate::logs::lost_claim_tasks;
 use crate::report::{secs, Report};
 use crate::scenario::{Proc, Scenario};
+use crate::COMMAND_LIMIT;
 use checks::{Checks, Sampler};
 use plan::{Fault, Operation, Plan};
 
@@ -41,9 +46,10 @@ const BOUND: Duration = Duration::from_secs(90);
 /// One tick of the run loop.
 const TICK: Duration = Duration::from_millis(100);
 
-/// A database of the run: the test's handle, its view, its URL.
+/// A database of the run: the test's handle (none on a server of the seed's own), its view,
+/// its URL.
 struct Database {
-    _test_db: crate::support::TestDb,
+    _test_db: Option<crate::support::TestDb>,
     db: Db,
     url: String,
     /// The workers' way to the database when the plan cuts replies.
@@ -57,6 +63,8 @@ struct Slot {
     frozen_until: Option<Instant>,
     /// Sent SIGTERM and not yet exited: it claims nothing more, on any of its databases.
     stopping: bool,
+    /// The tasks whose claims its earlier processes logged as lost (a crash of the server).
+    lost_claims: HashSet<i64>,
 }
 
 /// Runs the plan of `seed` and checks it; panics naming every violated invariant.
@@ -68,10 +76,27 @@ pub fn run_seed(seed: u64) {
     for (key, value) in plan.describe() {
         report.add(&key, value);
     }
+    // A plan that restarts the server runs on a server of its own, the shared one left alone.
+    let cluster = plan
+        .restarts_server()
+        .map(|_| Cluster::start(&sc, plan.backend));
     let databases: Vec<Database> = (0..plan.databases)
-        .map(|_| {
-            let (test_db, db) = fault_db(plan.backend);
-            let url = test_db.url_text.clone();
+        .map(|i| {
+            let (test_db, db) = match &cluster {
+                Some(cluster) => {
+                    let url = cluster.create_database(&format!("chaos_{i}"));
+                    sc.spawn("migrate", &url, &["migrate".to_owned()])
+                        .expect_exit_0(COMMAND_LIMIT);
+                    let db = Db::new(&url);
+                    db.create_fault_ledger();
+                    (None, db)
+                }
+                None => {
+                    let (test_db, db) = fault_db(plan.backend);
+                    (Some(test_db), db)
+                }
+            };
+            let url = db.url().to_owned();
             Database {
                 _test_db: test_db,
                 db,
@@ -97,6 +122,7 @@ pub fn run_seed(seed: u64) {
             starts: 0,
             frozen_until: None,
             stopping: false,
+            lost_claims: HashSet::new(),
         })
         .collect();
     // The workers' URLs: through the proxy when the plan cuts replies (operators, producers
@@ -125,6 +151,8 @@ pub fn run_seed(seed: u64) {
     // window's, or a cut's that goes on past it.
     let mut cut_until: Option<Instant> = None;
     let mut faults_end = plan.window;
+    // Whether the server crashed (a restart `immediate`).
+    let mut crashed = false;
 
     // The faults' window, then the bound for the tasks to finish.
     loop {
@@ -187,6 +215,32 @@ pub fn run_seed(seed: u64) {
                 }
                 cut_until = Some(Instant::now() + *d);
                 timeline.push(format!("{}: replies cut for {}", secs(now), secs(*d)));
+                faults.next();
+                continue;
+            }
+            if let Fault::RestartServer(how) = fault {
+                // The loop waits: no producer, operator or check meets the server away.
+                let began = Instant::now();
+                cluster
+                    .as_ref()
+                    .expect("a server of the seed's own")
+                    .script(&sc, &["restart", how]);
+                timeline.push(format!(
+                    "{}: server restarted ({how}) in {}",
+                    secs(now),
+                    secs(began.elapsed())
+                ));
+                crashed |= *how == "immediate";
+                // The workers come back within their backoff: what a frozen worker held, and
+                // each database's pace, count from now.
+                let by = Instant::now() + checks::FROZEN_BOUND;
+                for (until, _) in &mut frozen_checks {
+                    *until = (*until).max(by);
+                }
+                for sampler in &mut samplers {
+                    sampler.excuse();
+                }
+                faults_end = faults_end.max(started.elapsed());
                 faults.next();
                 continue;
             }
@@ -355,6 +409,12 @@ pub fn run_seed(seed: u64) {
     for (i, database) in databases.iter().enumerate() {
         checks.after(&plan, &database.db, i, &procs);
     }
+    // After a crash, a claim whose commit was not flushed is lost, and its task may run again
+    // without a note: its first worker logged that its claim was taken over.
+    let mut lost_claims = lost_claim_tasks(&procs.iter().collect::<Vec<_>>());
+    for slot in &slots {
+        lost_claims.extend(&slot.lost_claims);
+    }
     report.add("faults and operations", timeline.join("; "));
     report.add(
         "run",
@@ -369,7 +429,10 @@ pub fn run_seed(seed: u64) {
         &sc,
         &databases.iter().map(|d| &d.db).collect::<Vec<_>>(),
         report,
+        crashed.then_some(&lost_claims),
     );
+    drop(databases);
+    drop(cluster);
 }
 
 /// The database's tables and first tasks.
@@ -558,6 +621,7 @@ fn supervise(
                     }
                 }
             }
+            slot.lost_claims.extend(lost_claim_tasks(&[&*proc]));
         }
         let _ = in_window;
         slot.stopping = false;
@@ -1069,7 +1133,7 @@ fn soak() {
     // The batched worker takes lease claims by its own flag (not OUTBOX_FAULT_CLAIM): a chunk
     // that rolls back (its process killed, its sessions ended) reruns its tasks, so an external
     // effect's first run in an aborted transaction is explained as in a seed's check.
-    crate::invariants::check_and_publish_chaos(&sc, &db, report);
+    crate::invariants::check_and_publish_chaos(&sc, &db, report, None);
     assert!(violations.is_empty(), "{}", violations.join("\n"));
 }
 

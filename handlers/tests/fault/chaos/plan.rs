@@ -64,6 +64,9 @@ pub enum Fault {
     /// the answer to one message in a dozen, the connection with it: most often run by the
     /// server, unheard by the worker.
     CutReplies(Duration),
+    /// The server restarted: `pg.sh restart HOW` (or `mysql.sh`), `fast` (a clean shutdown)
+    /// or `immediate` (a crash), on a server of the seed's own.
+    RestartServer(&'static str),
 }
 
 /// An operator's action, at a time after the start.
@@ -139,12 +142,24 @@ const EVERY_FOCUS_DRAWS_A_STRATEGY: u64 = 2300;
 /// seeds before keep their plans, the fixed seeds among them.
 pub const FIRST_CUTTING_SEED: u64 = 5500;
 
+/// The first seed that may draw [`Fault::RestartServer`], from a generator of its own: the
+/// seeds before keep their plans.
+pub const FIRST_RESTARTING_SEED: u64 = 6600;
+
 impl Plan {
     /// Whether it cuts the workers' replies ([`Fault::CutReplies`]).
     pub fn cuts_replies(&self) -> bool {
         self.faults
             .iter()
             .any(|(_, f)| matches!(f, Fault::CutReplies(_)))
+    }
+
+    /// How it restarts the server ([`Fault::RestartServer`]), if it does.
+    pub fn restarts_server(&self) -> Option<&'static str> {
+        self.faults.iter().find_map(|(_, f)| match f {
+            Fault::RestartServer(how) => Some(*how),
+            _ => None,
+        })
     }
 
     /// The plan of `seed`. `mysql`: whether MySQL may be drawn (the feature is on).
@@ -354,6 +369,25 @@ impl Plan {
                 Fault::CutReplies(Duration::from_millis(cut_rng.u64(1_000..=3_000))),
             ));
         }
+        // From `FIRST_RESTARTING_SEED` on, a server restart, on a server of the seed's own
+        // (`crate::cluster::Cluster`); not with the foci whose checks time a pace, as cuts.
+        let mut restart_rng = fastrand::Rng::with_seed(seed ^ 0x2e57_a27e);
+        if seed >= FIRST_RESTARTING_SEED
+            && backend != Backend::Sqlite
+            && !matches!(
+                focus,
+                Focus::Frozen | Focus::SlowDatabase | Focus::PausedDomain
+            )
+            && restart_rng.bool()
+        {
+            let start = restart_rng.u64(1_000..window.as_millis() as u64 - 1_500);
+            let how = if restart_rng.bool() {
+                "immediate"
+            } else {
+                "fast"
+            };
+            faults.push((Duration::from_millis(start), Fault::RestartServer(how)));
+        }
         faults.sort_by_key(|(at, _)| *at);
         let mut operations = Vec::new();
         match focus {
@@ -480,7 +514,7 @@ mod tests {
         for seed in 1..=n {
             let p = Plan::from_seed(seed, true);
             println!(
-                "{seed}: {:?} {} batch {} claim {} workers {} drains {} dbs {} strategy {} cuts {}",
+                "{seed}: {:?} {} batch {} claim {} workers {} drains {} dbs {} strategy {} cuts {} restarts {:?}",
                 p.focus,
                 p.backend.name(),
                 p.commit_batch,
@@ -489,7 +523,8 @@ mod tests {
                 p.drains,
                 p.databases,
                 p.strategy,
-                p.cuts_replies()
+                p.cuts_replies(),
+                p.restarts_server()
             );
         }
     }
@@ -521,20 +556,37 @@ mod tests {
     /// as ad25801 drew them, before replies were cut.
     const PLANS_BEFORE_CUTS: u64 = 0x8b39_c9ca_0949_a6b3;
 
-    /// The seeds before `FIRST_CUTTING_SEED`, the fixed seeds among them, keep their plans.
-    #[test]
-    fn seeds_before_the_first_cutting_one_keep_their_plans() {
+    /// FNV-1a over the plans (`Debug`) of seeds 1 to `FIRST_RESTARTING_SEED - 1`, MySQL drawn,
+    /// as 03b8a4f drew them, before servers were restarted.
+    const PLANS_BEFORE_RESTARTS: u64 = 0x4236_e28b_b4a8_9f94;
+
+    /// FNV-1a over the `Debug` text of the plans of `seeds`, MySQL drawn.
+    fn fingerprint(seeds: std::ops::Range<u64>) -> u64 {
         let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-        for seed in 1..FIRST_CUTTING_SEED {
+        for seed in seeds {
             for byte in format!("{:?}", Plan::from_seed(seed, true)).bytes() {
                 hash ^= u64::from(byte);
                 hash = hash.wrapping_mul(0x0100_0000_01b3);
             }
         }
+        hash
+    }
+
+    /// The seeds before `FIRST_CUTTING_SEED`, and those before `FIRST_RESTARTING_SEED`, the
+    /// fixed seeds among them, keep their plans.
+    #[test]
+    fn seeds_before_the_first_cutting_and_restarting_ones_keep_their_plans() {
+        let changed = "drew another plan (or `Plan`'s `Debug` text changed: a field added, say; \
+                       then take the new value, once the old plans are checked equal)";
         assert_eq!(
-            hash, PLANS_BEFORE_CUTS,
-            "a seed before {FIRST_CUTTING_SEED} drew another plan (or `Plan`'s `Debug` text changed: a \
-             field added, say; then take the new value, once the old plans are checked equal)"
+            fingerprint(1..FIRST_CUTTING_SEED),
+            PLANS_BEFORE_CUTS,
+            "a seed before {FIRST_CUTTING_SEED} {changed}"
+        );
+        assert_eq!(
+            fingerprint(1..FIRST_RESTARTING_SEED),
+            PLANS_BEFORE_RESTARTS,
+            "a seed before {FIRST_RESTARTING_SEED} {changed}"
         );
     }
 
@@ -561,6 +613,33 @@ mod tests {
                 p.focus,
                 Focus::Frozen | Focus::SlowDatabase | Focus::PausedDomain
             )));
+    }
+
+    /// From `FIRST_RESTARTING_SEED` on, servers are restarted both ways on both server
+    /// backends, never on SQLite, nor with a focus whose checks time a pace; never before.
+    #[test]
+    fn servers_restart_from_their_first_seed_on_server_backends_only() {
+        assert!(!(1..FIRST_RESTARTING_SEED)
+            .any(|s| Plan::from_seed(s, true).restarts_server().is_some()));
+        let after: Vec<Plan> = (FIRST_RESTARTING_SEED..FIRST_RESTARTING_SEED + 500)
+            .map(|s| Plan::from_seed(s, true))
+            .collect();
+        for backend in [Backend::Postgres, Backend::Mysql] {
+            for how in ["fast", "immediate"] {
+                assert!(
+                    after
+                        .iter()
+                        .any(|p| p.backend == backend && p.restarts_server() == Some(how)),
+                    "{backend:?} never restarted {how}"
+                );
+            }
+        }
+        assert!(!after.iter().any(|p| p.restarts_server().is_some()
+            && (p.backend == Backend::Sqlite
+                || matches!(
+                    p.focus,
+                    Focus::Frozen | Focus::SlowDatabase | Focus::PausedDomain
+                ))));
     }
 
     #[test]
