@@ -162,7 +162,24 @@ impl Figures {
         let before = self.external_dup_unexplained.len();
         self.external_dup_unexplained
             .retain(|id| !lost_claims.contains(id));
-        self.external_dup_lost_claim = before - self.external_dup_unexplained.len();
+        self.external_dup_lost_claim += before - self.external_dup_unexplained.len();
+    }
+
+    /// Accepts a silent second run of a task that ran before a crash (among the external
+    /// file's first `lines_before` lines) and again after it: its claim, committed without
+    /// waiting for its flush, was lost, and its first worker may have ended before it could
+    /// log so (killed, or aborted by another task of its page). A claim that the crash kept
+    /// leaves its task running, and whoever frees it notes it.
+    fn explain_crash_reruns(&mut self, lines_before: usize) {
+        let (before, after) = self
+            .external_runs
+            .split_at(lines_before.min(self.external_runs.len()));
+        let ran_before: HashSet<i64> = before.iter().map(|(id, _)| *id).collect();
+        let ran_after: HashSet<i64> = after.iter().map(|(id, _)| *id).collect();
+        let n = self.external_dup_unexplained.len();
+        self.external_dup_unexplained
+            .retain(|id| !(ran_before.contains(id) && ran_after.contains(id)));
+        self.external_dup_lost_claim += n - self.external_dup_unexplained.len();
     }
 
     /// Accepts the extra runs of an external effect made in transactions that rolled back
@@ -176,7 +193,10 @@ impl Figures {
     /// run and left its id to the rerun that completed the task). A task whose lines, less those of
     /// rolled-back runs, number at most one ran its effect once outside them. A line without
     /// a transaction (a run outside a chunk, after a chunk rolled back) is counted as before.
-    fn explain_rolled_back(&mut self, db: &Db, crashed: bool) {
+    ///
+    /// `crash_from`: the server crashed, and the transaction ids from this one on may have
+    /// been lost and given again (0: any of the run's).
+    fn explain_rolled_back(&mut self, db: &Db, crash_from: Option<u64>) {
         let xids: BTreeSet<&str> = self
             .external_runs
             .iter()
@@ -185,7 +205,7 @@ impl Figures {
         if xids.is_empty() {
             return;
         }
-        let status = xact_status(db, &xids);
+        let status = xact_status(db, &xids, crash_from.is_some());
         // The done rows' xmin: a 32-bit transaction id, the low half of the full one (of the
         // pruned ones, as saved before the prune).
         let completed_in: HashMap<i64, u64> = db
@@ -224,6 +244,7 @@ impl Figures {
                 continue;
             };
             let full: u64 = xid.parse().expect("a transaction id");
+            let crashed = crash_from.is_some_and(|from| full >= from);
             let completes = completed_in.get(id) == Some(&(full & 0xffff_ffff));
             let kind = if completes && crashed && last_line[&(*id, xid.as_str())] != at {
                 "id reused after the crash"
@@ -234,6 +255,7 @@ impl Figures {
             } else {
                 match status[xid.as_str()].as_str() {
                     "aborted" => "rolled back",
+                    "lost in the crash" if crashed => "lost in the crash",
                     "committed" if crashed => "id reused after the crash",
                     other => {
                         wrong.insert(*id);
@@ -408,7 +430,7 @@ pub fn check_and_publish_after_crash(
     let mut figures = Figures::collect(db, &sc.external_file());
     figures.explain_lost_claims(lost_claims);
     if sc.locks() {
-        figures.explain_rolled_back(db, crashed);
+        figures.explain_rolled_back(db, crashed.then_some(0));
     }
     figures.add_to(&mut report);
     let mut violations = figures.violations();
@@ -446,7 +468,7 @@ pub fn check_and_publish_failover(
     let mut figures = Figures::collect(db, &sc.external_file());
     figures.explain_lost_claims(lost_claims);
     if lock_claims || sc.locks() {
-        figures.explain_rolled_back(db, true);
+        figures.explain_rolled_back(db, Some(0));
     }
     figures.add_to(&mut report);
     let mut violations = figures.violations();
@@ -469,24 +491,35 @@ pub fn check_and_publish_failover(
     figures
 }
 
+/// What the seeded harness knew of a crash of a PostgreSQL server (a restart `immediate`).
+pub struct Crash {
+    /// The tasks whose claims the workers logged as taken over from the crash on.
+    pub lost_claims: HashSet<i64>,
+    /// Lines of the external file once the server was back.
+    pub lines_before: usize,
+    /// The server's next transaction id before the crash: the first the crash may have lost.
+    pub xid_from: u64,
+}
+
 /// [`check_and_publish`] for the seeded harness: cancelled tasks are finished (its operators
 /// and producers cancel), and on PostgreSQL an extra external run in a transaction that rolled
 /// back is accepted whatever the claim style (its workers' styles vary by seed). `crash`: the
-/// server crashed, with the tasks whose claims the workers logged as lost
-/// ([`check_and_publish_after_crash`]).
+/// server crashed ([`Crash`]): a silent rerun of a task whose claim it lost is accepted, and a
+/// run in a transaction it lost.
 pub fn check_and_publish_chaos(
     sc: &Scenario,
     db: &Db,
     mut report: Report,
-    crash: Option<&HashSet<i64>>,
+    crash: Option<&Crash>,
 ) -> Figures {
     let mut figures = Figures::collect(db, &sc.external_file());
     figures.cancels = true;
-    if let Some(lost_claims) = crash {
-        figures.explain_lost_claims(lost_claims);
+    if let Some(crash) = crash {
+        figures.explain_lost_claims(&crash.lost_claims);
+        figures.explain_crash_reruns(crash.lines_before);
     }
     if db.backend() == outbox::Backend::Postgres {
-        figures.explain_rolled_back(db, crash.is_some());
+        figures.explain_rolled_back(db, crash.map(|c| c.xid_from));
     }
     figures.add_to(&mut report);
     let violations = figures.violations();
@@ -504,7 +537,10 @@ pub fn check_and_publish_chaos(
 }
 
 /// `pg_xact_status` of each transaction id (`committed`, `aborted`, `in progress`).
-fn xact_status(db: &Db, xids: &BTreeSet<&str>) -> HashMap<String, String> {
+/// After a crash (`crashed`), an id the server has not given since (a transaction the crash
+/// lost, whose id is still ahead) is `lost in the crash`: `pg_xact_status` refuses an id from
+/// the future.
+fn xact_status(db: &Db, xids: &BTreeSet<&str>, crashed: bool) -> HashMap<String, String> {
     #[derive(QueryableByName)]
     struct Row {
         #[diesel(sql_type = diesel::sql_types::Text)]
@@ -513,7 +549,17 @@ fn xact_status(db: &Db, xids: &BTreeSet<&str>) -> HashMap<String, String> {
         status: String,
     }
     let mut status = HashMap::new();
-    let xids: Vec<&str> = xids.iter().copied().collect();
+    let next = match crashed {
+        true => next_xid(db),
+        false => u64::MAX,
+    };
+    let (ahead, xids): (Vec<&str>, Vec<&str>) = xids
+        .iter()
+        .copied()
+        .partition(|x| x.parse::<u64>().is_ok_and(|x| x >= next));
+    for xid in ahead {
+        status.insert(xid.to_owned(), "lost in the crash".to_owned());
+    }
     for chunk in xids.chunks(1_000) {
         let values: Vec<String> = chunk
             .iter()
@@ -537,6 +583,17 @@ fn xact_status(db: &Db, xids: &BTreeSet<&str>) -> HashMap<String, String> {
         }
     }
     status
+}
+
+/// The transaction id the server gives next (`pg_current_snapshot`'s xmax: none taken).
+pub fn next_xid(db: &Db) -> u64 {
+    db.count("SELECT CAST(CAST(pg_snapshot_xmax(pg_current_snapshot()) AS text) AS BIGINT)") as u64
+}
+
+/// A transaction id taken and committed with its flush (the session's `synchronous_commit`,
+/// on): every commit before it is on disk, so a crash after it loses no id up to it.
+pub fn durable_xid(db: &Db) -> u64 {
+    db.count("SELECT CAST(CAST(pg_current_xact_id() AS text) AS BIGINT)") as u64
 }
 
 #[derive(QueryableByName)]

@@ -13,13 +13,15 @@ pub const RELEASE_LOG: &[&str] = &["while running it", "the connection broke und
 pub fn lost_claim_tasks(procs: &[&Proc]) -> HashSet<i64> {
     procs
         .iter()
-        .flat_map(|p| lost_claim_ids(&p.stderr_text()))
+        .flat_map(|p| lost_claim_ids(&p.stderr_text(), ""))
         .collect()
 }
 
-/// The task ids of a worker log's "task N: …its claim was taken over" lines.
-fn lost_claim_ids(log: &str) -> Vec<i64> {
+/// The task ids of a worker log's "task N: …its claim was taken over" lines, of those logged
+/// at `since` or later (a time as the log writes it, `2026-11-23T15:41:48Z`; "" for all).
+pub fn lost_claim_ids(log: &str, since: &str) -> Vec<i64> {
     log.lines()
+        .filter(|l| l.get(1..21).is_some_and(|at| at >= since))
         .filter(|l| l.contains("its claim was taken over"))
         .filter_map(|l| {
             let rest = &l[l.find("] task ")? + "] task ".len()..];
@@ -35,7 +37,12 @@ fn lost_claim_ids_reads_both_log_lines_of_a_lost_claim() {
 [2026-11-23T15:41:48Z WARN  outbox::worker::execute] task 17: task fail: its claim was taken over
 [2026-11-23T15:41:48Z WARN  outbox::worker::execute] task 1765: could not open its transaction: server closed the connection unexpectedly
 ";
-    assert_eq!(lost_claim_ids(log), vec![1784, 17]);
+    assert_eq!(lost_claim_ids(log, ""), vec![1784, 17]);
+    assert_eq!(lost_claim_ids(log, "2026-11-23T15:41:48Z"), vec![1784, 17]);
+    assert_eq!(
+        lost_claim_ids(log, "2026-11-23T15:41:49Z"),
+        Vec::<i64>::new()
+    );
 }
 
 /// Lines of the workers' stderr that contain one of `needles`.

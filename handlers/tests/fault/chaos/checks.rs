@@ -552,13 +552,13 @@ impl Checks {
     /// Adds the harness's figures and violations to `report`, then publishes it with the
     /// suite's invariants (`check_and_publish`, on the first database; on the others they
     /// are checked as well); fails naming every violation.
-    /// `crash`: the server crashed, and the tasks whose claims the workers logged as lost.
+    /// `crash`: what the harness knew of a crash of the server.
     pub fn publish(
         &self,
         sc: &Scenario,
         dbs: &[&Db],
         mut report: Report,
-        crash: Option<&HashSet<i64>>,
+        crash: Option<&crate::invariants::Crash>,
     ) {
         report.add(
             "producers",
@@ -614,10 +614,10 @@ pub struct Sampler {
 }
 
 impl Sampler {
-    /// Counts the pace from now: the server just came back, and the workers' backoff brings
-    /// them back within about as long as it was away.
-    pub fn excuse(&mut self) {
-        self.since = Some(Instant::now());
+    /// Counts the pace from `away` after now: the server just came back after `away`, and the
+    /// workers' backoff (doubling) brings them back within about as long again.
+    pub fn excuse(&mut self, away: Duration) {
+        self.since = Some(Instant::now() + away);
     }
 
     pub fn sample(

@@ -25,15 +25,15 @@ mod checks;
 mod cut;
 mod plan;
 
-use std::collections::HashSet;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use outbox::{Backend, NewTask};
 
 use crate::cluster::Cluster;
 use crate::db::{fault_db, task, Db};
-use crate::logs::lost_claim_tasks;
+use crate::invariants::{durable_xid, Crash};
+use crate::logs::lost_claim_ids;
 use crate::report::{secs, Report};
 use crate::scenario::{Proc, Scenario};
 use crate::COMMAND_LIMIT;
@@ -63,8 +63,8 @@ struct Slot {
     frozen_until: Option<Instant>,
     /// Sent SIGTERM and not yet exited: it claims nothing more, on any of its databases.
     stopping: bool,
-    /// The tasks whose claims its earlier processes logged as lost (a crash of the server).
-    lost_claims: HashSet<i64>,
+    /// Its earlier processes' logs (stderr).
+    logs: Vec<String>,
 }
 
 /// Runs the plan of `seed` and checks it; panics naming every violated invariant.
@@ -80,6 +80,10 @@ pub fn run_seed(seed: u64) {
     let cluster = plan
         .restarts_server()
         .map(|_| Cluster::start(&sc, plan.backend));
+    assert!(
+        cluster.is_none() || plan.databases == 1,
+        "a restart's checks read one database"
+    );
     let databases: Vec<Database> = (0..plan.databases)
         .map(|i| {
             let (test_db, db) = match &cluster {
@@ -122,7 +126,7 @@ pub fn run_seed(seed: u64) {
             starts: 0,
             frozen_until: None,
             stopping: false,
-            lost_claims: HashSet::new(),
+            logs: Vec::new(),
         })
         .collect();
     // The workers' URLs: through the proxy when the plan cuts replies (operators, producers
@@ -151,8 +155,9 @@ pub fn run_seed(seed: u64) {
     // window's, or a cut's that goes on past it.
     let mut cut_until: Option<Instant> = None;
     let mut faults_end = plan.window;
-    // Whether the server crashed (a restart `immediate`).
-    let mut crashed = false;
+    // A crash of the PostgreSQL server (a restart `immediate`): the first transaction id it
+    // may have lost, when it began, and the external file's lines once the server was back.
+    let mut crash: Option<(u64, SystemTime, usize)> = None;
 
     // The faults' window, then the bound for the tasks to finish.
     loop {
@@ -219,26 +224,36 @@ pub fn run_seed(seed: u64) {
                 continue;
             }
             if let Fault::RestartServer(how) = fault {
+                // Before a crash of PostgreSQL, a transaction of the harness's own committed
+                // with its flush: no id up to it can be lost (MariaDB's test server writes its
+                // log at every commit: a killed server loses none).
+                let mark = (*how == "immediate" && plan.backend == Backend::Postgres)
+                    .then(|| (durable_xid(&databases[0].db), SystemTime::now()));
                 // The loop waits: no producer, operator or check meets the server away.
                 let began = Instant::now();
                 cluster
                     .as_ref()
                     .expect("a server of the seed's own")
                     .script(&sc, &["restart", how]);
+                let away = began.elapsed();
                 timeline.push(format!(
                     "{}: server restarted ({how}) in {}",
                     secs(now),
-                    secs(began.elapsed())
+                    secs(away)
                 ));
-                crashed |= *how == "immediate";
+                if let Some((xid, at)) = mark {
+                    let lines = std::fs::read_to_string(sc.external_file())
+                        .map_or(0, |t| t.lines().count());
+                    crash = Some((xid, at, lines));
+                }
                 // The workers come back within their backoff: what a frozen worker held, and
-                // each database's pace, count from now.
+                // each database's pace, count from the server's return.
                 let by = Instant::now() + checks::FROZEN_BOUND;
                 for (until, _) in &mut frozen_checks {
                     *until = (*until).max(by);
                 }
                 for sampler in &mut samplers {
-                    sampler.excuse();
+                    sampler.excuse(away);
                 }
                 faults_end = faults_end.max(started.elapsed());
                 faults.next();
@@ -410,11 +425,19 @@ pub fn run_seed(seed: u64) {
         checks.after(&plan, &database.db, i, &procs);
     }
     // After a crash, a claim whose commit was not flushed is lost, and its task may run again
-    // without a note: its first worker logged that its claim was taken over.
-    let mut lost_claims = lost_claim_tasks(&procs.iter().collect::<Vec<_>>());
-    for slot in &slots {
-        lost_claims.extend(&slot.lost_claims);
-    }
+    // without a note: its first worker logs that its claim was taken over, from the crash on.
+    let crash = crash.map(|(xid_from, at, lines_before)| {
+        let since = humantime::format_rfc3339_seconds(at - Duration::from_secs(1)).to_string();
+        let logs = procs
+            .iter()
+            .map(Proc::stderr_text)
+            .chain(slots.iter().flat_map(|s| s.logs.iter().cloned()));
+        Crash {
+            lost_claims: logs.flat_map(|log| lost_claim_ids(&log, &since)).collect(),
+            lines_before,
+            xid_from,
+        }
+    });
     report.add("faults and operations", timeline.join("; "));
     report.add(
         "run",
@@ -429,7 +452,7 @@ pub fn run_seed(seed: u64) {
         &sc,
         &databases.iter().map(|d| &d.db).collect::<Vec<_>>(),
         report,
-        crashed.then_some(&lost_claims),
+        crash.as_ref(),
     );
     drop(databases);
     drop(cluster);
@@ -621,7 +644,7 @@ fn supervise(
                     }
                 }
             }
-            slot.lost_claims.extend(lost_claim_tasks(&[&*proc]));
+            slot.logs.push(proc.stderr_text());
         }
         let _ = in_window;
         slot.stopping = false;
