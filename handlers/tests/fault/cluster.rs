@@ -16,11 +16,13 @@ const SCRIPTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts");
 
 /// A throwaway server of its own (`OUTBOX_PG_DIR=<tempdir> scripts/pg.sh start`, or
 /// `OUTBOX_MYSQL_DIR=<tempdir> scripts/mysql.sh start`), stopped when dropped, also on a
-/// panic.
+/// panic; then its log is copied into the scenario's directory, which a failed scenario keeps.
 pub struct Cluster {
     dir: TempDir,
     backend: Backend,
     server_url: String,
+    /// Where the server's log goes on a panic.
+    keep_log: std::path::PathBuf,
 }
 
 impl Cluster {
@@ -58,9 +60,13 @@ impl Cluster {
             .tempdir()
             .expect("cluster temp dir");
         let mut cluster = Cluster {
-            dir,
             backend,
             server_url: String::new(),
+            keep_log: sc.path(&format!(
+                "{}-server.log",
+                dir.path().file_name().unwrap_or_default().to_string_lossy()
+            )),
+            dir,
         };
         cluster.server_url = cluster.script(sc, args).trim().to_owned();
         assert!(
@@ -145,6 +151,14 @@ impl Cluster {
 impl Drop for Cluster {
     fn drop(&mut self) {
         let script = self.script_name();
+        // Before the stop, which removes the state dir.
+        if std::thread::panicking() {
+            let log = match self.backend {
+                Backend::Mysql => "mysqld.log",
+                _ => "postgres.log",
+            };
+            let _ = std::fs::copy(self.dir.path().join(log), &self.keep_log);
+        }
         match self.command().arg("stop").output() {
             Ok(out) if out.status.success() => {}
             Ok(out) => eprintln!(
