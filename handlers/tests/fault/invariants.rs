@@ -165,20 +165,29 @@ impl Figures {
         self.external_dup_lost_claim += before - self.external_dup_unexplained.len();
     }
 
-    /// Accepts a silent second run of a task that ran before a crash (among the external
-    /// file's first `lines_before` lines) and again after it: its claim, committed without
-    /// waiting for its flush, was lost, and its first worker may have ended before it could
-    /// log so (killed, or aborted by another task of its page). A claim that the crash kept
-    /// leaves its task running, and whoever frees it notes it.
-    fn explain_crash_reruns(&mut self, lines_before: usize) {
-        let (before, after) = self
-            .external_runs
-            .split_at(lines_before.min(self.external_runs.len()));
-        let ran_before: HashSet<i64> = before.iter().map(|(id, _)| *id).collect();
-        let ran_after: HashSet<i64> = after.iter().map(|(id, _)| *id).collect();
+    /// Accepts a silent second run of a task whose claim a crash lost: of its lines without a
+    /// transaction, exactly two, one written between the crash's mark and the server's return
+    /// ([`Crash::lines`]), one after. A claim committed before the mark survives the crash (the
+    /// mark's commit flushed it), and a run's line comes after its claim; a claim the crash
+    /// kept leaves its task running, and whoever frees it notes it. The first worker may have
+    /// ended before it could log the lost claim (killed, or aborted by another task of its
+    /// page).
+    fn explain_crash_reruns(&mut self, crash: &Crash) {
+        let (mark, back) = crash.lines;
+        let mut lines: HashMap<i64, (usize, usize, usize)> = HashMap::new();
+        for (at, (id, xid)) in self.external_runs.iter().enumerate() {
+            if xid.is_none() {
+                let e = lines.entry(*id).or_default();
+                match at {
+                    _ if at < mark => e.0 += 1,
+                    _ if at < back => e.1 += 1,
+                    _ => e.2 += 1,
+                }
+            }
+        }
         let n = self.external_dup_unexplained.len();
         self.external_dup_unexplained
-            .retain(|id| !(ran_before.contains(id) && ran_after.contains(id)));
+            .retain(|id| lines.get(id) != Some(&(0, 1, 1)));
         self.external_dup_lost_claim += n - self.external_dup_unexplained.len();
     }
 
@@ -194,9 +203,9 @@ impl Figures {
     /// rolled-back runs, number at most one ran its effect once outside them. A line without
     /// a transaction (a run outside a chunk, after a chunk rolled back) is counted as before.
     ///
-    /// `crash_from`: the server crashed, and the transaction ids from this one on may have
-    /// been lost and given again (0: any of the run's).
-    fn explain_rolled_back(&mut self, db: &Db, crash_from: Option<u64>) {
+    /// `crash`: the server crashed, and the transaction ids from `.0` on, named by the first
+    /// `.1` lines, may have been lost and given again (`(0, usize::MAX)`: any of the run's).
+    fn explain_rolled_back(&mut self, db: &Db, crash: Option<(u64, usize)>) {
         let xids: BTreeSet<&str> = self
             .external_runs
             .iter()
@@ -205,7 +214,7 @@ impl Figures {
         if xids.is_empty() {
             return;
         }
-        let status = xact_status(db, &xids, crash_from.is_some());
+        let status = xact_status(db, &xids, crash.is_some());
         // The done rows' xmin: a 32-bit transaction id, the low half of the full one (of the
         // pruned ones, as saved before the prune).
         let completed_in: HashMap<i64, u64> = db
@@ -244,7 +253,7 @@ impl Figures {
                 continue;
             };
             let full: u64 = xid.parse().expect("a transaction id");
-            let crashed = crash_from.is_some_and(|from| full >= from);
+            let crashed = crash.is_some_and(|(from, lines)| full >= from && at < lines);
             let completes = completed_in.get(id) == Some(&(full & 0xffff_ffff));
             let kind = if completes && crashed && last_line[&(*id, xid.as_str())] != at {
                 "id reused after the crash"
@@ -430,7 +439,7 @@ pub fn check_and_publish_after_crash(
     let mut figures = Figures::collect(db, &sc.external_file());
     figures.explain_lost_claims(lost_claims);
     if sc.locks() {
-        figures.explain_rolled_back(db, crashed.then_some(0));
+        figures.explain_rolled_back(db, crashed.then_some((0, usize::MAX)));
     }
     figures.add_to(&mut report);
     let mut violations = figures.violations();
@@ -468,7 +477,7 @@ pub fn check_and_publish_failover(
     let mut figures = Figures::collect(db, &sc.external_file());
     figures.explain_lost_claims(lost_claims);
     if lock_claims || sc.locks() {
-        figures.explain_rolled_back(db, Some(0));
+        figures.explain_rolled_back(db, Some((0, usize::MAX)));
     }
     figures.add_to(&mut report);
     let mut violations = figures.violations();
@@ -493,11 +502,14 @@ pub fn check_and_publish_failover(
 
 /// What the seeded harness knew of a crash of a PostgreSQL server (a restart `immediate`).
 pub struct Crash {
-    /// The tasks whose claims the workers logged as taken over from the crash on.
+    /// The tasks whose claims the processes alive at the crash logged as taken over from the
+    /// crash on.
     pub lost_claims: HashSet<i64>,
-    /// Lines of the external file once the server was back.
-    pub lines_before: usize,
-    /// The server's next transaction id before the crash: the first the crash may have lost.
+    /// Lines of the external file at the crash's mark ([`durable_xid`]), and once the server
+    /// was back.
+    pub lines: (usize, usize),
+    /// The mark's transaction id: no transaction that committed before it is lost, and no id
+    /// up to it is given again.
     pub xid_from: u64,
 }
 
@@ -516,10 +528,12 @@ pub fn check_and_publish_chaos(
     figures.cancels = true;
     if let Some(crash) = crash {
         figures.explain_lost_claims(&crash.lost_claims);
-        figures.explain_crash_reruns(crash.lines_before);
     }
     if db.backend() == outbox::Backend::Postgres {
-        figures.explain_rolled_back(db, crash.map(|c| c.xid_from));
+        figures.explain_rolled_back(db, crash.map(|c| (c.xid_from, c.lines.1)));
+    }
+    if let Some(crash) = crash {
+        figures.explain_crash_reruns(crash);
     }
     figures.add_to(&mut report);
     let violations = figures.violations();
@@ -585,15 +599,22 @@ fn xact_status(db: &Db, xids: &BTreeSet<&str>, crashed: bool) -> HashMap<String,
     status
 }
 
-/// The transaction id the server gives next (`pg_current_snapshot`'s xmax: none taken).
+/// A transaction id no transaction has reached yet (`pg_current_snapshot`'s xmax: every id
+/// from it on is unfinished or not given yet).
 pub fn next_xid(db: &Db) -> u64 {
     db.count("SELECT CAST(CAST(pg_snapshot_xmax(pg_current_snapshot()) AS text) AS BIGINT)") as u64
 }
 
-/// A transaction id taken and committed with its flush (the session's `synchronous_commit`,
-/// on): every commit before it is on disk, so a crash after it loses no id up to it.
+/// A mark before a crash: a transaction id taken, written in a row and committed, so that its
+/// commit waits for its flush (`synchronous_commit` is on; a transaction that writes no WAL
+/// would not wait). Every commit before it is then in the log: the crash loses none of them,
+/// and recovery gives no id up to it again.
 pub fn durable_xid(db: &Db) -> u64 {
-    db.count("SELECT CAST(CAST(pg_current_xact_id() AS text) AS BIGINT)") as u64
+    db.exec("CREATE TABLE IF NOT EXISTS fault_crash_mark (xid BIGINT NOT NULL)");
+    db.numbers(
+        "INSERT INTO fault_crash_mark (xid)
+         VALUES (CAST(CAST(pg_current_xact_id() AS text) AS BIGINT)) RETURNING xid AS n",
+    )[0] as u64
 }
 
 #[derive(QueryableByName)]

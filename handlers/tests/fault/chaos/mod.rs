@@ -56,6 +56,18 @@ struct Database {
     proxy: Option<cut::CutProxy>,
 }
 
+/// A crash of the PostgreSQL server (a restart `immediate`), as the harness saw it.
+struct CrashMark {
+    /// The mark's transaction id ([`durable_xid`]).
+    xid: u64,
+    /// When the mark was taken.
+    at: SystemTime,
+    /// The external file's lines at the mark, and once the server was back.
+    lines: (usize, usize),
+    /// The logs of the workers alive at the crash.
+    alive: Vec<PathBuf>,
+}
+
 /// A worker slot: its process now, how many times it was started.
 struct Slot {
     proc: Option<Proc>,
@@ -63,8 +75,6 @@ struct Slot {
     frozen_until: Option<Instant>,
     /// Sent SIGTERM and not yet exited: it claims nothing more, on any of its databases.
     stopping: bool,
-    /// Its earlier processes' logs (stderr).
-    logs: Vec<String>,
 }
 
 /// Runs the plan of `seed` and checks it; panics naming every violated invariant.
@@ -126,7 +136,6 @@ pub fn run_seed(seed: u64) {
             starts: 0,
             frozen_until: None,
             stopping: false,
-            logs: Vec::new(),
         })
         .collect();
     // The workers' URLs: through the proxy when the plan cuts replies (operators, producers
@@ -155,9 +164,7 @@ pub fn run_seed(seed: u64) {
     // window's, or a cut's that goes on past it.
     let mut cut_until: Option<Instant> = None;
     let mut faults_end = plan.window;
-    // A crash of the PostgreSQL server (a restart `immediate`): the first transaction id it
-    // may have lost, when it began, and the external file's lines once the server was back.
-    let mut crash: Option<(u64, SystemTime, usize)> = None;
+    let mut crash: Option<CrashMark> = None;
 
     // The faults' window, then the bound for the tasks to finish.
     loop {
@@ -224,11 +231,21 @@ pub fn run_seed(seed: u64) {
                 continue;
             }
             if let Fault::RestartServer(how) = fault {
-                // Before a crash of PostgreSQL, a transaction of the harness's own committed
-                // with its flush: no id up to it can be lost (MariaDB's test server writes its
-                // log at every commit: a killed server loses none).
-                let mark = (*how == "immediate" && plan.backend == Backend::Postgres)
-                    .then(|| (durable_xid(&databases[0].db), SystemTime::now()));
+                // Before a crash of PostgreSQL, a mark of the harness's own, flushed: no commit
+                // before it can be lost (MariaDB's test server writes its log at every commit:
+                // a killed server loses none).
+                let external_lines =
+                    || std::fs::read_to_string(sc.external_file()).map_or(0, |t| t.lines().count());
+                // The lines counted first: each counted line's claim committed before the mark.
+                let mark = (*how == "immediate" && plan.backend == Backend::Postgres).then(|| {
+                    let lines = external_lines();
+                    (durable_xid(&databases[0].db), SystemTime::now(), lines)
+                });
+                let alive: Vec<PathBuf> = slots
+                    .iter()
+                    .filter_map(|s| s.proc.as_ref())
+                    .map(|p| p.stderr.clone())
+                    .collect();
                 // The loop waits: no producer, operator or check meets the server away.
                 let began = Instant::now();
                 cluster
@@ -241,10 +258,18 @@ pub fn run_seed(seed: u64) {
                     secs(now),
                     secs(away)
                 ));
-                if let Some((xid, at)) = mark {
-                    let lines = std::fs::read_to_string(sc.external_file())
-                        .map_or(0, |t| t.lines().count());
-                    crash = Some((xid, at, lines));
+                if let Some((xid, at, at_mark)) = mark {
+                    let back = external_lines();
+                    timeline.push(format!(
+                        "(the crash's mark: transaction {xid}, external lines {at_mark}, \
+                         {back} once back)"
+                    ));
+                    crash = Some(CrashMark {
+                        xid,
+                        at,
+                        lines: (at_mark, back),
+                        alive,
+                    });
                 }
                 // The workers come back within their backoff: what a frozen worker held, and
                 // each database's pace, count from the server's return.
@@ -425,17 +450,21 @@ pub fn run_seed(seed: u64) {
         checks.after(&plan, &database.db, i, &procs);
     }
     // After a crash, a claim whose commit was not flushed is lost, and its task may run again
-    // without a note: its first worker logs that its claim was taken over, from the crash on.
-    let crash = crash.map(|(xid_from, at, lines_before)| {
-        let since = humantime::format_rfc3339_seconds(at - Duration::from_secs(1)).to_string();
-        let logs = procs
-            .iter()
-            .map(Proc::stderr_text)
-            .chain(slots.iter().flat_map(|s| s.logs.iter().cloned()));
+    // without a note: its first worker, alive at the crash, logs that its claim was taken
+    // over, from the crash on.
+    let crash = crash.map(|mark| {
+        let since = humantime::format_rfc3339_seconds(mark.at - Duration::from_secs(1)).to_string();
         Crash {
-            lost_claims: logs.flat_map(|log| lost_claim_ids(&log, &since)).collect(),
-            lines_before,
-            xid_from,
+            lost_claims: mark
+                .alive
+                .iter()
+                .flat_map(|log| {
+                    let text = std::fs::read_to_string(log).unwrap_or_default();
+                    lost_claim_ids(&text, &since)
+                })
+                .collect(),
+            lines: mark.lines,
+            xid_from: mark.xid,
         }
     });
     report.add("faults and operations", timeline.join("; "));
@@ -644,7 +673,6 @@ fn supervise(
                     }
                 }
             }
-            slot.logs.push(proc.stderr_text());
         }
         let _ = in_window;
         slot.stopping = false;
