@@ -115,9 +115,10 @@ pub trait LeaseDriver {
     /// how many. On PostgreSQL (`pg_terminate_backend`) those of the engine's transactions
     /// whose node is not live (no heartbeat for `dead_after_ms`, gone, unknown) or whose
     /// chunk's lease is past its deadline; on MySQL (`KILL CONNECTION`) those tagged by
-    /// [`LeaseDriver::session_tag`] for a node not live; 0 on SQLite.
-    fn session_end_stale(&mut self, dead_after_ms: i64) -> QueryResult<i64> {
-        let _ = dead_after_ms;
+    /// [`LeaseDriver::session_tag`] for a node not live; 0 on SQLite. Never those of `node`,
+    /// the node that asks: it is live to itself whatever its heartbeat says.
+    fn session_end_stale(&mut self, dead_after_ms: i64, node: i64) -> QueryResult<i64> {
+        let _ = (dead_after_ms, node);
         Ok(0)
     }
 

@@ -7,7 +7,6 @@ use diesel::sql_types::{BigInt, HasSqlType};
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 use diesel::sql_types::{Double, Integer};
 
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
 use super::RescueParams;
 use crate::sql::Statement;
 
@@ -36,14 +35,17 @@ pub(super) fn task_get_claim(conn: Conn<'_>, id: i64) -> QueryResult<Option<Clai
 
 /// Appends that a running task's claim, or a lease, has lapsed: its `deadline` (a column)
 /// passed, or its node (the column `node`) is not a live node, one whose heartbeat came
-/// within `dead_after_ms`, by the database clock.
+/// within `rescue.dead_after_ms`, by the database clock. The rescuing node is live to itself
+/// whatever its heartbeat says: an outage of its own may have kept its beats out, and its
+/// tasks are in its hands (the others judge it by the database clock alone).
 pub(super) fn lapsed<DB>(
     statement: Statement<DB>,
     (deadline, node): (&'static str, &'static str),
-    dead_after_ms: i64,
+    rescue: &RescueParams,
 ) -> Statement<DB>
 where
     DB: Backend + HasSqlType<BigInt>,
+    i64: diesel::serialize::ToSql<BigInt, DB>,
     DbNow: QueryFragment<DB>,
     DbAgo: QueryFragment<DB>,
 {
@@ -54,9 +56,11 @@ where
         .expr(DbNow)
         .sql(" OR NOT EXISTS (SELECT 1 FROM async_node n WHERE n.id = ")
         .sql(node)
-        .sql(" AND n.state = 'alive' AND n.heartbeat_at >= ")
-        .expr(db_ago(dead_after_ms))
-        .sql("))")
+        .sql(" AND n.state = 'alive' AND (n.heartbeat_at >= ")
+        .expr(db_ago(rescue.dead_after_ms))
+        .sql(" OR n.id = ")
+        .bind::<BigInt, _>(rescue.node)
+        .sql(")))")
 }
 
 // Not on MySQL: MariaDB has no `WITH … UPDATE`; its rescue binds the values in place.

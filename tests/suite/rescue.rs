@@ -158,6 +158,26 @@ every_backend! {
         assert_eq!(db.count("SELECT count(DISTINCT task_id) FROM test_ledger"), 3);
     }
 
+    // A node whose own heartbeat is stale by the database clock (an outage of its own kept
+    // its beats out: a restart, a cut link) keeps its tasks at its own rescue pass: it is
+    // live to itself, and its handlers have them. The others judge it by the database clock
+    // alone. Before, its own pass charged them (seed 6621 of the seeded harness: a drain
+    // whose replies were cut charged its own running tasks "the node stopped heartbeating").
+    fn a_node_does_not_rescue_its_own_tasks_when_its_own_heartbeat_is_stale(db: &TestDb) {
+        enqueue_n(db, 2);
+        let w = quiet_worker(db);
+        let other = quiet_worker(db);
+        let page = w.claim().unwrap();
+        kill_heartbeat(db, w.node_id());
+        assert_eq!(w.rescue_once().unwrap(), outbox::RescueReport::default());
+        assert_eq!(
+            db.count("SELECT count(*) FROM async_task WHERE state = 'running' AND failures = 0"),
+            2
+        );
+        assert_eq!(other.rescue_once().unwrap().pending, 2, "the others' view is the database's");
+        assert_eq!(w.execute(page).lost, 2);
+    }
+
     fn live_nodes_keep_their_tasks(db: &TestDb) {
         enqueue_n(db, 2);
         let busy = quiet_worker(db);
@@ -531,6 +551,27 @@ fn mysql_tenant_and_suspect_indexes_hold_only_pending_tasks() {
 }
 
 server_backends! {
+    /// The same for a lease (lock claims): its own pass leaves it, another node's charges it.
+    fn a_node_does_not_rescue_its_own_leases_when_its_own_heartbeat_is_stale(db: &TestDb) {
+        let w = quiet_worker(db);
+        let other = quiet_worker(db);
+        let id = outbox::enqueue(&mut db.conn(), &NewTask::new("ledger", "1")).unwrap().id;
+        let in_an_hour = match db.backend() {
+            outbox::Backend::Mysql => "UTC_TIMESTAMP(3) + INTERVAL 1 HOUR",
+            _ => "now() + interval '1 hour'",
+        };
+        db.exec(&format!(
+            "INSERT INTO async_lease (task_id, node_id, token, chunk, deadline_at)
+             SELECT id, {}, claim_token, 1, {in_an_hour} FROM async_task WHERE id = {id}",
+            w.node_id()
+        ));
+        kill_heartbeat(db, w.node_id());
+        assert_eq!(w.rescue_once().unwrap(), outbox::RescueReport::default());
+        assert_eq!(db.count("SELECT count(*) FROM async_lease"), 1);
+        assert_eq!(other.rescue_once().unwrap().pending, 1);
+        assert_eq!((db.task(id).state.as_str(), db.task(id).failures), ("pending", 1));
+    }
+
     /// Rescue passes over a dead node's task or lease whose row another transaction holds (an
     /// operator's open transaction, a completion under way; on MySQL also a completion frozen
     /// midway, whose session nothing ends) and rescues the rest at once, stamped claims and
@@ -790,6 +831,46 @@ fn a_rescue_pass_ends_a_dead_nodes_session_and_charges_the_task_it_held() {
     assert_eq!(first.pending + second.pending, 2, "{first:?} {second:?}");
     for &id in &ids {
         assert_eq!(db.task(id).failures, 1, "task {id}");
+    }
+}
+
+/// A node whose own heartbeat is stale does not end its own sessions at its own rescue pass
+/// (PostgreSQL: a transaction marked as its; MySQL: a session tagged as its); another node's
+/// pass does. Before, a node whose replies were cut ended its own chunks' sessions (seed 6621).
+#[test]
+fn a_node_does_not_end_its_own_sessions_when_its_own_heartbeat_is_stale() {
+    use diesel::RunQueryDsl;
+    let mut dbs = vec![TestDb::postgres()];
+    #[cfg(feature = "mysql")]
+    dbs.push(TestDb::mysql());
+    for db in &dbs {
+        let w = quiet_worker(db);
+        let other = quiet_worker(db);
+        let mut holder = db.conn();
+        let hold = match db.backend() {
+            // The classes of the node's and the run's locks (`driver/postgres/session.rs`).
+            outbox::Backend::Postgres => format!(
+                "BEGIN; SELECT pg_advisory_xact_lock_shared(1868721665, {}),
+                               pg_advisory_xact_lock_shared(1868722689, 7)",
+                w.node_id() & 0x7fff_ffff
+            ),
+            // The session's tag (`driver/mysql/session.rs`).
+            _ => format!(
+                "DO GET_LOCK(CONCAT('outbox-node-', {}, '-', CONNECTION_ID()), 0)",
+                w.node_id()
+            ),
+        };
+        diesel::connection::SimpleConnection::batch_execute(&mut holder, &hold).unwrap();
+        kill_heartbeat(db, w.node_id());
+        assert_eq!(w.rescue_once().unwrap().sessions_ended, 0, "{:?}", db.backend());
+        // On MySQL with the node's pooled connection its own pass used, tagged as its too.
+        let ended = other.rescue_once().unwrap().sessions_ended;
+        assert!(ended >= 1, "{:?}: {ended}", db.backend());
+        assert!(
+            diesel::sql_query("SELECT 1").execute(&mut holder).is_err(),
+            "{:?}: the session ended",
+            db.backend()
+        );
     }
 }
 

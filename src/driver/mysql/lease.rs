@@ -155,8 +155,8 @@ impl LeaseDriver for MysqlConnection {
         session::tag(self, node)
     }
 
-    fn session_end_stale(&mut self, dead_after_ms: i64) -> QueryResult<i64> {
-        session::end_stale(self, dead_after_ms)
+    fn session_end_stale(&mut self, dead_after_ms: i64, node: i64) -> QueryResult<i64> {
+        session::end_stale(self, dead_after_ms, node)
     }
 
     fn task_lease_page(
@@ -322,7 +322,7 @@ impl LeaseDriver for MysqlConnection {
         // completion under way deletes its leases; one frozen midway holds them as long as
         // its session, and waiting for it held up the rescue of every other lease.
         let lapsed = |s| {
-            let s = lapsed(s, ("l.deadline_at", "l.node_id"), rescue.dead_after_ms);
+            let s = lapsed(s, ("l.deadline_at", "l.node_id"), rescue);
             match rescue.only {
                 Some(only) => s.sql(" AND l.task_id = ").bind::<BigInt, _>(only),
                 None => task::dying(

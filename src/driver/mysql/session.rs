@@ -78,13 +78,17 @@ pub(super) fn tag(conn: &mut MysqlConnection, node: i64) -> QueryResult<()> {
 }
 
 /// See [`crate::driver::LeaseDriver::session_end_stale`]: the sessions of this user whose
-/// lock names a node that is not live (no heartbeat for `dead_after_ms`) and did not exit
-/// cleanly (`gone`: a node that stopped its work, whose pool may live on in its process, in
+/// lock names a node that is not live (no heartbeat for `dead_after_ms`; never `node`, the
+/// node that asks) and did not exit cleanly (`gone`: a node that stopped its work, whose pool may live on in its process, in
 /// an application's hands); then waits briefly for the server to have let what they held go,
 /// so that the pass's charges reach their rows. A `KILL` that fails is passed over when its
 /// session has left already; otherwise the first such error is returned, after the others
 /// were ended and waited for. Returns how many it ended.
-pub(super) fn end_stale(conn: &mut MysqlConnection, dead_after_ms: i64) -> QueryResult<i64> {
+pub(super) fn end_stale(
+    conn: &mut MysqlConnection,
+    dead_after_ms: i64,
+    node: i64,
+) -> QueryResult<i64> {
     let stale = Statement::<Mysql>::new(
         "SELECT CAST(p.ID AS SIGNED) AS id
            FROM information_schema.PROCESSLIST p JOIN async_node n
@@ -102,7 +106,8 @@ pub(super) fn end_stale(conn: &mut MysqlConnection, dead_after_ms: i64) -> Query
         " - INTERVAL "
     ))
     .bind::<BigInt, _>(dead_after_ms)
-    .sql(" * 1000 MICROSECOND");
+    .sql(" * 1000 MICROSECOND AND n.id <> ")
+    .bind::<BigInt, _>(node);
     let mut ended = Vec::new();
     let mut failed = None;
     for session in super::load_ids(conn, stale)? {

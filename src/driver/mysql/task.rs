@@ -190,20 +190,12 @@ pub(in crate::driver) fn rescue_dying(
         "SELECT id FROM async_task FORCE INDEX (async_task_deadline_idx)
           WHERE state = 'running' AND ",
     );
-    let statement = lapsed(
-        statement,
-        ("deadline_at", "async_task.owner"),
-        rescue.dead_after_ms,
-    );
+    let statement = lapsed(statement, ("deadline_at", "async_task.owner"), rescue);
     let statement = dying(statement.sql(" AND "), "async_task", rescue).sql(
         " UNION SELECT l.task_id AS id FROM async_lease l JOIN async_task d ON d.id = l.task_id
           WHERE ",
     );
-    let statement = lapsed(
-        statement,
-        ("l.deadline_at", "l.node_id"),
-        rescue.dead_after_ms,
-    );
+    let statement = lapsed(statement, ("l.deadline_at", "l.node_id"), rescue);
     super::rescue_waiting_briefly(conn, |conn| {
         load_ids(
             conn,
@@ -245,7 +237,7 @@ pub(in crate::driver) fn rescue_many(
         let s = lapsed(
             s.sql("state = 'running' AND "),
             ("deadline_at", "async_task.owner"),
-            rescue.dead_after_ms,
+            rescue,
         );
         match rescue.only {
             Some(only) => s.sql(" AND id = ").bind::<BigInt, _>(only),

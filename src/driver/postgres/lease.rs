@@ -332,7 +332,7 @@ impl LeaseDriver for PgConnection {
                 ", lapsed AS (
                     SELECT l.task_id, l.deadline_at < now() AS late FROM async_lease l WHERE ",
             )
-            .with(|s| lapsed(s, ("l.deadline_at", "l.node_id"), rescue.dead_after_ms))
+            .with(|s| lapsed(s, ("l.deadline_at", "l.node_id"), rescue))
             .with(|s| match rescue.only {
                 Some(only) => s.sql(" AND l.task_id = ").bind::<BigInt, _>(only),
                 None => s,
@@ -380,8 +380,8 @@ impl LeaseDriver for PgConnection {
         })
     }
 
-    fn session_end_stale(&mut self, dead_after_ms: i64) -> QueryResult<i64> {
-        super::session::end_stale(self, dead_after_ms)
+    fn session_end_stale(&mut self, dead_after_ms: i64, node: i64) -> QueryResult<i64> {
+        super::session::end_stale(self, dead_after_ms, node)
     }
 
     fn session_end(&mut self, mark: TxMark) -> QueryResult<bool> {

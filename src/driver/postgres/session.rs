@@ -46,9 +46,13 @@ const MARKS: &str = "WITH marks AS (
            AND n.classid = 1868721665::oid AND r.classid = 1868722689::oid
            AND n.pid <> pg_backend_pid())";
 
-/// Ends the sessions whose transactions' marks name a node that is not live, or a run whose
-/// lease is past its deadline; how many.
-pub(super) fn end_stale(conn: &mut PgConnection, dead_after_ms: i64) -> QueryResult<i64> {
+/// Ends the sessions whose transactions' marks name a node that is not live (never `node`'s,
+/// the node that asks), or a run whose lease is past its deadline; how many.
+pub(super) fn end_stale(
+    conn: &mut PgConnection,
+    dead_after_ms: i64,
+    node: i64,
+) -> QueryResult<i64> {
     // Reading pg_locks takes the lock manager's partition locks for a moment: once a pass.
     // `pg_terminate_backend` returns before the ended session has let its locks go: a row
     // it still holds when the rescue statements after this reach it is passed over (`SKIP
@@ -60,11 +64,13 @@ pub(super) fn end_stale(conn: &mut PgConnection, dead_after_ms: i64) -> QueryRes
           FROM (SELECT DISTINCT pid, node, run, may_end FROM marks) m
          WHERE NOT EXISTS (SELECT 1 FROM async_node a
                             WHERE a.id & 2147483647 = m.node AND a.state = 'alive'
-                              AND a.heartbeat_at >= now() - ",
+                              AND (a.id = ",
         )
+        .bind::<BigInt, _>(node)
+        .sql(" OR a.heartbeat_at >= now() - ")
         .bind::<BigInt, _>(dead_after_ms)
         .sql(
-            " * interval '1 millisecond')
+            " * interval '1 millisecond'))
             OR EXISTS (SELECT 1 FROM async_lease l
                         WHERE l.node_id & 2147483647 = m.node AND l.chunk = m.run
                           AND l.deadline_at < now())",

@@ -240,7 +240,7 @@ pub(in crate::driver) fn rescue_many(
         FROM params p,
              (SELECT c.id FROM async_task c WHERE c.state = 'running' AND ",
             )
-            .with(|s| lapsed(s, ("c.deadline_at", "c.owner"), rescue.dead_after_ms))
+            .with(|s| lapsed(s, ("c.deadline_at", "c.owner"), rescue))
             .with(|s| rescue_scope(s, rescue, "c"))
             .sql(
                 "
@@ -288,7 +288,7 @@ pub(in crate::driver) fn rescue_dying(
     conn: &mut PgConnection,
     rescue: &RescueParams,
 ) -> QueryResult<Vec<i64>> {
-    let lapsed = |s: Statement<Pg>, columns| lapsed(s, columns, rescue.dead_after_ms).sql(" AND ");
+    let lapsed = |s: Statement<Pg>, columns| lapsed(s, columns, rescue).sql(" AND ");
     let statement = rescue_params(rescue).sql(
         "
         SELECT t.id FROM async_task t WHERE t.state = 'running' AND ",

@@ -162,7 +162,7 @@ fn rescue_statement(rescue: &RescueParams) -> Statement<Sqlite> {
                 "
                 WHERE deadline_at IS NOT NULL AND state = 'running' AND "
             ))
-    .with(|s| lapsed(s, ("deadline_at", "async_task.owner"), rescue.dead_after_ms))
+    .with(|s| lapsed(s, ("deadline_at", "async_task.owner"), rescue))
     .with(|s| match rescue.only {
         Some(only) => s.sql(" AND id = ").bind::<BigInt, _>(only),
         None => s,

@@ -9,7 +9,7 @@ use diesel::connection::{SimpleConnection, TransactionManager};
 use diesel::Connection;
 use outbox::{Backend, DatabaseUrl, NewTask};
 
-use super::plan::Plan;
+use super::plan::{Fault, Plan};
 use crate::db::Db;
 use crate::report::Report;
 use crate::scenario::{Proc, Scenario};
@@ -495,6 +495,36 @@ impl Checks {
         }
         for v in found {
             self.violation(v);
+        }
+        // Without a fault that charges a failure (a kill, a freeze, a handler that aborts or
+        // hangs), tasks whose handlers succeed are charged none: sessions ended, replies cut
+        // and a server restarted or crashed release what they interrupt (the guide's failure
+        // table).
+        let charging = plan
+            .faults
+            .iter()
+            .any(|(_, f)| matches!(f, Fault::Kill(_) | Fault::Freeze(..)))
+            || plan
+                .initial
+                .iter()
+                .any(|(k, ..)| *k == "fault.abort" || k.starts_with("fault.hang"));
+        if !charging {
+            let charged = db.numbers(
+                "SELECT id AS n FROM async_task
+                  WHERE keyword IN ('fault.ledger', 'fault.external', 'fault.order')
+                    AND failures > 0 ORDER BY id",
+            );
+            if !charged.is_empty() {
+                self.violation(format!(
+                    "{} task(s) charged a failure with no fault that charges one: {:?}; {}",
+                    charged.len(),
+                    &charged[..charged.len().min(5)],
+                    db.text(&format!(
+                        "SELECT COALESCE(MAX(last_error), '') AS t FROM async_task WHERE id = {}",
+                        charged[0]
+                    ))
+                ));
+            }
         }
         // A hung handler of a domain with a timeout is charged by the domain's watchdog at
         // that timeout, before the process's own hang watchdog (`--task-timeout`) would.
