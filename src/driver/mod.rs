@@ -282,8 +282,9 @@ pub trait Driver: LeaseDriver + ops::OpsDriver {
     }
 
     /// Returns to pending (or dead, at max attempts) every running task whose owner is not a
-    /// live node (no heartbeat for `dead_after_ms`, gone, unknown) or whose deadline has
-    /// passed, counting a failure; a task whose row another transaction holds is passed over,
+    /// live node (no heartbeat for `dead_after_ms`, gone, unknown; the rescuing node,
+    /// `rescue.node`, is live to itself while its row is alive) or whose deadline has passed,
+    /// counting a failure; a task whose row another transaction holds is passed over,
     /// for a later pass.
     fn task_rescue_many(&mut self, rescue: &RescueParams) -> QueryResult<Vec<RescuedRow>> {
         // Per backend: the tasks locked `SKIP LOCKED` and charged, in each backend's words (MySQL

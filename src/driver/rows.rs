@@ -137,8 +137,10 @@ pub struct ClaimRow {
 /// The settings of one rescue pass.
 #[derive(Debug, Clone, Copy)]
 pub struct RescueParams {
-    /// The rescuing node: on PostgreSQL its statements' transactions hold its mark, by which
-    /// another node's pass ends them if this one freezes inside one.
+    /// The rescuing node: live to itself whatever its heartbeat's age (while its row is
+    /// alive), so never charged by its own pass for that; on PostgreSQL its statements'
+    /// transactions hold its mark, by which another node's pass ends them if this one freezes
+    /// inside one.
     pub node: i64,
     /// A node whose last heartbeat is older than this is dead.
     pub dead_after_ms: i64,

@@ -109,8 +109,8 @@ pub(crate) struct Heartbeat {
     /// The heartbeat's own connection (reopened after a failure), whether the last attempt
     /// failed (to log changes of state only), and whether the node has retired.
     conn: Mutex<Beat>,
-    /// When a heartbeat last succeeded (the registration counts as one). Apart from `conn`
-    /// so that the claim path never waits for a slow heartbeat.
+    /// When the last successful heartbeat's statement was sent (the registration counts as
+    /// one). Apart from `conn` so that the claim path never waits for a slow heartbeat.
     last_ok: Mutex<Instant>,
     /// The handlers running now, whose tasks the beat checks for a cancel.
     cancels: std::sync::Arc<CancelWatch>,
@@ -169,6 +169,10 @@ impl Heartbeat {
                 log::error!("node {old}: domains not changed: {e}");
             }
             let published = self.domains.publication();
+            // The beat's time, as the node's own view of it: taken before the statement, so
+            // that the row's `heartbeat_at` (the database's time of the statement) is never
+            // older than what the node believes (its claims and rescue go by this).
+            let at = Instant::now();
             if driver(conn)
                 .node_heartbeat(old, &published)
                 .op("node heartbeat")?
@@ -206,7 +210,7 @@ impl Heartbeat {
                     self.node.id()
                 );
             }
-            Ok(())
+            Ok(at)
         })();
         // A MySQL statement that failed above may have left a prepared statement of this
         // connection waiting for rows at its next run (see `db::reply`): a new one next time.
@@ -217,8 +221,8 @@ impl Heartbeat {
             *slot = None;
         }
         match &result {
-            Ok(()) => {
-                *self.last_ok.lock().unwrap_or_else(PoisonError::into_inner) = Instant::now();
+            Ok(at) => {
+                *self.last_ok.lock().unwrap_or_else(PoisonError::into_inner) = *at;
                 if *failing {
                     log::warn!("node {}: heartbeat recovered", self.node.id());
                 }
@@ -233,7 +237,7 @@ impl Heartbeat {
                 *failing = true;
             }
         }
-        result
+        result.map(|_| ())
     }
 
     /// Stops beating for good (waiting for a beat under way): the node is about to be marked

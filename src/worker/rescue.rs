@@ -6,7 +6,9 @@
 //! fleet does not rescue in step), and `drain` once at start. The rescue locks the tasks that
 //! meet its conditions, passing over those another transaction holds (a later pass takes
 //! them), and charges what it locked in the same transaction: concurrent rescuers never rescue
-//! a task twice, and a node that recovers in the meantime keeps its tasks. Each rescued task
+//! a task twice, and a node that recovers in the meantime keeps its tasks. A node's own pass
+//! never judges the node itself by its heartbeat (its beats may have been kept out by an
+//! outage of its own; its handlers have its tasks): only the others do, by the database clock. Each rescued task
 //! waits the retry backoff of its failure count, with the same jitter as a handler's failure,
 //! so that a dead node's tasks do not all come due in the same instant. A rescued task's late
 //! completion by its old owner is fenced out.

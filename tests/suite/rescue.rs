@@ -241,6 +241,18 @@ every_backend! {
         assert_eq!(other.rescue_once().unwrap().pending, 2);
     }
 
+    // A node is live to itself only while its row says alive: one marked gone while it
+    // lived (its beats kept out past `--dead-after`, then pruned or marked by another) has
+    // its tasks under that id rescued at its own pass too; its next beat registers it again.
+    fn a_node_rescues_its_own_tasks_once_its_own_row_is_marked_gone(db: &TestDb) {
+        enqueue_n(db, 2);
+        let w = quiet_worker(db);
+        let page = w.claim().unwrap();
+        db.exec(&format!("UPDATE async_node SET state = 'gone' WHERE id = {}", w.node_id()));
+        assert_eq!(w.rescue_once().unwrap().pending, 2);
+        assert_eq!(w.execute(page).lost, 2);
+    }
+
     fn rescued_tasks_come_due_spread_out_not_all_at_once(db: &TestDb) {
         enqueue_n(db, 5);
         let dying = quiet_worker(db);
@@ -862,7 +874,12 @@ fn a_node_does_not_end_its_own_sessions_when_its_own_heartbeat_is_stale() {
         };
         diesel::connection::SimpleConnection::batch_execute(&mut holder, &hold).unwrap();
         kill_heartbeat(db, w.node_id());
-        assert_eq!(w.rescue_once().unwrap().sessions_ended, 0, "{:?}", db.backend());
+        assert_eq!(
+            w.rescue_once().unwrap().sessions_ended,
+            0,
+            "{:?}",
+            db.backend()
+        );
         // On MySQL with the node's pooled connection its own pass used, tagged as its too.
         let ended = other.rescue_once().unwrap().sessions_ended;
         assert!(ended >= 1, "{:?}: {ended}", db.backend());

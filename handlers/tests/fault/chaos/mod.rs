@@ -19,7 +19,8 @@
 //! `max_queued`), sampled every tick; no child run before its parents were done; a paused
 //! domain's keywords not run while paused; no stall longer than the bound while due work
 //! waits (per database); no node alive after its process ended; no producer's or operator's
-//! call failing with a deadlock.
+//! call failing with a deadlock; no task whose handler succeeds charged a failure without a
+//! fault that charges one.
 
 mod checks;
 mod cut;
@@ -253,6 +254,7 @@ pub fn run_seed(seed: u64) {
                     .expect("a server of the seed's own")
                     .script(&sc, &["restart", how]);
                 let away = began.elapsed();
+                checks.outage(away);
                 timeline.push(format!(
                     "{}: server restarted ({how}) in {}",
                     secs(now),
