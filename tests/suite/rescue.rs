@@ -562,21 +562,28 @@ fn mysql_tenant_and_suspect_indexes_hold_only_pending_tasks() {
     );
 }
 
+/// A new ledger task, leased by `node` (lock claims) until an hour from now; its id.
+fn leased_task(db: &TestDb, node: i64) -> i64 {
+    let id = outbox::enqueue(&mut db.conn(), &NewTask::new("ledger", "1"))
+        .unwrap()
+        .id;
+    let in_an_hour = match db.backend() {
+        outbox::Backend::Mysql => "UTC_TIMESTAMP(3) + INTERVAL 1 HOUR",
+        _ => "now() + interval '1 hour'",
+    };
+    db.exec(&format!(
+        "INSERT INTO async_lease (task_id, node_id, token, chunk, deadline_at)
+         SELECT id, {node}, claim_token, 1, {in_an_hour} FROM async_task WHERE id = {id}"
+    ));
+    id
+}
+
 server_backends! {
     /// The same for a lease (lock claims): its own pass leaves it, another node's charges it.
     fn a_node_does_not_rescue_its_own_leases_when_its_own_heartbeat_is_stale(db: &TestDb) {
         let w = quiet_worker(db);
         let other = quiet_worker(db);
-        let id = outbox::enqueue(&mut db.conn(), &NewTask::new("ledger", "1")).unwrap().id;
-        let in_an_hour = match db.backend() {
-            outbox::Backend::Mysql => "UTC_TIMESTAMP(3) + INTERVAL 1 HOUR",
-            _ => "now() + interval '1 hour'",
-        };
-        db.exec(&format!(
-            "INSERT INTO async_lease (task_id, node_id, token, chunk, deadline_at)
-             SELECT id, {}, claim_token, 1, {in_an_hour} FROM async_task WHERE id = {id}",
-            w.node_id()
-        ));
+        let id = leased_task(db, w.node_id());
         kill_heartbeat(db, w.node_id());
         assert_eq!(w.rescue_once().unwrap(), outbox::RescueReport::default());
         assert_eq!(db.count("SELECT count(*) FROM async_lease"), 1);
@@ -596,16 +603,7 @@ server_backends! {
         // run), and charges no failure to a cancelled task.
         let dying = quiet_worker(db);
         let survivor = quiet_worker(db);
-        let id = outbox::enqueue(&mut db.conn(), &NewTask::new("ledger", "1")).unwrap().id;
-        let in_an_hour = match db.backend() {
-            outbox::Backend::Mysql => "UTC_TIMESTAMP(3) + INTERVAL 1 HOUR",
-            _ => "now() + interval '1 hour'",
-        };
-        db.exec(&format!(
-            "INSERT INTO async_lease (task_id, node_id, token, chunk, deadline_at)
-             SELECT id, {}, claim_token, 1, {in_an_hour} FROM async_task WHERE id = {id}",
-            dying.node_id()
-        ));
+        let id = leased_task(db, dying.node_id());
         db.exec(&format!(
             "UPDATE async_task SET state = 'cancelled', finished_at = updated_at WHERE id = {id}"
         ));
