@@ -523,12 +523,21 @@ impl Checks {
                 .initial
                 .iter()
                 .any(|(k, ..)| *k == "fault.abort" || k.starts_with("fault.hang"));
+        // A cut or a restart may hold a release past its task's 2 s deadline (seed 7139: a
+        // cut of 2.8 s with a restart in it), which the guide allows (rescue charges it
+        // then): there, only a charge for a stopped heartbeat is judged.
+        let outage = plan.cuts_replies() || plan.restarts_server().is_some();
         if !charging && !self.long_outage && plan.backend != Backend::Sqlite {
-            let charged = db.numbers(
+            let charged = db.numbers(&format!(
                 "SELECT id AS n FROM async_task
                   WHERE keyword IN ('fault.ledger', 'fault.external', 'fault.order')
-                    AND failures > 0 ORDER BY id",
-            );
+                    AND failures > 0 {} ORDER BY id",
+                if outage {
+                    "AND last_error LIKE '%the node stopped heartbeating'"
+                } else {
+                    ""
+                }
+            ));
             if !charged.is_empty() {
                 self.violation(format!(
                     "{} task(s) charged a failure with no fault that charges one: {:?}; {}",
