@@ -36,8 +36,9 @@ pub(super) fn task_get_claim(conn: Conn<'_>, id: i64) -> QueryResult<Option<Clai
 /// Appends that a running task's claim, or a lease, has lapsed: its `deadline` (a column)
 /// passed, or its node (the column `node`) is not a live node, one whose heartbeat came
 /// within `rescue.dead_after_ms`, by the database clock. The rescuing node is live to itself
-/// whatever its heartbeat says: an outage of its own may have kept its beats out, and its
-/// tasks are in its hands (the others judge it by the database clock alone).
+/// whatever its heartbeat says, while its row is alive: an outage of its own may have kept
+/// its beats out, and its tasks are in its hands (the others judge it by the database clock
+/// alone).
 pub(super) fn lapsed<DB>(
     statement: Statement<DB>,
     (deadline, node): (&'static str, &'static str),

@@ -27,6 +27,8 @@ pub(crate) struct Node {
     name: String,
     /// Its claims take turns (see [`Node::claim_turn`]).
     claims: std::sync::Mutex<()>,
+    /// When its registration's statement was sent: its first beat, as the node sees it.
+    registered: Instant,
 }
 
 impl Node {
@@ -37,11 +39,13 @@ impl Node {
             gethostname::gethostname().to_string_lossy(),
             std::process::id()
         );
+        let registered = Instant::now();
         let id = driver(conn).node_register(&name).op("node register")?;
         Ok(Node {
             id: AtomicI64::new(id),
             name,
             claims: std::sync::Mutex::new(()),
+            registered,
         })
     }
 
@@ -131,6 +135,7 @@ impl Heartbeat {
         domains: std::sync::Arc<DomainControl>,
         strategy: std::sync::Arc<StrategyControl>,
     ) -> Self {
+        let registered = node.registered;
         Heartbeat {
             url,
             node,
@@ -139,7 +144,7 @@ impl Heartbeat {
             domains,
             strategy,
             conn: Mutex::new(Beat::default()),
-            last_ok: Mutex::new(Instant::now()),
+            last_ok: Mutex::new(registered),
         }
     }
 
@@ -249,7 +254,7 @@ impl Heartbeat {
             .retired = true;
     }
 
-    /// Time since the last successful heartbeat.
+    /// Time since the last successful heartbeat's statement was sent.
     pub(crate) fn since_last_ok(&self) -> Duration {
         self.last_ok
             .lock()

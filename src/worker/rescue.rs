@@ -7,11 +7,11 @@
 //! meet its conditions, passing over those another transaction holds (a later pass takes
 //! them), and charges what it locked in the same transaction: concurrent rescuers never rescue
 //! a task twice, and a node that recovers in the meantime keeps its tasks. A node's own pass
-//! never judges the node itself by its heartbeat (its beats may have been kept out by an
-//! outage of its own; its handlers have its tasks): only the others do, by the database clock. Each rescued task
-//! waits the retry backoff of its failure count, with the same jitter as a handler's failure,
-//! so that a dead node's tasks do not all come due in the same instant. A rescued task's late
-//! completion by its old owner is fenced out.
+//! never judges the node itself by its heartbeat while its row is alive (its beats may have
+//! been kept out by an outage of its own; its handlers have its tasks): only the others do,
+//! by the database clock. Each rescued task waits the retry backoff of its failure count,
+//! with the same jitter as a handler's failure, so that a dead node's tasks do not all come
+//! due in the same instant. A rescued task's late completion by its old owner is fenced out.
 //!
 //! A task that dies at its last attempt has its descendants cancelled, and those locks wait
 //! (a child's other parent's completion holds the child's row). So the dying parents are
@@ -100,11 +100,11 @@ impl Rescuer {
     }
 
     /// Runs one rescue pass on a pooled connection: first ends the sessions of the
-    /// transactions that nodes no longer live left open (a frozen or cut-off process holds
-    /// locks until its session ends; it writes nothing after it), then returns their tasks,
-    /// stamped (`running`) and leased (lock claims), to pending or dead, each charged a
-    /// failure (a node's death counted in `suspect`), and notes whether suspects wait to be
-    /// claimed alone.
+    /// transactions that nodes no longer live (never this one) left open (a frozen or cut-off
+    /// process holds locks until its session ends; it writes nothing after it), then returns
+    /// their tasks, stamped (`running`) and leased (lock claims), to pending or dead, each
+    /// charged a failure (a node's death counted in `suspect`), and notes whether suspects
+    /// wait to be claimed alone.
     pub(crate) fn run_once(&self) -> Result<RescueReport> {
         let mut report = RescueReport::default();
         let mut conn = self.conn().op("task rescue")?;

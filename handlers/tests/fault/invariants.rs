@@ -165,8 +165,8 @@ impl Figures {
         self.external_dup_lost_claim += before - self.external_dup_unexplained.len();
     }
 
-    /// Accepts a silent second run of a task whose claim a crash lost: of its lines without a
-    /// transaction, exactly two, one written between the crash's mark and the server's return
+    /// Accepts a silent second run of a task whose claim a crash lost: exactly two lines, both
+    /// outside a transaction, one written between the crash's mark and the server's return
     /// ([`Crash::lines`]), one after. A claim committed before the mark survives the crash (the
     /// mark's commit flushed it), and a run's line comes after its claim; a claim the crash
     /// kept leaves its task running, and whoever frees it notes it. The first worker may have
@@ -174,20 +174,23 @@ impl Figures {
     /// page).
     fn explain_crash_reruns(&mut self, crash: &Crash) {
         let (mark, back) = crash.lines;
-        let mut lines: HashMap<i64, (usize, usize, usize)> = HashMap::new();
+        // Per task: lines before the mark, in the window, after it, and in a transaction.
+        let mut lines: HashMap<i64, (usize, usize, usize, usize)> = HashMap::new();
         for (at, (id, xid)) in self.external_runs.iter().enumerate() {
-            if xid.is_none() {
-                let e = lines.entry(*id).or_default();
-                match at {
-                    _ if at < mark => e.0 += 1,
-                    _ if at < back => e.1 += 1,
-                    _ => e.2 += 1,
-                }
+            let e = lines.entry(*id).or_default();
+            if xid.is_some() {
+                e.3 += 1;
+            } else if at < mark {
+                e.0 += 1;
+            } else if at < back {
+                e.1 += 1;
+            } else {
+                e.2 += 1;
             }
         }
         let n = self.external_dup_unexplained.len();
         self.external_dup_unexplained
-            .retain(|id| lines.get(id) != Some(&(0, 1, 1)));
+            .retain(|id| lines.get(id) != Some(&(0, 1, 1, 0)));
         self.external_dup_lost_claim += n - self.external_dup_unexplained.len();
     }
 

@@ -79,11 +79,11 @@ pub(super) fn tag(conn: &mut MysqlConnection, node: i64) -> QueryResult<()> {
 
 /// See [`crate::driver::LeaseDriver::session_end_stale`]: the sessions of this user whose
 /// lock names a node that is not live (no heartbeat for `dead_after_ms`; never `node`, the
-/// node that asks) and did not exit cleanly (`gone`: a node that stopped its work, whose pool may live on in its process, in
-/// an application's hands); then waits briefly for the server to have let what they held go,
-/// so that the pass's charges reach their rows. A `KILL` that fails is passed over when its
-/// session has left already; otherwise the first such error is returned, after the others
-/// were ended and waited for. Returns how many it ended.
+/// node that asks) and did not exit cleanly (`gone`: a node that stopped its work, whose pool
+/// may live on in its process, in an application's hands); then waits briefly for the server
+/// to have let what they held go, so that the pass's charges reach their rows. A `KILL` that
+/// fails is passed over when its session has left already; otherwise the first such error is
+/// returned, after the others were ended and waited for. Returns how many it ended.
 pub(super) fn end_stale(
     conn: &mut MysqlConnection,
     dead_after_ms: i64,

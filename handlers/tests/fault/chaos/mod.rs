@@ -76,6 +76,8 @@ struct Slot {
     frozen_until: Option<Instant>,
     /// Sent SIGTERM and not yet exited: it claims nothing more, on any of its databases.
     stopping: bool,
+    /// The stderr of each of its processes.
+    logs: Vec<PathBuf>,
 }
 
 /// Runs the plan of `seed` and checks it; panics naming every violated invariant.
@@ -137,6 +139,7 @@ pub fn run_seed(seed: u64) {
             starts: 0,
             frozen_until: None,
             stopping: false,
+            logs: Vec::new(),
         })
         .collect();
     // The workers' URLs: through the proxy when the plan cuts replies (operators, producers
@@ -162,7 +165,7 @@ pub fn run_seed(seed: u64) {
     // When every node has applied the pause (a heartbeat and more after the command).
     let mut pause_applied: Option<Instant> = None;
     // While the proxies cut replies: until when. The bound counts from the faults' end: the
-    // window's, or a cut's that goes on past it.
+    // window's, or a cut's or a restart's that goes on past it.
     let mut cut_until: Option<Instant> = None;
     let mut faults_end = plan.window;
     let mut crash: Option<CrashMark> = None;
@@ -254,7 +257,6 @@ pub fn run_seed(seed: u64) {
                     .expect("a server of the seed's own")
                     .script(&sc, &["restart", how]);
                 let away = began.elapsed();
-                checks.outage(away);
                 timeline.push(format!(
                     "{}: server restarted ({how}) in {}",
                     secs(now),
@@ -451,11 +453,14 @@ pub fn run_seed(seed: u64) {
     for (i, database) in databases.iter().enumerate() {
         checks.after(&plan, &database.db, i, &procs);
     }
+    let logs: Vec<PathBuf> = slots.iter().flat_map(|s| s.logs.iter().cloned()).collect();
+    checks.self_rescues(&logs);
     // After a crash, a claim whose commit was not flushed is lost, and its task may run again
     // without a note: its first worker, alive at the crash, logs that its claim was taken
     // over, from the crash on.
     let crash = crash.map(|mark| {
-        let since = humantime::format_rfc3339_seconds(mark.at - Duration::from_secs(1)).to_string();
+        // Truncated to the second, as the log's times are: no line after the mark is earlier.
+        let since = humantime::format_rfc3339_seconds(mark.at).to_string();
         Crash {
             lost_claims: mark
                 .alive
@@ -680,7 +685,9 @@ fn supervise(
         slot.stopping = false;
         slot.starts += 1;
         let label = format!("w{i}-{}", slot.starts);
-        slot.proc = Some(sc.spawn(&label, urls[0], &worker_args(sc, plan, i, urls, crontab)));
+        let proc = sc.spawn(&label, urls[0], &worker_args(sc, plan, i, urls, crontab));
+        slot.logs.push(proc.stderr.clone());
+        slot.proc = Some(proc);
     }
     restarted
 }

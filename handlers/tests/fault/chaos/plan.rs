@@ -517,7 +517,8 @@ mod tests {
         for seed in 1..=n {
             let p = Plan::from_seed(seed, true);
             println!(
-                "{seed}: {:?} {} batch {} claim {} workers {} drains {} dbs {} strategy {} cuts {} restarts {:?}",
+                "{seed}: {:?} {} batch {} claim {} workers {} drains {} dbs {} strategy {} \
+                 cuts {} restarts {:?}",
                 p.focus,
                 p.backend.name(),
                 p.commit_batch,
