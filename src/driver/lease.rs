@@ -113,12 +113,12 @@ pub trait LeaseDriver {
     /// Ends the sessions of nodes no longer live, so that what they hold (a claim's page, the
     /// rows a chunk or a handler wrote) is free and nothing they write later lands; returns
     /// how many. On PostgreSQL (`pg_terminate_backend`) those of the engine's transactions
-    /// whose node is not live (no heartbeat for `dead_after_ms`, gone, unknown) or whose
-    /// chunk's lease is past its deadline; on MySQL (`KILL CONNECTION`) those tagged by
-    /// [`LeaseDriver::session_tag`] for a node not live; 0 on SQLite. Never those of `node`,
-    /// the node that asks: it is live to itself whatever its heartbeat says.
-    fn session_end_stale(&mut self, dead_after_ms: i64, node: i64) -> QueryResult<i64> {
-        let _ = (dead_after_ms, node);
+    /// whose node is not live (no heartbeat for `rescue.dead_after_ms`, gone, unknown) or
+    /// whose chunk's lease is past its deadline; on MySQL (`KILL CONNECTION`) those tagged by
+    /// [`LeaseDriver::session_tag`] for a node not live; 0 on SQLite. Never those of
+    /// `rescue.node`, the node that asks: it is live to itself whatever its heartbeat says.
+    fn session_end_stale(&mut self, rescue: &RescueParams) -> QueryResult<i64> {
+        let _ = rescue;
         Ok(0)
     }
 

@@ -109,7 +109,7 @@ impl Rescuer {
         let mut report = RescueReport::default();
         let mut conn = self.conn().op("task rescue")?;
         match driver(&mut conn)
-            .session_end_stale(self.params.dead_after_ms, self.node.id())
+            .session_end_stale(&self.marked(&self.params))
             .discard_broken(&mut conn)
         {
             Ok(n) => {

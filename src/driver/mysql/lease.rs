@@ -155,8 +155,8 @@ impl LeaseDriver for MysqlConnection {
         session::tag(self, node)
     }
 
-    fn session_end_stale(&mut self, dead_after_ms: i64, node: i64) -> QueryResult<i64> {
-        session::end_stale(self, dead_after_ms, node)
+    fn session_end_stale(&mut self, rescue: &RescueParams) -> QueryResult<i64> {
+        session::end_stale(self, rescue.dead_after_ms, rescue.node)
     }
 
     fn task_lease_page(

@@ -380,8 +380,8 @@ impl LeaseDriver for PgConnection {
         })
     }
 
-    fn session_end_stale(&mut self, dead_after_ms: i64, node: i64) -> QueryResult<i64> {
-        super::session::end_stale(self, dead_after_ms, node)
+    fn session_end_stale(&mut self, rescue: &RescueParams) -> QueryResult<i64> {
+        super::session::end_stale(self, rescue.dead_after_ms, rescue.node)
     }
 
     fn session_end(&mut self, mark: TxMark) -> QueryResult<bool> {

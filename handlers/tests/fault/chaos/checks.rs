@@ -532,11 +532,10 @@ impl Checks {
             self.violation(v);
         }
         // Without a fault that charges a failure (a kill, a freeze, a handler that aborts or
-        // hangs), tasks whose handlers succeed are charged none: sessions ended, replies cut
-        // and a server restarted or crashed release what they interrupt (the guide's failure
-        // table), when the outage is shorter than `--dead-after` less a heartbeat and the
-        // task timeout. Not on SQLite, which meets none of them, and whose write lock a
-        // handler may wait for past the task timeout (a hang, charged).
+        // hangs), tasks whose handlers succeed are charged none: ended sessions release what
+        // they interrupt (the guide's failure table). Not on SQLite, which meets none of these
+        // faults, and whose write lock a handler may wait for past the task timeout (a hang,
+        // charged).
         let charging = plan
             .faults
             .iter()

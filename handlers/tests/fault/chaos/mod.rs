@@ -490,8 +490,6 @@ pub fn run_seed(seed: u64) {
         report,
         crash.as_ref(),
     );
-    drop(databases);
-    drop(cluster);
 }
 
 /// The database's tables and first tasks.
