@@ -470,60 +470,57 @@ fn lock_claims_keep_a_reserved_domains_thread_for_it() {
     reserved_isolates(&TestDb::postgres(), lock_config(4), None);
 }
 
-/// Lock claims: a cancel that could not see the lease (no note) holds the task's row,
-/// opened by the task's own handler, which then waits for it; the domain's timeout charges
-/// the task, and the cancel commits while the charge waits for the row. The task is not
-/// charged, and its note must be written though the charge's snapshot saw it pending.
-/// PostgreSQL: MySQL's charge locks the chunk's tasks before it reads them (and MariaDB
-/// waits for that lock inside the optimizer's read of a constant row, where
-/// `information_schema.innodb_trx` does not list the wait this test looks for).
-#[test]
-fn a_cancel_committed_while_the_timeout_charge_waits_for_its_row_is_noted() {
-    let db = &TestDb::postgres();
-    enqueue_batch(&mut db.conn(), &tasks("sleepy", 1)).unwrap();
-    let waited = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let (waited_in, url) = (Arc::clone(&waited), db.url.clone());
-    let mut registry = Registry::new();
-    registry.register(
-        "sleepy",
-        move |t: &TaskContext, _: &mut TaskTx| -> HandlerResult {
-            let mut cancel = url.connect()?;
-            diesel::sql_query("BEGIN").execute(&mut cancel)?;
-            let sql = format!(
-                "UPDATE async_task SET state = 'cancelled', finished_at = updated_at WHERE id = {}",
-                t.id()
-            );
-            diesel::sql_query(sql).execute(&mut cancel)?;
-            let url = url.clone();
-            // Past the domain's timeout: the charge comes, waits for the row, and the
-            // cancel commits then.
-            let seen = std::thread::spawn(move || {
-                crate::lock::commit_once_a_session_waits_for_a_lock(&url, &mut cancel)
-            })
-            .join()
-            .expect("the cancel's thread");
-            waited_in.store(seen, Ordering::SeqCst);
-            Ok(())
-        },
-    );
-    let worker = Worker::new(
-        &db.url,
-        registry,
-        lock_config(2)
-            .domain(Domain::max("sleepy", ["sleepy"], 1).timeout(Duration::from_millis(300))),
-    )
-    .unwrap();
-    worker.drain().unwrap();
-    assert!(
-        waited.load(Ordering::SeqCst),
-        "the charge waited for the cancel's row"
-    );
-    let task = db.task(db.count("SELECT id FROM async_task WHERE keyword = 'sleepy'"));
-    let note = Some("cancelled while running: its handler may have run".to_owned());
-    assert_eq!(
-        (task.state.as_str(), task.failures, &task.last_error),
-        ("cancelled", 0, &note)
-    );
+server_backends! {
+    /// Lock claims: a cancel that could not see the lease (no note) holds the task's row,
+    /// opened by the task's own handler, which then waits for it; the domain's timeout charges
+    /// the task, and the cancel commits while the charge waits for the row. The task is not
+    /// charged, and its note must be written though the charge's snapshot saw it pending.
+    fn a_cancel_committed_while_the_timeout_charge_waits_for_its_row_is_noted(db: &TestDb) {
+        enqueue_batch(&mut db.conn(), &tasks("sleepy", 1)).unwrap();
+        let waited = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (waited_in, url) = (Arc::clone(&waited), db.url.clone());
+        let mut registry = Registry::new();
+        registry.register(
+            "sleepy",
+            move |t: &TaskContext, _: &mut TaskTx| -> HandlerResult {
+                let mut cancel = url.connect()?;
+                diesel::sql_query("BEGIN").execute(&mut cancel)?;
+                let sql = format!(
+                    "UPDATE async_task SET state = 'cancelled', finished_at = updated_at WHERE id = {}",
+                    t.id()
+                );
+                diesel::sql_query(sql).execute(&mut cancel)?;
+                let url = url.clone();
+                // Past the domain's timeout: the charge comes, waits for the row, and the
+                // cancel commits then.
+                let seen = std::thread::spawn(move || {
+                    crate::lock::commit_once_a_session_waits_for_a_lock(&url, &mut cancel)
+                })
+                .join()
+                .expect("the cancel's thread");
+                waited_in.store(seen, Ordering::SeqCst);
+                Ok(())
+            },
+        );
+        let worker = Worker::new(
+            &db.url,
+            registry,
+            lock_config(2)
+                .domain(Domain::max("sleepy", ["sleepy"], 1).timeout(Duration::from_millis(300))),
+        )
+        .unwrap();
+        worker.drain().unwrap();
+        assert!(
+            waited.load(Ordering::SeqCst),
+            "the charge waited for the cancel's row"
+        );
+        let task = db.task(db.count("SELECT id FROM async_task WHERE keyword = 'sleepy'"));
+        let note = Some("cancelled while running: its handler may have run".to_owned());
+        assert_eq!(
+            (task.state.as_str(), task.failures, &task.last_error),
+            ("cancelled", 0, &note)
+        );
+    }
 }
 
 server_backends! {

@@ -262,7 +262,8 @@ fn sigterm_mid_chunk(sc: &Scenario, db: &Db, url: &str) {
 fn chunk_mid_way(db: &Db, worker: &Proc) -> bool {
     match db.backend() {
         // A session shows no statement between two, and `information_schema.INNODB_TRX`
-        // left the chunks' transactions out: the ledger row of a task still leased by the
+        // is a cache InnoDB refreshes only when nobody read it in the last 0.1 s (this loop
+        // reads faster, and listed no chunk's transaction): the ledger row of a task still leased by the
         // worker, read uncommitted (the next transaction's level), is a handler's effect in
         // a chunk that has not committed.
         Backend::Mysql => {
