@@ -59,16 +59,25 @@ pub fn log_lines(procs: &[&Proc], needles: &[&str]) -> usize {
 }
 
 /// Each process's summary line (`drained …` or `ran …`; a drain's progress lines come
-/// before it).
+/// before it), or a fleet's, one per database (`<database>: ran …`).
 pub fn summaries(procs: &[Proc]) -> String {
     procs
         .iter()
         .map(|p| {
-            p.stdout_text()
+            // A fleet prints one line per database, each after its name and a colon.
+            let lines: Vec<String> = p
+                .stdout_text()
                 .lines()
-                .find(|l| l.starts_with("drained ") || l.starts_with("ran "))
-                .unwrap_or("(nothing)")
-                .to_owned()
+                .filter(|l| {
+                    let summary = |l: &str| l.starts_with("drained ") || l.starts_with("ran ");
+                    summary(l) || l.split_once(": ").is_some_and(|(_, rest)| summary(rest))
+                })
+                .map(str::to_owned)
+                .collect();
+            match lines.is_empty() {
+                true => "(nothing)".to_owned(),
+                false => lines.join("; "),
+            }
         })
         .collect::<Vec<_>>()
         .join(" | ")
