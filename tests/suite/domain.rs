@@ -474,7 +474,8 @@ server_backends! {
     /// Lock claims: a cancel that could not see the lease (no note) holds the task's row,
     /// opened by the task's own handler, which then waits for it; the domain's timeout charges
     /// the task, and the cancel commits while the charge waits for the row. The task is not
-    /// charged, and its note must be written though the charge's snapshot saw it pending.
+    /// charged, and its note must be written: on PostgreSQL though the charge's snapshot saw
+    /// it pending; on MySQL the charge's locking read waits, then reads it cancelled.
     fn a_cancel_committed_while_the_timeout_charge_waits_for_its_row_is_noted(db: &TestDb) {
         enqueue_batch(&mut db.conn(), &tasks("sleepy", 1)).unwrap();
         let waited = Arc::new(std::sync::atomic::AtomicBool::new(false));
