@@ -146,6 +146,10 @@ pub const FIRST_CUTTING_SEED: u64 = 5500;
 /// seeds before keep their plans.
 pub const FIRST_RESTARTING_SEED: u64 = 6600;
 
+/// The first seed whose workers may each serve two databases (a fleet) outside
+/// [`Focus::SlowDatabase`], from a generator of its own: the seeds before keep their plans.
+pub const FIRST_FLEET_SEED: u64 = 7600;
+
 impl Plan {
     /// Whether it cuts the workers' replies ([`Fault::CutReplies`]).
     pub fn cuts_replies(&self) -> bool {
@@ -391,6 +395,27 @@ impl Plan {
             };
             faults.push((Duration::from_millis(start), Fault::RestartServer(how)));
         }
+        // From `FIRST_FLEET_SEED` on, a third of the seeds of `Mixed` and `AbortInChunk` serve
+        // two databases from each worker process (a fleet), so that one meets the kills,
+        // freezes, ended sessions, cuts and restarts drawn above, with `SlowDatabase`'s pace
+        // left to its own seeds. A fleet takes no domains; its tasks name no external effect,
+        // since the external file names a task by id, which two databases share, and form no
+        // chains, since the checks know a chain by its ids.
+        let mut fleet_rng = fastrand::Rng::with_seed(seed ^ 0xf1ee_7000);
+        let fleet = seed >= FIRST_FLEET_SEED
+            && matches!(focus, Focus::Mixed | Focus::AbortInChunk)
+            && fleet_rng.u8(..3) == 0;
+        let (databases, chains) = if fleet {
+            domains.clear();
+            for entry in &mut initial {
+                if entry.0 == "fault.external" {
+                    entry.0 = "fault.ledger";
+                }
+            }
+            (2, 0)
+        } else {
+            (databases, chains)
+        };
         faults.sort_by_key(|(at, _)| *at);
         let mut operations = Vec::new();
         match focus {
@@ -564,6 +589,10 @@ mod tests {
     /// as 03b8a4f drew them, before servers were restarted.
     const PLANS_BEFORE_RESTARTS: u64 = 0x4236_e28b_b4a8_9f94;
 
+    /// FNV-1a over the plans (`Debug`) of seeds 1 to `FIRST_FLEET_SEED - 1`, MySQL drawn, as
+    /// 7031ab0 drew them, before fleets were drawn outside `SlowDatabase`.
+    const PLANS_BEFORE_FLEETS: u64 = 0x0801_4d37_c71b_8a39;
+
     /// FNV-1a over the `Debug` text of the plans of `seeds`, MySQL drawn.
     fn fingerprint(seeds: std::ops::Range<u64>) -> u64 {
         let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
@@ -576,10 +605,10 @@ mod tests {
         hash
     }
 
-    /// The seeds before `FIRST_CUTTING_SEED`, and those before `FIRST_RESTARTING_SEED`, the
-    /// fixed seeds among them, keep their plans.
+    /// The seeds before `FIRST_CUTTING_SEED`, those before `FIRST_RESTARTING_SEED` and those
+    /// before `FIRST_FLEET_SEED`, the fixed seeds among them, keep their plans.
     #[test]
-    fn seeds_before_the_first_cutting_and_restarting_ones_keep_their_plans() {
+    fn seeds_before_the_first_cutting_restarting_and_fleet_ones_keep_their_plans() {
         let changed = "drew another plan (or `Plan`'s `Debug` text changed: a field added, say; \
                        then take the new value, once the old plans are checked equal)";
         assert_eq!(
@@ -591,6 +620,11 @@ mod tests {
             fingerprint(1..FIRST_RESTARTING_SEED),
             PLANS_BEFORE_RESTARTS,
             "a seed before {FIRST_RESTARTING_SEED} {changed}"
+        );
+        assert_eq!(
+            fingerprint(1..FIRST_FLEET_SEED),
+            PLANS_BEFORE_FLEETS,
+            "a seed before {FIRST_FLEET_SEED} {changed}"
         );
     }
 
@@ -663,6 +697,44 @@ mod tests {
                 !p.operations
                     .iter()
                     .any(|(_, o)| matches!(o, Operation::Pause(_))),
+                "seed {}",
+                p.seed
+            );
+        }
+    }
+
+    /// From `FIRST_FLEET_SEED` on, fleets are drawn outside `SlowDatabase` too, on every
+    /// backend, meeting restarts and cuts; each without domains, external tasks or chains.
+    #[test]
+    fn fleets_meet_other_faults_from_their_first_seed() {
+        let fleet = |p: &Plan| p.databases > 1 && p.focus != Focus::SlowDatabase;
+        assert!(!(1..FIRST_FLEET_SEED).any(|s| fleet(&Plan::from_seed(s, true))));
+        let fleets: Vec<Plan> = (FIRST_FLEET_SEED..FIRST_FLEET_SEED + 1_000)
+            .map(|s| Plan::from_seed(s, true))
+            .filter(fleet)
+            .collect();
+        for backend in [Backend::Postgres, Backend::Mysql, Backend::Sqlite] {
+            assert!(
+                fleets.iter().any(|p| p.backend == backend),
+                "no fleet on {backend:?}"
+            );
+        }
+        assert!(fleets.iter().any(|p| p.restarts_server().is_some()));
+        assert!(fleets.iter().any(|p| p.cuts_replies()));
+        assert!(fleets
+            .iter()
+            .any(|p| p.faults.iter().any(|(_, f)| matches!(f, Fault::Kill(_)))));
+        for p in &fleets {
+            assert_eq!(p.databases, 2, "seed {}", p.seed);
+            assert!(
+                matches!(p.focus, Focus::Mixed | Focus::AbortInChunk),
+                "seed {}",
+                p.seed
+            );
+            assert!(p.domains.is_empty(), "seed {}", p.seed);
+            assert_eq!(p.chains, 0, "seed {}", p.seed);
+            assert!(
+                p.initial.iter().all(|(k, ..)| *k != "fault.external"),
                 "seed {}",
                 p.seed
             );
