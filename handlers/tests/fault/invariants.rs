@@ -520,26 +520,47 @@ pub struct Crash {
 /// and producers cancel), and on PostgreSQL an extra external run in a transaction that rolled
 /// back is accepted whatever the claim style (its workers' styles vary by seed). `crash`: the
 /// server crashed ([`Crash`]): a silent rerun of a task whose claim it lost is accepted, and a
-/// run in a transaction it lost.
+/// run in a transaction it lost. Every database of `dbs` is checked alike; the figures of the
+/// second and later are reported under their number (`database 2: …`).
 pub fn check_and_publish_chaos(
     sc: &Scenario,
-    db: &Db,
+    dbs: &[&Db],
     mut report: Report,
     crash: Option<&Crash>,
-) -> Figures {
-    let mut figures = Figures::collect(db, &sc.external_file());
-    figures.cancels = true;
-    if let Some(crash) = crash {
-        figures.explain_lost_claims(&crash.lost_claims);
+) {
+    let mut violations = Vec::new();
+    for (i, db) in dbs.iter().enumerate() {
+        let mut figures = Figures::collect(db, &sc.external_file());
+        figures.cancels = true;
+        if let Some(crash) = crash {
+            figures.explain_lost_claims(&crash.lost_claims);
+        }
+        if db.backend() == outbox::Backend::Postgres {
+            figures.explain_rolled_back(db, crash.map(|c| (c.xid_from, c.lines.1)));
+        }
+        if let Some(crash) = crash {
+            figures.explain_crash_reruns(crash);
+        }
+        match i {
+            0 => {
+                figures.add_to(&mut report);
+                violations.extend(figures.violations());
+            }
+            _ => {
+                let mut own = Report::new();
+                figures.add_to(&mut own);
+                for (key, value) in own.lines {
+                    report.add(&format!("database {}: {key}", i + 1), value);
+                }
+                violations.extend(
+                    figures
+                        .violations()
+                        .into_iter()
+                        .map(|v| format!("database {}: {v}", i + 1)),
+                );
+            }
+        }
     }
-    if db.backend() == outbox::Backend::Postgres {
-        figures.explain_rolled_back(db, crash.map(|c| (c.xid_from, c.lines.1)));
-    }
-    if let Some(crash) = crash {
-        figures.explain_crash_reruns(crash);
-    }
-    figures.add_to(&mut report);
-    let violations = figures.violations();
     report.add(
         "invariants",
         if violations.is_empty() {
@@ -550,7 +571,6 @@ pub fn check_and_publish_chaos(
     );
     sc.publish(&report);
     assert!(violations.is_empty(), "{}", violations.join("\n"));
-    figures
 }
 
 /// `pg_xact_status` of each transaction id (`committed`, `aborted`, `in progress`).

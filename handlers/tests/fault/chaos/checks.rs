@@ -152,8 +152,8 @@ pub fn stuck(db: &Db) -> Vec<String> {
 /// What the harness saw and found.
 pub struct Checks {
     backend: Backend,
-    /// Keys of tasks whose producer committed, and rolled back.
-    committed: HashSet<(String, String)>,
+    /// Keys of tasks whose producer committed, by database URL, and rolled back.
+    committed: HashMap<String, HashSet<(String, String)>>,
     rolled_back: HashSet<(String, String)>,
     /// Enqueues refused by a tenant's `max_queued` (nothing written).
     refused: usize,
@@ -173,7 +173,7 @@ impl Checks {
     pub fn new(plan: &Plan) -> Checks {
         Checks {
             backend: plan.backend,
-            committed: HashSet::new(),
+            committed: HashMap::new(),
             rolled_back: HashSet::new(),
             refused: 0,
             parents: HashMap::new(),
@@ -191,30 +191,23 @@ impl Checks {
     }
 
     /// No worker's own rescue pass charged that worker's own node for its heartbeat (seed
-    /// 6621): a node is live to itself. `logs`: every worker process's stderr. A process
-    /// whose node registered again (its row marked gone meanwhile) may rescue its old id.
-    pub fn self_rescues(&mut self, logs: &[std::path::PathBuf]) {
+    /// 6621): a node is live to itself. `logs`: every worker process's stderr; `dbs`: the
+    /// databases they served, where a node's id names its process. A process whose node
+    /// registered again (its row marked gone meanwhile) may rescue its old id.
+    pub fn self_rescues(&mut self, logs: &[std::path::PathBuf], dbs: &[&Db]) {
         for log in logs {
             let text = std::fs::read_to_string(log).unwrap_or_default();
-            if text.contains("registered again as node") {
-                continue;
-            }
-            let own: HashSet<&str> = text
-                .lines()
-                .filter(|l| l.contains(") started on "))
-                .filter_map(|l| l.split("] node ").nth(1)?.split(' ').next())
-                .collect();
-            let rescued: Vec<&str> = text
-                .lines()
-                .filter(|l| l.contains("the node stopped heartbeating"))
-                .filter(|l| {
-                    l.split("rescued from node ")
-                        .nth(1)
-                        .and_then(|r| r.split(':').next())
-                        .is_some_and(|node| own.contains(node))
-                })
-                .take(3)
-                .collect();
+            let names_of = |node: &str| -> Vec<String> {
+                dbs.iter()
+                    .map(|db| {
+                        db.text(&format!(
+                            "SELECT COALESCE(MAX(name), '') AS t FROM async_node WHERE id = {node}"
+                        ))
+                    })
+                    .filter(|name| !name.is_empty())
+                    .collect()
+            };
+            let rescued = own_rescues(&text, names_of);
             if !rescued.is_empty() {
                 self.violation(format!(
                     "a node rescued its own tasks for its heartbeat ({}): {rescued:?}",
@@ -222,6 +215,11 @@ impl Checks {
                 ));
             }
         }
+    }
+
+    /// The keys committed in `db`.
+    fn committed_in(&mut self, db: &Db) -> &mut HashSet<(String, String)> {
+        self.committed.entry(db.url().to_owned()).or_default()
     }
 
     pub fn violation(&mut self, text: String) {
@@ -236,7 +234,7 @@ impl Checks {
         let mut conn = connect(db);
         for batch in tasks.chunks(500) {
             match outbox::enqueue_batch(&mut conn, batch) {
-                Ok(_) => self.committed.extend(batch.iter().map(key)),
+                Ok(_) => self.committed_in(db).extend(batch.iter().map(key)),
                 Err(outbox::Error::QuotaExceeded { .. }) => self.refused += batch.len(),
                 Err(e) => panic!("enqueue: {e}"),
             }
@@ -255,9 +253,9 @@ impl Checks {
         let child_id = outbox::enqueue(&mut conn, &child)
             .expect("enqueue a child")
             .id;
-        self.committed
-            .insert((keyword.to_owned(), format!("parent-{n}")));
-        self.committed.insert(key(&child));
+        let committed = self.committed_in(db);
+        committed.insert((keyword.to_owned(), format!("parent-{n}")));
+        committed.insert(key(&child));
         self.parents.insert(child_id, vec![parent.id]);
     }
 
@@ -292,7 +290,7 @@ impl Checks {
             _ => Manager::rollback_transaction(&mut conn).map(|()| false),
         };
         match (enqueued, ended) {
-            (Ok(_), Ok(true)) => self.committed.extend(tasks.iter().map(key)),
+            (Ok(_), Ok(true)) => self.committed_in(db).extend(tasks.iter().map(key)),
             (Ok(_), Ok(false)) => self.rolled_back.extend(tasks.iter().map(key)),
             (Err(outbox::Error::QuotaExceeded { .. }), _) => self.refused += tasks.len(),
             (Err(e), _) => self.producer_errors.push(format!("enqueue: {e}")),
@@ -500,11 +498,13 @@ impl Checks {
         if !self.pruned {
             let missing: Vec<&(String, String)> = self
                 .committed
-                .iter()
+                .get(db.url())
+                .into_iter()
+                .flatten()
                 .filter(|k| !existing.contains(*k))
                 .take(5)
                 .collect();
-            if !missing.is_empty() && plan.databases == 1 {
+            if !missing.is_empty() {
                 self.violation(format!(
                     "tasks committed by their producer are missing: {missing:?}"
                 ));
@@ -621,8 +621,8 @@ impl Checks {
     }
 
     /// Adds the harness's figures and violations to `report`, then publishes it with the
-    /// suite's invariants (`check_and_publish`, on the first database; on the others they
-    /// are checked as well); fails naming every violation.
+    /// suite's invariants (`check_and_publish_chaos`, on every database); fails naming every
+    /// violation.
     /// `crash`: what the harness knew of a crash of the server.
     pub fn publish(
         &self,
@@ -635,7 +635,7 @@ impl Checks {
             "producers",
             format!(
                 "{} task(s) committed, {} rolled back, {} refused by max_queued; {} error(s){}",
-                self.committed.len(),
+                self.committed.values().map(HashSet::len).sum::<usize>(),
                 self.rolled_back.len(),
                 self.refused,
                 self.producer_errors.len(),
@@ -665,16 +665,49 @@ impl Checks {
                 format!("VIOLATED: {}", self.violations.join("; "))
             },
         );
-        for db in &dbs[1..] {
-            report.add("other database", format!("{:?}", db.states()));
-        }
         if self.violations.is_empty() {
-            crate::invariants::check_and_publish_chaos(sc, dbs[0], report, crash);
+            crate::invariants::check_and_publish_chaos(sc, dbs, report, crash);
         } else {
             sc.publish(&report);
             panic!("seed invariants violated:\n{}", self.violations.join("\n"));
         }
     }
+}
+
+/// The lines of a worker's log `text` where its rescue pass charged, for its heartbeat, a
+/// node of its own process (three at most). The log names a node by id, and a process serving
+/// several databases has a node, and an id, in each: `names_of(id)` gives the names of the
+/// nodes with that id, one per database that has one, and a rescue is judged the process's
+/// own only when every one of them is the process's (its log's start lines name it). None
+/// when the process registered again (a node marked gone may be rescued by its successor).
+fn own_rescues(text: &str, names_of: impl Fn(&str) -> Vec<String>) -> Vec<&str> {
+    if text.contains("registered again as node") {
+        return Vec::new();
+    }
+    let own: HashSet<&str> = text
+        .lines()
+        .filter_map(|l| {
+            l.split("] node ")
+                .nth(1)?
+                .split_once(" (")?
+                .1
+                .split_once(") started on ")
+        })
+        .map(|(name, _)| name)
+        .collect();
+    text.lines()
+        .filter(|l| l.contains("the node stopped heartbeating"))
+        .filter(|l| {
+            l.split("rescued from node ")
+                .nth(1)
+                .and_then(|r| r.split(':').next())
+                .is_some_and(|node| {
+                    let names = names_of(node);
+                    !names.is_empty() && names.iter().all(|n| own.contains(n.as_str()))
+                })
+        })
+        .take(3)
+        .collect()
 }
 
 /// Samples the limits and progress of one database at each tick.
@@ -841,16 +874,31 @@ mod tests {
                      started on mysql: keywords [\"fault.ledger\"]\n";
         let again = "[2026-11-28T09:18:16Z WARN  outbox::worker::heartbeat] node 1 (vm:11309) \
                      is no longer registered as alive (…): registered again as node 3\n";
-        let dir = tempfile::tempdir().expect("temp dir");
-        let violations = |text: String| {
-            let path = dir.path().join("w.log");
-            std::fs::write(&path, text).expect("log");
-            let mut checks = Checks::new(&Plan::from_seed(1, true));
-            checks.self_rescues(&[path]);
-            checks.violations.len()
+        // Node 1 is vm:11309's in each database given.
+        let one = |names: &'static [&'static str]| {
+            move |node: &str| match node {
+                "1" => names.iter().map(|n| (*n).to_owned()).collect(),
+                _ => Vec::new(),
+            }
         };
-        assert_eq!(violations(format!("{started}{rescued}")), 1);
-        assert_eq!(violations(format!("{other}{rescued}")), 0);
-        assert_eq!(violations(format!("{started}{again}{rescued}")), 0);
+        let found =
+            |text: String, names: &'static [&'static str]| own_rescues(&text, one(names)).len();
+        assert_eq!(found(format!("{started}{rescued}"), &["vm:11309"]), 1);
+        assert_eq!(found(format!("{other}{rescued}"), &["vm:11309"]), 0);
+        assert_eq!(
+            found(format!("{started}{again}{rescued}"), &["vm:11309"]),
+            0
+        );
+        // A fleet's process has a node in each database: id 1 is its own in both, or its
+        // own in one and another process's in the other (a rescue there of the other's).
+        let fleet = format!("{started}{}", started.replace("node 1 ", "node 2 "));
+        assert_eq!(
+            found(format!("{fleet}{rescued}"), &["vm:11309", "vm:11309"]),
+            1
+        );
+        assert_eq!(
+            found(format!("{fleet}{rescued}"), &["vm:11309", "vm:11310"]),
+            0
+        );
     }
 }

@@ -450,7 +450,7 @@ pub fn run_seed(seed: u64) {
         checks.after(&plan, &database.db, i, &procs);
     }
     let logs: Vec<PathBuf> = slots.iter().flat_map(|s| s.logs.iter().cloned()).collect();
-    checks.self_rescues(&logs);
+    checks.self_rescues(&logs, &databases.iter().map(|d| &d.db).collect::<Vec<_>>());
     // After a crash, a claim whose commit was not flushed is lost, and its task may run again
     // without a note: its first worker, alive at the crash, logs that its claim was taken
     // over, from the crash on.
@@ -1187,7 +1187,7 @@ fn soak() {
     // The batched worker takes lease claims by its own flag (not OUTBOX_FAULT_CLAIM): a chunk
     // that rolls back (its process killed, its sessions ended) reruns its tasks, so an external
     // effect's first run in an aborted transaction is explained as in a seed's check.
-    crate::invariants::check_and_publish_chaos(&sc, &db, report, None);
+    crate::invariants::check_and_publish_chaos(&sc, &[&db], report, None);
     assert!(violations.is_empty(), "{}", violations.join("\n"));
 }
 
