@@ -160,6 +160,9 @@ pub struct Checks {
     /// Child id → its parents' ids.
     parents: HashMap<i64, Vec<i64>>,
     pruned: bool,
+    /// A worker was sent a second SIGTERM while it stopped: it exited at once, and rescue
+    /// charges what its handlers held.
+    forced: bool,
     /// The paused domain's keywords' done count and what ran or was held then.
     pause_mark: Option<(i64, i64)>,
     max_sampled: BTreeMap<String, i64>,
@@ -181,6 +184,7 @@ impl Checks {
                 .operations
                 .iter()
                 .any(|(_, op)| matches!(op, super::plan::Operation::Prune)),
+            forced: false,
             pause_mark: None,
             max_sampled: BTreeMap::new(),
             samples: 0,
@@ -215,6 +219,11 @@ impl Checks {
                 ));
             }
         }
+    }
+
+    /// A worker was sent a second SIGTERM while it stopped (see [`Checks::forced`]).
+    pub fn forced_exit(&mut self) {
+        self.forced = true;
     }
 
     /// The keys committed in `db`.
@@ -531,15 +540,16 @@ impl Checks {
         for v in found {
             self.violation(v);
         }
-        // Without a fault that charges a failure (a kill, a freeze, a handler that aborts or
-        // hangs), tasks whose handlers succeed are charged none: ended sessions release what
-        // they interrupt (the guide's failure table). Not on SQLite, which meets none of these
-        // faults, and whose write lock a handler may wait for past the task timeout (a hang,
-        // charged).
-        let charging = plan
-            .faults
-            .iter()
-            .any(|(_, f)| matches!(f, Fault::Kill(_) | Fault::Freeze(..)))
+        // Without a fault that charges a failure (a kill, a freeze, a second SIGTERM to a
+        // worker still stopping, a handler that aborts or hangs), tasks whose handlers succeed
+        // are charged none: ended sessions release what they interrupt (the guide's failure
+        // table). Not on SQLite, which meets none of these faults, and whose write lock a
+        // handler may wait for past the task timeout (a hang, charged).
+        let charging = self.forced
+            || plan
+                .faults
+                .iter()
+                .any(|(_, f)| matches!(f, Fault::Kill(_) | Fault::Freeze(..)))
             || plan
                 .initial
                 .iter()

@@ -292,6 +292,7 @@ pub fn run_seed(seed: u64) {
                 &databases,
                 &mut lock_holder,
                 &mut frozen_checks,
+                &mut checks,
                 &mut timeline,
                 now,
             );
@@ -695,6 +696,7 @@ fn apply_fault(
     databases: &[Database],
     lock_holder: &mut Option<(usize, diesel_holder::Holder, Instant)>,
     frozen_checks: &mut Vec<(Instant, checks::Held)>,
+    checks: &mut Checks,
     timeline: &mut Vec<String>,
     now: Duration,
 ) {
@@ -709,10 +711,24 @@ fn apply_fault(
             timeline.push(format!("{}: worker {i} SIGKILL", secs(now)));
         }
         Fault::Term(i) if running(&mut slots[i]) => {
+            // A second signal to a worker still stopping exits it at once, its handlers
+            // running: what they held is rescue's, charged, as after a kill (seed 7478).
+            let again = slots[i].stopping;
             // A worker still starting may exit first (its connection cut: seed 5761).
             if slots[i].proc.as_mut().expect("running").terminate() {
                 slots[i].stopping = true;
-                timeline.push(format!("{}: worker {i} SIGTERM", secs(now)));
+                if again {
+                    checks.forced_exit();
+                }
+                timeline.push(format!(
+                    "{}: worker {i} SIGTERM{}",
+                    secs(now),
+                    if again {
+                        " again (it exits at once)"
+                    } else {
+                        ""
+                    }
+                ));
             } else {
                 timeline.push(format!(
                     "{}: worker {i} exited before its SIGTERM",
@@ -956,6 +972,11 @@ macro_rules! fixed_seeds {
 // session; the check before each rerun, which notes that the task ran in the chunk, met the
 // pool's dead connections, and the tasks ran their external effects again with no
 // `last_error` (`batched::a_task_run_again_after_its_chunk_rolled_back_says_so_after_a_sweep_of_sessions`).
+// 7478 (found by `--seeds 300 --first 7286`, on PostgreSQL; the harness's own defect): a
+// second SIGTERM reached a worker still stopping (its handlers waited for the locked ledger),
+// which exited at once as the guide says, and rescue charged what its handlers held; the
+// check that tasks whose handlers succeed are charged nothing without a charging fault did
+// not count that second signal as one.
 // Seed 503 (SQLite: a domain's suspects left pending for good) is not among them: whether its
 // SIGSTOP ends on time depends on the machine's load, and when it ends late the progress
 // check fails whatever the fix; `rescue::a_suspect_of_a_domain_is_claimed_when_the_lane_before_it_has_none`
@@ -976,6 +997,7 @@ fixed_seeds! {
     seed_47 = 47;
     seed_1515 = 1515;
     seed_4290 = 4290;
+    seed_7478 = 7478;
 }
 
 /// `scripts/chaos.sh`: the seed `OUTBOX_CHAOS_SEED`, or `OUTBOX_CHAOS_SEEDS` random seeds
