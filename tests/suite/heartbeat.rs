@@ -116,13 +116,15 @@ every_backend! {
 
     fn a_node_whose_heartbeat_keeps_failing_stops_claiming(db: &TestDb) {
         enqueue_n(db, 1);
-        let config = small_config().heartbeat(Duration::from_millis(100)).dead_after(Duration::from_millis(200));
+        // The claim after the heartbeat that succeeds again, at the end, must come within
+        // dead_after − heartbeat of it: 500 ms, for a loaded machine.
+        let config = small_config().heartbeat(Duration::from_millis(500)).dead_after(Duration::from_millis(1_000));
         let w = Worker::new(&db.url, ledger_registry("ledger"), config).unwrap();
         // The node table is out of reach, so every heartbeat fails from now on.
         db.exec("ALTER TABLE async_node RENAME TO async_node_away");
         assert!(w.heartbeat_once().is_err());
-        // Past dead_after − heartbeat (100 ms) since the registration, the last success.
-        std::thread::sleep(Duration::from_millis(150));
+        // Past dead_after − heartbeat (500 ms) since the registration, the last success.
+        std::thread::sleep(Duration::from_millis(600));
         assert!(matches!(w.claim(), Err(Error::HeartbeatStale { .. })));
         assert!(matches!(w.run_once(), Err(Error::HeartbeatStale { .. })));
         assert_eq!(db.count("SELECT count(*) FROM async_task WHERE state = 'pending'"), 1);

@@ -1558,10 +1558,16 @@ pub(crate) fn commit_once_a_session_waits_for_a_lock(
                AND wait_event IN ('transactionid', 'tuple')"
         }
     };
+    // One connection, each read its own statement (autocommit): both lists are read live.
+    let mut conn = url.connect().expect("connect");
     let start = std::time::Instant::now();
     let mut seen = false;
     while !seen && start.elapsed() < std::time::Duration::from_secs(30) {
-        seen = count_on(url, waiting) > 0;
+        seen = diesel::sql_query(waiting)
+            .get_result::<Count>(&mut conn)
+            .expect(waiting)
+            .n
+            > 0;
         if !seen {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }

@@ -138,7 +138,9 @@ fn connect_late(_: &TaskContext, _: &mut TaskTx) -> HandlerResult {
     Ok(())
 }
 
-fn hang(_: &TaskContext, _: &mut TaskTx) -> HandlerResult {
+fn hang(task: &TaskContext, _: &mut TaskTx) -> HandlerResult {
+    // Said on stderr, so that a scenario can signal the process once the handler runs.
+    eprintln!("fault.hang: task {} started", task.id());
     std::thread::sleep(Duration::from_secs(3600));
     Ok(())
 }

@@ -349,8 +349,18 @@ fn past_the_shutdown_timeout(backend: Backend) {
                 )) == 1
             }
         });
-        // Let the handler start (the claim commits just before it).
-        std::thread::sleep(Duration::from_millis(300));
+        // Once the handler has started (the claim commits just before it): a signal before
+        // would release the task unstarted.
+        let started = format!("fault.hang: task {} started", db.count(&this_task));
+        wait_until(
+            &db,
+            Duration::from_secs(30),
+            "the hang handler to start",
+            || {
+                worker.assert_running("before SIGTERM");
+                worker.stderr_text().contains(&started)
+            },
+        );
         let node = db.node_id(&worker.node_name()).expect("node registered");
         worker.signal(libc::SIGTERM);
         let started = Instant::now();
