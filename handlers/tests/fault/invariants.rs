@@ -541,25 +541,21 @@ pub fn check_and_publish_chaos(
         if let Some(crash) = crash {
             figures.explain_crash_reruns(crash);
         }
-        match i {
-            0 => {
-                figures.add_to(&mut report);
-                violations.extend(figures.violations());
-            }
-            _ => {
-                let mut own = Report::new();
-                figures.add_to(&mut own);
-                for (key, value) in own.lines {
-                    report.add(&format!("database {}: {key}", i + 1), value);
-                }
-                violations.extend(
-                    figures
-                        .violations()
-                        .into_iter()
-                        .map(|v| format!("database {}: {v}", i + 1)),
-                );
-            }
+        let prefix = match i {
+            0 => String::new(),
+            _ => format!("database {}: ", i + 1),
+        };
+        let mut own = Report::new();
+        figures.add_to(&mut own);
+        for (key, value) in own.lines {
+            report.add(&format!("{prefix}{key}"), value);
         }
+        violations.extend(
+            figures
+                .violations()
+                .into_iter()
+                .map(|v| format!("{prefix}{v}")),
+        );
     }
     report.add(
         "invariants",
