@@ -87,6 +87,7 @@ pub mod enqueue;
 pub mod error;
 pub mod handler;
 mod http;
+mod log_label;
 pub mod metrics;
 pub mod migrate;
 pub mod ops;
@@ -126,7 +127,9 @@ pub use tenant::{remove_tenant, set_tenant, tenants, Tenant, TenantLimits};
 pub use worker::{
     ClaimStyle, CronPass, Report, RescueReport, ScheduledTick, Tally, Worker, WorkerConfig,
 };
-// A worker serving several databases (docs/guide/src/sharding.md).
+// A worker serving several databases (docs/guide/src/sharding.md), and the database a log
+// record of one of its threads is about.
+pub use log_label::log_database;
 pub use worker::{DatabaseReport, Fleet};
 
 /// Every Rust block of the README compiles (and runs, unless marked `no_run`) as a doctest.

@@ -1,5 +1,6 @@
 //! The r2d2 pool: connections opened by the backend's own driver, configured alike.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use diesel::connection::{SimpleConnection, TransactionManager};
@@ -123,6 +124,12 @@ impl DatabaseUrl {
     /// [`Error::Connect`]. Connections are not re-tested on every checkout (that would cost a
     /// round trip per task); a connection that failed is discarded by the pool.
     pub fn pool(&self, max_size: u32) -> Result<DbPool> {
+        self.pool_labelled(max_size, None)
+    }
+
+    /// [`DatabaseUrl::pool`], whose threads log their failures to connect with `label` (a
+    /// [`crate::Fleet`]'s database: `crate::log_label`).
+    pub(crate) fn pool_labelled(&self, max_size: u32, label: Option<Arc<str>>) -> Result<DbPool> {
         if max_size == 0 {
             return Err(Error::InvalidConfig {
                 setting: "pool size",
@@ -135,6 +142,7 @@ impl DatabaseUrl {
             .min_idle(Some(0))
             .test_on_check_out(false)
             .connection_timeout(DEFAULT_CHECKOUT_TIMEOUT)
+            .error_handler(Box::new(LabelledErrors(label)))
             .build(ConnectionManager::new(self))
             .map_err(|e| Error::Connect {
                 url: self.masked(),
@@ -177,4 +185,15 @@ pub(crate) fn on_live_conn<T>(
             }
         })
     })
+}
+
+/// Logs a pool's failures to open a connection as r2d2 does, with its database's label.
+#[derive(Debug)]
+struct LabelledErrors(Option<Arc<str>>);
+
+impl<E: std::fmt::Display> r2d2::HandleError<E> for LabelledErrors {
+    fn handle_error(&self, error: E) {
+        let _label = crate::log_label::labelled(self.0.as_ref());
+        log::error!(target: "r2d2", "{error}");
+    }
 }

@@ -36,6 +36,7 @@ use crate::driver::schedule::{
 };
 use crate::enqueue::{enqueue_batch, Enqueued};
 use crate::error::{Error, OpContext, Result};
+use crate::log_label;
 use crate::schedule::{tick_biz_id, Schedule, MAX_TICKS};
 use crate::task::NewTask;
 
@@ -276,7 +277,7 @@ impl Worker {
         std::thread::scope(|scope| {
             std::thread::Builder::new()
                 .name(format!("outbox-cron-{}", self.node.id()))
-                .spawn_scoped(scope, || self.cron_timer(&done))
+                .spawn_scoped(scope, log_label::inherited(|| self.cron_timer(&done)))
                 .map_err(|source| Error::Thread {
                     thread: "cron",
                     source,

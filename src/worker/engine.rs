@@ -26,6 +26,7 @@ use crate::db::transaction::{DiscardBroken, WriterTurn};
 use crate::db::{DatabaseUrl, DbPool};
 use crate::driver::{node_mark_gone, task_count_due};
 use crate::error::{Error, OpContext, Result};
+use crate::log_label;
 use crate::migrate::ensure_migrated;
 use crate::registry::Registry;
 
@@ -52,6 +53,8 @@ pub(super) struct Shared {
 pub(super) struct Seat<'a> {
     pub(super) shared: &'a Shared,
     pub(super) share: Option<Share>,
+    /// What its log records name it by (`crate::log_label`), when it is one of several.
+    pub(super) label: Option<Arc<str>>,
 }
 
 /// A worker process's engine: a node row, a connection pool and an execution pool.
@@ -95,6 +98,8 @@ pub struct Worker {
     pub(super) services: Services,
     /// The metrics and the dead-task hook, when configured.
     pub(super) observers: Observers,
+    /// Its database's name in its threads' log records, in a fleet of several (`log_label`).
+    pub(super) label: Option<Arc<str>>,
     /// Serves the metrics, when `metrics_addr` is set; stopped when the worker drops.
     pub(super) metrics_server: Option<crate::metrics::MetricsServer>,
 }
@@ -152,7 +157,9 @@ impl Worker {
         // Its handlers' statements run on this process's connections, each as long as its
         // task at most: none may be cut short by the reply timeout (see `db::reply`).
         crate::db::reply::cover_task_timeout(settings.task_timeout);
-        // What can fail on its own first, so that a failure leaves no node row behind.
+        let label = seat.as_ref().and_then(|seat| seat.label.clone());
+        let _label = log_label::labelled(label.as_ref()); // The threads started here inherit it.
+                                                          // What can fail on its own first, so that a failure leaves no node row behind.
         let metrics_endpoint = settings
             .metrics_addr
             .map(crate::metrics::BoundServer::bind)
@@ -238,6 +245,7 @@ impl Worker {
             services,
             observers,
             metrics_server,
+            label,
         })
     }
 

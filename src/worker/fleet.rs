@@ -15,6 +15,7 @@ use super::tally::{Report, Tally};
 use crate::db::secret::Secrets;
 use crate::db::{DatabaseUrl, DbPool};
 use crate::error::{Error, Result};
+use crate::log_label::labelled;
 use crate::migrate::ensure_migrated;
 use crate::registry::Registry;
 
@@ -120,10 +121,18 @@ impl Fleet {
                 reason: "share out one database's threads: not with several databases".into(),
             });
         }
+        // With several databases, what each one's threads and pool log names it.
+        let labels: Vec<Option<Arc<str>>> = urls
+            .iter()
+            .map(|url| (urls.len() > 1).then(|| Arc::from(url.masked())))
+            .collect();
         // Every database reachable and migrated before any node is registered.
         let pools = urls
             .iter()
-            .map(|url| open(url, settings.pool_size()).map_err(|e| e.on_database(url)))
+            .zip(&labels)
+            .map(|(url, label)| {
+                open(url, settings.pool_size(), label).map_err(|e| e.on_database(url))
+            })
             .collect::<Result<Vec<DbPool>>>()?;
         // A thread for each database at least: a share of none would leave one waiting for
         // the others.
@@ -147,10 +156,12 @@ impl Fleet {
             .iter()
             .zip(pools)
             .zip(shares)
-            .map(|((url, pool), share)| {
+            .zip(labels)
+            .map(|(((url, pool), share), label)| {
                 let seat = Seat {
                     shared: &shared,
                     share,
+                    label,
                 };
                 Worker::start(url, pool, registry.clone(), settings.clone(), Some(seat))
                     .map_err(|e| e.on_database(url))
@@ -175,7 +186,10 @@ impl Fleet {
             .iter()
             .map(|w| DatabaseReport {
                 database: w.url.masked(),
-                result: w.run_once(),
+                result: {
+                    let _label = labelled(w.label.as_ref());
+                    w.run_once()
+                },
             })
             .collect()
     }
@@ -219,6 +233,7 @@ impl Fleet {
                         std::thread::Builder::new()
                             .name(format!("outbox-claim-{}", worker.node_id()))
                             .spawn_scoped(scope, move || {
+                                let _label = labelled(worker.label.as_ref());
                                 (work(worker, feed, tally), started.elapsed())
                             })
                     })
@@ -309,7 +324,12 @@ impl Fleet {
             let marks: Vec<_> = self
                 .workers
                 .iter()
-                .map(|worker| scope.spawn(|| worker.mark_gone()))
+                .map(|worker| {
+                    scope.spawn(|| {
+                        let _label = labelled(worker.label.as_ref());
+                        worker.mark_gone()
+                    })
+                })
                 .collect();
             marks
                 .into_iter()
@@ -339,16 +359,19 @@ impl Drop for Fleet {
                 // A thread that cannot start drops its worker here, on this one.
                 let _ = std::thread::Builder::new()
                     .name(name)
-                    .spawn_scoped(scope, move || drop(worker));
+                    .spawn_scoped(scope, move || {
+                        let _label = labelled(worker.label.as_ref());
+                        drop(worker)
+                    });
             }
         });
     }
 }
 
-/// A pool to `url`, its schema checked.
-fn open(url: &DatabaseUrl, size: u32) -> Result<DbPool> {
+/// A pool to `url`, its schema checked, whose failures to connect are logged with `label`.
+fn open(url: &DatabaseUrl, size: u32, label: &Option<Arc<str>>) -> Result<DbPool> {
     url.require_existing()?;
-    let pool = url.pool(size)?;
+    let pool = url.pool_labelled(size, label.clone())?;
     crate::db::pool::on_live_conn(&pool, "worker start", ensure_migrated)?;
     Ok(pool)
 }

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use crate::db::secret::Secrets;
 use crate::error::{Error, Result};
+use crate::log_label;
 
 /// How long a dead-task hook may run before it is killed, by default.
 pub const DEFAULT_ON_DEAD_TIMEOUT: Duration = Duration::from_secs(30);
@@ -80,7 +81,7 @@ impl DeadHook {
         };
         let thread = std::thread::Builder::new()
             .name("outbox-on-dead".into())
-            .spawn(move || runner.serve(receiver))
+            .spawn(log_label::inherited(move || runner.serve(receiver)))
             .map_err(|source| Error::Thread {
                 thread: "on-dead hook",
                 source,

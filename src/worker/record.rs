@@ -13,6 +13,7 @@ use crate::db::DbConnection;
 use crate::driver::{driver, Claim};
 use crate::error::truncate;
 use crate::handler::HandlerError;
+use crate::log_label::labelled;
 use crate::task::ClaimedTask;
 
 /// The first pause between two attempts at an engine write; it doubles each time.
@@ -240,6 +241,8 @@ pub(super) fn record_or_unwind(
     work: impl FnOnce() -> Vec<Outcome>,
     record: &impl Fn(&[Outcome]),
 ) {
+    // On the shared pool of a fleet, the task's lines name its database.
+    let _label = labelled(worker.label.as_ref());
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)) {
         Ok(outcomes) => record(&outcomes),
         Err(panic) => {

@@ -7,6 +7,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
+use crate::log_label;
 
 /// Starts a thread named `name` that calls `tick` every `interval` (each interval drawn by
 /// `interval`, so a service can jitter it) until `stop` is set. Ticks keep to their schedule:
@@ -20,7 +21,7 @@ pub(crate) fn spawn(
 ) -> Result<JoinHandle<()>> {
     std::thread::Builder::new()
         .name(name)
-        .spawn(move || {
+        .spawn(log_label::inherited(move || {
             let mut next = Instant::now() + interval();
             while !stop.load(Ordering::Relaxed) {
                 sleep_unless(next.saturating_duration_since(Instant::now()), &stop);
@@ -31,7 +32,7 @@ pub(crate) fn spawn(
                 tick();
                 next = next.max(Instant::now());
             }
-        })
+        }))
         .map_err(|source| Error::Thread { thread, source })
 }
 

@@ -109,12 +109,56 @@ every_backend! {
             .stderr_has(&format!("database {}", outbox::DatabaseUrl::parse(&missing).unwrap().masked()));
         assert_eq!(db.count("SELECT count(*) FROM async_node"), 0, "nothing started");
     }
+
+    fn each_log_line_about_a_database_names_it_when_a_process_serves_several(db: &TestDb) {
+        // Each database's first task is its task 1, and its node may be its node 1: a line
+        // names which database it is about, and only when the process serves several.
+        let other = another(db);
+        let dir = workdir();
+        for (database, biz_id) in [(db, "first-db-order"), (&other, "second-db-order")] {
+            run(outbox_on(database, dir.path())
+                .args(["enqueue", "points.credit", biz_id, "--data", r#"{"user_id":1,"amount_cents":100}"#]))
+                .expect_code(0);
+        }
+        let out = run(outbox(dir.path()).arg("drain").args(both_urls(db, &other)).env("RUST_LOG", "outbox=info"))
+            .expect_code(0);
+        for (database, biz_id) in [(db, "first-db-order"), (&other, "second-db-order")] {
+            let label = format!("{}: ", database.url.masked());
+            let lines: Vec<&str> = out.stderr().lines().filter(|l| l.contains(&label)).collect();
+            assert!(
+                lines.iter().any(|l| l.contains(&format!("(points.credit {biz_id}) is dead"))),
+                "no line labelled {label:?} says its task is dead:\n{}",
+                out.stderr()
+            );
+            assert!(
+                lines.iter().any(|l| l.contains(") started on ")),
+                "no line labelled {label:?} says its node started:\n{}",
+                out.stderr()
+            );
+            assert!(
+                !lines.iter().any(|l| l.contains("db-order") && !l.contains(biz_id)),
+                "a line labelled {label:?} is about the other database's task:\n{}",
+                out.stderr()
+            );
+        }
+        // One database: no label.
+        run(outbox_on(db, dir.path())
+            .args(["enqueue", "points.credit", "only-db-order", "--data", r#"{"user_id":1,"amount_cents":100}"#]))
+            .expect_code(0);
+        let out = run(outbox_on(db, dir.path()).arg("drain").env("RUST_LOG", "outbox=info")).expect_code(0);
+        out.stderr_has("(points.credit only-db-order) is dead");
+        assert!(
+            !out.stderr().contains(&db.url.masked()),
+            "a worker of one database labels its lines:\n{}",
+            out.stderr()
+        );
+    }
 }
 
 /// `outbox run` serving two databases, one of which refuses connections, stops at SIGTERM in
 /// seconds (not a pool checkout's timeout per statement under way), marks its node gone in
-/// the other, and says that the refusing one's node stays alive there. PostgreSQL, whose
-/// server can refuse one database while serving another.
+/// the other, and says that the refusing one's node stays alive there, each line about it
+/// naming it. PostgreSQL, whose server can refuse one database while serving another.
 #[test]
 fn run_stops_in_seconds_while_a_database_refuses_connections() {
     let (down, up) = (TestDb::postgres(), TestDb::postgres());
@@ -146,6 +190,24 @@ fn run_stops_in_seconds_while_a_database_refuses_connections() {
         .expect_code(0);
     up.exec(&format!("ALTER DATABASE {name} ALLOW_CONNECTIONS true"));
     out.stderr_has("could not mark it gone");
+    // Each line about the refusing database names it (the pool's failures to connect, on
+    // r2d2's threads, too), and none names the other.
+    let label = format!("{}: ", down.url.masked());
+    let refused: Vec<&str> = (out.stderr().lines())
+        .filter(|l| l.contains("is not currently accepting connections"))
+        .collect();
+    assert!(
+        refused
+            .iter()
+            .any(|l| l.contains(&label) && l.contains("could not mark it gone")),
+        "the refusing database's node is not named with its database:\n{}",
+        out.stderr()
+    );
+    assert!(
+        refused.iter().all(|l| l.contains(&label)),
+        "a line about the refusing database does not name it:\n{}",
+        out.stderr()
+    );
     assert_eq!(
         up.count(&format!("SELECT count(*) {node} AND state = 'gone'")),
         1
