@@ -9,14 +9,16 @@
 //! worker of one database sets none, and its lines are as they were.
 
 use std::cell::RefCell;
+use std::marker::PhantomData;
 use std::sync::Arc;
 
 thread_local! {
     static DATABASE: RefCell<Option<Arc<str>>> = const { RefCell::new(None) };
 }
 
-/// The label of the database the current thread works for, when the process serves several
-/// databases ([`crate::Fleet`] with more than one URL); `None` otherwise. For a logger's
+/// The label of the database the current thread works for, when it works for one of the
+/// databases of a [`crate::Fleet`] of several (`outbox run|drain` with `--database-url`
+/// repeated); `None` otherwise, and in the threads a handler starts itself. For a logger's
 /// format, which writes it before the message as the `outbox` binary does:
 ///
 /// ```
@@ -28,23 +30,30 @@ thread_local! {
 /// }
 /// ```
 pub fn log_database() -> Option<Arc<str>> {
-    DATABASE.with(|label| label.borrow().clone())
+    // `try_with`: a logger may be called while the thread's locals are torn down.
+    DATABASE
+        .try_with(|label| label.borrow().clone())
+        .ok()
+        .flatten()
 }
 
 /// Sets the current thread's label to `label` until the returned guard drops, which puts back
 /// the one before (a claiming thread that runs a task itself keeps its own).
 #[must_use = "the label is unset when the guard drops"]
 pub(crate) fn labelled(label: Option<&Arc<str>>) -> Restore {
-    Restore(DATABASE.with(|current| current.replace(label.cloned())))
+    Restore(
+        DATABASE.with(|current| current.replace(label.cloned())),
+        PhantomData,
+    )
 }
 
-/// Puts back a thread's label on drop (see [`labelled`]).
-pub(crate) struct Restore(Option<Arc<str>>);
+/// Puts back a thread's label on drop (see [`labelled`]); stays on its thread (not `Send`).
+pub(crate) struct Restore(Option<Arc<str>>, PhantomData<*const ()>);
 
 impl Drop for Restore {
     fn drop(&mut self) {
         let before = self.0.take();
-        DATABASE.with(|current| *current.borrow_mut() = before);
+        let _ = DATABASE.try_with(|current| *current.borrow_mut() = before);
     }
 }
 

@@ -47,12 +47,18 @@ pub type PooledConnection = r2d2::PooledConnection<ConnectionManager>;
 #[derive(Debug, Clone)]
 pub struct ConnectionManager {
     url: DatabaseUrl,
+    /// What the connections' log records name their database by (`crate::log_label`): r2d2
+    /// opens them on threads of its own.
+    label: Option<Arc<str>>,
 }
 
 impl ConnectionManager {
     /// A manager opening connections to `url`.
     pub fn new(url: &DatabaseUrl) -> Self {
-        ConnectionManager { url: url.clone() }
+        ConnectionManager {
+            url: url.clone(),
+            label: None,
+        }
     }
 
     /// The database this manager connects to.
@@ -66,6 +72,7 @@ impl r2d2::ManageConnection for ConnectionManager {
     type Error = diesel::r2d2::Error;
 
     fn connect(&self) -> std::result::Result<DbConnection, Self::Error> {
+        let _label = crate::log_label::labelled(self.label.as_ref());
         let mut conn = self
             .url
             .establish()
@@ -142,8 +149,11 @@ impl DatabaseUrl {
             .min_idle(Some(0))
             .test_on_check_out(false)
             .connection_timeout(DEFAULT_CHECKOUT_TIMEOUT)
-            .error_handler(Box::new(LabelledErrors(label)))
-            .build(ConnectionManager::new(self))
+            .error_handler(Box::new(LabelledErrors(label.clone())))
+            .build(ConnectionManager {
+                url: self.clone(),
+                label,
+            })
             .map_err(|e| Error::Connect {
                 url: self.masked(),
                 source: Box::new(e),

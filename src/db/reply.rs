@@ -105,6 +105,9 @@ struct Watched {
     timeout: ReplyTimeout,
     backend: Backend,
     state: Mutex<Statement>,
+    /// Its database's label in the log, in a fleet (`crate::log_label`): the watchdog's
+    /// thread is the process's.
+    label: Option<Arc<str>>,
     /// The node this session works for, as its server knows it (MySQL's named lock, see
     /// `driver/mysql/session.rs`); 0 for none.
     #[cfg(feature = "mysql")]
@@ -186,6 +189,7 @@ pub(crate) fn watch(
         timeout,
         backend,
         state: Mutex::default(),
+        label: crate::log_database(),
         #[cfg(feature = "mysql")]
         node: AtomicI64::new(0),
     });
@@ -297,6 +301,7 @@ pub(crate) fn run_once(now: Instant) -> usize {
             continue;
         }
         statement.cut = true;
+        let _label = crate::log_label::labelled(w.label.as_ref());
         match socket.cut() {
             Ok(()) => {
                 cut += 1;

@@ -158,7 +158,7 @@ impl Worker {
         // task at most: none may be cut short by the reply timeout (see `db::reply`).
         crate::db::reply::cover_task_timeout(settings.task_timeout);
         let label = seat.as_ref().and_then(|seat| seat.label.clone());
-        let _label = log_label::labelled(label.as_ref()); // The threads started here inherit it.
+        let _label = log_label::labelled(label.as_ref()); // Inherited by the threads it starts.
                                                           // What can fail on its own first, so that a failure leaves no node row behind.
         let metrics_endpoint = settings
             .metrics_addr

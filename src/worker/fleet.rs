@@ -4,19 +4,19 @@
 
 use std::collections::HashSet;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::config::WorkerConfig;
 use super::dispatch::Feed;
-use super::engine::{check_registry, new_dispatcher, Seat, Shared, Worker};
+use super::engine::{check_registry, new_dispatcher, Shared, Worker};
+use super::members::{is_unreachable, open, Member, Starter};
 use super::slots::Share;
 use super::tally::{Report, Tally};
 use crate::db::secret::Secrets;
-use crate::db::{DatabaseUrl, DbPool};
+use crate::db::DatabaseUrl;
 use crate::error::{Error, Result};
 use crate::log_label::labelled;
-use crate::migrate::ensure_migrated;
 use crate::registry::Registry;
 
 /// What one database of a [`Fleet`] did.
@@ -76,8 +76,10 @@ pub struct DatabaseReport<T> {
 /// # }
 /// ```
 pub struct Fleet {
-    workers: Vec<Worker>,
-    stopping: Arc<AtomicBool>,
+    /// Each database's place, in the order of the URLs.
+    members: Vec<Member>,
+    /// What starts a worker, at the start or later.
+    starter: Starter,
 }
 
 impl Fleet {
@@ -85,9 +87,13 @@ impl Fleet {
     /// then starts a worker on each (in `urls`' order), sharing one execution pool sized by
     /// `config` (with a thread per database at least), each database on its share of it.
     ///
+    /// A database that cannot be reached (its server down or refusing connections) holds up
+    /// only itself: its worker starts once it can be reached ([`Fleet::run`] tries again with
+    /// backoff; [`Fleet::drain`] and [`Fleet::run_once`] try once, and report it failed).
+    ///
     /// Fails before any node is registered when `urls` is empty, names a database twice,
-    /// mixes backends, `config` sets domains or a metrics address, or a database is
-    /// unreachable or not migrated ([`Error::OnDatabase`], naming it).
+    /// mixes backends, `config` sets domains or a metrics address, a database is not
+    /// migrated, or none can be reached ([`Error::OnDatabase`], naming it).
     pub fn new(urls: &[DatabaseUrl], registry: Registry, config: WorkerConfig) -> Result<Fleet> {
         let first = urls
             .first()
@@ -126,14 +132,25 @@ impl Fleet {
             .iter()
             .map(|url| (urls.len() > 1).then(|| Arc::from(url.masked())))
             .collect();
-        // Every database reachable and migrated before any node is registered.
-        let pools = urls
-            .iter()
-            .zip(&labels)
-            .map(|(url, label)| {
-                open(url, settings.pool_size(), label).map_err(|e| e.on_database(url))
-            })
-            .collect::<Result<Vec<DbPool>>>()?;
+        // Every database reachable migrated before any node is registered; one that cannot be
+        // reached waits for its turn (`Fleet::started`), unless none can.
+        let mut pools = Vec::with_capacity(urls.len());
+        let mut unreachable = None;
+        for (url, label) in urls.iter().zip(&labels) {
+            let _label = labelled(label.as_ref());
+            match open(url, settings.pool_size(), label) {
+                Ok(pool) => pools.push(Some(pool)),
+                Err(e) if is_unreachable(url, &e) => {
+                    log::warn!("not reachable: its worker starts once it is: {e}");
+                    unreachable.get_or_insert(e.on_database(url));
+                    pools.push(None);
+                }
+                Err(e) => return Err(e.on_database(url)),
+            }
+        }
+        if let (Some(e), true) = (unreachable, pools.iter().all(Option::is_none)) {
+            return Err(e);
+        }
         // A thread for each database at least: a share of none would leave one waiting for
         // the others.
         let threads = settings.threads.max(urls.len());
@@ -150,45 +167,54 @@ impl Fleet {
                 .map(Some)
                 .collect(),
         };
-        // A worker that fails to start drops those started before it: their nodes are
-        // marked gone.
-        let workers = urls
-            .iter()
-            .zip(pools)
-            .zip(shares)
-            .zip(labels)
-            .map(|(((url, pool), share), label)| {
-                let seat = Seat {
-                    shared: &shared,
+        let fleet = Fleet {
+            members: (urls.iter().zip(shares).zip(labels))
+                .map(|((url, share), label)| Member {
+                    url: url.clone(),
                     share,
                     label,
-                };
-                Worker::start(url, pool, registry.clone(), settings.clone(), Some(seat))
-                    .map_err(|e| e.on_database(url))
-            })
-            .collect::<Result<Vec<Worker>>>()?;
-        Ok(Fleet {
-            workers,
-            stopping: shared.stopping,
-        })
+                    worker: OnceLock::new(),
+                })
+                .collect(),
+            starter: Starter {
+                shared,
+                registry,
+                settings,
+            },
+        };
+        // A worker that fails to start drops the fleet, and the workers started before it:
+        // their nodes are marked gone.
+        for (member, pool) in fleet.members.iter().zip(pools) {
+            if let Some(pool) = pool {
+                (fleet.starter)
+                    .start(member, pool)
+                    .map_err(|e| e.on_database(&member.url))?;
+            }
+        }
+        Ok(fleet)
     }
 
-    /// The workers, one per database, in the order of the URLs.
-    pub fn workers(&self) -> &[Worker] {
-        &self.workers
+    /// The workers started, one per database reached, in the order of the URLs.
+    pub fn workers(&self) -> Vec<&Worker> {
+        self.started().collect()
+    }
+
+    fn started(&self) -> impl Iterator<Item = &Worker> {
+        self.members.iter().filter_map(|m| m.worker.get())
     }
 
     /// Claims one page from each database in turn and runs it ([`Worker::run_once`]): with
     /// several databases, as many tasks as the database's share of the pool can start or
     /// queue, at most.
     pub fn run_once(&self) -> Vec<DatabaseReport<Tally>> {
-        self.workers
-            .iter()
-            .map(|w| DatabaseReport {
-                database: w.url.masked(),
+        (self.members.iter())
+            .map(|member| DatabaseReport {
+                database: member.url.masked(),
                 result: {
-                    let _label = labelled(w.label.as_ref());
-                    w.run_once()
+                    let _label = labelled(member.label.as_ref());
+                    self.starter
+                        .worker_of(member, false)
+                        .and_then(Worker::run_once)
                 },
             })
             .collect()
@@ -198,7 +224,7 @@ impl Fleet {
     /// shared pool; returns when each has nothing due (or the stop flag is set), with each
     /// database's report. A database that fails does not stop the others' drains.
     pub fn drain(&self) -> Vec<DatabaseReport<Report>> {
-        self.on_each(|worker, feed, tally| {
+        self.on_each(false, |worker, feed, tally| {
             worker.retry_dead_connections(|| worker.rescue_once())?;
             worker.retry_dead_connections(|| worker.schedule_once())?;
             worker.drain_on(feed, tally, u64::MAX)
@@ -206,64 +232,66 @@ impl Fleet {
     }
 
     /// [`Worker::run`] on every database at once, until the stop flag is set. A database
-    /// that is unavailable is waited out with backoff by its own loop.
+    /// that is unavailable is waited out with backoff by its own loop (one that could not
+    /// be reached at the start too: its worker starts once it can be).
     pub fn run(&self) -> Vec<DatabaseReport<Report>> {
-        self.on_each(|worker, feed, tally| worker.with_cron_timer(|| worker.claim_on(feed, tally)))
+        self.on_each(true, |worker, feed, tally| {
+            worker.with_cron_timer(|| worker.claim_on(feed, tally))
+        })
     }
 
     /// Runs `work` for each database on a claiming thread of its own, all feeding one scope
-    /// of the shared pool.
+    /// of the shared pool, once its worker has started (`retry`: see `Starter::worker_of`).
     fn on_each(
         &self,
+        retry: bool,
         work: impl for<'j> Fn(&'j Worker, &Feed<'j>, &'j Mutex<Tally>) -> Result<()> + Sync,
     ) -> Vec<DatabaseReport<Report>> {
         let started = Instant::now();
-        let tallies: Vec<Mutex<Tally>> = self.workers.iter().map(|_| Mutex::default()).collect();
-        let Some(first) = self.workers.first() else {
-            return Vec::new();
-        };
-        let ends: Vec<(Result<()>, Duration)> = first.dispatcher.scope(&self.stopping, |feed| {
-            std::thread::scope(|scope| {
-                let loops: Vec<_> = self
-                    .workers
-                    .iter()
-                    .zip(&tallies)
-                    .map(|(worker, tally)| {
-                        let work = &work;
-                        std::thread::Builder::new()
-                            .name(format!("outbox-claim-{}", worker.node_id()))
-                            .spawn_scoped(scope, move || {
-                                let _label = labelled(worker.label.as_ref());
-                                (work(worker, feed, tally), started.elapsed())
-                            })
-                    })
-                    .collect();
-                loops
-                    .into_iter()
-                    .map(|spawned| match spawned {
-                        Ok(thread) => thread.join().unwrap_or_else(|_| {
-                            (
-                                Err(Error::Panicked { thread: "claiming" }),
-                                started.elapsed(),
-                            )
-                        }),
-                        Err(source) => (
-                            Err(Error::Thread {
-                                thread: "claiming",
-                                source,
+        let tallies: Vec<Mutex<Tally>> = self.members.iter().map(|_| Mutex::default()).collect();
+        let stopping = &self.starter.shared.stopping;
+        let ends: Vec<(Result<()>, Duration)> =
+            self.starter.shared.dispatcher.scope(stopping, |feed| {
+                std::thread::scope(|scope| {
+                    let loops: Vec<_> = (self.members.iter().enumerate())
+                        .zip(&tallies)
+                        .map(|((i, member), tally)| {
+                            let work = &work;
+                            std::thread::Builder::new()
+                                .name(format!("outbox-claim-{}", i + 1))
+                                .spawn_scoped(scope, move || {
+                                    let _label = labelled(member.label.as_ref());
+                                    let done = (self.starter.worker_of(member, retry))
+                                        .and_then(|worker| work(worker, feed, tally));
+                                    (done, started.elapsed())
+                                })
+                        })
+                        .collect();
+                    loops
+                        .into_iter()
+                        .map(|spawned| match spawned {
+                            Ok(thread) => thread.join().unwrap_or_else(|_| {
+                                (
+                                    Err(Error::Panicked { thread: "claiming" }),
+                                    started.elapsed(),
+                                )
                             }),
-                            Duration::ZERO,
-                        ),
-                    })
-                    .collect()
-            })
-        });
-        self.workers
-            .iter()
+                            Err(source) => (
+                                Err(Error::Thread {
+                                    thread: "claiming",
+                                    source,
+                                }),
+                                Duration::ZERO,
+                            ),
+                        })
+                        .collect()
+                })
+            });
+        (self.members.iter())
             .zip(tallies)
             .zip(ends)
-            .map(|((worker, tally), (end, elapsed))| DatabaseReport {
-                database: worker.url.masked(),
+            .map(|((member, tally), (end, elapsed))| DatabaseReport {
+                database: member.url.masked(),
                 result: end.map(|()| {
                     Report::new(
                         tally.into_inner().unwrap_or_else(PoisonError::into_inner),
@@ -277,18 +305,17 @@ impl Fleet {
     /// A flag that stops [`Fleet::run`] and [`Fleet::drain`] on every database when set
     /// (see [`Worker::stop_flag`]).
     pub fn stop_flag(&self) -> Arc<AtomicBool> {
-        Arc::clone(&self.stopping)
+        Arc::clone(&self.starter.shared.stopping)
     }
 
     /// Tasks claimed and not finished yet, of every database.
     pub fn in_flight(&self) -> u64 {
-        self.workers.iter().map(Worker::in_flight).sum()
+        self.started().map(Worker::in_flight).sum()
     }
 
     /// Everything the fleet has done since it started, every database together.
     pub fn totals(&self) -> Tally {
-        self.workers
-            .iter()
+        self.started()
             .map(Worker::totals)
             .fold(Tally::default(), |mut sum, t| {
                 sum.merge(t);
@@ -298,7 +325,7 @@ impl Fleet {
 
     /// Reads [`Fleet::totals`] without holding the fleet, as [`Worker::totals_reader`].
     pub fn totals_reader(&self) -> impl Fn() -> Tally + Send + Sync + 'static {
-        let readers: Vec<_> = self.workers.iter().map(Worker::totals_reader).collect();
+        let readers: Vec<_> = self.started().map(Worker::totals_reader).collect();
         move || {
             readers.iter().fold(Tally::default(), |mut sum, read| {
                 sum.merge(read());
@@ -310,7 +337,7 @@ impl Fleet {
     /// [`Worker::due_count`] summed over the databases.
     pub fn due_count(&self) -> Result<u64> {
         let mut due = 0;
-        for worker in &self.workers {
+        for worker in self.started() {
             due += worker.due_count().map_err(|e| e.on_database(&worker.url))?;
         }
         Ok(due)
@@ -322,8 +349,7 @@ impl Fleet {
     pub fn mark_gone(&self) -> Result<()> {
         let results: Vec<Result<()>> = std::thread::scope(|scope| {
             let marks: Vec<_> = self
-                .workers
-                .iter()
+                .started()
                 .map(|worker| {
                     scope.spawn(|| {
                         let _label = labelled(worker.label.as_ref());
@@ -340,8 +366,7 @@ impl Fleet {
                 })
                 .collect()
         });
-        self.workers
-            .iter()
+        self.started()
             .zip(results)
             .try_for_each(|(worker, result)| result.map_err(|e| e.on_database(&worker.url)))
     }
@@ -352,9 +377,9 @@ impl Drop for Fleet {
     /// gone in its own database: one that refuses connections holds up only its own stop,
     /// for at most [`super::STOP_DATABASE_WAIT`], and never another database's node.
     fn drop(&mut self) {
-        let workers = std::mem::take(&mut self.workers);
+        let members = std::mem::take(&mut self.members);
         std::thread::scope(|scope| {
-            for worker in workers {
+            for worker in members.into_iter().filter_map(|m| m.worker.into_inner()) {
                 let name = format!("outbox-stop-{}", worker.node_id());
                 // A thread that cannot start drops its worker here, on this one.
                 let _ = std::thread::Builder::new()
@@ -366,14 +391,6 @@ impl Drop for Fleet {
             }
         });
     }
-}
-
-/// A pool to `url`, its schema checked, whose failures to connect are logged with `label`.
-fn open(url: &DatabaseUrl, size: u32, label: &Option<Arc<str>>) -> Result<DbPool> {
-    url.require_existing()?;
-    let pool = url.pool_labelled(size, label.clone())?;
-    crate::db::pool::on_live_conn(&pool, "worker start", ensure_migrated)?;
-    Ok(pool)
 }
 
 fn bad(reason: &str) -> Error {

@@ -72,6 +72,7 @@ mod unconfirmed;
 
 // On the worker.
 mod fleet;
+mod members;
 mod shutdown;
 
 pub use config::{

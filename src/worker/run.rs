@@ -17,9 +17,9 @@ use crate::task::ClaimedTask;
 
 /// The first pause after a claim failed for want of the database; it doubles up to
 /// [`MAX_OUTAGE_PAUSE`].
-const FIRST_OUTAGE_PAUSE: Duration = Duration::from_millis(100);
+pub(super) const FIRST_OUTAGE_PAUSE: Duration = Duration::from_millis(100);
 /// The longest pause between two claims while the database is unavailable.
-const MAX_OUTAGE_PAUSE: Duration = Duration::from_secs(30);
+pub(super) const MAX_OUTAGE_PAUSE: Duration = Duration::from_secs(30);
 
 impl Worker {
     /// Runs a claimed page in the execution pool and waits for all of it. The second half

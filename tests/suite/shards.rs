@@ -189,7 +189,7 @@ every_backend! {
         assert_eq!(mixed_with.count("SELECT count(*) FROM async_node"), 0);
     }
 
-    fn a_database_unreachable_at_start_is_named_and_nothing_starts(db: &TestDb) {
+    fn a_database_unreachable_at_start_holds_up_only_itself(db: &TestDb) {
         let missing = match db.backend() {
             Backend::Sqlite => {
                 let dir = tempfile::tempdir().unwrap();
@@ -202,18 +202,39 @@ every_backend! {
                 outbox::DatabaseUrl::parse(&format!("{base}/outbox_no_such_database")).unwrap()
             }
         };
-        let e = Fleet::new(
-            &[db.url.clone(), missing.clone()],
-            ledger_registry("ledger"),
-            small_config(),
-        )
-        .err()
-        .expect("an unreachable database fails the start");
-        assert!(
-            matches!(&e, Error::OnDatabase { database, .. } if *database == missing.masked()),
-            "{e}"
-        );
-        assert_eq!(db.count("SELECT count(*) FROM async_node"), 0, "no node registered");
+        let start = |urls: &[outbox::DatabaseUrl]| {
+            Fleet::new(urls, ledger_registry("ledger"), small_config())
+        };
+        let named = |e: &Error| matches!(e, Error::OnDatabase { database, .. } if *database == missing.masked());
+        // Alone, it fails the start, named.
+        let e = start(std::slice::from_ref(&missing))
+            .err()
+            .expect("a fleet that reaches no database fails its start");
+        assert!(named(&e), "{e}");
+        if db.backend() == Backend::Sqlite {
+            // A missing file is no server that may come back: the start fails, nothing starts.
+            let e = start(&[db.url.clone(), missing.clone()])
+                .err()
+                .expect("a missing SQLite file fails the start");
+            assert!(named(&e), "{e}");
+            assert_eq!(db.count("SELECT count(*) FROM async_node"), 0, "no node registered");
+            return;
+        }
+        // Beside a reachable one: the reachable database is served; the other is tried again
+        // at each drain and `run_once`, and reported failed.
+        enqueue(db, 3);
+        let fleet = start(&[db.url.clone(), missing.clone()]).unwrap();
+        assert_eq!(fleet.workers().len(), 1, "only the reachable database's worker started");
+        let reports = fleet.drain();
+        assert_eq!(reports.len(), 2);
+        assert_eq!(reports[0].database, db.url.masked());
+        assert_eq!(reports[0].result.as_ref().unwrap().tally.done, 3);
+        assert_eq!(reports[1].database, missing.masked());
+        assert!(reports[1].result.is_err(), "{:?}", reports[1].result);
+        let once = fleet.run_once();
+        assert!(once[0].result.is_ok() && once[1].result.is_err(), "{once:?}");
+        drop(fleet);
+        assert_eq!(db.count("SELECT count(*) FROM async_node WHERE state = 'gone'"), 1);
     }
 
     fn a_fleets_drain_runs_each_databases_suspect_though_another_holds_the_turn(db: &TestDb) {

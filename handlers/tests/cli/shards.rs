@@ -103,11 +103,22 @@ every_backend! {
             outbox::Backend::Sqlite => dir.path().join("missing.db").to_str().unwrap().to_owned(),
             _ => format!("{}_missing", db.url_text),
         };
-        run(outbox(dir.path())
+        let out = run(outbox(dir.path())
             .args(["drain", "--database-url", &db.url_text, "--database-url", &missing]))
-            .expect_code(1)
-            .stderr_has(&format!("database {}", outbox::DatabaseUrl::parse(&missing).unwrap().masked()));
-        assert_eq!(db.count("SELECT count(*) FROM async_node"), 0, "nothing started");
+            .expect_code(1);
+        out.stderr_has(&format!("database {}", outbox::DatabaseUrl::parse(&missing).unwrap().masked()));
+        match db.backend() {
+            // A missing file is no server that may come back: nothing starts.
+            outbox::Backend::Sqlite => {
+                assert_eq!(db.count("SELECT count(*) FROM async_node"), 0, "nothing started")
+            }
+            // A server that refuses a database holds up only that one: the other is drained,
+            // and the run fails naming the refused one.
+            _ => {
+                out.stdout_has(&format!("{}: drained 0 tasks", db.url.masked()));
+                assert_eq!(db.count("SELECT count(*) FROM async_node WHERE state = 'gone'"), 1);
+            }
+        }
     }
 
     fn each_log_line_about_a_database_names_it_when_a_process_serves_several(db: &TestDb) {
@@ -123,7 +134,7 @@ every_backend! {
         let out = run(outbox(dir.path()).arg("drain").args(both_urls(db, &other)).env("RUST_LOG", "outbox=info"))
             .expect_code(0);
         for (database, biz_id) in [(db, "first-db-order"), (&other, "second-db-order")] {
-            let label = format!("{}: ", database.url.masked());
+            let label = format!("] {}: ", database.url.masked());
             let lines: Vec<&str> = out.stderr().lines().filter(|l| l.contains(&label)).collect();
             assert!(
                 lines.iter().any(|l| l.contains(&format!("(points.credit {biz_id}) is dead"))),
@@ -192,10 +203,17 @@ fn run_stops_in_seconds_while_a_database_refuses_connections() {
     out.stderr_has("could not mark it gone");
     // Each line about the refusing database names it (the pool's failures to connect, on
     // r2d2's threads, too), and none names the other.
-    let label = format!("{}: ", down.url.masked());
+    let label = format!("] {}: ", down.url.masked());
     let refused: Vec<&str> = (out.stderr().lines())
         .filter(|l| l.contains("is not currently accepting connections"))
         .collect();
+    assert!(
+        !refused
+            .iter()
+            .any(|l| l.contains(&format!("] {}: ", up.url.masked()))),
+        "a line about the refusing database names the other:\n{}",
+        out.stderr()
+    );
     assert!(
         refused
             .iter()
@@ -216,6 +234,68 @@ fn run_stops_in_seconds_while_a_database_refuses_connections() {
         down.count(&format!("SELECT count(*) {node} AND state = 'alive'")),
         1
     );
+}
+
+/// `outbox run` serving two databases, one of which refuses connections at the start: the
+/// other's tasks run meanwhile; stopped before it is let in, the run exits 1 naming it; run
+/// again and let in, its worker starts and its tasks run too. PostgreSQL, whose server can
+/// refuse one database while serving another.
+#[test]
+fn run_starts_a_database_refused_at_the_start_once_it_is_let_in() {
+    let (down, up) = (TestDb::postgres(), TestDb::postgres());
+    let dir = workdir();
+    for database in [&down, &up] {
+        run(outbox_on(database, dir.path()).args(["demo", "--enqueue-only", "--tasks", "1"]))
+            .expect_code(0);
+    }
+    let name = down.url_text.rsplit('/').next().unwrap().to_owned();
+    let refuse = |allow: bool| up.exec(&format!("ALTER DATABASE {name} ALLOW_CONNECTIONS {allow}"));
+    let start = || {
+        Running::spawn(
+            outbox(dir.path())
+                .args(["run", "--poll-interval", "50ms"])
+                .args(both_urls(&down, &up)),
+        )
+    };
+    refuse(false);
+    let worker = start();
+    wait_until(WORK_LIMIT, "the reachable database's tasks done", || {
+        tasks_in(&up, "done") == 2
+    });
+    sigterm(worker.pid());
+    let out = worker.finish(STOP_LIMIT).expect_code(1);
+    out.stdout_has(&format!("{}: ran 2 tasks", up.url.masked()));
+    out.stderr_has(&format!("database {}: ", down.url.masked()));
+    // Again, let in while it runs.
+    let worker = start();
+    let pid = worker.pid();
+    wait_until(WORK_LIMIT, "the reachable database served", || {
+        up.count(&format!(
+            "SELECT count(*) FROM async_node WHERE name LIKE '%:{pid}'"
+        )) == 1
+    });
+    refuse(true);
+    wait_until(WORK_LIMIT, "the database let in served", || {
+        tasks_in(&down, "done") == 2
+    });
+    sigterm(pid);
+    let out = worker.finish(STOP_LIMIT).expect_code(0);
+    out.stdout_has(&format!("{}: ran 2 tasks", down.url.masked()));
+    for database in [&down, &up] {
+        assert_eq!(
+            database.count(&format!(
+                "SELECT count(*) FROM async_node WHERE name LIKE '%:{pid}' AND state = 'gone'"
+            )),
+            1
+        );
+    }
+    let label = format!("] {}: ", down.url.masked());
+    for said in [
+        "not reachable: its worker starts once it is",
+        "reachable: its worker started",
+    ] {
+        out.stderr_has(&format!("{label}{said}"));
+    }
 }
 
 /// `outbox drain` serving two PostgreSQL databases while a session holds a lock on the
