@@ -132,8 +132,8 @@ impl Fleet {
             .iter()
             .map(|url| (urls.len() > 1).then(|| Arc::from(url.masked())))
             .collect();
-        // Every database reachable migrated before any node is registered; one that cannot be
-        // reached waits for its turn (`Fleet::started`), unless none can.
+        // Every database reachable checked migrated before any node is registered; one that
+        // cannot be reached is started later (`Starter::worker_of`), unless none can.
         let mut pools = Vec::with_capacity(urls.len());
         let mut unreachable = None;
         for (url, label) in urls.iter().zip(&labels) {
@@ -141,15 +141,12 @@ impl Fleet {
             match open(url, settings.pool_size(), label) {
                 Ok(pool) => pools.push(Some(pool)),
                 Err(e) if is_unreachable(url, &e) => {
-                    log::warn!("not reachable: its worker starts once it is: {e}");
+                    log::warn!("not reachable at the start: its worker starts once it is: {e}");
                     unreachable.get_or_insert(e.on_database(url));
                     pools.push(None);
                 }
                 Err(e) => return Err(e.on_database(url)),
             }
-        }
-        if let (Some(e), true) = (unreachable, pools.iter().all(Option::is_none)) {
-            return Err(e);
         }
         // A thread for each database at least: a share of none would leave one waiting for
         // the others.
@@ -174,6 +171,7 @@ impl Fleet {
                     share,
                     label,
                     worker: OnceLock::new(),
+                    starting: Mutex::default(),
                 })
                 .collect(),
             starter: Starter {
@@ -183,20 +181,35 @@ impl Fleet {
             },
         };
         // A worker that fails to start drops the fleet, and the workers started before it:
-        // their nodes are marked gone.
+        // their nodes are marked gone; one whose server went away meanwhile is started later.
         for (member, pool) in fleet.members.iter().zip(pools) {
-            if let Some(pool) = pool {
-                (fleet.starter)
-                    .start(member, pool)
-                    .map_err(|e| e.on_database(&member.url))?;
+            let Some(pool) = pool else { continue };
+            let _label = labelled(member.label.as_ref());
+            match fleet.starter.start(member, pool) {
+                Ok(_) => {}
+                Err(e) if is_unreachable(&member.url, &e) => {
+                    log::warn!("not reachable at the start: its worker starts once it is: {e}");
+                    unreachable.get_or_insert(e.on_database(&member.url));
+                }
+                Err(e) => return Err(e.on_database(&member.url)),
             }
         }
-        Ok(fleet)
+        let none_started = fleet.started().next().is_none();
+        match unreachable {
+            Some(e) if none_started => Err(e),
+            _ => Ok(fleet),
+        }
     }
 
-    /// The workers started, one per database reached, in the order of the URLs.
+    /// The workers started, in the order of the URLs: every database's but those not
+    /// reached yet (see [`Fleet::worker`]).
     pub fn workers(&self) -> Vec<&Worker> {
         self.started().collect()
+    }
+
+    /// The worker of the `i`-th database (in the order of the URLs), once started.
+    pub fn worker(&self, i: usize) -> Option<&Worker> {
+        self.members.get(i).and_then(|m| m.worker.get())
     }
 
     fn started(&self) -> impl Iterator<Item = &Worker> {
@@ -347,9 +360,10 @@ impl Fleet {
     /// holds up only its own, for at most [`super::STOP_DATABASE_WAIT`]); the first
     /// failure, in the order of the URLs, after trying them all.
     pub fn mark_gone(&self) -> Result<()> {
+        // Read once: a database's worker may start meanwhile.
+        let workers: Vec<&Worker> = self.started().collect();
         let results: Vec<Result<()>> = std::thread::scope(|scope| {
-            let marks: Vec<_> = self
-                .started()
+            let marks: Vec<_> = (workers.iter())
                 .map(|worker| {
                     scope.spawn(|| {
                         let _label = labelled(worker.label.as_ref());
@@ -366,7 +380,7 @@ impl Fleet {
                 })
                 .collect()
         });
-        self.started()
+        (workers.into_iter())
             .zip(results)
             .try_for_each(|(worker, result)| result.map_err(|e| e.on_database(&worker.url)))
     }

@@ -2,7 +2,8 @@
 //! fleet's start, or later, once a database that could not be reached at the start can be.
 
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::Instant;
 
 use super::engine::{Seat, Shared, Worker};
 use super::run::{FIRST_OUTAGE_PAUSE, MAX_OUTAGE_PAUSE};
@@ -21,6 +22,9 @@ pub(super) struct Member {
     pub(super) share: Option<Share>,
     pub(super) label: Option<Arc<str>>,
     pub(super) worker: OnceLock<Worker>,
+    /// Held by an attempt to start the worker: one at a time (`Fleet::run_once` may meet a
+    /// running loop's).
+    pub(super) starting: Mutex<()>,
 }
 
 /// What starting a fleet's worker takes, at the fleet's start or later: the execution pool
@@ -41,28 +45,39 @@ impl Starter {
         };
         let (registry, settings) = (self.registry.clone(), self.settings.clone());
         let worker = Worker::start(&member.url, pool, registry, settings, Some(seat))?;
-        // Only `member`'s own claim loop starts it (or the fleet's start, before any runs).
+        // Under `member.starting` (or at the fleet's start, before any loop runs): set here.
         Ok(member.worker.get_or_init(|| worker))
     }
 
     /// `member`'s worker, started now if it was not: tried once, or, with `retry`, again with
-    /// backoff while the database cannot be reached, until it can or the fleet stops (then
-    /// the last failure). Logs once when a database not reached before starts.
+    /// backoff whatever the failure (a server not back yet, a database being created or
+    /// migrated) until it starts or the fleet stops (then the last failure). Logs each new
+    /// failure, and the same one again at each try once the backoff is at its longest.
     pub(super) fn worker_of<'m>(&self, member: &'m Member, retry: bool) -> Result<&'m Worker> {
-        let mut pause = FIRST_OUTAGE_PAUSE;
+        let (since, mut pause, mut said) = (Instant::now(), FIRST_OUTAGE_PAUSE, String::new());
         loop {
-            if let Some(worker) = member.worker.get() {
-                return Ok(worker);
-            }
-            let tried = open(&member.url, self.settings.pool_size(), &member.label)
-                .and_then(|pool| self.start(member, pool));
-            match tried {
-                Ok(worker) => {
-                    log::warn!("reachable: its worker started");
+            let tried = {
+                let _starting = (member.starting.lock()).unwrap_or_else(PoisonError::into_inner);
+                if let Some(worker) = member.worker.get() {
                     return Ok(worker);
                 }
-                Err(e) if retry && is_unreachable(&member.url, &e) => {
-                    log::debug!("still not reachable, trying again in {pause:?}: {e}");
+                open(&member.url, self.settings.pool_size(), &member.label)
+                    .and_then(|pool| self.start(member, pool))
+            };
+            match tried {
+                Ok(worker) => {
+                    log::warn!(
+                        "its worker started, {:?} after the first try",
+                        since.elapsed()
+                    );
+                    return Ok(worker);
+                }
+                Err(e) if retry => {
+                    let text = e.to_string();
+                    if text != said || pause == MAX_OUTAGE_PAUSE {
+                        log::warn!("not started yet, trying again in {pause:?}: {text}");
+                        said = text;
+                    }
                     sleep_unless(pause, &self.shared.stopping);
                     if self.is_stopping() {
                         return Err(e);

@@ -137,7 +137,7 @@ every_backend! {
         assert_eq!(other.count("SELECT count(*) FROM test_ledger"), 0);
         // Resumed (the next heartbeat applies it), the second database drains too.
         admin::resume(&mut other.conn(), "default", "test").unwrap();
-        fleet.workers()[1].heartbeat_once().unwrap();
+        fleet.worker(1).unwrap().heartbeat_once().unwrap();
         let done: Vec<u64> = fleet
             .drain()
             .into_iter()
@@ -308,6 +308,48 @@ fn a_database_unreachable_mid_run_does_not_stop_the_other() {
         other.count("SELECT count(*) FROM async_task WHERE state = 'pending'"),
         50
     );
+}
+
+/// One database refuses connections when the fleet starts: the other's worker starts alone;
+/// a drain while it still refuses fails for it, naming it, and drains the other; once it is
+/// let in, the next `run_once` starts its worker and runs its share of its tasks, and the
+/// next ones the rest. PostgreSQL.
+#[test]
+fn a_database_refused_at_the_start_is_started_once_it_is_let_in() {
+    let (db, other) = (TestDb::postgres(), TestDb::postgres());
+    enqueue(&db, 5);
+    enqueue(&other, 5);
+    let name = other.url_text.rsplit('/').next().unwrap().to_owned();
+    let allow = |yes: bool| db.exec(&format!("ALTER DATABASE {name} ALLOW_CONNECTIONS {yes}"));
+    allow(false);
+    let fleet = Fleet::new(
+        &[db.url.clone(), other.url.clone()],
+        ledger_registry("ledger"),
+        WorkerConfig::default().threads(2).queue(2).page_size(10),
+    )
+    .unwrap();
+    assert!(fleet.worker(0).is_some() && fleet.worker(1).is_none());
+    let reports = fleet.drain();
+    assert_eq!(reports[0].result.as_ref().unwrap().tally.done, 5);
+    assert_eq!(reports[1].database, other.url.masked());
+    assert!(reports[1].result.is_err(), "{:?}", reports[1].result);
+    allow(true);
+    let once = fleet.run_once();
+    assert!(once[1].result.as_ref().unwrap().claimed > 0, "{once:?}");
+    assert!(fleet.worker(1).is_some());
+    // Its share of the pool at a time.
+    for _ in 0..5 {
+        fleet.run_once();
+    }
+    assert_eq!(fleet.workers().len(), 2);
+    drop(fleet);
+    assert_each_done_once_here(&other, 5);
+    for database in [&db, &other] {
+        assert_eq!(
+            database.count("SELECT count(*) FROM async_node WHERE state = 'gone'"),
+            1
+        );
+    }
 }
 
 /// A fleet stopping while one database refuses connections: the stop takes seconds, not the

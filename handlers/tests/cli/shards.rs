@@ -291,8 +291,8 @@ fn run_starts_a_database_refused_at_the_start_once_it_is_let_in() {
     }
     let label = format!("] {}: ", down.url.masked());
     for said in [
-        "not reachable: its worker starts once it is",
-        "reachable: its worker started",
+        "not reachable at the start: its worker starts once it is",
+        "its worker started, ",
     ] {
         out.stderr_has(&format!("{label}{said}"));
     }
