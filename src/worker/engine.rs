@@ -53,7 +53,7 @@ pub(super) struct Shared {
 pub(super) struct Seat<'a> {
     pub(super) shared: &'a Shared,
     pub(super) share: Option<Share>,
-    /// What its log records name it by (`crate::log_label`), when it is one of several.
+    /// Its name in its threads' log records, when it is one of several (`crate::log_label`).
     pub(super) label: Option<Arc<str>>,
 }
 
@@ -158,8 +158,8 @@ impl Worker {
         // task at most: none may be cut short by the reply timeout (see `db::reply`).
         crate::db::reply::cover_task_timeout(settings.task_timeout);
         let label = seat.as_ref().and_then(|seat| seat.label.clone());
-        let _label = log_label::labelled(label.as_ref()); // Inherited by the threads it starts.
-                                                          // What can fail on its own first, so that a failure leaves no node row behind.
+        let _label = log_label::labelled(label.as_ref());
+        // What can fail on its own first, so that a failure leaves no node row behind.
         let metrics_endpoint = settings
             .metrics_addr
             .map(crate::metrics::BoundServer::bind)

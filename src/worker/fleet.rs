@@ -83,17 +83,22 @@ pub struct Fleet {
 }
 
 impl Fleet {
-    /// Checks the URLs, connects to every database and checks that its schema is migrated,
-    /// then starts a worker on each (in `urls`' order), sharing one execution pool sized by
-    /// `config` (with a thread per database at least), each database on its share of it.
+    /// Checks the URLs, connects to each database (one after another) and checks that its
+    /// schema is migrated, then starts a worker on each it reached (in `urls`' order),
+    /// sharing one execution pool sized by `config` (with a thread per database at least),
+    /// each database on its share of it.
     ///
-    /// A database that cannot be reached (its server down or refusing connections) holds up
-    /// only itself: its worker starts once it can be reached ([`Fleet::run`] tries again with
-    /// backoff; [`Fleet::drain`] and [`Fleet::run_once`] try once, and report it failed).
+    /// A PostgreSQL or MySQL database that cannot be reached holds up only itself: its
+    /// server down or refusing connections, but also a wrong password or a database name
+    /// that does not exist, which a server's answer does not tell from a database not back
+    /// yet. Its worker starts once it can be: [`Fleet::run`] tries again with backoff (every
+    /// failure, logged); [`Fleet::drain`] and [`Fleet::run_once`] try once each time, and
+    /// report it failed.
     ///
     /// Fails before any node is registered when `urls` is empty, names a database twice,
     /// mixes backends, `config` sets domains or a metrics address, a database is not
-    /// migrated, or none can be reached ([`Error::OnDatabase`], naming it).
+    /// migrated or is a missing SQLite file, or none can be reached ([`Error::OnDatabase`],
+    /// naming the first failure).
     pub fn new(urls: &[DatabaseUrl], registry: Registry, config: WorkerConfig) -> Result<Fleet> {
         let first = urls
             .first()
@@ -132,7 +137,7 @@ impl Fleet {
             .iter()
             .map(|url| (urls.len() > 1).then(|| Arc::from(url.masked())))
             .collect();
-        // Every database reachable checked migrated before any node is registered; one that
+        // Every database reached is checked migrated before any node is registered; one that
         // cannot be reached is started later (`Starter::worker_of`), unless none can.
         let mut pools = Vec::with_capacity(urls.len());
         let mut unreachable = None;
@@ -202,7 +207,7 @@ impl Fleet {
     }
 
     /// The workers started, in the order of the URLs: every database's but those not
-    /// reached yet (see [`Fleet::worker`]).
+    /// reached yet, so that an index here is not the database's (see [`Fleet::worker`]).
     pub fn workers(&self) -> Vec<&Worker> {
         self.started().collect()
     }
@@ -218,7 +223,7 @@ impl Fleet {
 
     /// Claims one page from each database in turn and runs it ([`Worker::run_once`]): with
     /// several databases, as many tasks as the database's share of the pool can start or
-    /// queue, at most.
+    /// queue, at most. A database whose worker has not started is tried once first.
     pub fn run_once(&self) -> Vec<DatabaseReport<Tally>> {
         (self.members.iter())
             .map(|member| DatabaseReport {
@@ -321,12 +326,13 @@ impl Fleet {
         Arc::clone(&self.starter.shared.stopping)
     }
 
-    /// Tasks claimed and not finished yet, of every database.
+    /// Tasks claimed and not finished yet, of every database whose worker has started.
     pub fn in_flight(&self) -> u64 {
         self.started().map(Worker::in_flight).sum()
     }
 
-    /// Everything the fleet has done since it started, every database together.
+    /// Everything the fleet has done since it started, every database together (those
+    /// whose workers have started).
     pub fn totals(&self) -> Tally {
         self.started()
             .map(Worker::totals)
@@ -336,7 +342,8 @@ impl Fleet {
             })
     }
 
-    /// Reads [`Fleet::totals`] without holding the fleet, as [`Worker::totals_reader`].
+    /// Reads [`Fleet::totals`] without holding the fleet, as [`Worker::totals_reader`]: of
+    /// the workers started when it is called.
     pub fn totals_reader(&self) -> impl Fn() -> Tally + Send + Sync + 'static {
         let readers: Vec<_> = self.started().map(Worker::totals_reader).collect();
         move || {
@@ -347,7 +354,7 @@ impl Fleet {
         }
     }
 
-    /// [`Worker::due_count`] summed over the databases.
+    /// [`Worker::due_count`] summed over the databases whose workers have started.
     pub fn due_count(&self) -> Result<u64> {
         let mut due = 0;
         for worker in self.started() {
