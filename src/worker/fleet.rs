@@ -141,16 +141,23 @@ impl Fleet {
         // cannot be reached is started later (`Starter::worker_of`), unless none can.
         let mut pools = Vec::with_capacity(urls.len());
         let mut unreachable = None;
+        // A failure to reach `url`, its worker left to start later; any other, the fleet's.
+        let mut defer = |url: &DatabaseUrl, e: Error| {
+            if !is_unreachable(url, &e) {
+                return Err(e.on_database(url));
+            }
+            log::warn!("not reachable at the start: its worker starts once it is: {e}");
+            unreachable.get_or_insert(e.on_database(url));
+            Ok(())
+        };
         for (url, label) in urls.iter().zip(&labels) {
             let _label = labelled(label.as_ref());
             match open(url, settings.pool_size(), label) {
                 Ok(pool) => pools.push(Some(pool)),
-                Err(e) if is_unreachable(url, &e) => {
-                    log::warn!("not reachable at the start: its worker starts once it is: {e}");
-                    unreachable.get_or_insert(e.on_database(url));
+                Err(e) => {
+                    defer(url, e)?;
                     pools.push(None);
                 }
-                Err(e) => return Err(e.on_database(url)),
             }
         }
         // A thread for each database at least: a share of none would leave one waiting for
@@ -190,13 +197,8 @@ impl Fleet {
         for (member, pool) in fleet.members.iter().zip(pools) {
             let Some(pool) = pool else { continue };
             let _label = labelled(member.label.as_ref());
-            match fleet.starter.start(member, pool) {
-                Ok(_) => {}
-                Err(e) if is_unreachable(&member.url, &e) => {
-                    log::warn!("not reachable at the start: its worker starts once it is: {e}");
-                    unreachable.get_or_insert(e.on_database(&member.url));
-                }
-                Err(e) => return Err(e.on_database(&member.url)),
+            if let Err(e) = fleet.starter.start(member, pool) {
+                defer(&member.url, e)?;
             }
         }
         let none_started = fleet.started().next().is_none();
